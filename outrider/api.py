@@ -1,0 +1,264 @@
+"""The Python API: `load` a target (and drafter) into a Pipeline, then generate or stream."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from .core.checkpoint import open_checkpoint, read_config
+from .core.drafter_spec import DrafterSpec
+from .core.errors import CheckpointError, OutriderError, UnsupportedTargetError
+from .core.events import Result, Round
+from .core.hub import resolve_model
+from .core.loop import Step, decode
+from .core.plugins import Plugins
+from .core.proposer import Proposer
+from .core.sampling import SamplingParams
+from .core.stopping import Stopper
+from .core.target import Target
+from .prompts import encode_prompt
+from .registry import Pair, find_pair
+
+
+@dataclass
+class Chunk:
+    """A piece of streamed output: new text, the tokens behind it, and the step it came from."""
+
+    text: str
+    tokens: list[int]
+    step: Step
+    result: Result | None = None  # set on the last chunk
+
+
+@dataclass
+class Pipeline:
+    """A target bound to one drafting strategy, ready to generate."""
+
+    target: Target
+    proposer: Proposer
+    mode: str
+    max_draft: int
+    drafter: DrafterSpec | None = None
+    pair: Pair | None = None
+    options: dict = field(default_factory=dict)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.target.tokenizer
+
+    def encode(
+        self,
+        prompt: str | list[int],
+        system: str | None = None,
+        raw: bool = False,
+        thinking: bool | None = None,
+    ) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, system=system, raw=raw, thinking=thinking)
+
+    def stream(
+        self,
+        prompt: str | list[int],
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        stop_tokens: set[int] | None = None,
+        system: str | None = None,
+        raw: bool = False,
+        thinking: bool | None = None,
+        max_draft: int | None = None,
+    ) -> Iterator[Chunk]:
+        """Yield text as rounds land; the last chunk carries the full Result."""
+        if max_tokens < 0:
+            raise OutriderError(f"max_tokens must be >= 0, got {max_tokens}")
+        sampling = SamplingParams(temperature, top_p, top_k, seed)
+        ids = self.encode(prompt, system=system, raw=raw, thinking=thinking)
+        if not ids:
+            raise OutriderError("the prompt is empty")
+        tokenizer = self.tokenizer
+        stopper = Stopper(
+            max_tokens,
+            self.target.eos_token_ids if stop_tokens is None else set(stop_tokens),
+            stop,
+            decode=(lambda t: tokenizer.decode(t)) if stop else None,
+        )
+        result = Result(text="", prompt_tokens=ids, tokens=[], mode=self.mode)
+        result.max_draft = self.max_draft if max_draft is None else min(max_draft, self.max_draft)
+        if max_tokens == 0:
+            result.finish_reason = "length"
+            yield Chunk("", [], Step("prefill", [], 0, [], 0.0, "length"), result)
+            return
+        mx.reset_peak_memory()
+        emitted = ""
+        hold = max((len(s) for s in stop), default=1) - 1
+        t_start = time.perf_counter()
+        decode_start = None
+        for step in decode(self.target, self.proposer, ids, stopper, sampling, result.max_draft):
+            if step.source == "prefill":
+                result.prefill_seconds = step.seconds
+                decode_start = time.perf_counter()
+            elif step.source == "draft":
+                result.rounds.append(
+                    Round(step.drafted, step.accepted, step.committed, step.seconds)
+                )
+            result.tokens.extend(step.committed)
+            done = step.finish_reason is not None
+            text = self._text(result.tokens, stopper, done)
+            safe = text if done or not stop else text[: max(len(emitted), len(text) - hold)]
+            delta = safe[len(emitted) :]
+            emitted = safe if safe.startswith(emitted) else emitted
+            if done:
+                result.finish_reason = step.finish_reason
+                result.text = text
+                result.decode_seconds = time.perf_counter() - (decode_start or t_start)
+                result.peak_memory_gb = mx.get_peak_memory() / 1e9
+                yield Chunk(delta, step.committed, step, result)
+                return
+            yield Chunk(delta, step.committed, step)
+
+    def _text(self, tokens: list[int], stopper: Stopper, done: bool) -> str:
+        text = self.tokenizer.decode(tokens)
+        if not done:
+            text = text.rstrip("\ufffd")  # an incomplete multi-byte character waits for its rest
+        return stopper.cut_text(text) if stopper.stop_strings else text
+
+    def generate(self, prompt: str | list[int], **kwargs: Any) -> Result:
+        """Generate to completion; same keywords as `stream`."""
+        for chunk in self.stream(prompt, **kwargs):
+            if chunk.result is not None:
+                return chunk.result
+        raise RuntimeError("generation ended without a result")  # pragma: no cover
+
+
+def _detect_format(plugins: Plugins, path: Path):
+    ckpt = open_checkpoint(path)
+    for fmt in plugins.formats.values():
+        if fmt.detect(ckpt.config):
+            return fmt, ckpt
+    archs = ckpt.config.get("architectures")
+    raise CheckpointError(
+        f"no drafter format recognises {path} (architectures {archs!r}); installed formats: "
+        + ", ".join(sorted(plugins.formats))
+    )
+
+
+def load_drafter(plugins: Plugins, drafter: str, download: bool = True) -> DrafterSpec:
+    """Read a drafter checkpoint through the format plugin that claims it."""
+    fmt, ckpt = _detect_format(plugins, resolve_model(drafter, "drafter", download))
+    return fmt.translate(ckpt)
+
+
+def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
+    path = resolve_model(model, "model", download)
+    config = read_config(path)
+    for family in plugins.families.values():
+        if family.supports(config):
+            model_obj, tokenizer = family.load(path, config)
+            return Target(model_obj, tokenizer, family, config, name=model)
+    mtype = config.get("model_type") or (config.get("text_config") or {}).get("model_type")
+    raise UnsupportedTargetError(
+        f"model_type {mtype!r} is not supported by any installed target-family plugin "
+        f"(installed: {', '.join(sorted(plugins.families))})"
+    )
+
+
+def _check_pair(target: Target, spec: DrafterSpec) -> None:
+    if spec.hidden_size != target.hidden_size:
+        raise OutriderError(
+            f"drafter hidden size {spec.hidden_size} does not match the target's "
+            f"{target.hidden_size}: this drafter was made for another model"
+        )
+    vocab = target.config.get("vocab_size")
+    if spec.own_lm_head and vocab and spec.vocab_size != vocab:
+        raise OutriderError(
+            f"drafter vocabulary ({spec.vocab_size}) differs from the target's ({vocab})"
+        )
+
+
+def resolve_mode(
+    plugins: Plugins, model: str, mode: str, drafter: str | None
+) -> tuple[str, str | None, Pair | None]:
+    """(mode, drafter, registry row): auto takes an explicit drafter's kind, else the row's mode,
+    else drafter-free lookup."""
+    pair = find_pair(model)
+    if mode == "auto":
+        if drafter is not None:
+            return "auto-drafter", drafter, pair
+        if pair and pair.mode in plugins.strategies and pair.drafters.get(pair.mode):
+            return pair.mode, pair.drafters[pair.mode], pair
+        return "lookup", None, pair
+    strategy = plugins.strategy(mode)
+    if strategy.needs_drafter and drafter is None:
+        if pair and pair.drafters.get(mode):
+            drafter = pair.drafters[mode]
+        else:
+            raise OutriderError(
+                f"--mode {mode} needs a drafter: pass --drafter (no registry pair names a "
+                f"{mode} drafter for {model}), or use --mode lookup"
+            )
+    return mode, drafter, pair
+
+
+def load(
+    model: str,
+    drafter: str | None = None,
+    mode: str = "auto",
+    *,
+    max_draft: int | None = None,
+    confidence_threshold: float | None = None,
+    drafter_bits: int = 4,
+    download: bool = True,
+    plugins: Plugins | None = None,
+) -> Pipeline:
+    """Load a target (local folder or Hugging Face repo id) and its drafting strategy."""
+    if drafter_bits not in (4, 8, 16):
+        raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
+    if max_draft is not None and max_draft < 0:
+        raise OutriderError(f"--max-draft must be >= 0, got {max_draft}")
+    plugins = plugins or Plugins()
+    mode, drafter, pair = resolve_mode(plugins, model, mode, drafter)
+    spec = None
+    if drafter is not None and mode not in ("lookup", "baseline"):
+        spec = load_drafter(plugins, drafter, download)
+        if mode == "auto-drafter":
+            mode = spec.kind
+    elif mode == "auto-drafter":
+        mode = "lookup"
+    strategy = plugins.strategy(mode)
+    target = load_target(plugins, model, download)
+    if spec is not None and strategy.needs_drafter:
+        _check_pair(target, spec)
+    if confidence_threshold is None:
+        confidence_threshold = pair.confidence_threshold if pair else 0.0
+    options = {"drafter_bits": drafter_bits, "confidence_threshold": confidence_threshold}
+    proposer = strategy.build(target, spec if strategy.needs_drafter else None, options)
+    if max_draft is None:
+        max_draft = pair.cap if pair and pair.mode == mode and pair.cap else strategy.default_cap
+    cap = min(max_draft, proposer.max_draft)
+    return Pipeline(target, proposer, mode, cap, spec, pair, options)
+
+
+def load_pair(model: str, drafter: str | None = None, *, mode: str = "auto", **options: Any) -> Pipeline:
+    """The reference project's name for loading a target with its drafter."""
+    return load(model, drafter, mode, **options)
+
+
+def speculative_generate(pipeline: Pipeline, prompt: str | list[int], **sampling: Any) -> Result:
+    """Generate with speculative decoding (the reference project's name)."""
+    return pipeline.generate(prompt, **sampling)
+
+
+def pipeline_from_parts(
+    target: Target, proposer: Proposer, mode: str = "custom", max_draft: int | None = None
+) -> Pipeline:
+    """A pipeline over an already-built target and proposer (tests, benchmarks, plugins)."""
+    cap = proposer.max_draft if max_draft is None else min(max_draft, proposer.max_draft)
+    return Pipeline(target, proposer, mode, cap)

@@ -1,0 +1,1 @@
+"""The engine core: hook specifications, plugin manager, the one decode loop, acceptance."""

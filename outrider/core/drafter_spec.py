@@ -1,0 +1,47 @@
+"""The canonical drafter description every drafter-format plugin translates to.
+
+A format is packaging (how to read files); a strategy is behaviour (how to propose). They meet
+here: a block drafter (DSpark / DFlash backbone with context K/V injection) described by its
+dimensions, its block semantics and its optional sequential and confidence heads, plus weights
+under canonical names (DeepSpec's own tensor names, without prefix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+
+@dataclass
+class DrafterSpec:
+    format: str  # which format plugin read it, e.g. "deepspec", "zlab"
+    kind: str  # "dspark" (sequential head) or "dflash" (parallel block only)
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    block_size: int  # input slots per draft call: anchor + (block_size - 1) masks
+    logits_start: int  # first slot whose output is a draft (DeepSpec 0, z-lab 1)
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]  # DeepSpec convention (j = output of layer j)
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 32768
+    attention_bias: bool = False
+    own_embedding: bool = True  # False: bind the target's embedding
+    own_lm_head: bool = True  # False: bind the target's output head
+    markov_rank: int = 0
+    markov_type: str = "vanilla"  # vanilla | gated | rnn
+    confidence_head: bool = False
+    confidence_with_markov: bool = False
+    weights: dict[str, mx.array] = field(default_factory=dict, repr=False)
+
+    @property
+    def max_draft(self) -> int:
+        """Drafts one call yields: B for DeepSpec (anchor slot predicts), B-1 for z-lab."""
+        return self.block_size - self.logits_start

@@ -1,0 +1,17 @@
+"""Errors that reach the user as one clear sentence."""
+
+
+class OutriderError(Exception):
+    """A problem the user can act on; the CLI prints its message and exits non-zero."""
+
+
+class CheckpointError(OutriderError):
+    """A drafter or target checkpoint is damaged, incomplete or of an unknown kind."""
+
+
+class ModelNotFoundError(OutriderError):
+    """A model path or repository id could not be resolved to local files."""
+
+
+class UnsupportedTargetError(OutriderError):
+    """No target-family plugin can run this model with taps."""

@@ -1,0 +1,65 @@
+"""Telemetry records: one per speculative round, and the final result."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Round:
+    drafted: list[int]
+    accepted: int
+    committed: list[int]
+    seconds: float
+
+
+@dataclass
+class Result:
+    text: str
+    prompt_tokens: list[int]
+    tokens: list[int]
+    rounds: list[Round] = field(default_factory=list)
+    mode: str = ""
+    max_draft: int = 0
+    finish_reason: str = "length"
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    peak_memory_gb: float = 0.0
+
+    @property
+    def mean_accept_len(self) -> float:
+        """Tokens committed per target forward (accepted drafts + 1), averaged over rounds."""
+        if not self.rounds:
+            return 0.0
+        return sum(r.accepted + 1 for r in self.rounds) / len(self.rounds)
+
+    @property
+    def prefill_tps(self) -> float:
+        return len(self.prompt_tokens) / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        # The first token comes from the prefill; decode speed counts the rest.
+        n = max(len(self.tokens) - 1, 0)
+        return n / self.decode_seconds if self.decode_seconds else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "text": self.text,
+            "prompt_tokens": self.prompt_tokens,
+            "tokens": self.tokens,
+            "rounds": [{"drafted": r.drafted, "accepted": r.accepted} for r in self.rounds],
+            "mean_accept_len": round(self.mean_accept_len, 4),
+            "prefill_tps": round(self.prefill_tps, 2),
+            "decode_tps": round(self.decode_tps, 2),
+            "peak_memory_gb": round(self.peak_memory_gb, 4),
+            "mode": self.mode,
+            "max_draft": self.max_draft,
+            "finish_reason": self.finish_reason,
+            "prefill_seconds": round(self.prefill_seconds, 6),
+            "decode_seconds": round(self.decode_seconds, 6),
+        }
+
+
+def round_dict(r: Round) -> dict:
+    return asdict(r)

@@ -1,0 +1,122 @@
+"""The one decode loop: prefill, propose, verify in one forward, accept, roll back, observe.
+
+Every mode runs through `decode`; a mode is only a proposer. On the greedy path each round costs
+one host-device sync (the accept count and committed tokens come back together). A proposer that
+never drafts (baseline) gets the pipelined plain step mlx-lm uses, so baseline costs no more
+than mlx-lm's own generation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .acceptance import accept_greedy, accept_sampled
+from .proposer import DraftContext, Proposal, Proposer
+from .sampling import KeyStream, SamplingParams, probabilities, sample
+from .stopping import Stopper
+from .target import Target
+
+
+@dataclass
+class Step:
+    """One unit of progress: the prefill's first token, a speculative round, or a plain step."""
+
+    source: str  # "prefill", "draft" or "plain"
+    drafted: list[int]
+    accepted: int
+    committed: list[int]  # tokens emitted by this step (after stop handling)
+    seconds: float
+    finish_reason: str | None = None
+
+
+def _choose(logits: mx.array, sampling: SamplingParams, keys: KeyStream | None) -> mx.array:
+    if sampling.greedy:
+        return mx.argmax(logits, axis=-1)
+    return sample(probabilities(logits, sampling), keys.next())
+
+
+def decode(
+    target: Target,
+    proposer: Proposer,
+    prompt: list[int],
+    stopper: Stopper,
+    sampling: SamplingParams = SamplingParams(),
+    max_draft: int | None = None,
+) -> Iterator[Step]:
+    """Generate from `prompt` until `stopper` says stop, yielding each step as it lands."""
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    keys = None if sampling.greedy else KeyStream(sampling.seed)
+    cap_limit = proposer.max_draft if max_draft is None else min(max_draft, proposer.max_draft)
+    tap_ids = tuple(proposer.tap_layer_ids)
+    if tap_ids:
+        target.install_taps(tap_ids)
+    cache = target.make_cache()
+
+    t0 = time.perf_counter()
+    last_logits, taps = target.prefill(prompt, cache, tap_ids)
+    first = _choose(last_logits, sampling, keys)
+    if cap_limit <= 0 and not tap_ids:
+        yield from _plain_steps(target, cache, first, stopper, sampling, keys, t0)
+        return
+    proposer.start(prompt, taps)
+    mx.eval(first)
+    anchor = first.item()
+    history = list(prompt) + [anchor]
+    kept = stopper.feed([anchor])
+    yield Step("prefill", [], 0, kept, time.perf_counter() - t0, stopper.finish_reason)
+
+    while stopper.finish_reason is None:
+        t = time.perf_counter()
+        cap = max(0, min(cap_limit, stopper.remaining - 1))
+        ctx = DraftContext(history, cap, sampling, keys.next() if keys else None)
+        proposal = proposer.propose(ctx) if cap > 0 else Proposal.empty()
+        inputs = mx.concatenate([mx.array([anchor], dtype=mx.uint32), proposal.tokens.astype(mx.uint32)])
+        logits, taps = target.forward(inputs, cache, tap_ids)
+        if sampling.greedy:
+            accepted, tokens = accept_greedy(logits, proposal.tokens.astype(mx.uint32))
+        else:
+            accepted, tokens = accept_sampled(
+                logits, proposal.tokens.astype(mx.uint32), proposal.probs, sampling, keys.next()
+            )
+        mx.eval(accepted, tokens, proposal.tokens)  # the round's one sync
+        a = accepted.item()
+        committed = tokens[: a + 1].tolist()
+        drafted = proposal.tokens.tolist()
+        target.rollback(cache, proposal.k - a)
+        proposer.observe(a, None if taps is None else taps[: a + 1])
+        history.extend(committed)
+        anchor = committed[-1]
+        kept = stopper.feed(committed)
+        yield Step("draft", drafted, a, kept, time.perf_counter() - t, stopper.finish_reason)
+
+
+def _plain_steps(
+    target: Target,
+    cache: list,
+    first: mx.array,
+    stopper: Stopper,
+    sampling: SamplingParams,
+    keys: KeyStream | None,
+    t0: float,
+) -> Iterator[Step]:
+    """Pipelined plain decoding: the next forward is queued before the current token is read."""
+    y = first
+    mx.async_eval(y)
+    source = "prefill"
+    while True:
+        t = time.perf_counter()
+        logits, _ = target.forward(y.reshape(1).astype(mx.uint32), cache)
+        next_y = _choose(logits[-1], sampling, keys)
+        mx.async_eval(next_y)
+        kept = stopper.feed([y.item()])
+        start = t0 if source == "prefill" else t
+        yield Step(source, [], 0, kept, time.perf_counter() - start, stopper.finish_reason)
+        if stopper.finish_reason is not None:
+            return
+        source = "plain"
+        y = next_y

@@ -1,0 +1,89 @@
+"""The plugin manager and the catalogue of what the installed plugins provide."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib.metadata import version as dist_version
+
+import pluggy
+
+from . import hookspecs
+from .errors import OutriderError
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    version: str
+    provides: list[str] = field(default_factory=list)
+
+
+class Plugins:
+    """Everything the plugins provide, collected once per process that asks for it."""
+
+    def __init__(self, load_entrypoints: bool = True) -> None:
+        self.pm = pluggy.PluginManager("outrider")
+        self.pm.add_hookspecs(hookspecs)
+        from ..plugins import BUILTIN
+
+        for module in BUILTIN:
+            self.pm.register(module, name=module.__name__)
+        if load_entrypoints:
+            self.pm.load_setuptools_entrypoints("outrider")
+        self.families: dict = {}
+        self.formats: dict = {}
+        self.strategies: dict = {}
+        self._owner: dict[str, list[str]] = {}
+        for plugin in self.pm.get_plugins():
+            self._collect(plugin, self.pm.get_name(plugin))
+
+    def _collect(self, plugin, name: str) -> None:
+        provided: list[str] = []
+
+        def registrar(kind: str, table: dict):
+            def register(thing) -> None:
+                if thing.name in table:
+                    raise OutriderError(f"plugin {name} registers {kind} {thing.name!r} twice")
+                table[thing.name] = thing
+                provided.append(f"{kind}:{thing.name}")
+
+            return register
+
+        for hook_name, kind, table in (
+            ("register_target_families", "family", self.families),
+            ("register_drafter_formats", "format", self.formats),
+            ("register_strategies", "strategy", self.strategies),
+        ):
+            impl = getattr(plugin, hook_name, None)
+            if impl is not None:
+                impl(registrar(kind, table))
+        if getattr(plugin, "register_commands", None) is not None:
+            provided.append("commands")
+        self._owner[name] = provided
+
+    def register_commands(self, cli) -> None:
+        self.pm.hook.register_commands(cli=cli)
+
+    def info(self) -> list[PluginInfo]:
+        dists = {id(p): d for p, d in self.pm.list_plugin_distinfo()}
+        out = []
+        for plugin in self.pm.get_plugins():
+            name = self.pm.get_name(plugin)
+            dist = dists.get(id(plugin))
+            if dist is not None:
+                ver = dist.version
+                name = f"{dist.project_name}" if hasattr(dist, "project_name") else name
+            else:
+                try:
+                    ver = dist_version("outrider") + " (built-in)"
+                except Exception:
+                    ver = "built-in"
+            out.append(PluginInfo(name, ver, self._owner.get(self.pm.get_name(plugin), [])))
+        return sorted(out, key=lambda p: (not p.version.endswith("(built-in)"), p.name))
+
+    def strategy(self, name: str):
+        try:
+            return self.strategies[name]
+        except KeyError:
+            known = ", ".join(sorted(self.strategies)) + ", auto"
+            raise OutriderError(f"unknown mode {name!r}; known modes: {known}") from None

@@ -1,0 +1,63 @@
+"""What a drafting strategy hands the loop each round."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import mlx.core as mx
+
+from .sampling import SamplingParams
+
+
+@dataclass
+class Proposal:
+    """k drafted tokens. `tokens` may stay lazy on the device; `k` is known on the host.
+
+    `probs` [k, V] is the distribution each draft was sampled from (None: chosen
+    deterministically, i.e. one-hot); `confidence` [k] is the drafter's own per-slot estimate.
+    """
+
+    tokens: mx.array
+    k: int
+    probs: mx.array | None = None
+    confidence: mx.array | None = None
+
+    @classmethod
+    def empty(cls) -> Proposal:
+        return cls(tokens=mx.zeros((0,), dtype=mx.uint32), k=0)
+
+    @classmethod
+    def from_list(cls, ids: list[int]) -> Proposal:
+        return cls(tokens=mx.array(ids, dtype=mx.uint32), k=len(ids))
+
+
+@dataclass
+class DraftContext:
+    """What the proposer may look at when drafting one round."""
+
+    tokens: list[int]  # prompt + committed tokens, ending with the anchor
+    cap: int  # at most this many drafts
+    sampling: SamplingParams
+    key: mx.array | None = None  # random key for sampled drafting
+    extras: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """A drafting strategy bound to one target for one generation.
+
+    `tap_layer_ids` lists the target layers whose raw outputs the proposer wants (DeepSpec
+    convention: id j is the output of decoder layer j, -1 the embedding output); empty for
+    drafter-free strategies.
+    """
+
+    name: str
+    tap_layer_ids: tuple[int, ...]
+    max_draft: int
+
+    def start(self, prompt: list[int], taps: mx.array | None) -> None: ...
+
+    def propose(self, ctx: DraftContext) -> Proposal: ...
+
+    def observe(self, accepted: int, taps: mx.array | None) -> None: ...

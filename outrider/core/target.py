@@ -1,0 +1,202 @@
+"""A loaded target model with hidden-state taps installed on this instance.
+
+Taps wrap entries of the instance's own layer list (never the model classes), so the model's
+forward runs unchanged and its logits are bit-identical to plain decoding; the wrappers only
+record the raw output of the tapped decoder layers (DeepSpec convention: id j = output of
+layer j, id -1 = the embedding output, i.e. the input of layer 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .errors import UnsupportedTargetError
+from .family import TargetFamily
+
+PREFILL_CHUNK = 2048
+
+
+class _TapSink:
+    def __init__(self) -> None:
+        self.active = False
+        self.store: dict[int, mx.array] = {}
+
+
+class _TappedLayer(nn.Module):
+    """Pass-through wrapper around one decoder layer of one model instance."""
+
+    def __init__(self, layer: nn.Module, sink: _TapSink, index: int, capture_input: bool):
+        super().__init__()
+        self.layer = layer
+        self._sink = sink
+        self._index = index
+        self._capture_input = capture_input
+        self._capture_output = False
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if key == "layer" or "layer" not in self:
+                raise
+            return getattr(self["layer"], key)
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> Any:
+        out = self.layer(x, *args, **kwargs)
+        if self._sink.active:
+            if self._capture_input:
+                self._sink.store[-1] = x
+            if self._capture_output:
+                self._sink.store[self._index] = out[0] if isinstance(out, tuple) else out
+        return out
+
+
+class Target:
+    """An mlx-lm (or family-provided) model plus its tokenizer, family and taps."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        family: TargetFamily,
+        config: dict | None = None,
+        name: str = "",
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.family = family
+        self.config = config or {}
+        self.name = name
+        self._sink = _TapSink()
+        self._tapped: set[int] = set()
+        self._probed: set[int] = set()
+
+    # -- structure -------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.family.layers(self.model))
+
+    @property
+    def hidden_size(self) -> int:
+        text = self.config.get("text_config", self.config)
+        return int(text.get("hidden_size", self.config.get("hidden_size", 0)))
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids = getattr(self.tokenizer, "eos_token_ids", None)
+        if ids is None:
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+            ids = [] if eos is None else [eos]
+        return set(int(i) for i in ids)
+
+    def make_cache(self) -> list:
+        return self.family.make_cache(self.model)
+
+    def rollback(self, cache: list, n: int) -> None:
+        if n > 0:
+            self.family.rollback(cache, n)
+
+    # -- taps ------------------------------------------------------------------------------
+    def install_taps(self, layer_ids: tuple[int, ...]) -> None:
+        """Wrap the layers needed for `layer_ids` (idempotent), then probe them once."""
+        layers = self.family.layers(self.model)
+        n = len(layers)
+        for j in layer_ids:
+            if not -1 <= j < n:
+                raise UnsupportedTargetError(
+                    f"the drafter taps target layer {j}, but the target has {n} layers "
+                    "(is this drafter made for another model?)"
+                )
+        for j in sorted(set(layer_ids) - self._tapped):
+            idx = 0 if j == -1 else j
+            wrapper = layers[idx]
+            if not isinstance(wrapper, _TappedLayer):
+                wrapper = _TappedLayer(wrapper, self._sink, idx, capture_input=False)
+                layers[idx] = wrapper
+            if j == -1:
+                wrapper._capture_input = True
+            else:
+                wrapper._capture_output = True
+            self._tapped.add(j)
+        missing = tuple(j for j in layer_ids if j not in self._probed)
+        if missing:
+            self._probe(tuple(layer_ids))
+            self._probed.update(layer_ids)
+
+    def _probe(self, layer_ids: tuple[int, ...]) -> None:
+        """Check on a short input that tapping changes nothing and captures every tap."""
+        ids = mx.array([1, 2, 3, 4], dtype=mx.uint32)
+        plain = self.model(ids[None], cache=self.make_cache())[0]
+        tapped, taps = self.forward(ids, self.make_cache(), layer_ids)
+        mx.eval(plain, tapped, taps)
+        diff = mx.abs(plain.astype(mx.float32) - tapped.astype(mx.float32)).max().item()
+        width = taps.shape[-1] if taps is not None else 0
+        if diff > 1e-3 or taps is None or taps.shape[0] != 4 or width != len(layer_ids) * self.hidden_size:
+            raise UnsupportedTargetError(
+                f"hidden-state taps do not work on this target ({self.name or 'model'}): the "
+                f"tapped forward differs from the model's own (max |Δlogit| {diff:.3g}) or "
+                "missed a layer; use --mode lookup or --mode baseline"
+            )
+
+    # -- forward ---------------------------------------------------------------------------
+    def forward(
+        self, ids: mx.array, cache: list, tap_ids: tuple[int, ...] = ()
+    ) -> tuple[mx.array, mx.array | None]:
+        """ids [T] -> (logits [T, V], taps [T, len(tap_ids)·H] or None)."""
+        logits = self._run(ids, cache, tap_ids)
+        return logits[0], self._collect(tap_ids)
+
+    def _run(self, ids: mx.array, cache: list, tap_ids: tuple[int, ...]) -> mx.array:
+        self._sink.active = bool(tap_ids)
+        self._sink.store = {}
+        try:
+            return self.model(ids[None], cache=cache)
+        finally:
+            self._sink.active = False
+
+    def _collect(self, tap_ids: tuple[int, ...]) -> mx.array | None:
+        if not tap_ids:
+            return None
+        try:
+            parts = [self._sink.store[j][0] for j in tap_ids]
+        except KeyError:
+            return None
+        finally:
+            self._sink.store = {}
+        return mx.concatenate(parts, axis=-1)
+
+    def prefill(
+        self, prompt: list[int], cache: list, tap_ids: tuple[int, ...] = ()
+    ) -> tuple[mx.array, mx.array | None]:
+        """Process the prompt as mlx-lm does (chunks, then the last token alone).
+
+        Returns the logits of the last prompt position [V] and the taps of every prompt row.
+        Non-final chunks never evaluate the output head (only caches and taps are evaluated).
+        """
+        ids = mx.array(prompt, dtype=mx.uint32)
+        taps: list[mx.array] = []
+        done = 0
+        while len(prompt) - done > 1:
+            n = min(PREFILL_CHUNK, len(prompt) - done - 1)
+            self._run(ids[done : done + n], cache, tap_ids)
+            chunk_taps = self._collect(tap_ids)
+            state = [c.state for c in cache]
+            if chunk_taps is not None:
+                taps.append(chunk_taps)
+            mx.eval(state, taps)
+            done += n
+        logits, last_taps = self.forward(ids[done:], cache, tap_ids)
+        if last_taps is not None:
+            taps.append(last_taps)
+        all_taps = mx.concatenate(taps, axis=0) if taps else None
+        return logits[-1], all_taps
+
+    # -- shared embedding / head (for drafters that bind the target's) ------------------------
+    def embed(self, ids: mx.array) -> mx.array:
+        return self.family.embed(self.model, ids)
+
+    def project(self, hidden: mx.array) -> mx.array:
+        return self.family.project(self.model, hidden)

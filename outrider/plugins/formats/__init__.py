@@ -1,0 +1,1 @@
+"""Built-in drafter checkpoint formats (packagings)."""

@@ -1,0 +1,61 @@
+"""DeepSpec's packaging (deepseek-ai/DeepSpec): DSpark and DeepSpec-DFlash drafters.
+
+Flat config (a copy of the target's with block_size, mask_token_id, target_layer_ids, markov and
+confidence fields); own frozen embed_tokens / lm_head copies; block of B inputs yields B drafts
+(the anchor slot predicts the next token).
+"""
+
+from __future__ import annotations
+
+from ...core.checkpoint import Checkpoint
+from ...core.drafter_spec import DrafterSpec
+from ...core.errors import CheckpointError
+from ...core.formats import as_int, backbone_fields, layer_ids, require, strip_prefixes
+from ...core.hookspecs import hookimpl
+
+
+class DeepSpecFormat:
+    name = "deepspec"
+    description = "DeepSpec DSpark / DFlash (Qwen3DSparkModel; anchor slot predicts)"
+
+    def detect(self, config: dict) -> bool:
+        archs = config.get("architectures") or []
+        return any(isinstance(a, str) and a.endswith("DSparkModel") for a in archs)
+
+    def translate(self, checkpoint: Checkpoint) -> DrafterSpec:
+        cfg = checkpoint.config
+        archs = cfg.get("architectures") or []
+        if any(str(a).startswith("Gemma4") for a in archs):
+            raise CheckpointError(
+                "Gemma-4 DSpark drafters need the gemma4 target family, which is not installed"
+            )
+        rank = as_int(cfg.get("markov_rank", 0), "markov_rank")
+        markov_type = cfg.get("markov_head_type", "vanilla") if rank > 0 else "vanilla"
+        if markov_type not in ("vanilla", "gated", "rnn"):
+            raise CheckpointError(f"unknown markov_head_type {markov_type!r}")
+        confidence = bool(cfg.get("enable_confidence_head", False))
+        n_target = cfg.get("num_target_layers")
+        spec = DrafterSpec(
+            format=self.name,
+            kind="dspark" if rank > 0 or confidence else "dflash",
+            block_size=as_int(require(cfg, "block_size"), "block_size"),
+            logits_start=0,
+            mask_token_id=as_int(require(cfg, "mask_token_id"), "mask_token_id"),
+            target_layer_ids=layer_ids(require(cfg, "target_layer_ids"), n_target),
+            own_embedding=True,
+            own_lm_head=True,
+            markov_rank=rank,
+            markov_type=markov_type,
+            confidence_head=confidence,
+            confidence_with_markov=confidence and bool(cfg.get("confidence_head_with_markov")) and rank > 0,
+            **backbone_fields(cfg),
+        )
+        if spec.block_size < 1:
+            raise CheckpointError(f"block_size must be >= 1, got {spec.block_size}")
+        spec.weights = strip_prefixes(checkpoint.tensors)
+        return spec
+
+
+@hookimpl
+def register_drafter_formats(register):
+    register(DeepSpecFormat())

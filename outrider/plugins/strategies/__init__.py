@@ -1,0 +1,1 @@
+"""Built-in drafting strategies: dspark, dflash, lookup, baseline."""

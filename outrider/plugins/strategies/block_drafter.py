@@ -1,0 +1,204 @@
+"""The block drafter shared by DSpark and DFlash: a small Qwen3-style stack that attends, from a
+block [anchor, mask, ...], to the target's tapped hidden states projected into its own K/V.
+
+Per draft call (drafter-formats.md §3.3): context rows C = hidden_norm(fc(taps)) are appended to
+each layer's context cache as K/V (roped at their absolute positions; the context skips
+input_layernorm); the block attends bidirectionally to every cached context row and to the whole
+block; block slot k sits at position anchor + k. Block K/V are never cached.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.rope_utils import initialize_rope
+
+from ...core.drafter_spec import DrafterSpec
+from ...core.errors import CheckpointError
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, spec: DrafterSpec):
+        super().__init__()
+        h, hd = spec.hidden_size, spec.head_dim
+        self.n_heads, self.n_kv = spec.num_heads, spec.num_kv_heads
+        self.scale = hd**-0.5
+        self.q_proj = nn.Linear(h, self.n_heads * hd, bias=spec.attention_bias)
+        self.k_proj = nn.Linear(h, self.n_kv * hd, bias=spec.attention_bias)
+        self.v_proj = nn.Linear(h, self.n_kv * hd, bias=spec.attention_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, h, bias=False)
+        self.q_norm = nn.RMSNorm(hd, eps=spec.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(hd, eps=spec.rms_norm_eps)
+        self.rope = initialize_rope(
+            hd,
+            base=spec.rope_theta,
+            traditional=False,
+            scaling_config=spec.rope_scaling,
+            max_position_embeddings=spec.max_position_embeddings,
+        )
+
+    def _kv(self, x: mx.array, offset: int) -> tuple[mx.array, mx.array]:
+        b, n, _ = x.shape
+        k = self.k_norm(self.k_proj(x).reshape(b, n, self.n_kv, -1)).transpose(0, 2, 1, 3)
+        v = self.v_proj(x).reshape(b, n, self.n_kv, -1).transpose(0, 2, 1, 3)
+        return self.rope(k, offset=offset), v
+
+    def __call__(self, x: mx.array, context: mx.array | None, cache: KVCache) -> mx.array:
+        b, n, _ = x.shape
+        if context is not None and context.shape[1] > 0:
+            ck, cv = self._kv(context, cache.offset)
+            keys, values = cache.update_and_fetch(ck, cv)
+        else:
+            keys, values = cache.state if cache.offset else (None, None)
+        block_offset = cache.offset
+        q = self.q_norm(self.q_proj(x).reshape(b, n, self.n_heads, -1)).transpose(0, 2, 1, 3)
+        q = self.rope(q, offset=block_offset)
+        bk, bv = self._kv(x, block_offset)
+        if keys is not None:
+            bk = mx.concatenate([keys, bk], axis=2)
+            bv = mx.concatenate([values, bv], axis=2)
+        out = mx.fast.scaled_dot_product_attention(q, bk, bv, scale=self.scale)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, h: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(h, inter, bias=False)
+        self.up_proj = nn.Linear(h, inter, bias=False)
+        self.down_proj = nn.Linear(inter, h, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, spec: DrafterSpec):
+        super().__init__()
+        self.self_attn = DraftAttention(spec)
+        self.mlp = DraftMLP(spec.hidden_size, spec.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+
+    def __call__(self, h: mx.array, context: mx.array | None, cache: KVCache) -> mx.array:
+        h = h + self.self_attn(self.input_layernorm(h), context, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class MarkovHead(nn.Module):
+    """DSpark's sequential head: a low-rank bigram bias on each slot's logits (§3.4)."""
+
+    def __init__(self, spec: DrafterSpec):
+        super().__init__()
+        r, h, v = spec.markov_rank, spec.hidden_size, spec.vocab_size
+        self.kind = spec.markov_type
+        self.rank = r
+        self.markov_w1 = nn.Embedding(v, r)
+        self.markov_w2 = nn.Linear(r, v, bias=False)
+        if self.kind == "gated":
+            self.gate_proj = nn.Linear(h + r, r, bias=True)
+        elif self.kind == "rnn":
+            self.joint_proj = nn.Linear(2 * r + h, 3 * r, bias=True)
+
+    def step(
+        self, prev: mx.array, hidden: mx.array, state: mx.array | None
+    ) -> tuple[mx.array, mx.array, mx.array | None]:
+        """prev token ids [n], slot hidden [n, H] -> (bias [n, V], W1[prev] [n, r], new state)."""
+        e = self.markov_w1(prev)
+        if self.kind == "vanilla":
+            return self.markov_w2(e), e, state
+        if self.kind == "gated":
+            g = mx.sigmoid(self.gate_proj(mx.concatenate([hidden, e], axis=-1)))
+            return self.markov_w2(g * e), e, state
+        if state is None:
+            state = mx.zeros(e.shape, dtype=e.dtype)
+        z = mx.concatenate([state, e, hidden], axis=-1)
+        g, c, o = mx.split(self.joint_proj(z), 3, axis=-1)
+        g = mx.sigmoid(g)
+        new_state = g * state + (1 - g) * mx.tanh(c)
+        return self.markov_w2(mx.tanh(o)), e, new_state
+
+
+class ConfidenceHead(nn.Module):
+    def __init__(self, spec: DrafterSpec):
+        super().__init__()
+        extra = spec.markov_rank if spec.confidence_with_markov else 0
+        self.proj = nn.Linear(spec.hidden_size + extra, 1, bias=True)
+
+
+class BlockDrafter(nn.Module):
+    """DSpark / DFlash drafter network; its parameter names are the canonical tensor names."""
+
+    def __init__(self, spec: DrafterSpec):
+        super().__init__()
+        self.spec = spec
+        h = spec.hidden_size
+        n_taps = len(spec.target_layer_ids)
+        self.fc = nn.Linear(n_taps * h, h, bias=False)
+        self.hidden_norm = nn.RMSNorm(h, eps=spec.rms_norm_eps)
+        self.layers = [DraftLayer(spec) for _ in range(spec.num_layers)]
+        self.norm = nn.RMSNorm(h, eps=spec.rms_norm_eps)
+        if spec.own_embedding:
+            self.embed_tokens = nn.Embedding(spec.vocab_size, h)
+        if spec.own_lm_head:
+            self.lm_head = nn.Linear(h, spec.vocab_size, bias=False)
+        if spec.markov_rank > 0:
+            self.markov_head = MarkovHead(spec)
+        if spec.confidence_head:
+            self.confidence_head = ConfidenceHead(spec)
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+    def backbone(self, block: mx.array, taps: mx.array | None, cache: list[KVCache]) -> mx.array:
+        """block embeddings [1, B, H], new context taps [S, n·H] -> final-normed hidden [B, H]."""
+        context = None
+        if taps is not None and taps.shape[0] > 0:
+            context = self.hidden_norm(self.fc(taps.astype(block.dtype)[None]))
+        h = block
+        for layer, c in zip(self.layers, cache):
+            h = layer(h, context, c)
+        return self.norm(h)[0]
+
+
+def load_block_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) -> BlockDrafter:
+    """Build the network, check the checkpoint's tensors strictly, load, optionally quantise."""
+    model = BlockDrafter(spec)
+    expected = dict(tree_flatten(model.parameters()))
+    got = spec.weights
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    if missing:
+        raise CheckpointError(
+            f"drafter checkpoint is missing tensor {missing[0]}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
+    if unexpected:
+        raise CheckpointError(
+            f"drafter checkpoint has unexpected tensor {unexpected[0]}"
+            + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else "")
+            + f" for a {spec.format} {spec.kind} drafter"
+        )
+    for name, arr in expected.items():
+        if tuple(got[name].shape) != tuple(arr.shape):
+            raise CheckpointError(
+                f"drafter tensor {name} has shape {tuple(got[name].shape)}, "
+                f"expected {tuple(arr.shape)} from its config"
+            )
+    model.load_weights(list(got.items()), strict=True)
+    spec.weights = {}  # the network holds them now
+    if bits not in (4, 8, 16):
+        raise ValueError(f"drafter bits must be 16, 8 or 4, got {bits}")
+    if bits < 16:
+        nn.quantize(
+            model,
+            group_size=group_size,
+            bits=bits,
+            class_predicate=lambda _, m: isinstance(m, (nn.Linear, nn.Embedding))
+            and m.weight.shape[-1] % group_size == 0
+            and m.weight.shape[0] > 1,
+        )
+    mx.eval(model.parameters())
+    return model

@@ -1,0 +1,28 @@
+"""DFlash (z-lab, and DeepSpec's packaging): one parallel block, each slot chosen on its own."""
+
+from __future__ import annotations
+
+from ...core.drafter_spec import DrafterSpec
+from ...core.errors import OutriderError
+from ...core.hookspecs import hookimpl
+from ...core.target import Target
+from .block_drafter import load_block_drafter
+from .block_proposer import BlockProposer
+
+
+class DFlash:
+    name = "dflash"
+    description = "DFlash drafter: block diffusion-style parallel drafting"
+    needs_drafter = True
+    default_cap = 8
+
+    def build(self, target: Target, drafter: DrafterSpec | None, options: dict) -> BlockProposer:
+        if drafter is None:
+            raise OutriderError("--mode dflash needs a DFlash drafter (--drafter)")
+        model = load_block_drafter(drafter, bits=options.get("drafter_bits", 4))
+        return BlockProposer(self.name, target, model, sequential=False)
+
+
+@hookimpl
+def register_strategies(register):
+    register(DFlash())

@@ -1,0 +1,1 @@
+"""Built-in target families."""

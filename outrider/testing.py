@@ -1,0 +1,270 @@
+"""Tiny real-architecture models for tests (ours and plugin authors').
+
+`make_tiny_target` writes a Hugging Face style folder (config.json, safetensors, a byte-level
+tokenizer with a chat template, all built offline) of a real mlx-lm architecture at toy size in
+float32, with random weights. `make_tiny_drafter` writes a random-weight drafter for such a
+target laid out exactly like the published checkpoints. `OracleProposer` drafts the known
+answer with a chosen per-token acceptance rate.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map
+
+from .core.drafter_spec import DrafterSpec
+from .core.proposer import DraftContext, Proposal
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|mask|>"]
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+FAMILIES = {
+    "qwen3": {"model_type": "qwen3", "head_dim": 16, "tie_word_embeddings": False},
+    "llama": {"model_type": "llama", "attention_bias": False, "mlp_bias": False,
+              "tie_word_embeddings": False},
+    "qwen2": {"model_type": "qwen2", "tie_word_embeddings": False},
+}
+
+
+def build_tokenizer(path: Path) -> int:
+    """Byte-level BPE tokenizer (no merges) with chat special tokens; returns its size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(path))
+    return len(vocab) + len(SPECIAL_TOKENS)
+
+
+def tiny_config(family: str = "qwen3", vocab_size: int = 262, **overrides) -> dict:
+    if family not in FAMILIES:
+        raise ValueError(f"make_tiny_target knows {sorted(FAMILIES)}, not {family!r}")
+    cfg = {
+        "architectures": ["TinyForCausalLM"],
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "torch_dtype": "float32",
+    }
+    cfg.update(FAMILIES[family])
+    cfg.update(overrides)
+    return cfg
+
+
+def build_model(config: dict, seed: int = 0, scale: float = 4.0):
+    """An mlx-lm model of the config's architecture with random weights.
+
+    The output head is scaled up so that greedy choices are decisive (random models otherwise
+    produce near-uniform logits where fp rounding could flip an argmax).
+    """
+    from mlx_lm.utils import _get_classes
+
+    model_cls, args_cls = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_cls(args_cls.from_dict(config))
+    params = dict(tree_flatten(model.parameters()))
+    for name in params:
+        if name.endswith("lm_head.weight") or name.endswith("embed_tokens.weight"):
+            params[name] = params[name] * scale
+    model.load_weights(list(params.items()))
+    mx.eval(model.parameters())
+    return model
+
+
+def make_tiny_target(path: str | Path, family: str = "qwen3", seed: int = 0, **overrides) -> Path:
+    """Write a tiny random-weight model folder of a real mlx-lm architecture (float32)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = build_tokenizer(path)
+    overrides.setdefault("vocab_size", vocab)
+    config = tiny_config(family, **overrides)
+    config["eos_token_id"] = SPECIAL_TOKENS.index("<|im_end|>") + vocab - len(SPECIAL_TOKENS)
+    model = build_model(config, seed)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
+def default_tap_ids(num_layers: int, n: int = 3) -> list[int]:
+    """Evenly spread taps below the last layer (DeepSpec never taps the final layer)."""
+    n = max(1, min(n, num_layers - 1))
+    step = (num_layers - 1) / n
+    return sorted({int(i * step) for i in range(n)})
+
+
+def make_tiny_drafter(
+    path: str | Path,
+    target: str | Path,
+    kind: str = "dspark",
+    packaging: str = "deepspec",
+    *,
+    num_layers: int = 2,
+    block_size: int | None = None,
+    markov_rank: int = 16,
+    markov_type: str = "vanilla",
+    confidence: bool = True,
+    target_layer_ids: list[int] | None = None,
+    seed: int = 1,
+) -> Path:
+    """Write a random-weight drafter for `target`, laid out like the published checkpoints."""
+    from .plugins.strategies.block_drafter import BlockDrafter
+
+    if kind not in ("dspark", "dflash"):
+        raise ValueError(f"kind must be dspark or dflash, got {kind!r}")
+    if packaging not in ("deepspec", "zlab"):
+        raise ValueError(f"packaging must be deepspec or zlab, got {packaging!r}")
+    if packaging == "zlab" and kind != "dflash":
+        raise ValueError("z-lab publishes DFlash drafters only")
+    path, target = Path(path), Path(target)
+    path.mkdir(parents=True, exist_ok=True)
+    tcfg = json.loads((target / "config.json").read_text())
+    L = tcfg["num_hidden_layers"]
+    ids = target_layer_ids or default_tap_ids(L)
+    hidden, heads = tcfg["hidden_size"], tcfg["num_attention_heads"]
+    mask_id = tcfg["vocab_size"] - 1  # <|mask|> is the last special token
+    deepspec = packaging == "deepspec"
+    rank = markov_rank if kind == "dspark" else 0
+    block = block_size or (4 if deepspec else 8)
+    spec = DrafterSpec(
+        format=packaging,
+        kind=kind,
+        hidden_size=hidden,
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=tcfg.get("num_key_value_heads", heads),
+        head_dim=tcfg.get("head_dim", hidden // heads),
+        intermediate_size=tcfg["intermediate_size"],
+        vocab_size=tcfg["vocab_size"],
+        rms_norm_eps=tcfg.get("rms_norm_eps", 1e-6),
+        rope_theta=tcfg.get("rope_theta", 10000.0),
+        block_size=block,
+        logits_start=0 if deepspec else 1,
+        mask_token_id=mask_id,
+        target_layer_ids=tuple(ids),
+        own_embedding=deepspec,
+        own_lm_head=deepspec,
+        markov_rank=rank,
+        markov_type=markov_type,
+        confidence_head=kind == "dspark" and confidence,
+        confidence_with_markov=kind == "dspark" and confidence and rank > 0,
+    )
+    mx.random.seed(seed)
+    model = BlockDrafter(spec)
+    weights = dict(tree_flatten(model.parameters()))
+    if deepspec:  # frozen copies of the target's embedding and head
+        tw = mx.load(str(target / "model.safetensors"))
+        weights["embed_tokens.weight"] = tw["model.embed_tokens.weight"]
+        weights["lm_head.weight"] = tw.get("lm_head.weight", tw["model.embed_tokens.weight"])
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    if deepspec:
+        cfg = copy.deepcopy(tcfg)
+        cfg.update(
+            architectures=["Qwen3DSparkModel"],
+            model_type="qwen3",
+            num_hidden_layers=num_layers,
+            num_target_layers=L,
+            layer_types=["full_attention"] * num_layers,
+            block_size=block,
+            mask_token_id=mask_id,
+            target_layer_ids=ids,
+            num_anchors=512,
+            enable_confidence_head=spec.confidence_head,
+            markov_rank=rank,
+            tie_word_embeddings=False,
+            head_dim=spec.head_dim,
+        )
+        if spec.confidence_head:
+            cfg["confidence_head_with_markov"] = spec.confidence_with_markov
+        if rank > 0:
+            cfg["markov_head_type"] = markov_type
+    else:
+        cfg = {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "block_size": block,
+            "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": ids},
+            "hidden_size": hidden,
+            "intermediate_size": tcfg["intermediate_size"],
+            "num_attention_heads": heads,
+            "num_key_value_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim,
+            "num_hidden_layers": num_layers,
+            "num_target_layers": L,
+            "rms_norm_eps": spec.rms_norm_eps,
+            "rope_theta": spec.rope_theta,
+            "vocab_size": tcfg["vocab_size"],
+            "max_position_embeddings": tcfg.get("max_position_embeddings", 4096),
+            "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},  # present on the hub; never run
+        }
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+class OracleProposer:
+    """Drafts the known continuation; each drafted token is right with probability `rate`.
+
+    `reference` is the full expected sequence (prompt + plain greedy output); a wrong draft is
+    the right token + 1 (mod vocab), so acceptance per token is exactly `rate` in expectation.
+    """
+
+    tap_layer_ids: tuple[int, ...] = ()
+
+    def __init__(
+        self, reference: list[int], rate: float, vocab_size: int, max_draft: int = 8, seed: int = 0
+    ) -> None:
+        self.name = "oracle"
+        self.reference = reference
+        self.rate = rate
+        self.vocab_size = vocab_size
+        self.max_draft = max_draft
+        self._rng = random.Random(seed)
+
+    def start(self, prompt: list[int], taps: mx.array | None) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        m = len(ctx.tokens)
+        truth = self.reference[m : m + min(ctx.cap, self.max_draft)]
+        drafts = [t if self._rng.random() < self.rate else (t + 1) % self.vocab_size for t in truth]
+        return Proposal.from_list(drafts)
+
+    def observe(self, accepted: int, taps: mx.array | None) -> None:
+        pass
+
+
+def cast_model(model, dtype) -> None:
+    """Cast a model's floating parameters in place (benchmarks build bf16 models this way)."""
+    model.update(tree_map(lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a,
+                          model.parameters()))
