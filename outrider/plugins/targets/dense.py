@@ -59,7 +59,9 @@ class DenseFamily:
         return model, tokenizer
 
     def layers(self, model: nn.Module) -> list:
-        return model.layers
+        # The decoder stack's own list: `model.layers` is a sliced copy on pipeline-capable
+        # models, and wrapping entries of a copy would tap nothing.
+        return _inner(model).layers
 
     def embed(self, model: nn.Module, ids: mx.array) -> mx.array:
         return _inner(model).embed_tokens(ids)

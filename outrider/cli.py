@@ -1,0 +1,440 @@
+"""The `outrider` command line: generate, plugins, models, doctor, and commands plugins add."""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports transformers: keep its advisories (e.g. "PyTorch was not found") quiet.
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import contextlib
+import functools
+import json
+import platform
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .core.errors import OutriderError
+from .core.plugins import Plugins
+
+USER_ERRORS = (OutriderError, ValueError, FileNotFoundError)
+BUILTIN_MODES = "auto|dspark|dflash|lookup|baseline"
+Opt = typer.Option
+
+app = typer.Typer(
+    name="outrider",
+    help="Lossless speculative decoding on MLX.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+# --- errors and shared helpers ---------------------------------------------------------------
+
+
+def _debug() -> bool:
+    return os.environ.get("OUTRIDER_DEBUG", "").lower() in ("1", "true", "yes")
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    """Print the one-line error the user acts on; callers raise what this returns."""
+    line = " ".join(str(message).split()) or "unknown error"
+    typer.echo(f"error: {line}", err=True)
+    return typer.Exit(code)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn errors a user can act on into one stderr line and exit 2 (tracebacks: OUTRIDER_DEBUG=1)."""
+    try:
+        yield
+    except USER_ERRORS as e:
+        if _debug():
+            raise
+        raise _fail(str(e)) from None
+
+
+def _warn(message: str) -> None:
+    typer.echo(f"warning: {' '.join(message.split())}", err=True)
+
+
+@functools.lru_cache(maxsize=1)
+def plugins() -> Plugins:
+    """The plugin catalogue; a third-party plugin that fails to load costs a warning, not the run."""
+    try:
+        return Plugins()
+    except Exception as e:
+        if _debug():
+            raise
+        _warn(f"a third-party plugin failed to load ({type(e).__name__}: {e}); using built-ins only")
+        return Plugins(load_entrypoints=False)
+
+
+def cache_root() -> Path:
+    """Where outrider keeps its own files: $OUTRIDER_CACHE, else ~/.cache/outrider."""
+    env = os.environ.get("OUTRIDER_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "outrider"
+
+
+def _console(stderr: bool = False, width: int | None = None):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, width=width)
+
+
+def _print_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"outrider {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """Lossless speculative decoding on MLX: DSpark, DFlash and n-gram lookup drafters."""
+
+
+# --- generate --------------------------------------------------------------------------------
+
+
+def demo_model() -> Path:
+    """A tiny random-weight Qwen3 built once, so `generate` runs with no download at all."""
+    path = cache_root() / "demo" / "qwen3-tiny"
+    if (path / "config.json").is_file():
+        return path
+    from .testing import make_tiny_target
+
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        make_tiny_target(tmp)
+    except ImportError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutriderError(f"building the demo model needs the {e.name} package") from None
+    shutil.rmtree(path, ignore_errors=True)  # a partial folder from an interrupted build
+    try:
+        os.replace(tmp, path)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def read_prompt(prompt: str | None) -> str:
+    """--prompt, else standard input when it is piped; never an empty prompt."""
+    if prompt is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise OutriderError("no prompt: pass --prompt or pipe text on standard input")
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise OutriderError("the prompt is empty")
+    return prompt
+
+
+def check_options(max_tokens: int, max_draft: int | None, drafter_bits: int, mode: str) -> None:
+    """Reject bad numbers and unknown modes before any model is loaded or built."""
+    if max_tokens < 0:
+        raise OutriderError(f"--max-tokens must be >= 0, got {max_tokens}")
+    if max_draft is not None and max_draft < 0:
+        raise OutriderError(f"--max-draft must be >= 0, got {max_draft}")
+    if drafter_bits not in (16, 8, 4):
+        raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
+    if mode != "auto":
+        plugins().strategy(mode)
+
+
+@app.command()
+def generate(
+    model: str | None = Opt(None, "--model", "-m", help="Target folder or repo id (default: demo)."),
+    drafter: str | None = Opt(None, "--drafter", "-d", help="Drafter folder or repo id."),
+    mode: str = Opt("auto", "--mode", help=f"{BUILTIN_MODES}, or a plugin's strategy."),
+    max_draft: int | None = Opt(None, "--max-draft", help="Draft cap per round (>= 0)."),
+    confidence_threshold: float | None = Opt(
+        None, "--confidence-threshold", help="DSpark: stop drafting below this confidence."
+    ),
+    max_tokens: int = Opt(256, "--max-tokens", "-n", help="Tokens to generate."),
+    temperature: float = Opt(0.0, "--temperature", "-t", help="0 is greedy."),
+    top_p: float = Opt(1.0, "--top-p"),
+    top_k: int = Opt(0, "--top-k", help="0 keeps every token."),
+    seed: int | None = Opt(None, "--seed"),
+    prompt: str | None = Opt(None, "--prompt", "-p", help="Prompt (default: standard input)."),
+    system: str | None = Opt(None, "--system", help="System message."),
+    raw: bool = Opt(False, "--raw", help="Feed the prompt as is, no chat template."),
+    no_thinking: bool = Opt(False, "--no-thinking", help="Turn the model's thinking off."),
+    drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
+    stop: list[str] | None = Opt(None, "--stop", help="Stop string (repeatable)."),
+    as_json: bool = Opt(False, "--json", help="Print one JSON result object only."),
+) -> None:
+    """Generate text with speculative decoding; the output equals the target's own."""
+    from .api import load
+    from .core.sampling import SamplingParams
+    from .telemetry import stream_live, stream_plain
+
+    with user_errors():
+        check_options(max_tokens, max_draft, drafter_bits, mode)
+        SamplingParams(temperature, top_p, top_k, seed)  # bad sampling fails before loading
+        text = read_prompt(prompt)
+        if model is None:
+            model = str(demo_model())
+            typer.echo(
+                f"note: no --model given; using the demo model at {model}: its weights are "
+                "random, so its text is noise",
+                err=True,
+            )
+        pipe = load(
+            model,
+            drafter,
+            mode,
+            max_draft=max_draft,
+            confidence_threshold=confidence_threshold,
+            drafter_bits=drafter_bits,
+            plugins=plugins(),
+        )
+        kwargs = dict(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=tuple(stop or ()),
+            system=system,
+            raw=raw,
+            thinking=False if no_thinking else None,
+        )
+        if as_json:
+            _print_json(pipe.generate(text, **kwargs).to_json())
+        elif sys.stdout.isatty():
+            stream_live(pipe, text, kwargs, _console())
+        else:
+            stream_plain(pipe, text, kwargs)
+
+
+# --- plugins and models ----------------------------------------------------------------------
+
+
+@app.command("plugins")
+def list_plugins(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
+    """Every installed plugin and what it provides."""
+    from rich.table import Table
+
+    rows = [
+        {"name": p.name, "version": p.version, "provides": list(p.provides)}
+        for p in plugins().info()
+    ]
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("plugin", "version", "provides")
+    for row in rows:
+        table.add_row(row["name"], row["version"], ", ".join(row["provides"]) or "—")
+    _console().print(table)
+
+
+def is_local(repo: str) -> bool:
+    """Whether a repo is already on this machine (HF cache or LM Studio); never the network."""
+    from .core.hub import cached_snapshot, lmstudio_roots
+
+    if any((root / repo / "config.json").is_file() for root in lmstudio_roots()):
+        return True
+    return cached_snapshot(repo) is not None
+
+
+def model_rows() -> list[dict]:
+    """The registry rows, with what is already downloaded marked."""
+    from dataclasses import asdict
+
+    from .registry import load_pairs
+
+    rows = []
+    for pair in load_pairs():
+        row = asdict(pair)
+        row["target_local"] = is_local(pair.target)
+        row["drafters"] = {m: {"repo": r, "local": is_local(r)} for m, r in pair.drafters.items()}
+        rows.append(row)
+    return rows
+
+
+def _repo_lines(row: dict) -> list[tuple[str, str, str]]:
+    """(✓ or blank, role, repo) for a row's target and each of its drafters."""
+    lines = [("target", row["target"], row["target_local"])]
+    lines += [(m, d["repo"], d["local"]) for m, d in row["drafters"].items()]
+    return [("✓" if local else "", role, repo) for role, repo, local in lines]
+
+
+@app.command()
+def models(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
+    """Known target/drafter pairs; ✓ marks repos already downloaded."""
+    from rich import box
+    from rich.table import Table
+
+    rows, plug = model_rows(), plugins()
+    installed = {"families": sorted(plug.families), "strategies": sorted(plug.strategies)}
+    if as_json:
+        _print_json({"pairs": rows, **installed})
+        return
+    table = Table(box=box.SIMPLE_HEAD)
+    for name in ("id", "family", "mode", "cap", "speedup", "source", "✓", "role", "repo"):
+        table.add_column(name, overflow="fold", no_wrap=name in ("id", "✓", "role", "repo"))
+    for r in rows:
+        for i, (tick, role, repo) in enumerate(_repo_lines(r)):
+            first = (r["id"], r["family"], r["mode"], str(r["cap"] or "—"),
+                     r["speedup"] or "—", r["source"].split(":", 1)[0] or "—")
+            table.add_row(*(first if i == 0 else [""] * 6), f"[green]{tick}[/green]", role, repo,
+                          end_section=i == len(r["drafters"]))
+    wide = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+    console = _console(width=wide)
+    console.print(table)
+    console.print("✓ = in the Hugging Face cache or LM Studio already; --json has the full sources")
+    console.print(f"target families: {', '.join(installed['families']) or 'none'}")
+    console.print(f"strategies: {', '.join(installed['strategies']) or 'none'}")
+
+
+# --- doctor ----------------------------------------------------------------------------------
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _backend(mx: Any, name: str) -> bool | None:
+    """Whether mx.<name> says it is available (None: this MLX build has no such backend)."""
+    backend = getattr(mx, name, None)
+    try:
+        return bool(backend.is_available()) if backend is not None else None
+    except Exception:
+        return False
+
+
+def _mlx_report(problems: list[str]) -> dict:
+    import mlx.core as mx
+
+    try:
+        if (mx.arange(4) * 2).sum().item() != 12:
+            problems.append("MLX computed 2*(0+1+2+3) wrongly")
+    except Exception as e:
+        problems.append(f"MLX failed a tiny computation: {type(e).__name__}: {e}")
+    return {
+        "mlx_version": getattr(mx, "__version__", None),
+        "mlx_default_device": str(mx.default_device()),
+        "metal_available": _backend(mx, "metal"),
+        "cuda_available": _backend(mx, "cuda"),
+    }
+
+
+def _place(path: Path) -> dict:
+    return {"path": str(path), "exists": path.is_dir()}
+
+
+def doctor_report() -> dict:
+    """Everything worth knowing when something does not work, with the problems spelled out."""
+    from huggingface_hub import constants
+
+    from .core.hub import lmstudio_roots
+
+    problems: list[str] = []
+    report: dict[str, Any] = {
+        "outrider_version": _version(),
+        "python_version": platform.python_version(),
+        "python": sys.executable,
+        "platform": platform.platform(),
+        **_mlx_report(problems),
+        "mlx_lm_version": _dist_version("mlx-lm"),
+    }
+    if report["mlx_lm_version"] is None:
+        problems.append("mlx-lm is not installed")
+    plug = plugins()
+    report["plugins"] = [vars(p) for p in plug.info()]
+    if not plug.families:
+        problems.append("no plugin provides a target family: no model can be loaded")
+    if not plug.strategies:
+        problems.append("no plugin provides a drafting strategy")
+    report["hf_cache"] = _place(Path(constants.HF_HUB_CACHE))
+    report["lmstudio_dirs"] = [_place(p) for p in lmstudio_roots()]
+    report["outrider_cache"] = _place(cache_root())
+    report["problems"] = problems
+    return report
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, dict):
+        return f"{value['path']} ({'exists' if value['exists'] else 'absent'})"
+    return {True: "yes", False: "no", None: "n/a"}.get(value, str(value))
+
+
+@app.command()
+def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
+    """Check the installation: versions, backends, plugins, caches, problems."""
+    from rich.table import Table
+
+    report = doctor_report()
+    if as_json:
+        _print_json(report)
+        return
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    for key, value in report.items():
+        if key == "plugins":
+            value = ", ".join(p["name"].rsplit(".", 1)[-1] for p in value)
+        if key not in ("problems", "lmstudio_dirs"):
+            table.add_row(key.replace("_", " "), _shown(value))
+    for place in report["lmstudio_dirs"]:
+        table.add_row("lm studio dir", _shown(place))
+    console = _console()
+    console.print(table)
+    for problem in report["problems"]:
+        console.print(f"[red]problem:[/red] {problem}")
+    if not report["problems"]:
+        console.print("[green]no problems found[/green]")
+
+
+# --- entry point -----------------------------------------------------------------------------
+
+_plugin_commands_added = False
+
+
+def add_plugin_commands(cli: typer.Typer = app) -> None:
+    """Let plugins add sub-commands; a plugin that fails here costs a warning line."""
+    global _plugin_commands_added
+    if _plugin_commands_added:
+        return
+    _plugin_commands_added = True
+    try:
+        plugins().register_commands(cli)
+    except Exception as e:
+        if _debug():
+            raise
+        _warn(f"a plugin failed to add its commands ({type(e).__name__}: {e})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry (`outrider`, `python -m outrider`)."""
+    add_plugin_commands(app)
+    try:
+        app(args=argv, prog_name="outrider")
+    except USER_ERRORS as e:  # raised by plugin commands that did not handle their own
+        if _debug():
+            raise
+        raise SystemExit(_fail(str(e)).exit_code) from None

@@ -1,0 +1,162 @@
+"""What `outrider generate` shows while it runs: live text, speed, acceptance, and a summary.
+
+Kept apart from the CLI so the rendering can be tested (and reused) without a terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.table import Table
+from rich.text import Text
+
+from .core.events import Result
+
+BLOCKS = "▁▂▃▄▅▆▇█"
+SHADES = ("red", "dark_orange", "yellow", "chartreuse3", "green")
+
+
+def accept_block(drafted: int, accepted: int) -> Text:
+    """One round as a block: taller and greener the more of its draft the target kept."""
+    if drafted <= 0:
+        return Text("·", style="dim")
+    frac = min(max(accepted / drafted, 0.0), 1.0)
+    return Text(BLOCKS[round(frac * (len(BLOCKS) - 1))], style=SHADES[round(frac * (len(SHADES) - 1))])
+
+
+def ribbon(rounds: Sequence[tuple[int, int]], width: int | None = None) -> Text:
+    """The acceptance ribbon: one block per (drafted, accepted) round, newest last."""
+    shown = rounds[-width:] if width else rounds
+    out = Text()
+    for drafted, accepted in shown:
+        out.append_text(accept_block(drafted, accepted))
+    return out
+
+
+def mean_accept(rounds: Sequence[tuple[int, int]]) -> float:
+    """Tokens per target forward, as Result.mean_accept_len counts them."""
+    return sum(a + 1 for _, a in rounds) / len(rounds) if rounds else 0.0
+
+
+def fmt_accept(value: float) -> str:
+    return f"{value:.2f}" if value else "—"
+
+
+class LiveView:
+    """The live panel: the tail of the streamed text, a speed line, and the ribbon."""
+
+    def __init__(self, mode: str, cap: int) -> None:
+        self.mode = mode
+        self.cap = cap
+        self.text = ""
+        self.tokens = 0
+        self.rounds: list[tuple[int, int]] = []
+        self.decode_start: float | None = None
+
+    def add(self, chunk) -> None:
+        """Fold one streamed Chunk into the view."""
+        self.text += chunk.text
+        self.tokens += len(chunk.tokens)
+        step = chunk.step
+        if step.source == "prefill":
+            self.decode_start = time.perf_counter()
+        elif step.source == "draft":
+            self.rounds.append((len(step.drafted), step.accepted))
+
+    def tokens_per_second(self) -> float:
+        if self.decode_start is None:
+            return 0.0
+        elapsed = time.perf_counter() - self.decode_start
+        return max(self.tokens - 1, 0) / elapsed if elapsed > 0 else 0.0
+
+    def status(self) -> Text:
+        return Text.assemble(
+            (f"{self.tokens} tokens", "bold"),
+            f" · {self.tokens_per_second():.1f} tok/s",
+            f" · accept {fmt_accept(mean_accept(self.rounds))}",
+            f" · {len(self.rounds)} rounds",
+            (f" · {self.mode} cap {self.cap}", "dim"),
+        )
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        room = max(3, (options.height or console.size.height) - 4)
+        lines = Text(self.text).wrap(console, width)
+        yield from list(lines)[-room:]
+        yield Text("─" * min(width, 40), style="dim")
+        yield self.status()
+        yield ribbon(self.rounds, width)
+
+
+def summary_table(result: Result) -> Table:
+    """The final numbers of a run, one metric a row."""
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    rows = [
+        ("tokens", f"{len(result.tokens)} (prompt {len(result.prompt_tokens)})"),
+        ("prefill", f"{result.prefill_tps:.1f} tok/s"),
+        ("decode", f"{result.decode_tps:.1f} tok/s"),
+        ("mean accept length", fmt_accept(result.mean_accept_len)),
+        ("rounds", str(len(result.rounds))),
+        ("mode", result.mode),
+        ("cap", str(result.max_draft)),
+        ("peak memory", f"{result.peak_memory_gb:.2f} GB"),
+        ("finish", result.finish_reason),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def final_render(result: Result) -> Group:
+    """What stays on screen after the live panel goes: the text, the ribbon and the table."""
+    rounds = [(len(r.drafted), r.accepted) for r in result.rounds]
+    parts = [Text(result.text), Text("")]
+    if rounds:
+        parts.append(ribbon(rounds))
+    parts.append(summary_table(result))
+    return Group(*parts)
+
+
+def summary_line(result: Result) -> str:
+    """One line for stderr when stdout is not a terminal."""
+    return (
+        f"{len(result.tokens)} tokens · prefill {result.prefill_tps:.1f} tok/s"
+        f" · decode {result.decode_tps:.1f} tok/s · accept {fmt_accept(result.mean_accept_len)}"
+        f" · mode {result.mode} · cap {result.max_draft}"
+    )
+
+
+def stream_plain(pipe, prompt: str, kwargs: dict) -> Result | None:
+    """Text to stdout as it lands, one summary line to stderr (pipes, files, CI logs)."""
+    result = None
+    for chunk in pipe.stream(prompt, **kwargs):
+        if chunk.text:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+        result = chunk.result or result
+    if result is not None:
+        sys.stdout.write("" if result.text.endswith("\n") else "\n")
+        sys.stdout.flush()
+        print(summary_line(result), file=sys.stderr, flush=True)
+    return result
+
+
+def stream_live(pipe, prompt: str, kwargs: dict, console: Console | None = None) -> Result | None:
+    """Live telemetry on a terminal; afterwards the full text, the ribbon and a summary table."""
+    from rich.live import Live
+
+    console = console or Console(highlight=False)
+    view = LiveView(pipe.mode, pipe.max_draft)
+    result = None
+    with Live(view, console=console, refresh_per_second=12, transient=True):
+        for chunk in pipe.stream(prompt, **kwargs):
+            view.add(chunk)
+            result = chunk.result or result
+    if result is not None:
+        console.print(final_render(result))
+    return result

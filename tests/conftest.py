@@ -1,0 +1,78 @@
+"""Shared tiny models: real mlx-lm architectures at toy size, random weights, built offline."""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+import pytest
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from outrider.testing import make_tiny_drafter, make_tiny_target  # noqa: E402
+
+PROMPTS = [
+    "Write a short poem about the sea.",
+    "def fibonacci(n):",
+    "What is 12 times 7? Answer: 12 times 7 is",
+]
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def qwen3_target(models_dir):
+    return make_tiny_target(models_dir / "qwen3", family="qwen3")
+
+
+@pytest.fixture(scope="session")
+def llama_target(models_dir):
+    return make_tiny_target(models_dir / "llama", family="llama", seed=3)
+
+
+@pytest.fixture(scope="session")
+def qwen2_target(models_dir):
+    return make_tiny_target(models_dir / "qwen2", family="qwen2", seed=5)
+
+
+@pytest.fixture(scope="session")
+def drafters(models_dir, qwen3_target):
+    """Every packaging and head kind, blocks large enough for caps up to 8."""
+    d = models_dir
+    return {
+        "dspark": make_tiny_drafter(d / "dspark", qwen3_target, "dspark", "deepspec", block_size=8),
+        "dspark-gated": make_tiny_drafter(
+            d / "dspark-gated", qwen3_target, "dspark", "deepspec", markov_type="gated"
+        ),
+        "dspark-rnn": make_tiny_drafter(
+            d / "dspark-rnn", qwen3_target, "dspark", "deepspec", markov_type="rnn"
+        ),
+        "dflash-deepspec": make_tiny_drafter(
+            d / "dflash-ds", qwen3_target, "dflash", "deepspec", block_size=8
+        ),
+        "dflash-zlab": make_tiny_drafter(d / "dflash-zlab", qwen3_target, "dflash", "zlab", block_size=9),
+    }
+
+
+_PLAIN_CACHE: dict = {}
+
+
+def plain_greedy(model_path, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """mlx-lm's own plain greedy generation (the reference every mode must equal)."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load
+
+    key = str(model_path)
+    if key not in _PLAIN_CACHE:
+        _PLAIN_CACHE[key] = load(key)
+    model, _ = _PLAIN_CACHE[key]
+    out = []
+    for tok, _ in generate_step(mx.array(prompt_ids), model, max_tokens=max_tokens):
+        out.append(int(tok))
+        if len(out) == max_tokens:
+            break
+    return out
