@@ -91,7 +91,8 @@ class Pipeline:
             decode=(lambda t: tokenizer.decode(t)) if stop else None,
         )
         result = Result(text="", prompt_tokens=ids, tokens=[], mode=self.mode)
-        result.max_draft = self.max_draft if max_draft is None else min(max_draft, self.max_draft)
+        cap_ceiling = self.proposer.max_draft
+        result.max_draft = self.max_draft if max_draft is None else min(max_draft, cap_ceiling)
         if max_tokens == 0:
             result.finish_reason = "length"
             yield Chunk("", [], Step("prefill", [], 0, [], 0.0, "length"), result)

@@ -107,9 +107,7 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
-    ),
+    version: bool = Opt(False, "--version", callback=_version_callback, is_eager=True),
 ) -> None:
     """Lossless speculative decoding on MLX: DSpark, DFlash and n-gram lookup drafters."""
 
@@ -195,31 +193,13 @@ def generate(
         text = read_prompt(prompt)
         if model is None:
             model = str(demo_model())
-            typer.echo(
-                f"note: no --model given; using the demo model at {model}: its weights are "
-                "random, so its text is noise",
-                err=True,
-            )
-        pipe = load(
-            model,
-            drafter,
-            mode,
-            max_draft=max_draft,
-            confidence_threshold=confidence_threshold,
-            drafter_bits=drafter_bits,
-            plugins=plugins(),
-        )
-        kwargs = dict(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop=tuple(stop or ()),
-            system=system,
-            raw=raw,
-            thinking=False if no_thinking else None,
-        )
+            typer.echo(f"note: no --model given; using the demo model at {model}: its weights "
+                       "are random, so its text is noise", err=True)
+        pipe = load(model, drafter, mode, max_draft=max_draft, drafter_bits=drafter_bits,
+                    confidence_threshold=confidence_threshold, plugins=plugins())
+        kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                      seed=seed, stop=tuple(stop or ()), system=system, raw=raw,
+                      thinking=False if no_thinking else None)
         if as_json:
             _print_json(pipe.generate(text, **kwargs).to_json())
         elif sys.stdout.isatty():
@@ -236,10 +216,7 @@ def list_plugins(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> No
     """Every installed plugin and what it provides."""
     from rich.table import Table
 
-    rows = [
-        {"name": p.name, "version": p.version, "provides": list(p.provides)}
-        for p in plugins().info()
-    ]
+    rows = [vars(p) for p in plugins().info()]
     if as_json:
         _print_json(rows)
         return
@@ -292,8 +269,9 @@ def models(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
         _print_json({"pairs": rows, **installed})
         return
     table = Table(box=box.SIMPLE_HEAD)
+    widths = {"id": 20, "family": 14, "speedup": 18, "source": 9, "repo": 64}
     for name in ("id", "family", "mode", "cap", "speedup", "source", "✓", "role", "repo"):
-        table.add_column(name, overflow="fold", no_wrap=name in ("id", "✓", "role", "repo"))
+        table.add_column(name, overflow="fold", max_width=widths.get(name), min_width=len(name))
     for r in rows:
         for i, (tick, role, repo) in enumerate(_repo_lines(r)):
             first = (r["id"], r["family"], r["mode"], str(r["cap"] or "—"),
@@ -412,15 +390,12 @@ def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
 
 # --- entry point -----------------------------------------------------------------------------
 
-_plugin_commands_added = False
-
 
 def add_plugin_commands(cli: typer.Typer = app) -> None:
-    """Let plugins add sub-commands; a plugin that fails here costs a warning line."""
-    global _plugin_commands_added
-    if _plugin_commands_added:
+    """Let plugins add sub-commands (once per app); a plugin that fails costs a warning line."""
+    if getattr(cli, "_outrider_plugin_commands", False):
         return
-    _plugin_commands_added = True
+    cli._outrider_plugin_commands = True
     try:
         plugins().register_commands(cli)
     except Exception as e:

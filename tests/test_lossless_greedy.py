@@ -42,6 +42,8 @@ def test_every_mode_every_cap_matches_plain(pipelines, qwen3_target, mode, draft
         assert len(got.tokens) == n
         if mode != "baseline":
             assert all(len(r.drafted) <= cap for r in got.rounds)
+        if drafter is not None:  # drafters always fill the cap they are given
+            assert max(len(r.drafted) for r in got.rounds) == min(cap, pipe.proposer.max_draft)
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.5, 0.9, 1.0])

@@ -1,0 +1,387 @@
+"""The `outrider` command line, end to end on tiny random-weight models (no network)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from rich.console import Console
+from typer.testing import CliRunner
+
+from outrider import cli, telemetry
+from outrider.api import load
+from outrider.core.hookspecs import hookimpl
+from outrider.core.plugins import Plugins
+from outrider.testing import make_tiny_drafter, make_tiny_target
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "The quick brown fox jumps over the lazy dog."
+RESULT_KEYS = {
+    "text", "prompt_tokens", "tokens", "rounds", "mean_accept_len", "prefill_tps",
+    "decode_tps", "peak_memory_gb", "mode", "max_draft",
+}
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("cli-models")
+    target = make_tiny_target(root / "qwen3-tiny-target")
+    dspark = make_tiny_drafter(root / "dspark", target, kind="dspark", packaging="deepspec")
+    zlab = make_tiny_drafter(root / "dflash", target, kind="dflash", packaging="zlab")
+    return {"target": str(target), "dspark": str(dspark), "dflash": str(zlab)}
+
+
+def invoke(*args: str, input: str | None = None):
+    return CliRunner().invoke(cli.app, list(args), input=input)
+
+
+def generate_args(models: dict[str, str], mode: str, *extra: str) -> list[str]:
+    args = ["generate", "--model", models["target"], "--mode", mode, "--prompt", PROMPT]
+    if mode in ("dspark", "dflash"):
+        args += ["--drafter", models[mode]]
+    return args + ["--max-tokens", "24", *extra]
+
+
+def run_module(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real entry point (`python -m outrider`), stdout a pipe, not a terminal."""
+    full_env = {k: v for k, v in os.environ.items() if k != "OUTRIDER_DEBUG"}
+    full_env.update({"PYTHONPATH": str(ROOT), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "outrider", *args], capture_output=True, env=full_env, timeout=300
+    )
+
+
+# --- generate --json -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def json_runs(models) -> dict[str, dict]:
+    runs = {}
+    for mode in ("baseline", "dspark", "dflash", "lookup"):
+        result = invoke(*generate_args(models, mode, "--json"))
+        assert result.exit_code == 0, result.output
+        runs[mode] = json.loads(result.stdout)  # stdout is exactly one JSON object
+    return runs
+
+
+@pytest.mark.parametrize("mode", ["dspark", "dflash", "lookup", "baseline"])
+def test_generate_json_shape(json_runs, mode):
+    out = json_runs[mode]
+    assert RESULT_KEYS <= set(out)
+    assert out["mode"] == mode
+    assert len(out["tokens"]) == 24 or out["finish_reason"] == "stop"
+    assert all(set(r) == {"drafted", "accepted"} for r in out["rounds"])
+    assert all(0 <= r["accepted"] <= len(r["drafted"]) for r in out["rounds"])
+    if mode == "baseline":
+        assert out["max_draft"] == 0
+    else:
+        assert out["max_draft"] > 0 and out["rounds"]
+
+
+def test_generate_is_lossless_across_modes(json_runs):
+    reference = json_runs["baseline"]
+    for mode, out in json_runs.items():
+        assert out["prompt_tokens"] == reference["prompt_tokens"], mode
+        assert out["tokens"] == reference["tokens"], mode
+        assert out["text"] == reference["text"], mode
+
+
+def test_auto_mode_takes_the_drafters_kind(models, json_runs):
+    result = invoke("generate", "--model", models["target"], "--drafter", models["dspark"],
+                    "--prompt", PROMPT, "--max-tokens", "24", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["mode"] == "dspark"
+    assert out["tokens"] == json_runs["baseline"]["tokens"]
+
+
+def test_generate_options_pass_through(models):
+    result = invoke(*generate_args(models, "lookup", "--json", "--raw", "--max-draft", "2",
+                                   "--stop", "zz", "--stop", "yy", "--temperature", "0.7",
+                                   "--top-k", "5", "--top-p", "0.9", "--seed", "3"))
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["max_draft"] == 2
+    assert all(len(r["drafted"]) <= 2 for r in out["rounds"])
+    with_system = invoke(*generate_args(models, "lookup", "--json", "--system", "be brief"))
+    assert len(json.loads(with_system.stdout)["prompt_tokens"]) > len(out["prompt_tokens"])
+
+
+def test_prompt_from_standard_input(models, json_runs):
+    args = [a for a in generate_args(models, "baseline", "--json") if a not in ("--prompt", PROMPT)]
+    result = invoke(*args, input=PROMPT)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["tokens"] == json_runs["baseline"]["tokens"]
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+
+def assert_one_error_line(result, code: int = 2) -> str:
+    assert result.exit_code == code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert result.stdout == ""
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "extra, expect",
+    [
+        (["--prompt", ""], "the prompt is empty"),
+        (["--prompt", "hi", "--max-tokens", "-1"], "--max-tokens"),
+        (["--prompt", "hi", "--mode", "nonsense"], "unknown mode 'nonsense'"),
+        (["--prompt", "hi", "--drafter-bits", "3"], "--drafter-bits"),
+        (["--prompt", "hi", "--max-draft", "-2"], "--max-draft"),
+        (["--prompt", "hi", "--top-p", "0"], "top_p"),
+        (["--prompt", "hi", "--temperature", "-1"], "temperature"),
+        (["--prompt", "hi", "--mode", "dspark"], "needs a drafter"),
+    ],
+)
+def test_bad_input_is_one_error_line(models, extra, expect):
+    result = invoke("generate", "--model", models["target"], *extra)
+    assert expect in assert_one_error_line(result)
+
+
+def test_missing_model_is_one_error_line(tmp_path):
+    line = assert_one_error_line(invoke("generate", "--model", str(tmp_path / "nope"),
+                                        "--prompt", "hi"))
+    assert "nope" in line
+
+
+def test_empty_standard_input(models):
+    result = invoke("generate", "--model", models["target"], input="  \n")
+    assert "the prompt is empty" in assert_one_error_line(result)
+
+
+def test_drafter_of_the_wrong_kind(models):
+    result = invoke(*generate_args(models, "dflash"), "--mode", "dspark")
+    assert_one_error_line(result)
+
+
+def test_usage_error_is_short(models):
+    result = invoke("generate", "--model", models["target"], "--max-tokens", "many")
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+
+
+def test_entry_point_error_is_one_line(tmp_path):
+    proc = run_module("generate", "--model", str(tmp_path / "missing"), "--prompt", "hi")
+    stderr = proc.stderr.decode()
+    assert proc.returncode == 2
+    assert stderr.splitlines() == [stderr.strip()] and stderr.startswith("error: ")
+    assert proc.stdout == b""
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    proc = run_module("generate", "--model", str(tmp_path / "missing"), "--prompt", "hi",
+                      env={"OUTRIDER_DEBUG": "1"})
+    assert proc.returncode != 0
+    assert b"Traceback" in proc.stderr and b"ModelNotFoundError" in proc.stderr
+
+
+def test_main_turns_errors_into_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["generate", "--model", str(tmp_path / "missing"), "--prompt", "hi"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+# --- plain and live output -------------------------------------------------------------------
+
+
+def test_plain_output_when_stdout_is_not_a_terminal(models, json_runs):
+    proc = run_module(*generate_args(models, "dspark"))
+    assert proc.returncode == 0, proc.stderr
+    text = json_runs["dspark"]["text"]
+    assert proc.stdout.decode() == (text if text.endswith("\n") else text + "\n")
+    lines = proc.stderr.decode().strip().splitlines()
+    assert len(lines) == 1, lines  # no transformers advisory, just the summary
+    assert lines[0].startswith("24 tokens · ") and "decode" in lines[0]
+    assert "accept" in lines[0] and "mode dspark · cap" in lines[0]
+
+
+def test_plain_streaming_matches_the_result(models, json_runs):
+    result = invoke(*generate_args(models, "lookup"))
+    assert result.exit_code == 0, result.output
+    text = json_runs["lookup"]["text"]
+    assert result.stdout == (text if text.endswith("\n") else text + "\n")
+    assert "mode lookup" in result.stderr
+
+
+def test_demo_model_when_no_model_is_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path / "cache"))
+    result = invoke("generate", "--prompt", "hi", "--max-tokens", "5", "--json")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cache" / "demo" / "qwen3-tiny" / "config.json").is_file()
+    assert "random" in result.stderr and "noise" in result.stderr
+    assert len(json.loads(result.stdout)["tokens"]) == 5
+    again = invoke("generate", "--prompt", "hi", "--max-tokens", "5", "--json")
+    assert json.loads(again.stdout)["tokens"] == json.loads(result.stdout)["tokens"]
+
+
+def test_live_telemetry_renders(models, json_runs):
+    pipe = load(models["target"], models["dspark"], "dspark")
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=80, color_system="truecolor")
+    kwargs = {"max_tokens": 24}
+    result = telemetry.stream_live(pipe, PROMPT, kwargs, console)
+    assert result is not None and result.tokens == json_runs["dspark"]["tokens"]
+    shown = buffer.getvalue()
+    for word in ("decode", "prefill", "mean accept length", "rounds", "peak memory", "dspark"):
+        assert word in shown
+
+
+def test_ribbon_and_live_view():
+    assert telemetry.ribbon([(4, 0), (4, 2), (4, 4), (0, 0)]).plain == "▁▅█·"
+    assert len(telemetry.ribbon([(4, 4)] * 50, width=10).plain) == 10
+
+    class Step:
+        def __init__(self, source, drafted, accepted):
+            self.source, self.drafted, self.accepted = source, drafted, accepted
+
+    class Chunk:
+        def __init__(self, text, tokens, step):
+            self.text, self.tokens, self.step = text, tokens, step
+
+    view = telemetry.LiveView("dspark", 4)
+    view.add(Chunk("Hello", [1], Step("prefill", [], 0)))
+    view.add(Chunk(" world", [2, 3, 4], Step("draft", [2, 3, 9, 9], 2)))
+    buffer = io.StringIO()
+    Console(file=buffer, force_terminal=True, width=40, height=20).print(view)
+    shown = buffer.getvalue()
+    assert "Hello world" in shown and "4 tokens" in shown and "accept 3.00" in shown
+
+
+# --- plugins, models, doctor -----------------------------------------------------------------
+
+
+def test_plugins_table_and_json():
+    result = invoke("plugins")
+    assert result.exit_code == 0, result.output
+    for name in ("dense", "deepspec", "zlab", "dspark", "dflash", "lookup", "baseline"):
+        assert name in result.stdout
+    rows = json.loads(invoke("plugins", "--json").stdout)
+    assert {"name", "version", "provides"} <= set(rows[0])
+    names = " ".join(r["name"] for r in rows)
+    for name in ("dense", "deepspec", "zlab", "dspark", "lookup"):
+        assert name in names
+    provides = {p for r in rows for p in r["provides"]}
+    assert {"family:dense", "format:zlab", "strategy:dspark"} <= provides
+
+
+def test_models_json_and_table():
+    out = json.loads(invoke("models", "--json").stdout)
+    row = next(r for r in out["pairs"] if r["id"] == "qwen3-8b")
+    assert row["target"] == "Qwen/Qwen3-8B" and "dspark" in row["drafters"]
+    assert "dense" in out["families"] and "lookup" in out["strategies"]
+    table = invoke("models")
+    assert table.exit_code == 0 and "qwen3-8b" in table.stdout and "strategies:" in table.stdout
+
+
+def test_models_marks_what_is_cached(tmp_path):
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--Qwen--Qwen3-8B"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text("{}")
+    proc = run_module("models", "--json", env={"HF_HUB_CACHE": str(tmp_path / "hub"),
+                                               "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["id"]: r for r in json.loads(proc.stdout)["pairs"]}
+    assert rows["qwen3-8b"]["target_local"] is True
+    assert rows["qwen3-4b"]["target_local"] is False
+    assert rows["qwen3-8b"]["drafters"]["dspark"]["local"] is False
+
+
+def test_doctor():
+    result = invoke("doctor", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["mlx_version"] and isinstance(report["problems"], list)
+    assert report["problems"] == []
+    for key in ("outrider_version", "python_version", "platform", "mlx_default_device",
+                "metal_available", "mlx_lm_version", "plugins", "hf_cache", "lmstudio_dirs",
+                "outrider_cache"):
+        assert key in report
+    text = invoke("doctor")
+    assert text.exit_code == 0 and "mlx version" in text.stdout
+
+
+def test_version():
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout.startswith("outrider ")
+
+
+# --- plugin robustness -----------------------------------------------------------------------
+
+
+def test_failing_third_party_plugin_is_one_warning(monkeypatch, capsys):
+    real = cli.Plugins
+
+    def flaky(load_entrypoints: bool = True):
+        if load_entrypoints:
+            raise RuntimeError("broken plugin")
+        return real(load_entrypoints=False)
+
+    monkeypatch.setattr(cli, "Plugins", flaky)
+    cli.plugins.cache_clear()
+    try:
+        found = cli.plugins()
+    finally:
+        cli.plugins.cache_clear()
+    assert "dense" in found.families
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and len(err.strip().splitlines()) == 1
+
+
+def make_app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.command()
+    def builtin() -> None:
+        """A stand-in for the built-in commands."""
+
+    return app
+
+
+def test_plugins_add_commands(monkeypatch):
+    class HelloPlugin:
+        @hookimpl
+        def register_commands(self, cli):
+            @cli.command()
+            def hello() -> None:
+                typer.echo("hello from a plugin")
+
+    found = Plugins(load_entrypoints=False)
+    found.pm.register(HelloPlugin(), name="hello-plugin")
+    monkeypatch.setattr(cli, "plugins", lambda: found)
+    app = make_app()
+    cli.add_plugin_commands(app)
+    cli.add_plugin_commands(app)  # once per app
+    result = CliRunner().invoke(app, ["hello"])
+    assert result.exit_code == 0 and result.stdout == "hello from a plugin\n"
+
+
+def test_plugin_failing_to_add_commands_is_one_warning(monkeypatch, capsys):
+    class Broken:
+        def register_commands(self, cli):
+            raise RuntimeError("no commands today")
+
+    monkeypatch.setattr(cli, "plugins", lambda: Broken())
+    app = make_app()
+    cli.add_plugin_commands(app)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and "no commands today" in err
+    assert CliRunner().invoke(app, ["--help"]).exit_code == 0
