@@ -25,6 +25,7 @@ from .core.plugins import Plugins
 
 USER_ERRORS = (OutriderError, ValueError, FileNotFoundError)
 BUILTIN_MODES = "auto|dspark|dflash|lookup|baseline"
+MAX_ERROR = 400
 Opt = typer.Option
 
 app = typer.Typer(
@@ -46,6 +47,8 @@ def _debug() -> bool:
 def _fail(message: str, code: int = 2) -> typer.Exit:
     """Print the one-line error the user acts on; callers raise what this returns."""
     line = " ".join(str(message).split()) or "unknown error"
+    if len(line) > MAX_ERROR:  # e.g. mlx-lm listing every unexpected weight
+        line = line[:MAX_ERROR].rstrip() + " … (OUTRIDER_DEBUG=1 shows all)"
     typer.echo(f"error: {line}", err=True)
     return typer.Exit(code)
 

@@ -45,6 +45,10 @@ def fmt_accept(value: float) -> str:
     return f"{value:.2f}" if value else "—"
 
 
+def fmt_memory(gb: float) -> str:
+    return f"{gb:.2f} GB" if gb >= 0.1 else f"{gb * 1e3:.1f} MB"
+
+
 class LiveView:
     """The live panel: the tail of the streamed text, a speed line, and the ribbon."""
 
@@ -104,7 +108,7 @@ def summary_table(result: Result) -> Table:
         ("rounds", str(len(result.rounds))),
         ("mode", result.mode),
         ("cap", str(result.max_draft)),
-        ("peak memory", f"{result.peak_memory_gb:.2f} GB"),
+        ("peak memory", fmt_memory(result.peak_memory_gb)),
         ("finish", result.finish_reason),
     ]
     for name, value in rows:

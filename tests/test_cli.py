@@ -167,6 +167,11 @@ def test_drafter_of_the_wrong_kind(models):
     assert_one_error_line(result)
 
 
+def test_drafter_passed_as_model_is_one_short_line(models):
+    line = assert_one_error_line(invoke("generate", "--model", models["dspark"], "--prompt", "hi"))
+    assert len(line) < cli.MAX_ERROR + 80
+
+
 def test_usage_error_is_short(models):
     result = invoke("generate", "--model", models["target"], "--max-tokens", "many")
     assert result.exit_code == 2

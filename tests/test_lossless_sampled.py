@@ -1,0 +1,179 @@
+"""Sampled output follows the target's distribution: chi-square over many seeds."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import mlx.core as mx
+import pytest
+
+import outrider
+from outrider.core.acceptance import accept_sampled
+from outrider.core.sampling import SamplingParams, probabilities
+
+# chi-square critical values at p = 0.001 (dof -> value), enough for the cell counts used here
+CHI2_999 = {d: v for d, v in [(3, 16.27), (7, 24.32), (15, 37.70), (31, 61.10), (63, 103.4),
+                             (124, 174.6)]}
+
+
+def chi2_critical(dof: int) -> float:
+    # Wilson-Hilferty approximation at p = 0.001 (z = 3.09) for dof not tabulated
+    if dof in CHI2_999:
+        return CHI2_999[dof]
+    z = 3.0902
+    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+
+
+def chi_square(counts: Counter, expected: dict, n: int) -> tuple[float, int]:
+    """Pearson statistic, pooling cells with expected count < 5 into one."""
+    stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
+    for outcome, p in expected.items():
+        e = p * n
+        o = counts.get(outcome, 0)
+        if e < 5:
+            pooled_obs += o
+            pooled_exp += e
+            continue
+        stat += (o - e) ** 2 / e
+        cells += 1
+    outside = n - sum(counts.get(k, 0) for k in expected)  # outcomes the target forbids
+    assert outside == 0, f"{outside} samples fell outside the target's support"
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / max(pooled_exp, 1e-9)
+        cells += 1
+    return stat, cells - 1
+
+
+def exact_joint(target, prompt: list[int], params: SamplingParams, depth: int) -> dict:
+    """The target's own distribution over the next `depth` tokens (fresh forwards)."""
+    out = {(): 1.0}
+    for _ in range(depth):
+        nxt = {}
+        for prefix, p in out.items():
+            logits, _ = target.forward(mx.array(prompt + list(prefix)), target.make_cache())
+            probs = probabilities(logits[-1], params).tolist()
+            for tok, q in enumerate(probs):
+                if q > 0:
+                    nxt[prefix + (tok,)] = p * q
+        out = nxt
+    return out
+
+
+PARAMS = SamplingParams(temperature=0.8, top_p=0.9, top_k=5)
+N = 1000
+
+
+@pytest.mark.parametrize("mode", ["dspark", "lookup", "dflash"])
+def test_speculative_sampling_matches_target_distribution(qwen3_target, drafters, mode):
+    drafter = {"dspark": drafters["dspark"], "dflash": drafters["dflash-zlab"]}.get(mode)
+    pipe = outrider.load(str(qwen3_target), None if drafter is None else str(drafter), mode=mode)
+    if mode == "lookup":
+        # Every id occurs once in the prompt, so lookup always has a continuation to draft.
+        prompt, n = list(range(256)) + [40, 41, 42], 600
+    else:
+        prompt, n = [30 + 7 * i % 200 for i in range(12)], N
+    depth = 3
+    expected = exact_joint(pipe.target, prompt, PARAMS, depth)
+    counts = Counter()
+    drafted = accepted = 0
+    for seed in range(n):
+        res = pipe.generate(
+            prompt, max_tokens=5, max_draft=4, temperature=PARAMS.temperature,
+            top_p=PARAMS.top_p, top_k=PARAMS.top_k, seed=seed, stop_tokens=set(),
+        )
+        counts[tuple(res.tokens[:depth])] += 1
+        drafted += sum(len(r.drafted) for r in res.rounds)
+        accepted += sum(r.accepted for r in res.rounds)
+    assert drafted > 0  # the speculative path really ran
+    if mode == "lookup":
+        assert 0 < accepted < drafted  # both acceptance and rejection were exercised
+    stat, dof = chi_square(counts, expected, n)
+    assert stat < chi2_critical(dof), f"chi2 {stat:.1f} with {dof} dof"
+
+
+def test_rejection_sampling_with_mismatched_draft_distribution():
+    """Unit check of the acceptor: p and q disagree strongly; the output follows p."""
+    vocab = 4
+    p_logits = mx.log(mx.array([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]]))
+    q = mx.array([[0.7, 0.1, 0.1, 0.1]])
+    params = SamplingParams(temperature=1.0)
+    counts = Counter()
+    key = mx.random.key(0)
+    n = 6000
+    for i in range(n):
+        key, k1, k2 = mx.random.split(key, 3)
+        draft = mx.random.categorical(mx.log(q), key=k1).astype(mx.uint32)
+        a, toks = accept_sampled(p_logits, draft, q, params, k2)
+        counts[int(toks[0].item())] += 1
+    expected = {(t,): p for t, p in enumerate([0.1, 0.2, 0.3, 0.4])}
+    stat, dof = chi_square(Counter({(k,): v for k, v in counts.items()}), expected, n)
+    assert stat < chi2_critical(dof)
+    assert set(counts) <= set(range(vocab))
+
+
+def test_probabilities_respect_top_k_and_top_p():
+    logits = mx.array([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    p = probabilities(logits, SamplingParams(temperature=1.0, top_k=3)).tolist()[0]
+    assert p[3] == 0 and p[4] == 0 and abs(sum(p) - 1) < 1e-6
+    p = probabilities(logits, SamplingParams(temperature=1.0, top_p=0.5)).tolist()[0]
+    assert p[0] == pytest.approx(1.0)  # the first token alone holds > 0.5 of the mass
+    for combo in itertools.product([0.5, 1.0, 2.0], [0, 2], [0.3, 1.0]):
+        t, k, top_p = combo
+        p = probabilities(logits, SamplingParams(temperature=t, top_k=k, top_p=top_p)).tolist()[0]
+        assert abs(sum(p) - 1) < 1e-5
+
+
+class TargetLikeProposer:
+    """Drafts by sampling the target itself at another temperature: q overlaps p heavily but
+    differs, so acceptance ratios p/q are neither 0 nor 1 and every branch of rejection sampling
+    (accept, reject + residual, bonus) carries real probability mass."""
+
+    name = "target-like"
+    tap_layer_ids = ()
+    max_draft = 3
+
+    def __init__(self, target, params: SamplingParams) -> None:
+        self.target, self.params = target, params
+
+    def start(self, prompt, taps):
+        pass
+
+    def observe(self, accepted, taps):
+        pass
+
+    def propose(self, ctx):
+        from outrider.core.proposer import Proposal
+
+        history, tokens, probs = list(ctx.tokens), [], []
+        keys = mx.random.split(ctx.key, ctx.cap)
+        for i in range(ctx.cap):
+            logits, _ = self.target.forward(mx.array(history), self.target.make_cache())
+            q = probabilities(logits[-1], self.params)
+            tok = int(mx.random.categorical(mx.log(q), key=keys[i]).item())
+            tokens.append(tok)
+            probs.append(q)
+            history.append(tok)
+        return Proposal(mx.array(tokens, dtype=mx.uint32), len(tokens), probs=mx.stack(probs))
+
+
+def test_sampling_with_overlapping_draft_distribution(qwen3_target):
+    pipe = outrider.load(str(qwen3_target), mode="baseline")
+    draft_params = SamplingParams(temperature=1.6, top_k=5)
+    proposer = TargetLikeProposer(pipe.target, draft_params)
+    spec = outrider.pipeline_from_parts(pipe.target, proposer, "target-like", max_draft=3)
+    prompt = [30 + 7 * i % 200 for i in range(12)]
+    expected = exact_joint(pipe.target, prompt, PARAMS, 3)
+    counts, n = Counter(), 1000
+    accepted = drafted = 0
+    for seed in range(n):
+        res = spec.generate(
+            prompt, max_tokens=4, temperature=PARAMS.temperature, top_p=PARAMS.top_p,
+            top_k=PARAMS.top_k, seed=seed, stop_tokens=set(),
+        )
+        counts[tuple(res.tokens[:3])] += 1
+        accepted += sum(r.accepted for r in res.rounds)
+        drafted += sum(len(r.drafted) for r in res.rounds)
+    assert 0.2 * drafted < accepted < 0.95 * drafted  # acceptance is partial and substantial
+    stat, dof = chi_square(counts, expected, n)
+    assert stat < chi2_critical(dof), f"chi2 {stat:.1f} with {dof} dof"
