@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from .core.checkpoint import open_checkpoint, read_config
 from .core.drafter_spec import DrafterSpec
-from .core.errors import CheckpointError, OutriderError, UnsupportedTargetError
+from .core.errors import CheckpointError, ModelNotFoundError, OutriderError, UnsupportedTargetError
 from .core.events import Result, Round
 from .core.hub import resolve_model
 from .core.loop import Step, decode
@@ -46,6 +46,7 @@ class Pipeline:
     drafter: DrafterSpec | None = None
     pair: Pair | None = None
     options: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def tokenizer(self) -> Any:
@@ -160,9 +161,18 @@ def load_drafter(plugins: Plugins, drafter: str, download: bool = True) -> Draft
 def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
     path = resolve_model(model, "model", download)
     config = read_config(path)
+    archs = [str(a) for a in config.get("architectures") or []]
+    if any(a.endswith(("DSparkModel", "DraftModel", "Speculator")) for a in archs):
+        raise CheckpointError(f"{model} is a drafter checkpoint ({archs[0]}); pass it as --drafter")
     for family in plugins.families.values():
         if family.supports(config):
-            model_obj, tokenizer = family.load(path, config)
+            try:
+                model_obj, tokenizer = family.load(path, config)
+            except OutriderError:
+                raise
+            except Exception as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise CheckpointError(f"could not load model {model}: {first}") from e
             return Target(model_obj, tokenizer, family, config, name=model)
     mtype = config.get("model_type") or (config.get("text_config") or {}).get("model_type")
     raise UnsupportedTargetError(
@@ -219,35 +229,52 @@ def load(
     download: bool = True,
     plugins: Plugins | None = None,
 ) -> Pipeline:
-    """Load a target (local folder or Hugging Face repo id) and its drafting strategy."""
+    """Load a target (local folder or Hugging Face repo id) and its drafting strategy.
+
+    The target loads first, so a missing target is reported as such. With mode "auto" a
+    registry drafter that cannot be had (offline, say) falls back to drafter-free lookup and
+    says so in `Pipeline.notes`.
+    """
     if drafter_bits not in (4, 8, 16):
         raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
     if max_draft is not None and max_draft < 0:
         raise OutriderError(f"--max-draft must be >= 0, got {max_draft}")
     plugins = plugins or Plugins()
+    requested = mode
     mode, drafter, pair = resolve_mode(plugins, model, mode, drafter)
+    if drafter is not None and mode in ("lookup", "baseline") and requested != "auto":
+        raise OutriderError(f"--mode {mode} uses no drafter; drop --drafter or pick a drafter mode")
+    target = load_target(plugins, model, download)
+    notes: list[str] = []
     spec = None
     if drafter is not None and mode not in ("lookup", "baseline"):
-        spec = load_drafter(plugins, drafter, download)
-        if mode == "auto-drafter":
+        try:
+            spec = load_drafter(plugins, drafter, download)
+        except ModelNotFoundError as e:
+            if requested != "auto" or drafter != (pair.drafters.get(mode) if pair else None):
+                raise
+            notes.append(f"registry drafter unavailable ({e}); using lookup")
+            mode = "lookup"
+        if spec is not None and mode == "auto-drafter":
             mode = spec.kind
-    elif mode == "auto-drafter":
-        mode = "lookup"
     strategy = plugins.strategy(mode)
-    target = load_target(plugins, model, download)
     if spec is not None and strategy.needs_drafter:
         _check_pair(target, spec)
     if confidence_threshold is None:
         confidence_threshold = pair.confidence_threshold if pair else 0.0
     options = {"drafter_bits": drafter_bits, "confidence_threshold": confidence_threshold}
     proposer = strategy.build(target, spec if strategy.needs_drafter else None, options)
+    if proposer.tap_layer_ids:
+        target.install_taps(tuple(proposer.tap_layer_ids))  # the one-time load probe
     if max_draft is None:
         max_draft = pair.cap if pair and pair.mode == mode and pair.cap else strategy.default_cap
     cap = min(max_draft, proposer.max_draft)
-    return Pipeline(target, proposer, mode, cap, spec, pair, options)
+    return Pipeline(target, proposer, mode, cap, spec, pair, options, notes)
 
 
-def load_pair(model: str, drafter: str | None = None, *, mode: str = "auto", **options: Any) -> Pipeline:
+def load_pair(
+    model: str, drafter: str | None = None, *, mode: str = "auto", **options: Any
+) -> Pipeline:
     """The reference project's name for loading a target with its drafter."""
     return load(model, drafter, mode, **options)
 

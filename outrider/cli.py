@@ -76,7 +76,9 @@ def plugins() -> Plugins:
     except Exception as e:
         if _debug():
             raise
-        _warn(f"a third-party plugin failed to load ({type(e).__name__}: {e}); using built-ins only")
+        _warn(
+            f"a third-party plugin failed to load ({type(e).__name__}: {e}); using built-ins only"
+        )
         return Plugins(load_entrypoints=False)
 
 
@@ -165,7 +167,9 @@ def check_options(max_tokens: int, max_draft: int | None, drafter_bits: int, mod
 
 @app.command()
 def generate(
-    model: str | None = Opt(None, "--model", "-m", help="Target folder or repo id (default: demo)."),
+    model: str | None = Opt(
+        None, "--model", "-m", help="Target folder or repo id (default: demo)."
+    ),
     drafter: str | None = Opt(None, "--drafter", "-d", help="Drafter folder or repo id."),
     mode: str = Opt("auto", "--mode", help=f"{BUILTIN_MODES}, or a plugin's strategy."),
     max_draft: int | None = Opt(None, "--max-draft", help="Draft cap per round (>= 0)."),
@@ -196,13 +200,31 @@ def generate(
         text = read_prompt(prompt)
         if model is None:
             model = str(demo_model())
-            typer.echo(f"note: no --model given; using the demo model at {model}: its weights "
-                       "are random, so its text is noise", err=True)
-        pipe = load(model, drafter, mode, max_draft=max_draft, drafter_bits=drafter_bits,
-                    confidence_threshold=confidence_threshold, plugins=plugins())
-        kwargs = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                      seed=seed, stop=tuple(stop or ()), system=system, raw=raw,
-                      thinking=False if no_thinking else None)
+            typer.echo(
+                f"note: no --model given; using the demo model at {model}: its weights "
+                "are random, so its text is noise",
+                err=True,
+            )
+        pipe = load(
+            model,
+            drafter,
+            mode,
+            max_draft=max_draft,
+            drafter_bits=drafter_bits,
+            confidence_threshold=confidence_threshold,
+            plugins=plugins(),
+        )
+        kwargs = dict(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=tuple(stop or ()),
+            system=system,
+            raw=raw,
+            thinking=False if no_thinking else None,
+        )
         if as_json:
             _print_json(pipe.generate(text, **kwargs).to_json())
         elif sys.stdout.isatty():
@@ -277,10 +299,21 @@ def models(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
         table.add_column(name, overflow="fold", max_width=widths.get(name), min_width=len(name))
     for r in rows:
         for i, (tick, role, repo) in enumerate(_repo_lines(r)):
-            first = (r["id"], r["family"], r["mode"], str(r["cap"] or "—"),
-                     r["speedup"] or "—", r["source"].split(":", 1)[0] or "—")
-            table.add_row(*(first if i == 0 else [""] * 6), f"[green]{tick}[/green]", role, repo,
-                          end_section=i == len(r["drafters"]))
+            first = (
+                r["id"],
+                r["family"],
+                r["mode"],
+                str(r["cap"] or "—"),
+                r["speedup"] or "—",
+                r["source"].split(":", 1)[0] or "—",
+            )
+            table.add_row(
+                *(first if i == 0 else [""] * 6),
+                f"[green]{tick}[/green]",
+                role,
+                repo,
+                end_section=i == len(r["drafters"]),
+            )
     wide = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
     console = _console(width=wide)
     console.print(table)

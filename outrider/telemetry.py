@@ -24,7 +24,9 @@ def accept_block(drafted: int, accepted: int) -> Text:
     if drafted <= 0:
         return Text("·", style="dim")
     frac = min(max(accepted / drafted, 0.0), 1.0)
-    return Text(BLOCKS[round(frac * (len(BLOCKS) - 1))], style=SHADES[round(frac * (len(SHADES) - 1))])
+    return Text(
+        BLOCKS[round(frac * (len(BLOCKS) - 1))], style=SHADES[round(frac * (len(SHADES) - 1))]
+    )
 
 
 def ribbon(rounds: Sequence[tuple[int, int]], width: int | None = None) -> Text:

@@ -33,8 +33,12 @@ CHAT_TEMPLATE = (
 
 FAMILIES = {
     "qwen3": {"model_type": "qwen3", "head_dim": 16, "tie_word_embeddings": False},
-    "llama": {"model_type": "llama", "attention_bias": False, "mlp_bias": False,
-              "tie_word_embeddings": False},
+    "llama": {
+        "model_type": "llama",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+    },
     "qwen2": {"model_type": "qwen2", "tie_word_embeddings": False},
 }
 
@@ -266,5 +270,9 @@ class OracleProposer:
 
 def cast_model(model, dtype) -> None:
     """Cast a model's floating parameters in place (benchmarks build bf16 models this way)."""
-    model.update(tree_map(lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a,
-                          model.parameters()))
+    model.update(
+        tree_map(
+            lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a,
+            model.parameters(),
+        )
+    )

@@ -54,7 +54,9 @@ def drafters(models_dir, qwen3_target):
         "dflash-deepspec": make_tiny_drafter(
             d / "dflash-ds", qwen3_target, "dflash", "deepspec", block_size=8
         ),
-        "dflash-zlab": make_tiny_drafter(d / "dflash-zlab", qwen3_target, "dflash", "zlab", block_size=9),
+        "dflash-zlab": make_tiny_drafter(
+            d / "dflash-zlab", qwen3_target, "dflash", "zlab", block_size=9
+        ),
     }
 
 

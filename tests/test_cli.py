@@ -23,8 +23,16 @@ from outrider.testing import make_tiny_drafter, make_tiny_target
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The quick brown fox jumps over the lazy dog."
 RESULT_KEYS = {
-    "text", "prompt_tokens", "tokens", "rounds", "mean_accept_len", "prefill_tps",
-    "decode_tps", "peak_memory_gb", "mode", "max_draft",
+    "text",
+    "prompt_tokens",
+    "tokens",
+    "rounds",
+    "mean_accept_len",
+    "prefill_tps",
+    "decode_tps",
+    "peak_memory_gb",
+    "mode",
+    "max_draft",
 }
 
 
@@ -93,8 +101,18 @@ def test_generate_is_lossless_across_modes(json_runs):
 
 
 def test_auto_mode_takes_the_drafters_kind(models, json_runs):
-    result = invoke("generate", "--model", models["target"], "--drafter", models["dspark"],
-                    "--prompt", PROMPT, "--max-tokens", "24", "--json")
+    result = invoke(
+        "generate",
+        "--model",
+        models["target"],
+        "--drafter",
+        models["dspark"],
+        "--prompt",
+        PROMPT,
+        "--max-tokens",
+        "24",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["mode"] == "dspark"
@@ -102,9 +120,28 @@ def test_auto_mode_takes_the_drafters_kind(models, json_runs):
 
 
 def test_generate_options_pass_through(models):
-    result = invoke(*generate_args(models, "lookup", "--json", "--raw", "--max-draft", "2",
-                                   "--stop", "zz", "--stop", "yy", "--temperature", "0.7",
-                                   "--top-k", "5", "--top-p", "0.9", "--seed", "3"))
+    result = invoke(
+        *generate_args(
+            models,
+            "lookup",
+            "--json",
+            "--raw",
+            "--max-draft",
+            "2",
+            "--stop",
+            "zz",
+            "--stop",
+            "yy",
+            "--temperature",
+            "0.7",
+            "--top-k",
+            "5",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "3",
+        )
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["max_draft"] == 2
@@ -152,8 +189,9 @@ def test_bad_input_is_one_error_line(models, extra, expect):
 
 
 def test_missing_model_is_one_error_line(tmp_path):
-    line = assert_one_error_line(invoke("generate", "--model", str(tmp_path / "nope"),
-                                        "--prompt", "hi"))
+    line = assert_one_error_line(
+        invoke("generate", "--model", str(tmp_path / "nope"), "--prompt", "hi")
+    )
     assert "nope" in line
 
 
@@ -188,8 +226,14 @@ def test_entry_point_error_is_one_line(tmp_path):
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    proc = run_module("generate", "--model", str(tmp_path / "missing"), "--prompt", "hi",
-                      env={"OUTRIDER_DEBUG": "1"})
+    proc = run_module(
+        "generate",
+        "--model",
+        str(tmp_path / "missing"),
+        "--prompt",
+        "hi",
+        env={"OUTRIDER_DEBUG": "1"},
+    )
     assert proc.returncode != 0
     assert b"Traceback" in proc.stderr and b"ModelNotFoundError" in proc.stderr
 
@@ -301,8 +345,11 @@ def test_models_marks_what_is_cached(tmp_path):
     (repo / "refs" / "main").write_text(commit)
     (repo / "snapshots" / commit).mkdir(parents=True)
     (repo / "snapshots" / commit / "config.json").write_text("{}")
-    proc = run_module("models", "--json", env={"HF_HUB_CACHE": str(tmp_path / "hub"),
-                                               "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)})
+    proc = run_module(
+        "models",
+        "--json",
+        env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     rows = {r["id"]: r for r in json.loads(proc.stdout)["pairs"]}
     assert rows["qwen3-8b"]["target_local"] is True
@@ -316,9 +363,18 @@ def test_doctor():
     report = json.loads(result.stdout)
     assert report["mlx_version"] and isinstance(report["problems"], list)
     assert report["problems"] == []
-    for key in ("outrider_version", "python_version", "platform", "mlx_default_device",
-                "metal_available", "mlx_lm_version", "plugins", "hf_cache", "lmstudio_dirs",
-                "outrider_cache"):
+    for key in (
+        "outrider_version",
+        "python_version",
+        "platform",
+        "mlx_default_device",
+        "metal_available",
+        "mlx_lm_version",
+        "plugins",
+        "hf_cache",
+        "lmstudio_dirs",
+        "outrider_cache",
+    ):
         assert key in report
     text = invoke("doctor")
     assert text.exit_code == 0 and "mlx version" in text.stdout

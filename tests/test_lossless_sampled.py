@@ -13,8 +13,9 @@ from outrider.core.acceptance import accept_sampled
 from outrider.core.sampling import SamplingParams, probabilities
 
 # chi-square critical values at p = 0.001 (dof -> value), enough for the cell counts used here
-CHI2_999 = {d: v for d, v in [(3, 16.27), (7, 24.32), (15, 37.70), (31, 61.10), (63, 103.4),
-                             (124, 174.6)]}
+CHI2_999 = {
+    d: v for d, v in [(3, 16.27), (7, 24.32), (15, 37.70), (31, 61.10), (63, 103.4), (124, 174.6)]
+}
 
 
 def chi2_critical(dof: int) -> float:
@@ -79,8 +80,14 @@ def test_speculative_sampling_matches_target_distribution(qwen3_target, drafters
     drafted = accepted = 0
     for seed in range(n):
         res = pipe.generate(
-            prompt, max_tokens=5, max_draft=4, temperature=PARAMS.temperature,
-            top_p=PARAMS.top_p, top_k=PARAMS.top_k, seed=seed, stop_tokens=set(),
+            prompt,
+            max_tokens=5,
+            max_draft=4,
+            temperature=PARAMS.temperature,
+            top_p=PARAMS.top_p,
+            top_k=PARAMS.top_k,
+            seed=seed,
+            stop_tokens=set(),
         )
         counts[tuple(res.tokens[:depth])] += 1
         drafted += sum(len(r.drafted) for r in res.rounds)
@@ -101,7 +108,7 @@ def test_rejection_sampling_with_mismatched_draft_distribution():
     counts = Counter()
     key = mx.random.key(0)
     n = 6000
-    for i in range(n):
+    for _ in range(n):
         key, k1, k2 = mx.random.split(key, 3)
         draft = mx.random.categorical(mx.log(q), key=k1).astype(mx.uint32)
         a, toks = accept_sampled(p_logits, draft, q, params, k2)
@@ -168,8 +175,13 @@ def test_sampling_with_overlapping_draft_distribution(qwen3_target):
     accepted = drafted = 0
     for seed in range(n):
         res = spec.generate(
-            prompt, max_tokens=4, temperature=PARAMS.temperature, top_p=PARAMS.top_p,
-            top_k=PARAMS.top_k, seed=seed, stop_tokens=set(),
+            prompt,
+            max_tokens=4,
+            temperature=PARAMS.temperature,
+            top_p=PARAMS.top_p,
+            top_k=PARAMS.top_k,
+            seed=seed,
+            stop_tokens=set(),
         )
         counts[tuple(res.tokens[:3])] += 1
         accepted += sum(r.accepted for r in res.rounds)

@@ -29,8 +29,8 @@ class Result:
     @property
     def mean_accept_len(self) -> float:
         """Tokens committed per target forward (accepted drafts + 1), averaged over rounds."""
-        if not self.rounds:
-            return 0.0
+        if not self.rounds:  # plain decoding: one token per target forward
+            return 1.0 if self.tokens else 0.0
         return sum(r.accepted + 1 for r in self.rounds) / len(self.rounds)
 
     @property

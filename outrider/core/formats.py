@@ -46,10 +46,14 @@ def rope_settings(config: dict) -> tuple[float, dict | None]:
 
 
 def layer_ids(value, num_target_layers: int | None) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     ):
-        raise CheckpointError(f"target_layer_ids must be a non-empty list of integers, got {value!r}")
+        raise CheckpointError(
+            f"target_layer_ids must be a non-empty list of integers, got {value!r}"
+        )
     if any(b <= a for a, b in zip(value, value[1:])):
         raise CheckpointError(f"target_layer_ids must be strictly increasing, got {value}")
     if value[0] < -1 or (num_target_layers is not None and value[-1] >= num_target_layers):

@@ -25,7 +25,9 @@ def cached_snapshot(repo_id: str) -> Path | None:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=DOWNLOAD_PATTERNS))
+        return Path(
+            snapshot_download(repo_id, local_files_only=True, allow_patterns=DOWNLOAD_PATTERNS)
+        )
     except Exception:
         return None
 

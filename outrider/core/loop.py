@@ -75,7 +75,9 @@ def decode(
         cap = max(0, min(cap_limit, stopper.remaining - 1))
         ctx = DraftContext(history, cap, sampling, keys.next() if keys else None)
         proposal = proposer.propose(ctx) if cap > 0 else Proposal.empty()
-        inputs = mx.concatenate([mx.array([anchor], dtype=mx.uint32), proposal.tokens.astype(mx.uint32)])
+        inputs = mx.concatenate(
+            [mx.array([anchor], dtype=mx.uint32), proposal.tokens.astype(mx.uint32)]
+        )
         logits, taps = target.forward(inputs, cache, tap_ids)
         if sampling.greedy:
             accepted, tokens = accept_greedy(logits, proposal.tokens.astype(mx.uint32))

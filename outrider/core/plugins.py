@@ -16,6 +16,7 @@ class PluginInfo:
     name: str
     version: str
     provides: list[str] = field(default_factory=list)
+    builtin: bool = True
 
 
 class Plugins:
@@ -70,16 +71,16 @@ class Plugins:
         for plugin in self.pm.get_plugins():
             name = self.pm.get_name(plugin)
             dist = dists.get(id(plugin))
-            if dist is not None:
-                ver = dist.version
-                name = f"{dist.project_name}" if hasattr(dist, "project_name") else name
-            else:
+            builtin = dist is None
+            if builtin:
                 try:
-                    ver = dist_version("outrider") + " (built-in)"
+                    ver = dist_version("outrider")
                 except Exception:
-                    ver = "built-in"
-            out.append(PluginInfo(name, ver, self._owner.get(self.pm.get_name(plugin), [])))
-        return sorted(out, key=lambda p: (not p.version.endswith("(built-in)"), p.name))
+                    ver = "source"
+            else:
+                ver = f"{dist.version} ({dist.project_name})"
+            out.append(PluginInfo(name, ver, self._owner.get(name, []), builtin))
+        return sorted(out, key=lambda p: (not p.builtin, p.name))
 
     def strategy(self, name: str):
         try:

@@ -134,7 +134,12 @@ class Target:
         mx.eval(plain, tapped, taps)
         diff = mx.abs(plain.astype(mx.float32) - tapped.astype(mx.float32)).max().item()
         width = taps.shape[-1] if taps is not None else 0
-        if diff > 1e-3 or taps is None or taps.shape[0] != 4 or width != len(layer_ids) * self.hidden_size:
+        if (
+            diff > 1e-3
+            or taps is None
+            or taps.shape[0] != 4
+            or width != len(layer_ids) * self.hidden_size
+        ):
             raise UnsupportedTargetError(
                 f"hidden-state taps do not work on this target ({self.name or 'model'}): the "
                 f"tapped forward differs from the model's own (max |Δlogit| {diff:.3g}) or "

@@ -33,7 +33,11 @@ class Pair:
 
 
 def load_pairs(path: Path | None = None) -> list[Pair]:
-    text = path.read_text() if path else files("outrider.registry").joinpath("targets.toml").read_text()
+    text = (
+        path.read_text()
+        if path
+        else files("outrider.registry").joinpath("targets.toml").read_text()
+    )
     rows = tomllib.loads(text).get("pair", [])
     pairs = []
     for row in rows:

@@ -47,7 +47,9 @@ class DeepSpecFormat:
             markov_rank=rank,
             markov_type=markov_type,
             confidence_head=confidence,
-            confidence_with_markov=confidence and bool(cfg.get("confidence_head_with_markov")) and rank > 0,
+            confidence_with_markov=confidence
+            and bool(cfg.get("confidence_head_with_markov"))
+            and rank > 0,
             **backbone_fields(cfg),
         )
         if spec.block_size < 1:

@@ -39,7 +39,11 @@ class ZLabFormat:
         cfg = checkpoint.config
         dcfg = cfg.get("dflash_config") or {}
         archs = [str(a) for a in cfg.get("architectures") or []]
-        if any("DFlash2" in a for a in archs) or "selector_rank" in dcfg or "conv_kernel_size" in dcfg:
+        if (
+            any("DFlash2" in a for a in archs)
+            or "selector_rank" in dcfg
+            or "conv_kernel_size" in dcfg
+        ):
             raise CheckpointError("DFlash 2 drafters (DFlash2DraftModel) are not supported yet")
         if "markov_rank" in cfg or dcfg.get("projector_type") == "dspark":
             raise CheckpointError(
@@ -51,7 +55,9 @@ class ZLabFormat:
 
         block = field("block_size")
         if block is None:
-            raise CheckpointError("z-lab DFlash config has no block_size (top level or dflash_config)")
+            raise CheckpointError(
+                "z-lab DFlash config has no block_size (top level or dflash_config)"
+            )
         mask = field("mask_token_id")
         if mask is None:
             raise CheckpointError("z-lab DFlash config has no mask_token_id")
@@ -60,7 +66,9 @@ class ZLabFormat:
         ids = field("target_layer_ids")
         if ids is None:
             if n_target is None:
-                raise CheckpointError("z-lab DFlash config has neither target_layer_ids nor num_target_layers")
+                raise CheckpointError(
+                    "z-lab DFlash config has neither target_layer_ids nor num_target_layers"
+                )
             ids = default_layer_ids(int(n_target), dims["num_layers"])
         spec = DrafterSpec(
             format=self.name,

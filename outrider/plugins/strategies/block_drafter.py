@@ -19,6 +19,25 @@ from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
 
 
+class ContextCache:
+    """Append-only K/V of the context rows one draft layer has seen (block K/V never enter)."""
+
+    def __init__(self) -> None:
+        self._kv = KVCache()
+        self._last: tuple[mx.array | None, mx.array | None] = (None, None)
+
+    @property
+    def offset(self) -> int:
+        return self._kv.offset
+
+    def append(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self._last = self._kv.update_and_fetch(keys, values)
+        return self._last
+
+    def fetch(self) -> tuple[mx.array | None, mx.array | None]:
+        return self._last
+
+
 class DraftAttention(nn.Module):
     def __init__(self, spec: DrafterSpec):
         super().__init__()
@@ -45,13 +64,13 @@ class DraftAttention(nn.Module):
         v = self.v_proj(x).reshape(b, n, self.n_kv, -1).transpose(0, 2, 1, 3)
         return self.rope(k, offset=offset), v
 
-    def __call__(self, x: mx.array, context: mx.array | None, cache: KVCache) -> mx.array:
+    def __call__(self, x: mx.array, context: mx.array | None, cache: ContextCache) -> mx.array:
         b, n, _ = x.shape
         if context is not None and context.shape[1] > 0:
             ck, cv = self._kv(context, cache.offset)
-            keys, values = cache.update_and_fetch(ck, cv)
+            keys, values = cache.append(ck, cv)
         else:
-            keys, values = cache.state if cache.offset else (None, None)
+            keys, values = cache.fetch()
         block_offset = cache.offset
         q = self.q_norm(self.q_proj(x).reshape(b, n, self.n_heads, -1)).transpose(0, 2, 1, 3)
         q = self.rope(q, offset=block_offset)
@@ -82,7 +101,7 @@ class DraftLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
 
-    def __call__(self, h: mx.array, context: mx.array | None, cache: KVCache) -> mx.array:
+    def __call__(self, h: mx.array, context: mx.array | None, cache: ContextCache) -> mx.array:
         h = h + self.self_attn(self.input_layernorm(h), context, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -149,10 +168,12 @@ class BlockDrafter(nn.Module):
         if spec.confidence_head:
             self.confidence_head = ConfidenceHead(spec)
 
-    def make_cache(self) -> list[KVCache]:
-        return [KVCache() for _ in self.layers]
+    def make_cache(self) -> list[ContextCache]:
+        return [ContextCache() for _ in self.layers]
 
-    def backbone(self, block: mx.array, taps: mx.array | None, cache: list[KVCache]) -> mx.array:
+    def backbone(
+        self, block: mx.array, taps: mx.array | None, cache: list[ContextCache]
+    ) -> mx.array:
         """block embeddings [1, B, H], new context taps [S, n·H] -> final-normed hidden [B, H]."""
         context = None
         if taps is not None and taps.shape[0] > 0:
@@ -196,9 +217,11 @@ def load_block_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) -
             model,
             group_size=group_size,
             bits=bits,
-            class_predicate=lambda _, m: isinstance(m, (nn.Linear, nn.Embedding))
-            and m.weight.shape[-1] % group_size == 0
-            and m.weight.shape[0] > 1,
+            class_predicate=lambda _, m: (
+                isinstance(m, (nn.Linear, nn.Embedding))
+                and m.weight.shape[-1] % group_size == 0
+                and m.weight.shape[0] > 1
+            ),
         )
     mx.eval(model.parameters())
     return model

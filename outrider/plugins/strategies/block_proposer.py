@@ -85,9 +85,7 @@ class BlockProposer:
                 probs.append(q[0])
                 prev = sample(q, keys[i]).astype(mx.uint32)
             tokens.append(prev[0])
-        proposal = Proposal(
-            mx.stack(tokens), cap, probs=mx.stack(probs) if probs else None
-        )
+        proposal = Proposal(mx.stack(tokens), cap, probs=mx.stack(probs) if probs else None)
         if self.use_confidence:
             proposal = self._truncate(proposal, mx.stack(conf))
         return proposal

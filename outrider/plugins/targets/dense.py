@@ -18,9 +18,26 @@ from ...core.hookspecs import hookimpl
 
 # Families whose caches are not plain KV (recurrent state, sliding windows): another plugin's job.
 NOT_DENSE = {
-    "qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "mamba", "mamba2", "gemma3", "gemma3_text",
-    "gemma4", "gemma4_text", "lfm2", "lfm2_moe", "recurrent_gemma", "rwkv7", "plamo2", "falcon_h1",
-    "granitemoehybrid", "jamba", "muse_glimmer", "prism_hadamard_qwen35",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_next",
+    "nemotron_h",
+    "mamba",
+    "mamba2",
+    "gemma3",
+    "gemma3_text",
+    "gemma4",
+    "gemma4_text",
+    "lfm2",
+    "lfm2_moe",
+    "recurrent_gemma",
+    "rwkv7",
+    "plamo2",
+    "falcon_h1",
+    "granitemoehybrid",
+    "jamba",
+    "muse_glimmer",
+    "prism_hadamard_qwen35",
 }
 
 

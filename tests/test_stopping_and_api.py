@@ -1,0 +1,116 @@
+"""Stop tokens, stop strings and max tokens end exactly where plain decoding would; the
+streaming and one-shot APIs agree."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import plain_greedy
+
+import outrider
+from outrider.core.errors import OutriderError
+
+
+@pytest.fixture(scope="module")
+def pipe(qwen3_target, drafters):
+    return outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
+
+
+@pytest.fixture(scope="module")
+def lookup_pipe(qwen3_target):
+    return outrider.load(str(qwen3_target), mode="lookup")
+
+
+@pytest.mark.parametrize("which", ["pipe", "lookup_pipe"])
+def test_stop_token_ends_where_plain_decoding_would(request, qwen3_target, which):
+    p = request.getfixturevalue(which)
+    ids = p.encode("Count the stars.")
+    ref = plain_greedy(qwen3_target, ids, 60)
+    stop_tok = ref[17]  # a token the plain output reaches; generation ends at its first use
+    first = ref.index(stop_tok)
+    got = p.generate(ids, max_tokens=60, max_draft=6, stop_tokens={stop_tok})
+    assert got.tokens == ref[:first]
+    assert got.finish_reason == "stop"
+
+
+def test_stop_string_cuts_text_and_tokens_at_the_same_place(pipe, qwen3_target):
+    ids = pipe.encode("Tell me a story.")
+    ref = plain_greedy(qwen3_target, ids, 60)
+    full = pipe.tokenizer.decode(ref)
+    stop = full[25:28]
+    got = pipe.generate(ids, max_tokens=60, stop=[stop], stop_tokens=set())
+    assert stop not in got.text
+    assert got.text == full[: full.index(stop)]
+    # tokens end with the first token whose text completes the stop string, as plain decoding
+    n = next(i for i in range(1, 61) if stop in pipe.tokenizer.decode(ref[:i]))
+    assert got.tokens == ref[:n]
+    assert got.finish_reason == "stop"
+
+
+def test_stream_equals_generate(pipe):
+    ids = pipe.encode("Stream me.")
+    chunks = list(pipe.stream(ids, max_tokens=50, stop_tokens=set()))
+    assert chunks[-1].result is not None
+    result = pipe.generate(ids, max_tokens=50, stop_tokens=set())
+    assert "".join(c.text for c in chunks) == result.text
+    assert [t for c in chunks for t in c.tokens] == result.tokens
+    assert chunks[-1].result.tokens == result.tokens
+
+
+def test_stream_holds_back_partial_stop_strings(pipe, qwen3_target):
+    ids = pipe.encode("Hold it.")
+    full = pipe.tokenizer.decode(plain_greedy(qwen3_target, ids, 40))
+    stop = full[20:24]
+    streamed = "".join(c.text for c in pipe.stream(ids, max_tokens=40, stop=[stop]))
+    assert streamed == full[: full.index(stop)]
+
+
+def test_max_tokens_zero_and_one(pipe, qwen3_target):
+    ids = pipe.encode("Short.")
+    assert pipe.generate(ids, max_tokens=0).tokens == []
+    assert pipe.generate(ids, max_tokens=1, stop_tokens=set()).tokens == plain_greedy(
+        qwen3_target, ids, 1
+    )
+
+
+def test_result_fields(pipe):
+    res = pipe.generate("Fields.", max_tokens=20, stop_tokens=set())
+    js = res.to_json()
+    for key in (
+        "text",
+        "prompt_tokens",
+        "tokens",
+        "rounds",
+        "mean_accept_len",
+        "prefill_tps",
+        "decode_tps",
+        "peak_memory_gb",
+        "mode",
+        "max_draft",
+    ):
+        assert key in js
+    assert js["mode"] == "dspark"
+    assert all(set(r) == {"drafted", "accepted"} for r in js["rounds"])
+    committed = 1 + sum(r["accepted"] + 1 for r in js["rounds"])
+    assert committed >= len(js["tokens"])  # the last round may overshoot max_tokens
+    assert js["mean_accept_len"] >= 1.0
+
+
+def test_bad_arguments_are_clear(pipe, qwen3_target):
+    with pytest.raises(OutriderError, match="max_tokens"):
+        pipe.generate("x", max_tokens=-1)
+    with pytest.raises(ValueError, match="temperature"):
+        pipe.generate("x", temperature=-1)
+    with pytest.raises(OutriderError, match="unknown mode 'warp'"):
+        outrider.load(str(qwen3_target), mode="warp")
+    with pytest.raises(OutriderError, match="needs a drafter"):
+        outrider.load(str(qwen3_target), mode="dspark")
+    with pytest.raises(OutriderError, match="no such folder"):
+        outrider.load("./no/such/model")
+    with pytest.raises(OutriderError, match="not in the Hugging Face cache"):
+        outrider.load("nobody/no-such-model-xyz", download=False)
+
+
+def test_reference_names(qwen3_target, drafters):
+    pair = outrider.load_pair(str(qwen3_target), str(drafters["dspark"]))
+    res = outrider.speculative_generate(pair, "Names.", max_tokens=8, stop_tokens=set())
+    assert len(res.tokens) == 8
