@@ -25,6 +25,52 @@ from .prompts import encode_prompt
 from .registry import Pair, find_pair
 
 
+class _FullDecode:
+    """Fallback detokenizer for tokenizers without mlx-lm's streaming one (re-decodes all)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer, self._tokens, self.text = tokenizer, [], ""
+
+    def add_token(self, token: int) -> None:
+        self._tokens.append(token)
+        self.text = self._tokenizer.decode(self._tokens).rstrip("\ufffd")
+
+    def finalize(self) -> None:
+        self.text = self._tokenizer.decode(self._tokens)
+
+
+class TextAssembler:
+    """Incremental text for streamed tokens (mlx-lm's streaming detokenizer), cut before a stop
+    string; text that could still turn into a stop string is held back until it cannot."""
+
+    def __init__(self, tokenizer: Any, stopper: Stopper) -> None:
+        self._detok = None
+        if tokenizer is not None:
+            self._detok = getattr(tokenizer, "detokenizer", None) or _FullDecode(tokenizer)
+        self._stopper = stopper
+        self._hold = max((len(s) for s in stopper.stop_strings), default=1) - 1
+        self._emitted = 0
+        self.text = ""
+
+    def add(self, tokens: list[int], done: bool) -> str:
+        if self._detok is None:
+            return ""
+        for t in tokens:
+            self._detok.add_token(t)
+        if done:
+            self._detok.finalize()
+        full = self._detok.text
+        if self._stopper.stop_strings:
+            cut = self._stopper.cut_text(full)
+            safe = cut if (done or len(cut) < len(full)) else cut[: len(cut) - self._hold]
+        else:
+            safe = full
+        self.text = safe
+        delta = safe[self._emitted :]
+        self._emitted = max(self._emitted, len(safe))
+        return delta
+
+
 @dataclass
 class Chunk:
     """A piece of streamed output: new text, the tokens behind it, and the step it came from."""
@@ -85,6 +131,8 @@ class Pipeline:
         if not ids:
             raise OutriderError("the prompt is empty")
         tokenizer = self.tokenizer
+        if stop and tokenizer is None:
+            raise OutriderError("stop strings need a tokenizer")
         stopper = Stopper(
             max_tokens,
             self.target.eos_token_ids if stop_tokens is None else set(stop_tokens),
@@ -99,9 +147,7 @@ class Pipeline:
             yield Chunk("", [], Step("prefill", [], 0, [], 0.0, "length"), result)
             return
         mx.reset_peak_memory()
-        emitted = ""
-        hold = max((len(s) for s in stop), default=1) - 1
-        t_start = time.perf_counter()
+        text = TextAssembler(tokenizer, stopper)
         decode_start = None
         for step in decode(self.target, self.proposer, ids, stopper, sampling, result.max_draft):
             if step.source == "prefill":
@@ -113,24 +159,15 @@ class Pipeline:
                 )
             result.tokens.extend(step.committed)
             done = step.finish_reason is not None
-            text = self._text(result.tokens, stopper, done)
-            safe = text if done or not stop else text[: max(len(emitted), len(text) - hold)]
-            delta = safe[len(emitted) :]
-            emitted = safe if safe.startswith(emitted) else emitted
+            delta = text.add(step.committed, done)
             if done:
                 result.finish_reason = step.finish_reason
-                result.text = text
-                result.decode_seconds = time.perf_counter() - (decode_start or t_start)
+                result.text = text.text
+                result.decode_seconds = time.perf_counter() - (decode_start or time.perf_counter())
                 result.peak_memory_gb = mx.get_peak_memory() / 1e9
                 yield Chunk(delta, step.committed, step, result)
                 return
             yield Chunk(delta, step.committed, step)
-
-    def _text(self, tokens: list[int], stopper: Stopper, done: bool) -> str:
-        text = self.tokenizer.decode(tokens)
-        if not done:
-            text = text.rstrip("\ufffd")  # an incomplete multi-byte character waits for its rest
-        return stopper.cut_text(text) if stopper.stop_strings else text
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> Result:
         """Generate to completion; same keywords as `stream`."""

@@ -23,8 +23,19 @@ def installed(tmp_path_factory):
     """pip-install the example into a private folder (no network, no build isolation)."""
     site = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(site), str(EXAMPLE)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(site),
+            str(EXAMPLE),
+        ],
         check=True,
         capture_output=True,
     )
@@ -48,7 +59,10 @@ def test_plugin_appears_in_the_cli(installed):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(installed), str(ROOT)]))
     out = subprocess.run(
         [sys.executable, "-m", "outrider", "plugins", "--json"],
-        check=True, capture_output=True, text=True, env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
     ).stdout
     rows = {row["name"]: row for row in json.loads(out)}
     assert "strategy:bigram" in rows["bigram"]["provides"]

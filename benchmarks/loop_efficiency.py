@@ -1,0 +1,240 @@
+"""Loop efficiency on random-weight targets of real sizes.
+
+(a) baseline mode vs mlx-lm's own generation (`mlx_lm.generate.generate_step`), same model,
+    same prompt: decode tokens/s and their ratio.
+(b) the oracle proposer at 100% acceptance: decode tokens/s at cap k against the cost-model
+    ideal (k+1) / (t_draft + t_verify(k+1)), with t_verify(w) measured in the same run
+    (one target forward of width w at the same context, evaluated, then rolled back) and t_draft
+    the oracle's own time per round.
+
+Every outrider run is checked token for token against the baseline (lossless); a mismatch
+fails the run. Prints a table; --json writes the numbers.
+
+    python benchmarks/loop_efficiency.py --shapes 0.6b,8b --dtypes bf16,4bit --caps 1,2,4,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+
+import outrider
+from outrider.core.target import Target
+from outrider.plugins.strategies.baseline import PlainProposer
+from outrider.plugins.targets.dense import DenseFamily
+from outrider.testing import OracleProposer, build_model, cast_model
+
+SHAPES = {
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
+    ),  # a smoke test of the script itself
+    "0.6b": dict(
+        hidden_size=1024,
+        num_hidden_layers=28,
+        intermediate_size=3072,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
+    "8b": dict(
+        hidden_size=4096,
+        num_hidden_layers=36,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ),
+}
+
+
+def qwen3_config(shape: str) -> dict:
+    cfg = dict(
+        model_type="qwen3",
+        vocab_size=151936,
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        max_position_embeddings=40960,
+    )
+    cfg.update(SHAPES[shape])
+    return cfg
+
+
+def make_target(shape: str, dtype: str) -> Target:
+    model = build_model(qwen3_config(shape), seed=0, scale=1.0)
+    cast_model(model, mx.bfloat16)
+    if dtype == "4bit":
+        nn.quantize(model, group_size=64, bits=4)
+    mx.eval(model.parameters())
+    return Target(model, None, DenseFamily(), qwen3_config(shape), name=f"qwen3-{shape}-{dtype}")
+
+
+def mlx_lm_decode_tps(model, prompt: list[int], n: int) -> tuple[float, list[int]]:
+    from mlx_lm.generate import generate_step
+
+    tokens, t_first = [], None
+    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=n):
+        tokens.append(int(tok))
+        if t_first is None:
+            t_first = time.perf_counter()
+        if len(tokens) == n:
+            break
+    return (n - 1) / (time.perf_counter() - t_first), tokens
+
+
+def outrider_run(target: Target, proposer, prompt: list[int], n: int, cap: int):
+    pipe = outrider.pipeline_from_parts(target, proposer, proposer.name, max_draft=cap)
+    return pipe.generate(prompt, max_tokens=n, stop_tokens=set())
+
+
+def verify_times(target: Target, prompt: list[int], widths: list[int], reps: int) -> dict:
+    """Median seconds of one target forward of width w at the prompt's context, evaluated."""
+    cache = target.make_cache()
+    logits, _ = target.prefill(prompt, cache)
+    mx.eval(logits)
+    out = {}
+    for w in widths:
+        ids = mx.array(prompt[:w], dtype=mx.uint32)
+        times = []
+        for i in range(reps + 2):
+            t = time.perf_counter()
+            lg, _ = target.forward(ids, cache)
+            mx.eval(mx.argmax(lg, axis=-1))
+            dt = time.perf_counter() - t
+            target.rollback(cache, w)
+            if i >= 2:  # warm-up
+                times.append(dt)
+        out[w] = statistics.median(times)
+    return out
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def run(shape: str, dtype: str, caps: list[int], prompt_len: int, n: int, trials: int) -> dict:
+    target = make_target(shape, dtype)
+    rng = mx.random.randint(0, 150000, (prompt_len,), key=mx.random.key(1))
+    prompt = rng.tolist()
+    # warm-up both paths
+    mlx_lm_decode_tps(target.model, prompt, 16)
+    outrider_run(target, PlainProposer(), prompt, 16, 0)
+
+    peer, ours, reference = [], [], None
+    for _ in range(trials):
+        tps, ref = mlx_lm_decode_tps(target.model, prompt, n)
+        peer.append(tps)
+        res = outrider_run(target, PlainProposer(), prompt, n, 0)
+        ours.append(res.decode_tps)
+        if res.tokens != ref:
+            sys.exit(f"LOSSLESS CHECK FAILED: baseline differs from mlx-lm on {shape} {dtype}")
+        reference = ref
+    row = {
+        "shape": shape,
+        "dtype": dtype,
+        "prompt_len": prompt_len,
+        "new_tokens": n,
+        "mlx_lm_tps": median(peer),
+        "baseline_tps": median(ours),
+        "baseline_ratio": median(ours) / median(peer),
+        "oracle": [],
+    }
+    tv = verify_times(target, prompt, sorted({1} | {k + 1 for k in caps}), reps=15)
+    row["t_verify_ms"] = {str(w): t * 1e3 for w, t in tv.items()}
+    for k in caps:
+        tps, draft_s = [], []
+        for _ in range(trials):
+            oracle = OracleProposer(prompt + reference, 1.0, 151936, max_draft=k)
+            res = outrider_run(target, oracle, prompt, n, k)
+            if res.tokens != reference:
+                sys.exit(f"LOSSLESS CHECK FAILED: oracle cap {k} on {shape} {dtype}")
+            tps.append(res.decode_tps)
+            t0 = time.perf_counter()
+            o2 = OracleProposer(prompt + reference, 1.0, 151936, max_draft=k)
+            from outrider.core.proposer import DraftContext
+            from outrider.core.sampling import SamplingParams
+
+            ctx = DraftContext(prompt + reference[:1], k, SamplingParams())
+            for _ in range(100):
+                mx.eval(o2.propose(ctx).tokens)
+            draft_s.append((time.perf_counter() - t0) / 100)
+        t_draft = median(draft_s)
+        ideal = (k + 1) / (t_draft + tv[k + 1])
+        row["oracle"].append(
+            {
+                "cap": k,
+                "decode_tps": median(tps),
+                "ideal_tps": ideal,
+                "efficiency": median(tps) / ideal,
+                "t_draft_ms": t_draft * 1e3,
+            }
+        )
+    del target
+    mx.clear_cache()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--shapes", default="0.6b")
+    ap.add_argument("--dtypes", default="bf16,4bit")
+    ap.add_argument("--caps", default="1,2,4,8")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=200)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--json", default=None, help="write results here")
+    args = ap.parse_args()
+    caps = [int(c) for c in args.caps.split(",")]
+    header = {
+        "device": str(mx.default_device()),
+        "mlx": mx.__version__,
+        "outrider": outrider.__version__,
+        "platform": platform.platform(),
+        "command": " ".join(sys.argv),
+    }
+    print(json.dumps(header))
+    rows = []
+    for shape in args.shapes.split(","):
+        for dtype in args.dtypes.split(","):
+            t = time.perf_counter()
+            row = run(shape, dtype, caps, args.prompt_len, args.new_tokens, args.trials)
+            rows.append(row)
+            print(f"\n== qwen3-{shape} {dtype} ({time.perf_counter() - t:.0f}s) ==")
+            print(
+                f"mlx-lm {row['mlx_lm_tps']:.1f} tok/s | outrider baseline "
+                f"{row['baseline_tps']:.1f} tok/s | ratio {row['baseline_ratio']:.3f}"
+            )
+            print(
+                "t_verify(w) ms: "
+                + ", ".join(f"w{w}={v:.2f}" for w, v in row["t_verify_ms"].items())
+            )
+            print(f"{'cap':>4} {'tok/s':>9} {'ideal':>9} {'eff':>6} {'t_draft ms':>10}")
+            for o in row["oracle"]:
+                print(
+                    f"{o['cap']:>4} {o['decode_tps']:>9.1f} {o['ideal_tps']:>9.1f} "
+                    f"{o['efficiency']:>6.3f} {o['t_draft_ms']:>10.3f}"
+                )
+            sys.stdout.flush()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**header, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
