@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .sampling import SamplingParams, probabilities, sample
+from .sampling import SamplingParams, greedy, probabilities, sample
 
 
 def accept_greedy(logits: mx.array, drafts: mx.array) -> tuple[mx.array, mx.array]:
@@ -18,7 +18,7 @@ def accept_greedy(logits: mx.array, drafts: mx.array) -> tuple[mx.array, mx.arra
     Where a draft matches the target's argmax the two are equal, so the committed tokens are
     simply the target's argmax over the first a+1 rows.
     """
-    target = mx.argmax(logits, axis=-1)
+    target = greedy(logits)
     k = drafts.shape[0]
     if k == 0:
         return mx.array(0), target

@@ -16,7 +16,7 @@ import mlx.core as mx
 
 from .acceptance import accept_greedy, accept_sampled
 from .proposer import DraftContext, Proposal, Proposer
-from .sampling import KeyStream, SamplingParams, probabilities, sample
+from .sampling import KeyStream, SamplingParams, greedy, probabilities, sample
 from .stopping import Stopper
 from .target import Target
 
@@ -35,7 +35,7 @@ class Step:
 
 def _choose(logits: mx.array, sampling: SamplingParams, keys: KeyStream | None) -> mx.array:
     if sampling.greedy:
-        return mx.argmax(logits, axis=-1)
+        return greedy(logits)
     return sample(probabilities(logits, sampling), keys.next())
 
 

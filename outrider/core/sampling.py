@@ -32,6 +32,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def greedy(logits: mx.array) -> mx.array:
+    """Argmax of the log-probabilities in the logits' own dtype, exactly as mlx-lm's greedy
+    sampler sees them: in bf16 the subtraction can round near-equal logits into a tie, and the
+    tie must break the way plain mlx-lm decoding breaks it."""
+    return mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
+
+
 def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:
     """Rows of logits [..., V] -> rows of probabilities after temperature, top-k and top-p."""
     logits = logits.astype(mx.float32) / params.temperature
