@@ -58,8 +58,9 @@ def decode(
     cache = target.make_cache()
 
     t0 = time.perf_counter()
-    last_logits, taps = target.prefill(prompt, cache, tap_ids)
-    first = _choose(last_logits, sampling, keys)
+    with mx.stream(target.stream):
+        last_logits, taps = target.prefill(prompt, cache, tap_ids)
+        first = _choose(last_logits, sampling, keys)
     if cap_limit <= 0 and not tap_ids:
         yield from _plain_steps(target, cache, first, stopper, sampling, keys, t0)
         return
@@ -74,21 +75,20 @@ def decode(
         t = time.perf_counter()
         cap = max(0, min(cap_limit, stopper.remaining - 1))
         ctx = DraftContext(history, cap, sampling, keys.next() if keys else None)
-        proposal = proposer.propose(ctx) if cap > 0 else Proposal.empty()
-        inputs = mx.concatenate(
-            [mx.array([anchor], dtype=mx.uint32), proposal.tokens.astype(mx.uint32)]
-        )
-        logits, taps = target.forward(inputs, cache, tap_ids)
-        if sampling.greedy:
-            accepted, tokens = accept_greedy(logits, proposal.tokens.astype(mx.uint32))
-        else:
-            accepted, tokens = accept_sampled(
-                logits, proposal.tokens.astype(mx.uint32), proposal.probs, sampling, keys.next()
-            )
-        mx.eval(accepted, tokens, proposal.tokens)  # the round's one sync
+        with mx.stream(target.stream):
+            proposal = proposer.propose(ctx) if cap > 0 else Proposal.empty()
+            drafts = proposal.tokens.astype(mx.uint32)
+            inputs = mx.concatenate([mx.array([anchor], dtype=mx.uint32), drafts])
+            logits, taps = target.forward(inputs, cache, tap_ids)
+            if sampling.greedy:
+                accepted, tokens = accept_greedy(logits, drafts)
+            else:
+                key = keys.next()
+                accepted, tokens = accept_sampled(logits, drafts, proposal.probs, sampling, key)
+        mx.eval(accepted, tokens, drafts)  # the round's one sync
         a = accepted.item()
         committed = tokens[: a + 1].tolist()
-        drafted = proposal.tokens.tolist()
+        drafted = drafts.tolist()
         target.rollback(cache, proposal.k - a)
         proposer.observe(a, None if taps is None else taps[: a + 1])
         history.extend(committed)
@@ -112,8 +112,9 @@ def _plain_steps(
     source = "prefill"
     while True:
         t = time.perf_counter()
-        logits, _ = target.forward(y.reshape(1).astype(mx.uint32), cache)
-        next_y = _choose(logits[-1], sampling, keys)
+        with mx.stream(target.stream):
+            logits, _ = target.forward(y.reshape(1).astype(mx.uint32), cache)
+            next_y = _choose(logits[-1], sampling, keys)
         mx.async_eval(next_y)
         kept = stopper.feed([y.item()])
         start = t0 if source == "prefill" else t

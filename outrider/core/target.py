@@ -71,6 +71,8 @@ class Target:
         self.config = config or {}
         self.name = name
         self._sink = _TapSink()
+        # Device work runs on a stream of its own, as mlx-lm's generation does.
+        self.stream = mx.new_stream(mx.default_device())
         self._tapped: set[int] = set()
         self._probed: set[int] = set()
 
