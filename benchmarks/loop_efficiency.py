@@ -85,22 +85,60 @@ def make_target(shape: str, dtype: str) -> Target:
     return Target(model, None, DenseFamily(), qwen3_config(shape), name=f"qwen3-{shape}-{dtype}")
 
 
-def mlx_lm_decode_tps(model, prompt: list[int], n: int) -> tuple[float, list[int]]:
+class Timed:
+    """Tokens of one generation and the wall-clock gap before each arrival after the first.
+
+    `tps` is decode tokens/s over the whole run; `steady_tps` is tokens/s from the median gap
+    per token, which a burst of host noise (seen on the shared GPU host) cannot drag around.
+    """
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.gaps: list[tuple[float, int]] = []  # (seconds, tokens that arrived)
+        self._last: float | None = None
+        self._first: float | None = None
+
+    def arrive(self, toks: list[int]) -> None:
+        now = time.perf_counter()
+        if self._last is not None and toks:
+            self.gaps.append((now - self._last, len(toks)))
+        if self._first is None:
+            self._first = now
+        self._last = now
+        self.tokens.extend(toks)
+
+    @property
+    def tps(self) -> float:
+        return sum(n for _, n in self.gaps) / (self._last - self._first)
+
+    @property
+    def steady_tps(self) -> float:
+        return 1.0 / statistics.median(dt / n for dt, n in self.gaps)
+
+
+def mlx_lm_decode_tps(model, prompt: list[int], n: int) -> tuple[Timed, list[int]]:
     from mlx_lm.generate import generate_step
 
-    tokens, t_first = [], None
+    timed = Timed()
     for tok, _ in generate_step(mx.array(prompt), model, max_tokens=n):
-        tokens.append(int(tok))
-        if t_first is None:
-            t_first = time.perf_counter()
-        if len(tokens) == n:
+        timed.arrive([int(tok)])
+        if len(timed.tokens) == n:
             break
-    return (n - 1) / (time.perf_counter() - t_first), tokens
+    return timed, timed.tokens
+
+
+def outrider_timed(target: Target, proposer, prompt: list[int], n: int, cap: int) -> Timed:
+    pipe = outrider.pipeline_from_parts(target, proposer, proposer.name, max_draft=cap)
+    timed = Timed()
+    for chunk in pipe.stream(prompt, max_tokens=n, stop_tokens=set()):
+        timed.arrive(chunk.tokens)
+        if chunk.result is not None:
+            timed.result = chunk.result
+    return timed
 
 
 def outrider_run(target: Target, proposer, prompt: list[int], n: int, cap: int):
-    pipe = outrider.pipeline_from_parts(target, proposer, proposer.name, max_draft=cap)
-    return pipe.generate(prompt, max_tokens=n, stop_tokens=set())
+    return outrider_timed(target, proposer, prompt, n, cap).result
 
 
 def verify_times(target: Target, prompt: list[int], widths: list[int], reps: int) -> dict:
@@ -124,14 +162,16 @@ def verify_times(target: Target, prompt: list[int], widths: list[int], reps: int
     return out
 
 
-def fp_tie(target: Target, ids: list[int], a: int, b: int, rel: float = 0.02) -> bool:
-    """True when tokens a and b are within a few bf16 ulps of each other after `ids`: a
-    divergence there is a floating-point tie between verify widths, not a bug."""
+def fp_tie(target: Target, ids: list[int], a: int, b: int, rel: float = 0.05) -> bool:
+    """True when tokens a and b are both at the top of the target's logits after `ids`, within a
+    few bf16 ulps (rel 0.05 ~ 6 ulps): a divergence there is floating-point noise, which on the
+    CUDA backend even separates two runs of mlx-lm itself (the run reports how often)."""
     logits, _ = target.forward(mx.array(ids, dtype=mx.uint32), target.make_cache())
     row = logits[-1].astype(mx.float32)
-    la, lb = row[a].item(), row[b].item()
-    top = mx.max(row).item()
-    return abs(la - lb) <= rel * max(abs(la), abs(lb), 1e-6) and max(la, lb) >= top - rel * abs(top)
+    la, lb, top = row[a].item(), row[b].item(), mx.max(row).item()
+    print(f"  divergence check: logit {la:.4f} vs {lb:.4f} (max {top:.4f})")
+    tol = rel * max(abs(top), 1e-6)
+    return abs(la - lb) <= tol and min(la, lb) >= top - tol
 
 
 def oracle_reference(target, prompt, reference, k, n, ties: list) -> list[int]:
@@ -184,12 +224,20 @@ def run(shape: str, dtype: str, caps: list[int], prompt_len: int, n: int, trials
     mlx_lm_decode_tps(target.model, prompt, 16)
     outrider_run(target, PlainProposer(), prompt, 16, 0)
 
-    peer, ours, ties, reference = [], [], [], None
+    peer, ours, ties, reference, self_diff = [], [], [], None, []
+    peer_steady, ours_steady = [], []
     for _ in range(trials):  # interleaved, so drift hits both alike
-        tps, ref = mlx_lm_decode_tps(target.model, prompt, n)
-        peer.append(tps)
-        res = outrider_run(target, PlainProposer(), prompt, n, 0)
-        ours.append(res.decode_tps)
+        timed, ref = mlx_lm_decode_tps(target.model, prompt, n)
+        peer.append(timed.tps)
+        peer_steady.append(timed.steady_tps)
+        if reference is not None:  # is mlx-lm itself deterministic here?
+            self_diff.append(
+                next((j for j, (x, y) in enumerate(zip(ref, reference)) if x != y), None)
+            )
+        mine = outrider_timed(target, PlainProposer(), prompt, n, 0)
+        res = mine.result
+        ours.append(mine.tps)
+        ours_steady.append(mine.steady_tps)
         compare_or_tie(target, prompt, res.tokens, ref, "baseline vs mlx-lm", ties)
         reference = reference or ref
     row = {
@@ -200,24 +248,31 @@ def run(shape: str, dtype: str, caps: list[int], prompt_len: int, n: int, trials
         "mlx_lm_tps": median(peer),
         "baseline_tps": median(ours),
         "baseline_ratio": median(ours) / median(peer),
+        "mlx_lm_steady_tps": median(peer_steady),
+        "baseline_steady_tps": median(ours_steady),
+        "baseline_steady_ratio": median(ours_steady) / median(peer_steady),
         "mlx_lm_trials": peer,
         "baseline_trials": ours,
         "baseline_fp_ties": ties,
+        "mlx_lm_self_divergence": self_diff,
         "oracle": [],
     }
     for k in caps:
-        tps, eff, tv, ties = [], [], [], []
+        tps, eff, tv, ties, steady, steady_eff = [], [], [], [], [], []
         ref_k = oracle_reference(target, prompt, reference, k, n, ties)
         t_draft = draft_seconds(ref_k, prompt, k)
         for _ in range(trials):  # t_verify measured right before each timed run
             t_verify = verify_times(target, prompt, [k + 1], reps=15)[k + 1]
             oracle = OracleProposer(prompt + ref_k, 1.0, 151936, max_draft=k)
-            res = outrider_run(target, oracle, prompt, n, k)
+            timed = outrider_timed(target, oracle, prompt, n, k)
+            res = timed.result
             accepted = sum(r.accepted for r in res.rounds)
             drafted = sum(len(r.drafted) for r in res.rounds)
             ideal = (k + 1) / (t_draft + t_verify)
-            tps.append(res.decode_tps)
-            eff.append(res.decode_tps / ideal)
+            tps.append(timed.tps)
+            eff.append(timed.tps / ideal)
+            steady.append(timed.steady_tps)
+            steady_eff.append(timed.steady_tps / ideal)
             tv.append(t_verify)
         row["oracle"].append(
             {
@@ -225,6 +280,8 @@ def run(shape: str, dtype: str, caps: list[int], prompt_len: int, n: int, trials
                 "decode_tps": median(tps),
                 "ideal_tps": (k + 1) / (t_draft + median(tv)),
                 "efficiency": median(eff),
+                "steady_tps": median(steady),
+                "steady_efficiency": median(steady_eff),
                 "t_verify_ms": median(tv) * 1e3,
                 "t_draft_ms": t_draft * 1e3,
                 "acceptance": accepted / max(drafted, 1),
@@ -268,15 +325,23 @@ def main() -> None:
                 f"mlx-lm {row['mlx_lm_tps']:.1f} tok/s | outrider baseline "
                 f"{row['baseline_tps']:.1f} tok/s | ratio {row['baseline_ratio']:.3f}"
             )
-            print(f"fp ties (baseline vs mlx-lm): {len(row['baseline_fp_ties'])}")
             print(
-                f"{'cap':>4} {'tok/s':>9} {'ideal':>9} {'eff':>6} {'t_verify ms':>11} {'t_draft ms':>10} {'accept':>7} ties"
+                f"steady (median gap): mlx-lm {row['mlx_lm_steady_tps']:.1f} | outrider "
+                f"{row['baseline_steady_tps']:.1f} | ratio {row['baseline_steady_ratio']:.3f}"
+            )
+            print(
+                f"fp ties (baseline vs mlx-lm): {len(row['baseline_fp_ties'])}; mlx-lm vs its "
+                f"own first run diverges at: {row['mlx_lm_self_divergence']}"
+            )
+            print(
+                f"{'cap':>4} {'tok/s':>9} {'ideal':>9} {'eff':>6} {'t_verify ms':>11} {'t_draft ms':>10} {'accept':>7} {'steady':>8} {'s-eff':>6} ties"
             )
             for o in row["oracle"]:
                 print(
                     f"{o['cap']:>4} {o['decode_tps']:>9.1f} {o['ideal_tps']:>9.1f} "
                     f"{o['efficiency']:>6.3f} {o['t_verify_ms']:>11.2f} {o['t_draft_ms']:>10.3f} "
-                    f"{o['acceptance']:>7.3f} {len(o['fp_ties'])}"
+                    f"{o['acceptance']:>7.3f} {o['steady_tps']:>8.1f} "
+                    f"{o['steady_efficiency']:>6.3f} {len(o['fp_ties'])}"
                 )
             sys.stdout.flush()
     if args.json:

@@ -87,7 +87,7 @@ def decode(
                 accepted, tokens = accept_sampled(logits, drafts, proposal.probs, sampling, key)
         mx.eval(accepted, tokens, drafts)  # the round's one sync
         a = accepted.item()
-        committed = tokens[: a + 1].tolist()
+        committed = tokens.tolist()[: a + 1]  # tokens is evaluated: no second sync
         drafted = drafts.tolist()
         target.rollback(cache, proposal.k - a)
         proposer.observe(a, None if taps is None else taps[: a + 1])
