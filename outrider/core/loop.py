@@ -81,14 +81,18 @@ def decode(
             inputs = mx.concatenate([mx.array([anchor], dtype=mx.uint32), drafts])
             logits, taps = target.forward(inputs, cache, tap_ids)
             if sampling.greedy:
-                accepted, tokens = accept_greedy(logits, drafts)
+                tokens = greedy(logits)
             else:
                 key = keys.next()
                 accepted, tokens = accept_sampled(logits, drafts, proposal.probs, sampling, key)
-        mx.eval(accepted, tokens, drafts)  # the round's one sync
-        a = accepted.item()
-        committed = tokens.tolist()[: a + 1]  # tokens is evaluated: no second sync
-        drafted = drafts.tolist()
+        if sampling.greedy:
+            mx.eval(tokens, drafts)  # the round's one sync
+            drafted, target_tokens = drafts.tolist(), tokens.tolist()
+            a = accept_greedy(target_tokens, drafted)
+        else:
+            mx.eval(accepted, tokens, drafts)  # the round's one sync
+            drafted, target_tokens, a = drafts.tolist(), tokens.tolist(), accepted.item()
+        committed = target_tokens[: a + 1]
         target.rollback(cache, proposal.k - a)
         proposer.observe(a, None if taps is None else taps[: a + 1])
         history.extend(committed)
