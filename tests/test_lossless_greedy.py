@@ -30,7 +30,7 @@ def pipelines(qwen3_target, drafters):
 
 
 @pytest.mark.parametrize("mode,drafter", MODES)
-@pytest.mark.parametrize("cap", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("cap", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_every_mode_every_cap_matches_plain(pipelines, qwen3_target, mode, drafter, cap):
     pipe = pipelines[(mode, drafter)]
     for i, prompt in enumerate(PROMPTS):
