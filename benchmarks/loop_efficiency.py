@@ -78,7 +78,8 @@ def qwen3_config(shape: str) -> dict:
 
 def make_target(shape: str, dtype: str) -> Target:
     model = build_model(qwen3_config(shape), seed=0, scale=1.0)
-    cast_model(model, mx.bfloat16)
+    if dtype != "fp32":  # fp32 for CPUs, where MLX's bf16 matmuls are slow
+        cast_model(model, mx.bfloat16)
     if dtype == "4bit":
         nn.quantize(model, group_size=64, bits=4)
     mx.eval(model.parameters())

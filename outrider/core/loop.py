@@ -77,21 +77,26 @@ def decode(
         ctx = DraftContext(history, cap, sampling, keys.next() if keys else None)
         with mx.stream(target.stream):
             proposal = proposer.propose(ctx) if cap > 0 else Proposal.empty()
-            drafts = proposal.tokens.astype(mx.uint32)
-            inputs = mx.concatenate([mx.array([anchor], dtype=mx.uint32), drafts])
+            drafts = proposal.tokens
+            if drafts.dtype != mx.uint32:
+                drafts = drafts.astype(mx.uint32)
+            if proposal.host is not None:  # host-made drafts: one copy up, no concatenation
+                inputs = mx.array([anchor, *proposal.host], dtype=mx.uint32)
+            else:
+                inputs = mx.concatenate([mx.array([anchor], dtype=mx.uint32), drafts])
             logits, taps = target.forward(inputs, cache, tap_ids)
             if sampling.greedy:
                 tokens = greedy(logits)
             else:
                 key = keys.next()
                 accepted, tokens = accept_sampled(logits, drafts, proposal.probs, sampling, key)
-        if sampling.greedy:
-            mx.eval(tokens, drafts)  # the round's one sync
-            drafted, target_tokens = drafts.tolist(), tokens.tolist()
-            a = accept_greedy(target_tokens, drafted)
-        else:
-            mx.eval(accepted, tokens, drafts)  # the round's one sync
-            drafted, target_tokens, a = drafts.tolist(), tokens.tolist(), accepted.item()
+        pending = [tokens] if proposal.host is not None else [tokens, drafts]
+        if not sampling.greedy:
+            pending.append(accepted)
+        mx.eval(*pending)  # the round's one sync
+        drafted = proposal.host if proposal.host is not None else drafts.tolist()
+        target_tokens = tokens.tolist()
+        a = accept_greedy(target_tokens, drafted) if sampling.greedy else accepted.item()
         committed = target_tokens[: a + 1]
         target.rollback(cache, proposal.k - a)
         proposer.observe(a, None if taps is None else taps[: a + 1])

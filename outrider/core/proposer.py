@@ -22,14 +22,15 @@ class Proposal:
     k: int
     probs: mx.array | None = None
     confidence: mx.array | None = None
+    host: list[int] | None = None  # the same ids on the host, when the proposer made them there
 
     @classmethod
     def empty(cls) -> Proposal:
-        return cls(tokens=mx.zeros((0,), dtype=mx.uint32), k=0)
+        return cls(tokens=mx.zeros((0,), dtype=mx.uint32), k=0, host=[])
 
     @classmethod
     def from_list(cls, ids: list[int]) -> Proposal:
-        return cls(tokens=mx.array(ids, dtype=mx.uint32), k=len(ids))
+        return cls(tokens=mx.array(ids, dtype=mx.uint32), k=len(ids), host=list(ids))
 
 
 @dataclass
