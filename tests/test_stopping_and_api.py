@@ -114,3 +114,13 @@ def test_reference_names(qwen3_target, drafters):
     pair = outrider.load_pair(str(qwen3_target), str(drafters["dspark"]))
     res = outrider.speculative_generate(pair, "Names.", max_tokens=8, stop_tokens=set())
     assert len(res.tokens) == 8
+
+
+def test_generation_on_another_thread_than_loading(pipe, qwen3_target):
+    """Servers load on one thread and generate on a worker thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ids = pipe.encode("Threads.")
+    with ThreadPoolExecutor(1) as pool:
+        got = pool.submit(pipe.generate, ids, max_tokens=20, stop_tokens=set()).result()
+    assert got.tokens == plain_greedy(qwen3_target, ids, 20)

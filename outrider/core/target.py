@@ -8,6 +8,7 @@ layer j, id -1 = the embedding output, i.e. the input of layer 0).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import mlx.core as mx
@@ -71,10 +72,19 @@ class Target:
         self.config = config or {}
         self.name = name
         self._sink = _TapSink()
-        # Device work runs on a stream of its own, as mlx-lm's generation does.
-        self.stream = mx.new_stream(mx.default_device())
+        self._local = threading.local()
         self._tapped: set[int] = set()
         self._probed: set[int] = set()
+
+    @property
+    def stream(self) -> mx.Stream:
+        """The stream device work runs on, as mlx-lm's generation does; one per thread, since
+        MLX streams belong to the thread that made them (a server generates on a worker thread
+        other than the one that loaded the model)."""
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = mx.new_stream(mx.default_device())
+        return stream
 
     # -- structure -------------------------------------------------------------------------
     @property
