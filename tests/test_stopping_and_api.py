@@ -124,3 +124,11 @@ def test_generation_on_another_thread_than_loading(pipe, qwen3_target):
     with ThreadPoolExecutor(1) as pool:
         got = pool.submit(pipe.generate, ids, max_tokens=20, stop_tokens=set()).result()
     assert got.tokens == plain_greedy(qwen3_target, ids, 20)
+
+
+def test_seeded_sampling_is_reproducible(pipe):
+    ids = pipe.encode("Seeds.")
+    kw = dict(max_tokens=30, temperature=0.9, top_p=0.95, seed=1234, stop_tokens=set())
+    first = pipe.generate(ids, **kw).tokens
+    assert pipe.generate(ids, **kw).tokens == first
+    assert pipe.generate(ids, **{**kw, "seed": 4321}).tokens != first
