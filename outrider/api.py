@@ -163,7 +163,7 @@ class Pipeline:
             if done:
                 result.finish_reason = step.finish_reason
                 result.text = text.text
-                result.decode_seconds = time.perf_counter() - (decode_start or time.perf_counter())
+                result.decode_seconds = time.perf_counter() - decode_start
                 result.peak_memory_gb = mx.get_peak_memory() / 1e9
                 yield Chunk(delta, step.committed, step, result)
                 return

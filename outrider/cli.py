@@ -253,11 +253,9 @@ def list_plugins(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> No
 
 def is_local(repo: str) -> bool:
     """Whether a repo is already on this machine (HF cache or LM Studio); never the network."""
-    from .core.hub import cached_snapshot, lmstudio_roots
+    from .core.hub import local_model
 
-    if any((root / repo / "config.json").is_file() for root in lmstudio_roots()):
-        return True
-    return cached_snapshot(repo) is not None
+    return local_model(repo) is not None
 
 
 def model_rows() -> list[dict]:

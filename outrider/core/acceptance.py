@@ -1,7 +1,8 @@
 """Acceptance of a drafted block against the target's logits.
 
-Either way a round costs one host-device sync. Committed tokens are the accepted drafts followed by one token
-of the target's own (the correction at the first rejection, or the bonus after full acceptance).
+Either way a round costs one host-device sync. Committed tokens are the accepted drafts followed
+by one token of the target's own (the correction at the first rejection, or the bonus after full
+acceptance).
 """
 
 from __future__ import annotations

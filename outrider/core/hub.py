@@ -32,6 +32,19 @@ def cached_snapshot(repo_id: str) -> Path | None:
         return None
 
 
+def local_model(repo_id: str) -> Path | None:
+    """A repo already on this machine: LM Studio's folders first, then the HF cache; never the
+    network."""
+    for root in lmstudio_roots():
+        candidate = root / repo_id
+        if (candidate / "config.json").is_file():
+            return candidate
+    local = cached_snapshot(repo_id)
+    if local is not None and (local / "config.json").is_file():
+        return local
+    return None
+
+
 def resolve_model(spec: str, what: str = "model", download: bool = True) -> Path:
     """A local folder for `spec` (path or repo id), downloading through the HF cache if allowed."""
     path = Path(spec).expanduser()
@@ -41,12 +54,8 @@ def resolve_model(spec: str, what: str = "model", download: bool = True) -> Path
         return path
     if not looks_like_repo_id(spec):
         raise ModelNotFoundError(f"{what} {spec!r}: no such folder, and not a Hugging Face repo id")
-    for root in lmstudio_roots():
-        candidate = root / spec
-        if (candidate / "config.json").is_file():
-            return candidate
-    local = cached_snapshot(spec)
-    if local is not None and (local / "config.json").is_file():
+    local = local_model(spec)
+    if local is not None:
         return local
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
     if offline or not download:
