@@ -156,3 +156,23 @@ def test_bad_benchmark_options_get_one_error_line(qwen3_target):
         result = CliRunner().invoke(cli.app, bench_args(qwen3_target, *extra))
         assert result.exit_code == 2, (extra, result.output)
         assert "error:" in result.output and message in result.output
+
+
+def test_device_stamp_names_the_gpu_but_not_the_card(monkeypatch):
+    from outrider.benchmark import receipt
+
+    cuda_info = {  # what mx.device_info() returned on the project's H200 machine
+        "total_memory": 150754820096,
+        "free_memory": 149557477376,
+        "compute_capability_major": 9,
+        "compute_capability_minor": 0,
+        "pci_bus_id": "0000:00:06.0",
+        "uuid": "GPU-00000000-0000-0000-0000-000000000000",
+        "architecture": "sm_90",
+        "device_name": "NVIDIA H200",
+    }
+    monkeypatch.setattr(receipt.mx, "device_info", lambda: cuda_info)
+    stamp = receipt.device_stamp()
+    assert stamp["chip"] == "NVIDIA H200" and stamp["memory_gb"] == 150.75
+    assert stamp["device_info"]["architecture"] == "sm_90"
+    assert not {"uuid", "pci_bus_id", "free_memory"} & set(stamp["device_info"])

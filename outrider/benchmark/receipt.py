@@ -17,6 +17,8 @@ import mlx.core as mx
 from .runner import BenchConfig, Report, summary
 
 SCHEMA = "outrider-benchmark/1"
+# device_info keys that name one physical card or a passing moment, not the kind of device
+UNSTAMPED = {"uuid", "pci_bus_id", "free_memory"}
 
 
 def _dist_version(name: str) -> str | None:
@@ -41,7 +43,7 @@ def _available(backend: str) -> bool:
 def device_stamp() -> dict:
     """Chip or GPU (from `mx.device_info()`), backend and memory of the default device."""
     try:
-        info = {k: _plain(v) for k, v in mx.device_info().items()}
+        info = {k: _plain(v) for k, v in mx.device_info().items() if k not in UNSTAMPED}
     except Exception:  # an MLX build without device_info
         info = {}
     backend = "cuda" if _available("cuda") else "metal" if _available("metal") else "cpu"
