@@ -152,6 +152,7 @@ def test_bad_benchmark_options_get_one_error_line(qwen3_target):
         (["--suites", "poetry"], "unknown suite poetry"),
         (["--modes", "baseline,warp"], "warp"),
         (["--trials", "0"], "--trials must be >= 1"),
+        (["--modes", "baseline", "--dflash-drafter", "x"], "--modes has no dflash"),
     ):
         result = CliRunner().invoke(cli.app, bench_args(qwen3_target, *extra))
         assert result.exit_code == 2, (extra, result.output)

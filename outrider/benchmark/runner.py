@@ -100,6 +100,9 @@ def _pipeline_arm(pipe: Pipeline, drafter: str | None) -> Arm:
 def _assign_drafters(config: BenchConfig, plugins: Plugins, modes: list[str] | None) -> dict:
     """mode -> drafter: the per-mode flags, then --drafter for the mode of its kind."""
     drafters = dict(config.drafters)
+    for mode in drafters:
+        if modes is not None and mode not in modes:
+            raise OutriderError(f"--{mode}-drafter is given, but --modes has no {mode}")
     if config.drafter is not None:
         kind = load_drafter(plugins, config.drafter).kind
         if modes is not None and kind not in modes:
