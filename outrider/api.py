@@ -265,8 +265,11 @@ def load(
     drafter_bits: int = 4,
     download: bool = True,
     plugins: Plugins | None = None,
+    target: Target | None = None,
 ) -> Pipeline:
     """Load a target (local folder or Hugging Face repo id) and its drafting strategy.
+
+    `target` reuses an already-loaded target for `model` (a benchmark builds every mode on one).
 
     The target loads first, so a missing target is reported as such. With mode "auto" a
     registry drafter that cannot be had (offline, say) falls back to drafter-free lookup and
@@ -281,7 +284,8 @@ def load(
     mode, drafter, pair = resolve_mode(plugins, model, mode, drafter)
     if drafter is not None and mode in ("lookup", "baseline") and requested != "auto":
         raise OutriderError(f"--mode {mode} uses no drafter; drop --drafter or pick a drafter mode")
-    target = load_target(plugins, model, download)
+    if target is None:
+        target = load_target(plugins, model, download)
     notes: list[str] = []
     spec = None
     if drafter is not None and mode not in ("lookup", "baseline"):

@@ -1,4 +1,4 @@
-"""The `outrider` command line: generate, plugins, models, doctor, and commands plugins add."""
+"""The `outrider` command line: generate, benchmark, plugins, models, doctor, and plugin commands."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Any
 
 import typer
 
+from .benchmark.command import benchmark as benchmark_command
 from .core.errors import OutriderError
 from .core.plugins import Plugins
 
@@ -420,6 +421,11 @@ def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
         console.print(f"[red]problem:[/red] {problem}")
     if not report["problems"]:
         console.print("[green]no problems found[/green]")
+
+
+# --- benchmark (outrider/benchmark/) ----------------------------------------------------------
+
+app.command("benchmark")(benchmark_command)
 
 
 # --- entry point -----------------------------------------------------------------------------

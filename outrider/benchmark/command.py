@@ -1,0 +1,125 @@
+"""The `outrider benchmark` command (registered in outrider/cli.py)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+import typer
+
+Opt = typer.Option
+
+
+def command_line(values: dict) -> str:
+    """The full command that reproduces this run, every setting spelled out."""
+    words = ["outrider", "benchmark"]
+    for flag, value in values.items():
+        if value is None or value is False:
+            continue
+        words += [flag] if value is True else [flag, str(value)]
+    return shlex.join(words)
+
+
+def benchmark(
+    model: str | None = Opt(
+        None, "--model", "-m", help="Target folder or repo id (default: the demo model)."
+    ),
+    drafter: str | None = Opt(
+        None, "--drafter", "-d", help="A drafter; it serves the mode of its own kind."
+    ),
+    dspark_drafter: str | None = Opt(None, "--dspark-drafter", help="Drafter for dspark."),
+    dflash_drafter: str | None = Opt(None, "--dflash-drafter", help="Drafter for dflash."),
+    modes: str | None = Opt(
+        None,
+        "--modes",
+        help="Comma list, e.g. baseline,dspark,dflash,lookup (baseline always runs; default: "
+        "baseline, each drafter mode that has a drafter, lookup).",
+    ),
+    suites: str = Opt("chat,code,math", "--suites", help="Comma list of chat, code, math."),
+    trials: int = Opt(3, "--trials", help="Timed repeats; the table shows medians."),
+    max_tokens: int = Opt(128, "--max-tokens", "-n", help="Tokens per prompt (at most)."),
+    prompts_per_suite: int | None = Opt(
+        None, "--prompts-per-suite", help="Use the first N prompts of each suite (default all)."
+    ),
+    max_draft: int | None = Opt(
+        None, "--max-draft", help="Draft cap for every drafting mode and the mlx-lm peer."
+    ),
+    peer_draft_model: str | None = Opt(
+        None, "--peer-draft-model", help="Also run mlx-lm's speculative decoding with this."
+    ),
+    drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
+    no_thinking: bool = Opt(False, "--no-thinking", help="Turn the model's thinking off."),
+    json_path: str | None = Opt(None, "--json", help="Write the receipt (JSON) to this file."),
+) -> None:
+    """Measure every mode against plain decoding and mlx-lm on fixed prompt suites; every
+    run's tokens must equal plain decoding's."""
+    from .. import cli
+    from ..core.errors import OutriderError
+    from .receipt import build_receipt, write_receipt
+    from .runner import BenchConfig, LosslessError, run_benchmark
+    from .suites import parse_suites
+    from .table import lossless_line, report_table
+
+    with cli.user_errors():
+        if drafter_bits not in (16, 8, 4):
+            raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
+        mode_list = None if modes is None else [m.strip() for m in modes.split(",") if m.strip()]
+        if mode_list is not None and not mode_list:
+            raise OutriderError("--modes is empty")
+        suite_list = parse_suites(suites)
+        config = BenchConfig(
+            model=model or "",
+            modes=mode_list,
+            suites=suite_list,
+            trials=trials,
+            max_tokens=max_tokens,
+            prompts_per_suite=prompts_per_suite,
+            drafter=drafter,
+            drafters={
+                m: d for m, d in (("dspark", dspark_drafter), ("dflash", dflash_drafter)) if d
+            },
+            peer_draft_model=peer_draft_model,
+            max_draft=max_draft,
+            drafter_bits=drafter_bits,
+            thinking=False if no_thinking else None,
+        )
+        config.check()
+        if model is None:
+            config.model = str(cli.demo_model())
+            cli._warn(f"no --model given; benchmarking the demo model at {config.model}")
+        line = command_line(
+            {
+                "--model": config.model,
+                "--drafter": drafter,
+                "--dspark-drafter": dspark_drafter,
+                "--dflash-drafter": dflash_drafter,
+                "--modes": modes,
+                "--suites": ",".join(suite_list),
+                "--trials": trials,
+                "--max-tokens": max_tokens,
+                "--prompts-per-suite": prompts_per_suite,
+                "--max-draft": max_draft,
+                "--peer-draft-model": peer_draft_model,
+                "--drafter-bits": drafter_bits,
+                "--no-thinking": no_thinking,
+                "--json": json_path,
+            }
+        )
+        err = cli._console(stderr=True)
+        with err.status("loading") as status:
+
+            def progress(arm: str, prompt, trial: int) -> None:
+                status.update(f"trial {trial + 1}/{trials} · {prompt.suite} · {arm}")
+
+            try:
+                report = run_benchmark(config, cli.plugins(), progress)
+            except LosslessError as e:
+                raise cli._fail(str(e), code=1) from None
+        wide = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
+        out = cli._console(width=wide)
+        out.print(report_table(report, title=f"outrider benchmark · {config.model}"))
+        out.print(lossless_line(report))
+        if json_path:
+            receipt = build_receipt(report, config, line)
+            out.print(f"receipt: {write_receipt(receipt, json_path)}")

@@ -1,0 +1,326 @@
+"""Warm, interleaved, checked runs of every arm over the prompt suites.
+
+An *arm* is one way of generating: an outrider mode (baseline, dspark, dflash, lookup, a
+plugin's strategy) or an mlx-lm peer (its plain generation; its speculative decoding with a
+draft model). All arms share one loaded target. Each arm is warmed up once; then trials run
+prompt by prompt, every arm in turn on the same prompt, so drift on a shared machine hits all
+arms alike. Every run's greedy tokens are compared with baseline's first run of that prompt:
+a difference fails the benchmark, unless it starts at a floating-point tie of the target's own
+logits, which is recorded as such (bf16 models on GPUs; the tests use fp32 models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from ..api import Pipeline, load, load_drafter, load_target
+from ..core.errors import OutriderError
+from ..core.plugins import Plugins
+from ..core.target import Target
+from ..registry import find_pair
+from .peers import load_draft_model, mlx_lm_plain, mlx_lm_speculative
+from .records import Cell, Run, TrialStats
+from .suites import BenchPrompt, load_suite
+
+DRAFTER_MODES = ("dspark", "dflash")
+WARMUP_TOKENS = 16
+MLX_LM_DRAFT_DEFAULT = 2  # mlx-lm's own default number of draft tokens
+TIE_ULPS = 8  # a divergence within this many units in the last place of the top logit is a tie
+TIE_FLOOR = 1e-4  # ... and never tighter than this relative gap (fp32 reductions reorder too)
+
+
+class LosslessError(OutriderError):
+    """An arm's greedy tokens differ from plain decoding's, and not at a floating-point tie."""
+
+
+@dataclass
+class BenchConfig:
+    model: str
+    modes: list[str] | None = None  # None: baseline, each drafter mode with a drafter, lookup
+    suites: list[str] = field(default_factory=lambda: ["chat", "code", "math"])
+    trials: int = 3
+    max_tokens: int = 128
+    prompts_per_suite: int | None = None
+    drafter: str | None = None  # goes to the mode of its own kind
+    drafters: dict[str, str] = field(default_factory=dict)  # mode -> drafter, explicit
+    peer_draft_model: str | None = None
+    max_draft: int | None = None
+    drafter_bits: int = 4
+    thinking: bool | None = None
+
+    def check(self) -> None:
+        if self.trials < 1:
+            raise OutriderError(f"--trials must be >= 1, got {self.trials}")
+        if self.max_tokens < 1:
+            raise OutriderError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.prompts_per_suite is not None and self.prompts_per_suite < 1:
+            raise OutriderError(f"--prompts-per-suite must be >= 1, got {self.prompts_per_suite}")
+        if self.max_draft is not None and self.max_draft < 1:
+            raise OutriderError(f"--max-draft must be >= 1, got {self.max_draft}")
+
+
+@dataclass
+class Arm:
+    name: str
+    generate: Callable[[list[int], int], Run]
+    kind: str = "outrider"  # or "peer"
+    cap: int | None = None
+    drafter: str | None = None
+
+
+@dataclass
+class Report:
+    model: dict
+    arms: list[dict]
+    suites: dict[str, int]
+    cells: list[Cell]
+    divergences: list[dict]
+    checked: int
+    outputs: dict[str, dict] = field(default_factory=dict)  # prompt -> its ids and plain tokens
+
+
+# --- building the arms -------------------------------------------------------------------------
+
+
+def _pipeline_arm(pipe: Pipeline, drafter: str | None) -> Arm:
+    stop = set(pipe.target.eos_token_ids)
+
+    def generate(prompt: list[int], max_tokens: int) -> Run:
+        result = pipe.generate(prompt, max_tokens=max_tokens, stop_tokens=stop)
+        return Run.from_result(result)
+
+    return Arm(pipe.mode, generate, "outrider", pipe.max_draft, drafter)
+
+
+def _assign_drafters(config: BenchConfig, plugins: Plugins, modes: list[str] | None) -> dict:
+    """mode -> drafter: the per-mode flags, then --drafter for the mode of its kind."""
+    drafters = dict(config.drafters)
+    for mode in drafters:
+        if modes is not None and mode not in modes:
+            raise OutriderError(f"--{mode}-drafter is given, but --modes has no {mode}")
+    if config.drafter is not None:
+        kind = load_drafter(plugins, config.drafter).kind
+        if modes is not None and kind not in modes:
+            raise OutriderError(
+                f"--drafter {config.drafter} is a {kind} drafter, but --modes has no {kind}"
+            )
+        if kind in drafters and drafters[kind] != config.drafter:
+            raise OutriderError(f"--drafter and --{kind}-drafter both name a {kind} drafter")
+        drafters[kind] = config.drafter
+    return drafters
+
+
+def _default_modes(model: str, drafters: dict) -> list[str]:
+    pair = find_pair(model)
+    have = set(drafters) | (set(pair.drafters) if pair else set())
+    return ["baseline", *[m for m in DRAFTER_MODES if m in have], "lookup"]
+
+
+def build_arms(config: BenchConfig, plugins: Plugins) -> tuple[Target, list[Arm]]:
+    """Load the target once and put every requested mode and peer on it (baseline first)."""
+    modes = config.modes
+    if modes is not None:
+        for mode in modes:
+            if mode == "auto":
+                raise OutriderError("--modes takes named modes (auto picks one; name it instead)")
+            plugins.strategy(mode)  # an unknown mode fails before anything loads
+    drafters = _assign_drafters(config, plugins, modes)
+    modes = list(dict.fromkeys(["baseline", *(modes or _default_modes(config.model, drafters))]))
+    target = load_target(plugins, config.model)
+    arms = []
+    for mode in modes:
+        pipe = load(
+            config.model,
+            drafters.get(mode),
+            mode,
+            max_draft=None if mode == "baseline" else config.max_draft,
+            drafter_bits=config.drafter_bits,
+            plugins=plugins,
+            target=target,
+        )
+        drafter = drafters.get(mode) or (pipe.pair.drafters.get(mode) if pipe.pair else None)
+        arms.append(_pipeline_arm(pipe, drafter if pipe.drafter else None))
+    stop = set(target.eos_token_ids)
+    model = target.model
+    arms.append(
+        Arm("mlx-lm", lambda p, n: mlx_lm_plain(model, p, n, stop), "peer", 0, None),
+    )
+    if config.peer_draft_model is not None:
+        draft = load_draft_model(config.peer_draft_model, target.config.get("vocab_size"))
+        k = config.max_draft or MLX_LM_DRAFT_DEFAULT
+        arms.append(
+            Arm(
+                "mlx-lm-spec",
+                lambda p, n: mlx_lm_speculative(model, draft, p, n, stop, k),
+                "peer",
+                k,
+                config.peer_draft_model,
+            )
+        )
+    return target, arms
+
+
+# --- the lossless check --------------------------------------------------------------------------
+
+_MANTISSA_BITS = {mx.float32: 23, mx.float16: 10, mx.bfloat16: 7}
+
+
+def fp_tie(target: Target, ids: list[int], a: int, b: int) -> tuple[bool, dict]:
+    """Whether tokens a and b tie at the top of the target's logits after `ids`: both within a
+    few units in the last place (of the logits' own dtype) of the largest logit."""
+    with mx.stream(target.stream):
+        logits, _ = target.forward(mx.array(ids, dtype=mx.uint32), target.make_cache())
+        row = logits[-1]
+        bits = _MANTISSA_BITS.get(row.dtype, 7)
+        row = row.astype(mx.float32)
+    la, lb, top = row[a].item(), row[b].item(), mx.max(row).item()
+    tol = max(TIE_ULPS * 2.0**-bits, TIE_FLOOR) * max(abs(top), 1.0)
+    tie = abs(la - lb) <= tol and min(la, lb) >= top - tol
+    return tie, {"logit_expected": la, "logit_got": lb, "logit_max": top, "tolerance": tol}
+
+
+def first_difference(got: list[int], want: list[int]) -> int | None:
+    """The first position where two token lists differ (a length difference counts)."""
+    for i, (x, y) in enumerate(zip(got, want)):
+        if x != y:
+            return i
+    return None if len(got) == len(want) else min(len(got), len(want))
+
+
+def check_lossless(
+    target: Target, prompt: list[int], got: list[int], want: list[int], where: dict
+) -> dict | None:
+    """None when equal; a divergence record when they part at an fp tie; else LosslessError."""
+    i = first_difference(got, want)
+    if i is None:
+        return None
+    label = (
+        f"mode {where['mode']}, suite {where['suite']}, prompt {where['prompt']} "
+        f"(trial {where['trial'] + 1})"
+    )
+    if i >= len(got) or i >= len(want):
+        raise LosslessError(
+            f"lossless check failed: {label} generated {len(got)} tokens, baseline "
+            f"{len(want)}; they agree on the first {i}"
+        )
+    tie, logits = fp_tie(target, prompt + want[:i], want[i], got[i])
+    if not tie:
+        raise LosslessError(
+            f"lossless check failed: {label} gives token {got[i]} at position {i} where plain "
+            f"decoding gives {want[i]} (logits {logits['logit_got']:.4g} vs "
+            f"{logits['logit_expected']:.4g}, max {logits['logit_max']:.4g}: not a "
+            "floating-point tie)"
+        )
+    return {**where, "position": i, "expected": want[i], "got": got[i], "kind": "fp-tie", **logits}
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+def model_facts(target: Target, name: str) -> dict:
+    """What the receipt says about the target: id, family, dtype, quantisation."""
+    cfg = target.config
+    quant = cfg.get("quantization") or cfg.get("quantization_config")
+    dtype = next(
+        (
+            str(v.dtype).removeprefix("mlx.core.")
+            for k, v in tree_flatten(target.model.parameters())
+            if mx.issubdtype(v.dtype, mx.floating) and not k.endswith((".scales", ".biases"))
+        ),
+        None,
+    )
+    return {
+        "id": name,
+        "model_type": cfg.get("model_type"),
+        "family": target.family.name,
+        "dtype": dtype,
+        "quantization": (
+            {k: quant[k] for k in ("bits", "group_size", "mode") if k in quant} if quant else None
+        ),
+    }
+
+
+ProgressFn = Callable[[str, BenchPrompt, int], None]
+
+
+def run_benchmark(
+    config: BenchConfig, plugins: Plugins, progress: ProgressFn | None = None
+) -> Report:
+    """Load, warm up, run the trials with the lossless check on every run, and summarise."""
+    config.check()
+    suites = {s: load_suite(s, config.prompts_per_suite) for s in config.suites}
+    target, arms = build_arms(config, plugins)
+    encode = _encoder(target, config.thinking)
+    ids = {(p.suite, p.source, p.index): encode(p.text) for ps in suites.values() for p in ps}
+
+    warm = next(iter(ids.values()))
+    for arm in arms:
+        arm.generate(warm, min(WARMUP_TOKENS, config.max_tokens))
+
+    runs: dict[tuple[str, str, int], list[Run]] = {}
+    reference: dict[tuple, list[int]] = {}
+    divergences: list[dict] = []
+    checked = 0
+    for trial in range(config.trials):
+        for suite, prompts in suites.items():
+            for p in prompts:
+                key = (p.suite, p.source, p.index)
+                for arm in arms:
+                    if progress is not None:
+                        progress(arm.name, p, trial)
+                    run = arm.generate(ids[key], config.max_tokens)
+                    reference.setdefault(key, run.tokens)  # baseline runs first
+                    where = {
+                        "mode": arm.name,
+                        "suite": suite,
+                        "prompt": f"{p.source}#{p.index}",
+                        "trial": trial,
+                    }
+                    tie = check_lossless(target, ids[key], run.tokens, reference[key], where)
+                    checked += 1
+                    if tie is not None:
+                        divergences.append(tie)
+                    runs.setdefault((suite, arm.name, trial), []).append(run)
+
+    cells = []
+    for suite in suites:
+        base = None
+        for arm in arms:
+            trials = [TrialStats.of(runs[(suite, arm.name, t)]) for t in range(config.trials)]
+            cell = Cell(suite, arm.name, trials)
+            if arm.name == "baseline":
+                base = cell.decode_tps
+            cell.speedup = cell.decode_tps / base if base else None
+            cells.append(cell)
+    return Report(
+        model=model_facts(target, config.model),
+        arms=[{"mode": a.name, "kind": a.kind, "cap": a.cap, "drafter": a.drafter} for a in arms],
+        suites={s: len(ps) for s, ps in suites.items()},
+        cells=cells,
+        divergences=divergences,
+        checked=checked,
+        outputs={f"{k[0]}/{k[1]}#{k[2]}": {"prompt": ids[k], "tokens": reference[k]} for k in ids},
+    )
+
+
+def _encoder(target: Target, thinking: bool | None) -> Callable[[str], list[int]]:
+    from ..prompts import encode_prompt
+
+    def encode(text: str) -> list[int]:
+        return encode_prompt(target.tokenizer, text, thinking=thinking)
+
+    return encode
+
+
+def summary(report: Report) -> dict[str, Any]:
+    """The lossless check's tally (a run that fails the check raises before any report)."""
+    return {
+        "runs_checked": report.checked,
+        "identical": report.checked - len(report.divergences),
+        "fp_ties": report.divergences,
+    }

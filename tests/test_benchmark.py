@@ -1,0 +1,179 @@
+"""`outrider benchmark` on tiny fp32 models: the receipt's fields, the lossless check passing on
+every arm, and failing loudly when a mode really does change the output."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import pytest
+from conftest import plain_greedy
+from typer.testing import CliRunner
+
+from outrider import cli
+from outrider.benchmark.runner import BenchConfig, LosslessError, check_lossless, run_benchmark
+from outrider.benchmark.suites import SUITES, load_suite
+from outrider.core.plugins import Plugins
+from outrider.core.target import Target
+from outrider.testing import make_tiny_target
+
+ARMS = ["baseline", "dspark", "dflash", "lookup", "mlx-lm", "mlx-lm-spec"]
+CELL_KEYS = {"suite", "mode", "accept_len", "decode_tps", "speedup", "ttft_s", "peak_memory_gb"}
+
+
+@pytest.fixture(scope="module")
+def peer_draft(models_dir):
+    """A one-layer model with the target's tokenizer, for mlx-lm's speculative decoding."""
+    return make_tiny_target(models_dir / "peer-draft", seed=7, num_hidden_layers=1)
+
+
+def bench_args(target, *extra: str) -> list[str]:
+    return ["benchmark", "--model", str(target), "--trials", "1", "--max-tokens", "6"] + [
+        "--prompts-per-suite",
+        "2",
+        *extra,
+    ]
+
+
+def test_shipped_suites_take_turns_between_their_sources():
+    for suite, sources in SUITES.items():
+        prompts = load_suite(suite)
+        assert len(prompts) == 10 * len(sources)
+        assert [p.source for p in prompts[: len(sources)]] == list(sources)
+        assert all(p.text.strip() for p in prompts)
+
+
+def test_receipt_has_every_field_and_every_arm_is_lossless(
+    tmp_path, qwen3_target, drafters, peer_draft
+):
+    receipt_path = tmp_path / "receipt.json"
+    args = bench_args(
+        qwen3_target,
+        "--modes",
+        "baseline,dspark,dflash,lookup",
+        "--dspark-drafter",
+        str(drafters["dspark"]),
+        "--dflash-drafter",
+        str(drafters["dflash-deepspec"]),
+        "--peer-draft-model",
+        str(peer_draft),
+        "--json",
+        str(receipt_path),
+    )
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert "36 token-identical" in result.output  # 3 suites x 2 prompts x 6 arms
+    receipt = json.loads(receipt_path.read_text())
+
+    assert receipt["schema"] == "outrider-benchmark/1"
+    assert receipt["command"].startswith("outrider benchmark --model ")
+    assert "--peer-draft-model" in receipt["command"]
+    assert receipt["device"]["chip"] and receipt["device"]["backend"] == "cpu"
+    assert receipt["os"] and receipt["python"]
+    assert set(receipt["versions"]) == {"mlx", "mlx_lm", "outrider"}
+    assert all(receipt["versions"].values())
+    assert receipt["model"]["dtype"] == "float32" and receipt["model"]["quantization"] is None
+    settings = receipt["settings"]
+    assert settings["modes"] == ARMS
+    assert settings["suites"] == {"chat": 2, "code": 2, "math": 2}
+    assert settings["caps"]["dspark"] >= 1 and settings["caps"]["mlx-lm-spec"] == 2
+    assert receipt["lossless"] == {"runs_checked": 36, "identical": 36, "fp_ties": []}
+
+    cells = {(c["suite"], c["mode"]): c for c in receipt["results"]}
+    assert set(cells) == {(s, a) for s in ("chat", "code", "math") for a in ARMS}
+    for (_suite, arm), cell in cells.items():
+        assert CELL_KEYS <= set(cell)
+        assert cell["decode_tps"] > 0 and cell["ttft_s"] > 0 and cell["peak_memory_gb"] > 0
+        assert cell["accept_len"] >= 1.0
+        assert cell["speedup"] == pytest.approx(
+            cell["decode_tps"] / cells[(_suite, "baseline")]["decode_tps"], rel=1e-3
+        )
+        if arm in ("baseline", "mlx-lm"):
+            assert cell["accept_len"] == 1.0
+
+
+def test_benchmark_reference_is_mlx_lm_plain_greedy(qwen3_target, drafters):
+    config = BenchConfig(
+        model=str(qwen3_target),
+        modes=["baseline", "dspark"],
+        suites=["code"],
+        trials=1,
+        max_tokens=8,
+        prompts_per_suite=2,
+        drafter=str(drafters["dspark"]),
+    )
+    report = run_benchmark(config, Plugins(load_entrypoints=False))
+    assert report.checked == 2 * 3  # baseline, dspark, mlx-lm on two prompts
+    eos = json.loads((qwen3_target / "config.json").read_text())["eos_token_id"]
+    for out in report.outputs.values():
+        plain = plain_greedy(qwen3_target, out["prompt"], 8)
+        tokens = out["tokens"]
+        assert tokens == plain[: len(tokens)]
+        assert len(tokens) == 8 or plain[len(tokens)] == eos
+
+
+def test_a_mode_that_changes_the_output_fails_the_run(monkeypatch, qwen3_target, drafters):
+    # A real bug class: rejected drafts left in the target's KV cache (no rollback). Baseline
+    # and mlx-lm never roll back, so only the speculative mode is wrong.
+    monkeypatch.setattr(Target, "rollback", lambda self, cache, n: None)
+    args = bench_args(
+        qwen3_target, "--modes", "baseline,dspark", "--drafter", str(drafters["dspark"])
+    )
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 1
+    assert "lossless check failed: mode dspark" in result.output
+    assert "not a floating-point tie" in result.output
+
+
+def test_a_divergence_at_an_exact_logit_tie_is_reported_not_failed(qwen3_target):
+    plugins = Plugins(load_entrypoints=False)
+    from outrider.api import load_target
+
+    target = load_target(plugins, str(qwen3_target))
+    prompt = [5, 17, 42, 99]
+    want = plain_greedy(qwen3_target, prompt, 3)
+    head = target.model.lm_head
+    a, b, c = want[1], (want[1] + 1) % 262, (want[1] + 2) % 262
+    weight = head.weight
+    head.weight = mx.concatenate(  # token b's row becomes token a's: their logits tie exactly
+        [weight[:b], weight[a : a + 1], weight[b + 1 :]], axis=0
+    )
+    where = {"mode": "m", "suite": "s", "prompt": "p", "trial": 0}
+    tie = check_lossless(target, prompt, [want[0], b, want[2]], want, where)
+    assert tie is not None and tie["kind"] == "fp-tie" and tie["position"] == 1
+    assert tie["logit_got"] == tie["logit_expected"] == tie["logit_max"]
+    with pytest.raises(LosslessError, match="position 1"):
+        check_lossless(target, prompt, [want[0], c, want[2]], want, where)
+    assert check_lossless(target, prompt, list(want), want, where) is None
+
+
+def test_bad_benchmark_options_get_one_error_line(qwen3_target):
+    for extra, message in (
+        (["--suites", "poetry"], "unknown suite poetry"),
+        (["--modes", "baseline,warp"], "warp"),
+        (["--trials", "0"], "--trials must be >= 1"),
+        (["--modes", "baseline", "--dflash-drafter", "x"], "--modes has no dflash"),
+    ):
+        result = CliRunner().invoke(cli.app, bench_args(qwen3_target, *extra))
+        assert result.exit_code == 2, (extra, result.output)
+        assert "error:" in result.output and message in result.output
+
+
+def test_device_stamp_names_the_gpu_but_not_the_card(monkeypatch):
+    from outrider.benchmark import receipt
+
+    cuda_info = {  # what mx.device_info() returned on the project's H200 machine
+        "total_memory": 150754820096,
+        "free_memory": 149557477376,
+        "compute_capability_major": 9,
+        "compute_capability_minor": 0,
+        "pci_bus_id": "0000:00:06.0",
+        "uuid": "GPU-00000000-0000-0000-0000-000000000000",
+        "architecture": "sm_90",
+        "device_name": "NVIDIA H200",
+    }
+    monkeypatch.setattr(receipt.mx, "device_info", lambda: cuda_info)
+    stamp = receipt.device_stamp()
+    assert stamp["chip"] == "NVIDIA H200" and stamp["memory_gb"] == 150.75
+    assert stamp["device_info"]["architecture"] == "sm_90"
+    assert not {"uuid", "pci_bus_id", "free_memory"} & set(stamp["device_info"])
