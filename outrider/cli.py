@@ -422,6 +422,13 @@ def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
         console.print("[green]no problems found[/green]")
 
 
+# --- train (outrider/train/command.py) ------------------------------------------------------
+
+from .train.command import train as _train  # noqa: E402  (imports typer only)
+
+app.command("train")(_train)
+
+
 # --- entry point -----------------------------------------------------------------------------
 
 
