@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-
 from ..core.errors import OutriderError
 from ..prompts import encode_messages
 
@@ -116,37 +114,57 @@ def split_held_out(records: list[Record], n: int, seed: int) -> tuple[list[Recor
     return [records[i] for i in keep], [records[i] for i in held]
 
 
-Generate = Callable[[list[int]], list[int]]
+Generate = Callable[[list[list[int]]], list[list[int]]]  # prompts -> the target's answers
 
 
-def chat_sequences(
-    record: Record, tokenizer: Any, generate: Generate | None, thinking: bool | None
+def answered_chats(
+    records: list[Record],
+    tokenizer: Any,
+    generate: Generate,
+    thinking: bool | None,
+    progress: Callable[[int, int], None] | None = None,
+    chunk: int = 64,
 ) -> list[Sequence]:
-    """One sequence per assistant turn: the conversation so far, then the answer (supervised).
-
-    With `generate`, the target answers each user turn itself; without, `turns` alternate
-    user / assistant and the given answers are used.
-    """
-    turns = record.turns or []
-    messages: list[dict] = []
+    """Self-distillation: the target answers every user turn itself, turn by turn (all chats'
+    turn i together, in chunks); one sequence per answer, the conversation so far unsupervised."""
+    convs: list[list[dict]] = [[] for _ in records]
+    total = sum(len(r.turns or []) for r in records)
+    done = 0
     out: list[Sequence] = []
-    step = 1 if generate is not None else 2
-    if generate is None and len(turns) < 2:
+    for i in range(max(len(r.turns or []) for r in records)):
+        active = [j for j, r in enumerate(records) if i < len(r.turns or [])]
+        for lo in range(0, len(active), chunk):
+            group = active[lo : lo + chunk]
+            prompts = []
+            for j in group:
+                convs[j].append({"role": "user", "content": records[j].turns[i]})
+                prompts.append(encode_messages(tokenizer, convs[j], thinking=thinking))
+            for j, prompt, answer in zip(group, prompts, generate(prompts)):
+                out.append(Sequence(prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+                text = tokenizer.decode(answer, skip_special_tokens=True)
+                convs[j].append({"role": "assistant", "content": text})
+            done += len(group)
+            if progress is not None:
+                progress(done, total)
+    return out
+
+
+def given_chat(record: Record, tokenizer: Any, thinking: bool | None) -> list[Sequence]:
+    """--no-regenerate: `turns` alternate user / assistant; the given answers are supervised."""
+    turns = record.turns or []
+    if len(turns) < 2:
         raise OutriderError(
             f"{record.source}: with --no-regenerate, 'turns' must alternate user and "
             "assistant messages (at least one answer)"
         )
-    for i in range(0, len(turns) - (step - 1), step):
+    messages: list[dict] = []
+    out = []
+    for i in range(0, len(turns) - 1, 2):
         messages.append({"role": "user", "content": turns[i]})
         prompt = encode_messages(tokenizer, messages, thinking=thinking)
-        if generate is not None:
-            answer = generate(prompt)
-            text = tokenizer.decode(answer, skip_special_tokens=True)
-        else:
-            text = turns[i + 1]
-            answer = _rendered_answer(tokenizer, messages, text, prompt)
+        answer = _rendered_answer(tokenizer, messages, turns[i + 1], prompt)
         out.append(Sequence(prompt + answer, [0] * len(prompt) + [1] * len(answer)))
-        messages.append({"role": "assistant", "content": text})
+        messages.append({"role": "assistant", "content": turns[i + 1]})
     return out
 
 
@@ -184,19 +202,29 @@ def windows(sequences: Iterable[Sequence], seq_len: int) -> list[Sequence]:
     return out
 
 
-def greedy_generator(target, max_new_tokens: int) -> Generate:
-    """The target's own greedy answer to a prompt, ending at its end-of-turn token."""
-    from mlx_lm.generate import generate_step
+def greedy_generator(target, max_new_tokens: int, batch_size: int = 64) -> Generate:
+    """The target's own greedy answers (mlx-lm's batched generation), each ending with the
+    end-of-turn token when the target wrote one."""
+    from mlx_lm.generate import BatchGenerator
 
-    eos = target.eos_token_ids
+    stops = [[t] for t in sorted(target.eos_token_ids)]
 
-    def generate(prompt: list[int]) -> list[int]:
-        out: list[int] = []
-        for token, _ in generate_step(mx.array(prompt), target.model, max_tokens=max_new_tokens):
-            out.append(int(token))
-            if out[-1] in eos or len(out) >= max_new_tokens:
-                break
-        return out
+    def generate(prompts: list[list[int]]) -> list[list[int]]:
+        gen = BatchGenerator(
+            target.model,
+            stop_tokens=stops,
+            completion_batch_size=batch_size,
+            prefill_batch_size=min(16, batch_size),
+        )
+        try:
+            uids = gen.insert(prompts, [max_new_tokens] * len(prompts))
+            answers: dict[int, list[int]] = {u: [] for u in uids}
+            while responses := gen.next_generated():
+                for r in responses:
+                    answers[r.uid].append(int(r.token))
+        finally:
+            gen.close()
+        return [answers[u] for u in uids]
 
     return generate
 
@@ -209,14 +237,13 @@ def build_sequences(
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Sequence]:
     """Token sequences for every record (chats answered by `generate` when given)."""
-    out: list[Sequence] = []
-    for n, record in enumerate(records, 1):
-        if record.turns is not None:
-            out.extend(chat_sequences(record, tokenizer, generate, thinking))
-        else:
-            out.append(text_sequence(record, tokenizer))
-        if progress is not None:
-            progress(n, len(records))
+    chats = [r for r in records if r.turns is not None]
+    out = [text_sequence(r, tokenizer) for r in records if r.turns is None]
+    if chats and generate is not None:
+        out.extend(answered_chats(chats, tokenizer, generate, thinking, progress))
+    else:
+        for record in chats:
+            out.extend(given_chat(record, tokenizer, thinking))
     return out
 
 
