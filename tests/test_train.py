@@ -118,10 +118,13 @@ def test_dflash_through_the_cli_with_json_progress(toy):
     args += [str(toy["prompts"]), "--out", str(out), "--steps", "24", "--batch-size", "8"]
     args += ["--seq-len", "96", "--lr", "3e-3", "--block-size", "5", "--max-new-tokens", "40"]
     args += ["--held-out", "3", "--eval-tokens", "32", "--seed", "0", "--no-compile", "--json"]
+    args += ["--eval-every", "12"]
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     events = [json.loads(line) for line in result.stdout.splitlines()]
     assert {"data", "start", "step", "eval", "checkpoint", "done"} <= {e["event"] for e in events}
+    evals = [(e["which"], e["step"]) for e in events if e["event"] == "eval"]
+    assert evals == [("init", 0), ("trained", 12), ("trained", 24)]
     done = events[-1]
     assert done["event"] == "done" and done["kind"] == "dflash" and done["lossless"]
     assert done["trained"]["mean_accept_len"] >= done["init"]["mean_accept_len"] + 1.5
@@ -135,6 +138,18 @@ def test_dflash_through_the_cli_with_json_progress(toy):
     run = json.loads(gen.stdout)
     assert run["mode"] == "dflash"
     assert run["tokens"] == plain_greedy(toy["target"], run["prompt_tokens"], 16)
+
+
+def test_init_fine_tunes_an_existing_drafter(toy, dspark_run, tmp_path):
+    out, trained, _ = dspark_run
+    with pytest.raises(OutriderError, match="is a dspark drafter, not dflash"):
+        train_drafter(config(toy, tmp_path / "x", kind="dflash", init=str(out)))
+    report = train_drafter(config(toy, tmp_path / "tuned", init=str(out), steps=2, compile=False))
+    # the starting point is the given drafter itself: same weights, same held-out prompts
+    assert report.init == trained.trained
+    before = json.loads((out / "config.json").read_text())
+    after = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    assert after == before
 
 
 def test_an_interrupted_run_resumes_exactly(toy, tmp_path):
