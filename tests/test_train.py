@@ -235,6 +235,25 @@ def test_data_files_and_masks(toy, tmp_path):
     assert len(wins) < sum(-(-len(s.ids) // 16) for s in seqs)  # short windows are dropped
 
 
+def test_documents_can_be_continued_by_the_target(toy):
+    from mlx_lm.utils import load
+
+    _, tokenizer = load(str(toy["target"]))
+    doc = D.Record("doc", text="x = 1\n" * 30)  # 180 tokens: windows of 64 -> prompts of 32
+    calls = []
+
+    def generate(prompts, max_tokens=None):
+        calls.append((len(prompts), max_tokens))
+        return [[7] * max_tokens for _ in prompts]
+
+    seqs = D.build_sequences([doc], tokenizer, generate, None, continue_text=64)
+    assert calls == [(3, 32)]
+    ids = tokenizer.encode(doc.text)
+    for i, seq in enumerate(seqs):
+        assert seq.ids[:32] == ids[i * 64 : i * 64 + 32] and seq.mask[:32] == [0] * 32
+        assert seq.ids[32:] == [7] * 32 and seq.mask[32:] == [1] * 32
+
+
 @pytest.mark.parametrize(
     "line,message",
     [

@@ -26,6 +26,9 @@ def train(
     init: str | None = Opt(None, "--init", help="Fine-tune this DeepSpec drafter."),
     max_new_tokens: int = Opt(256, "--max-new-tokens", help="Self-distilled answer length."),
     no_regenerate: bool = Opt(False, "--no-regenerate", help="Use the answers in --data."),
+    continue_text: bool = Opt(
+        False, "--continue-text", help="Self-distil documents too: the target continues them."
+    ),
     no_thinking: bool = Opt(False, "--no-thinking", help="Chat template with thinking off."),
     held_out: int = Opt(8, "--held-out", help="Records kept out for the acceptance report."),
     seed: int = Opt(42, "--seed"),
@@ -62,6 +65,7 @@ def train(
             init=init,
             max_new_tokens=max_new_tokens,
             regenerate=not no_regenerate,
+            continue_text=continue_text,
             thinking=False if no_thinking else None,
             held_out=held_out,
             seed=seed,

@@ -114,7 +114,8 @@ def split_held_out(records: list[Record], n: int, seed: int) -> tuple[list[Recor
     return [records[i] for i in keep], [records[i] for i in held]
 
 
-Generate = Callable[[list[list[int]]], list[list[int]]]  # prompts -> the target's answers
+# (prompts, max new tokens or None for the default) -> the target's answers
+Generate = Callable[..., list[list[int]]]
 
 
 def answered_chats(
@@ -209,7 +210,8 @@ def greedy_generator(target, max_new_tokens: int, batch_size: int = 64) -> Gener
 
     stops = [[t] for t in sorted(target.eos_token_ids)]
 
-    def generate(prompts: list[list[int]]) -> list[list[int]]:
+    def generate(prompts: list[list[int]], max_tokens: int | None = None) -> list[list[int]]:
+        limit = max_new_tokens if max_tokens is None else min(max_tokens, max_new_tokens)
         gen = BatchGenerator(
             target.model,
             stop_tokens=stops,
@@ -217,7 +219,7 @@ def greedy_generator(target, max_new_tokens: int, batch_size: int = 64) -> Gener
             prefill_batch_size=min(16, batch_size),
         )
         try:
-            uids = gen.insert(prompts, [max_new_tokens] * len(prompts))
+            uids = gen.insert(prompts, [limit] * len(prompts))
             answers: dict[int, list[int]] = {u: [] for u in uids}
             while responses := gen.next_generated():
                 for r in responses:
@@ -229,16 +231,47 @@ def greedy_generator(target, max_new_tokens: int, batch_size: int = 64) -> Gener
     return generate
 
 
+def continued_documents(
+    records: list[Record],
+    tokenizer: Any,
+    generate: Generate,
+    seq_len: int,
+    progress: Callable[[int, int], None] | None = None,
+    chunk: int = 64,
+) -> list[Sequence]:
+    """Self-distillation for documents: the target continues the first half of every
+    `seq_len` window; its continuation, not the document's own text, is supervised."""
+    half = seq_len // 2
+    prompts = []
+    for record in records:
+        ids = text_sequence(record, tokenizer).ids
+        prompts += [ids[i : i + half] for i in range(0, len(ids), seq_len) if len(ids) - i >= 8]
+    out = []
+    for lo in range(0, len(prompts), chunk):
+        group = prompts[lo : lo + chunk]
+        for prompt, answer in zip(group, generate(group, seq_len - half)):
+            out.append(Sequence(prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+        if progress is not None:
+            progress(lo + len(group), len(prompts))
+    return out
+
+
 def build_sequences(
     records: list[Record],
     tokenizer: Any,
     generate: Generate | None,
     thinking: bool | None,
     progress: Callable[[int, int], None] | None = None,
+    continue_text: int = 0,
 ) -> list[Sequence]:
-    """Token sequences for every record (chats answered by `generate` when given)."""
+    """Token sequences for every record: chats answered by `generate` when given; documents as
+    they are, or (continue_text = window length) continued by `generate`."""
     chats = [r for r in records if r.turns is not None]
-    out = [text_sequence(r, tokenizer) for r in records if r.turns is None]
+    docs = [r for r in records if r.turns is None]
+    if continue_text and generate is not None:
+        out = continued_documents(docs, tokenizer, generate, continue_text, progress)
+    else:
+        out = [text_sequence(r, tokenizer) for r in docs]
     if chats and generate is not None:
         out.extend(answered_chats(chats, tokenizer, generate, thinking, progress))
     else:

@@ -30,9 +30,7 @@ def describe(event: Event) -> str | None:
     """One human-readable line per event (None for events not worth a line)."""
     kind = event["event"]
     if kind == "regenerate":
-        if event["done"] % 10 and event["done"] != event["total"]:
-            return None
-        return f"self-distillation: answered {event['done']}/{event['total']} records"
+        return f"self-distillation: the target answered {event['done']}/{event['total']} prompts"
     if kind == "data":
         if event.get("reused"):
             return f"data: {event['windows']} windows (reused from the checkpoint folder)"

@@ -64,6 +64,7 @@ class TrainConfig:
     init: str | None = None
     max_new_tokens: int = 256
     regenerate: bool = True
+    continue_text: bool = False  # documents are self-distilled too (the target continues them)
     thinking: bool | None = None
     held_out: int = 8
     seed: int = 42
@@ -240,9 +241,11 @@ class _Run:
         )
 
     def step(self, batch: Batch) -> tuple[mx.array, dict]:
+        """Queue one optimizer step on the device (the caller reads the loss when it needs it,
+        so the next batch is prepared while this step runs)."""
         arrays = (batch.ids, batch.mask, batch.taps, batch.target_probs, batch.anchors, batch.keep)
         loss, parts = self._step_fn(arrays)
-        mx.eval(loss, parts, self.master, self.optimizer.state)
+        mx.async_eval(loss, parts, self.master, self.optimizer.state)
         return loss, parts
 
     def weights(self) -> dict[str, mx.array]:
@@ -295,18 +298,18 @@ def _windows(
             emit({"event": "data", "windows": int(ids.shape[0]), "reused": True})
             return _Windows(ids, mask, cfg.seed)
     generate = D.greedy_generator(target, cfg.max_new_tokens) if cfg.regenerate else None
-    chats = sum(1 for r in train if r.turns is not None)
     started = time.perf_counter()
 
     def progress(done: int, total: int) -> None:
-        emit({"event": "regenerate", "done": done, "total": total, "chats": chats})
+        emit({"event": "regenerate", "done": done, "total": total})
 
     seqs = D.build_sequences(
         train,
         target.tokenizer,
         generate,
         cfg.thinking,
-        progress if chats and generate else None,
+        progress,
+        continue_text=cfg.seq_len if cfg.continue_text else 0,
     )
     wins = D.windows(seqs, cfg.seq_len)
     if not wins:
@@ -406,12 +409,19 @@ def train_drafter(cfg: TrainConfig, on_event: Callable[[Event], None] | None = N
     window_t0, window_tokens = time.perf_counter(), 0
     loss_value = float("nan")
     emit({"event": "start", "steps": cfg.steps, "from_step": start_step, "windows": len(wins)})
+
+    def prepare(step: int) -> Batch:
+        batch = run.make_batch(*wins.batch(step, cfg.batch_size), step)
+        mx.async_eval(batch.taps, batch.target_probs)
+        return batch
+
+    pending = prepare(start_step) if start_step < cfg.steps else None
     for step in range(start_step, cfg.steps):
-        ids_np, mask_np = wins.batch(step, cfg.batch_size)
-        batch = run.make_batch(ids_np, mask_np, step)
-        loss, parts = run.step(batch)
+        loss, parts = run.step(pending)
+        if step + 1 < cfg.steps:
+            pending = prepare(step + 1)  # the target's next forward queues behind this step
         loss_value = loss.item()
-        n_tok = int(ids_np.size)
+        n_tok = cfg.batch_size * cfg.seq_len
         tokens += n_tok
         window_tokens += n_tok
         done = step + 1
