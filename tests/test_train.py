@@ -278,3 +278,27 @@ def test_cli_refuses_bad_options_before_loading(tmp_path):
     assert bad.exit_code == 2 and "--seq-len must be >= 16" in bad.output
     missing = runner.invoke(cli.app, [*base, str(tmp_path / "o"), "--data", "nope.jsonl"])
     assert missing.exit_code == 2 and "error:" in missing.output
+
+
+def test_progress_views_show_loss_speed_and_acceptance(dspark_run):
+    import io
+
+    from rich.console import Console
+
+    from outrider.train.progress import PlainLines, RichProgress
+
+    _, _, events = dspark_run
+    plain = io.StringIO()
+    view = PlainLines(plain)
+    for event in events:
+        view(event)
+    text = plain.getvalue()
+    assert "step 24/24 loss" in text and "tok/s" in text
+    assert "held-out acceptance (trained, step 24)" in text and "done:" in text
+    live = io.StringIO()
+    console = Console(file=live, force_terminal=True, width=120)
+    view = RichProgress(console)
+    for event in events:
+        view(event)
+    shown = live.getvalue()
+    assert "24/24" in shown and "accept" in shown and "held-out acceptance (init" in shown

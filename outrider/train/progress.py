@@ -122,7 +122,7 @@ class RichProgress:
             self.progress.update(self.task, **fields)
         line = describe(event)
         if line and kind != "step":
-            self.console.print(line)
+            self.console.print(line, markup=False, highlight=False)
         if kind == "done":
             self.close()
 
