@@ -153,23 +153,21 @@ def test_init_fine_tunes_an_existing_drafter(toy, dspark_run, tmp_path):
 
 
 def test_an_interrupted_run_resumes_exactly(toy, tmp_path):
-    small = dict(steps=6, save_every=3, batch_size=4, held_out=1, eval_tokens=8, compile=False)
+    small = dict(steps=6, save_every=3, log_every=1, batch_size=4, held_out=1, eval_tokens=8)
+    small.update(compile=False)  # the straight and the resumed run take the same path
     straight = train_drafter(config(toy, tmp_path / "straight", **small))
 
-    class Stop(Exception):
-        pass
+    def interrupt_after_4(event):  # Ctrl-C between steps 4 and 5
+        if event["event"] == "step" and event["step"] == 4:
+            raise KeyboardInterrupt
 
-    def stop_at_3(event):
-        if event["event"] == "checkpoint" and event["step"] == 3:
-            raise Stop
-
-    with pytest.raises(Stop):
-        train_drafter(config(toy, tmp_path / "resumed", **small), on_event=stop_at_3)
+    with pytest.raises(OutriderError, match="interrupted after step 4: checkpoint saved"):
+        train_drafter(config(toy, tmp_path / "resumed", **small), on_event=interrupt_after_4)
     with pytest.raises(OutriderError, match="--resume"):
         train_drafter(config(toy, tmp_path / "resumed", **small))
     events: list[dict] = []
     resumed = train_drafter(config(toy, tmp_path / "resumed", resume=True, **small), events.append)
-    assert [e["step"] for e in events if e["event"] == "resume"] == [3]
+    assert [e["step"] for e in events if e["event"] == "resume"] == [4]
     assert any(e["event"] == "data" and e["reused"] for e in events)
     a = mx.load(str(tmp_path / "straight" / "model.safetensors"))
     b = mx.load(str(tmp_path / "resumed" / "model.safetensors"))

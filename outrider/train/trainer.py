@@ -416,38 +416,48 @@ def train_drafter(cfg: TrainConfig, on_event: Callable[[Event], None] | None = N
         return batch
 
     pending = prepare(start_step) if start_step < cfg.steps else None
-    for step in range(start_step, cfg.steps):
-        loss, parts = run.step(pending)
-        if step + 1 < cfg.steps:
-            pending = prepare(step + 1)  # the target's next forward queues behind this step
-        loss_value = loss.item()
-        n_tok = cfg.batch_size * cfg.seq_len
-        tokens += n_tok
-        window_tokens += n_tok
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.steps or done == start_step + 1:
-            now = time.perf_counter()
-            emit(
-                {
-                    "event": "step",
-                    "step": done,
-                    "steps": cfg.steps,
-                    "loss": round(loss_value, 5),
-                    **{k: round(float(v.item()), 5) for k, v in parts.items()},
-                    "lr": float(run.optimizer.learning_rate.item()),
-                    "tokens_per_s": round(window_tokens / max(now - window_t0, 1e-9), 1),
-                }
-            )
-            window_t0, window_tokens = now, 0
-        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps and prompts:
-            spec = spec_from(config, run.weights())
-            acc = acceptance(target, spec, prompts, cfg.eval_tokens, plugins).to_json()
-            evals.append({"step": done, **acc})
-            emit({"event": "eval", "step": done, "which": "trained", **acc})
-        if done % save_every == 0 or done == cfg.steps:
-            run.save_checkpoint(root / f"step_{done:07d}", done, {"init": init_acc, "evals": evals})
-            _prune_checkpoints(root)
-            emit({"event": "checkpoint", "step": done})
+    try:
+        for step in range(start_step, cfg.steps):
+            loss, parts = run.step(pending)
+            if step + 1 < cfg.steps:
+                pending = prepare(step + 1)  # the target's next forward queues behind this step
+            loss_value = loss.item()
+            n_tok = cfg.batch_size * cfg.seq_len
+            tokens += n_tok
+            window_tokens += n_tok
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.steps or done == start_step + 1:
+                now = time.perf_counter()
+                emit(
+                    {
+                        "event": "step",
+                        "step": done,
+                        "steps": cfg.steps,
+                        "loss": round(loss_value, 5),
+                        **{k: round(float(v.item()), 5) for k, v in parts.items()},
+                        "lr": float(run.optimizer.learning_rate.item()),
+                        "tokens_per_s": round(window_tokens / max(now - window_t0, 1e-9), 1),
+                    }
+                )
+                window_t0, window_tokens = now, 0
+            if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps and prompts:
+                spec = spec_from(config, run.weights())
+                acc = acceptance(target, spec, prompts, cfg.eval_tokens, plugins).to_json()
+                evals.append({"step": done, **acc})
+                emit({"event": "eval", "step": done, "which": "trained", **acc})
+            if done % save_every == 0 or done == cfg.steps:
+                run.save_checkpoint(
+                    root / f"step_{done:07d}", done, {"init": init_acc, "evals": evals}
+                )
+                _prune_checkpoints(root)
+                emit({"event": "checkpoint", "step": done})
+    except KeyboardInterrupt:
+        mx.eval(run.master, run.optimizer.state)
+        done = int(run.optimizer.state["step"].item())  # updates applied so far
+        run.save_checkpoint(root / f"step_{done:07d}", done, {"init": init_acc, "evals": evals})
+        raise OutriderError(
+            f"interrupted after step {done}: checkpoint saved; run again with --resume"
+        ) from None
     seconds = time.perf_counter() - started
 
     save_drafter(out, config, run.weights(), run.dtype)
