@@ -60,7 +60,7 @@ def config(toy, out: Path, **overrides) -> TrainConfig:
         steps=24,
         batch_size=8,
         seq_len=96,
-        lr=3e-3,
+        lr=1e-2,
         block_size=5,
         max_new_tokens=40,
         held_out=3,
@@ -83,7 +83,7 @@ def test_trained_dspark_beats_its_untrained_init(dspark_run):
     out, report, events = dspark_run
     # measured by the real loop on held-out prompts; the block gives at most 5 + 1 per round
     assert report.accept_trained >= report.accept_init + 1.5, (report.init, report.trained)
-    assert report.accept_trained >= 3.5
+    assert report.accept_trained >= 3.0  # measured: 1.94 -> 3.88 (DFlash below: 1.94 -> 5.17)
     assert report.lossless
     steps = [e for e in events if e["event"] == "step"]
     assert steps[-1]["loss"] < steps[0]["loss"]
@@ -116,7 +116,7 @@ def test_dflash_through_the_cli_with_json_progress(toy):
     out = toy["root"] / "dflash"
     args = ["train", "--model", str(toy["target"]), "--kind", "dflash", "--data"]
     args += [str(toy["prompts"]), "--out", str(out), "--steps", "24", "--batch-size", "8"]
-    args += ["--seq-len", "96", "--lr", "3e-3", "--block-size", "5", "--max-new-tokens", "40"]
+    args += ["--seq-len", "96", "--lr", "1e-2", "--block-size", "5", "--max-new-tokens", "40"]
     args += ["--held-out", "3", "--eval-tokens", "32", "--seed", "0", "--no-compile", "--json"]
     args += ["--eval-every", "12"]
     result = CliRunner().invoke(cli.app, args)

@@ -195,7 +195,10 @@ class _Run:
             "params": tree_map(lambda a: a.astype(mx.float32), self.model.trainable_parameters())
         }
         self.weights_for_loss = LossWeights.for_kind(cfg.kind, spec.confidence_head)
-        self.optimizer = optim.AdamW(_schedule(cfg), weight_decay=cfg.weight_decay)
+        # torch-style AdamW (bias-corrected), as DeepSpec trains
+        self.optimizer = optim.AdamW(
+            _schedule(cfg), weight_decay=cfg.weight_decay, bias_correction=True
+        )
         self.optimizer.init(self.master["params"])
         self.n_anchors = cfg.anchors or max(1, cfg.seq_len // 8)
         self._step_fn = self._make_step()
