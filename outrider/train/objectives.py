@@ -206,3 +206,29 @@ def markov_bias(
         biases.append(bias)
         embeds.append(e)
     return mx.stack(biases, axis=-2), mx.stack(embeds, axis=-2)
+
+
+def check_block_forward(drafter: BlockDrafter, seq_len: int = 12) -> float:
+    """Max |difference| between the batched training forward and the cached inference forward
+    on a small random input, for two blocks of one window.
+
+    Run once per training run on the device that trains: a kernel that handled per-block
+    positions or the block mask differently there would otherwise train the drafter on
+    semantics it never sees at inference, silently.
+    """
+    spec = drafter.spec
+    dtype = drafter.fc.weight.dtype
+    key = mx.random.key(0)
+    taps = mx.random.normal((1, seq_len, len(spec.target_layer_ids) * spec.hidden_size), key=key)
+    taps = taps.astype(dtype)
+    anchors = mx.array([[2, seq_len - 3]])
+    ids = mx.random.randint(0, spec.vocab_size, (1, 2, spec.block_size), key=key)
+    hidden = block_forward(drafter, taps, ids.astype(mx.uint32), anchors)
+    worst = 0.0
+    for j in range(2):
+        a = anchors[0, j].item()
+        block = drafter.embed_tokens(ids[0, j].astype(mx.uint32))[None]
+        ref = drafter.backbone(block, taps[0, :a], drafter.make_cache())
+        diff = mx.abs(ref.astype(mx.float32) - hidden[0, j].astype(mx.float32)).max()
+        worst = max(worst, diff.item())
+    return worst

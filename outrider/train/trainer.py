@@ -30,7 +30,15 @@ from ..core.plugins import Plugins
 from ..core.target import Target
 from ..plugins.strategies.block_drafter import BlockDrafter
 from . import data as D
-from .objectives import Batch, LossWeights, gather_rows, losses, sample_anchors, slot_positions
+from .objectives import (
+    Batch,
+    LossWeights,
+    check_block_forward,
+    gather_rows,
+    losses,
+    sample_anchors,
+    slot_positions,
+)
 from .package import (
     default_layers,
     default_taps,
@@ -191,6 +199,13 @@ class _Run:
         self.model.set_dtype(self.dtype)
         for name in FROZEN:
             self.model[name].freeze()
+        diff = check_block_forward(self.model)
+        if diff > (1e-3 if self.dtype == mx.float32 else 0.1):
+            raise OutriderError(
+                f"the batched training forward disagrees with the inference forward on this "
+                f"device (max |difference| {diff:.3g}); training here would teach the drafter "
+                f"positions it never sees at inference (mlx {mx.__version__})"
+            )
         self.master = {
             "params": tree_map(lambda a: a.astype(mx.float32), self.model.trainable_parameters())
         }
