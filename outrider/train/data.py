@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..core.errors import OutriderError
 from ..prompts import encode_messages
 
@@ -295,3 +297,33 @@ def held_out_prompts(
             if prompt:
                 prompts.append(prompt)
     return prompts
+
+
+class Windows:
+    """The training windows as padded arrays, in a reproducible per-epoch order."""
+
+    def __init__(self, ids: np.ndarray, mask: np.ndarray, seed: int) -> None:
+        self.ids, self.mask, self.seed = ids, mask, seed
+        self._orders: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def from_sequences(cls, seqs: list[Sequence], seq_len: int, seed: int) -> Windows:
+        ids = np.zeros((len(seqs), seq_len), dtype=np.int32)
+        mask = np.zeros((len(seqs), seq_len), dtype=bool)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s.ids)] = s.ids
+            mask[i, : len(s.mask)] = np.array(s.mask, dtype=bool)
+        return cls(ids, mask, seed)
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def batch(self, step: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self)
+        rows = []
+        for p in range(step * size, (step + 1) * size):
+            epoch = p // n
+            if epoch not in self._orders:
+                self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(n)
+            rows.append(self._orders[epoch][p % n])
+        return self.ids[rows], self.mask[rows]
