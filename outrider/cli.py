@@ -427,6 +427,12 @@ def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
 
 app.command("benchmark")(benchmark_command)
 
+# --- train (outrider/train/command.py) ------------------------------------------------------
+
+from .train.command import train as _train  # noqa: E402  (imports typer only)
+
+app.command("train")(_train)
+
 
 # --- entry point -----------------------------------------------------------------------------
 

@@ -166,6 +166,19 @@ class Target:
         logits = self._run(ids, cache, tap_ids)
         return logits[0], self._collect(tap_ids)
 
+    def forward_batch(self, ids: mx.array, tap_ids: tuple[int, ...]) -> tuple[mx.array, mx.array]:
+        """Whole sequences at once, no cache (training): ids [b, T] -> (logits [b, T, V],
+        taps [b, T, len(tap_ids)·H])."""
+        self._sink.active = True
+        self._sink.store = {}
+        try:
+            logits = self.model(ids)
+            taps = mx.concatenate([self._sink.store[j] for j in tap_ids], axis=-1)
+        finally:
+            self._sink.active = False
+            self._sink.store = {}
+        return logits, taps
+
     def _run(self, ids: mx.array, cache: list, tap_ids: tuple[int, ...]) -> mx.array:
         self._sink.active = bool(tap_ids)
         self._sink.store = {}

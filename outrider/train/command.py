@@ -1,0 +1,93 @@
+"""The `outrider train` command: flags in, a TrainConfig to `train_drafter`, progress out."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+Opt = typer.Option
+
+
+def train(
+    model: str = Opt(..., "--model", "-m", help="Target folder or repo id."),
+    kind: str = Opt("dspark", "--kind", help="dspark or dflash."),
+    data: list[str] = Opt(
+        ..., "--data", help="jsonl ({'turns': [...]} / {'text': ...}), text file or folder."
+    ),
+    out: str = Opt(..., "--out", "-o", help="Folder for the drafter (DeepSpec packaging)."),
+    steps: int = Opt(1000, "--steps", help="Optimizer steps."),
+    batch_size: int = Opt(8, "--batch-size", help="Windows per step."),
+    seq_len: int = Opt(512, "--seq-len", help="Tokens per training window."),
+    lr: float = Opt(6e-4, "--lr", help="Peak learning rate (AdamW)."),
+    warmup: int | None = Opt(None, "--warmup", help="Warm-up steps (default: 4% of --steps)."),
+    block_size: int = Opt(7, "--block-size", help="Block: anchor + masks (drafts per call)."),
+    layers: int | None = Opt(None, "--layers", help="Drafter layers (default: from target)."),
+    init: str | None = Opt(None, "--init", help="Fine-tune this DeepSpec drafter."),
+    max_new_tokens: int = Opt(256, "--max-new-tokens", help="Self-distilled answer length."),
+    no_regenerate: bool = Opt(False, "--no-regenerate", help="Use the answers in --data."),
+    continue_text: bool = Opt(
+        False, "--continue-text", help="Self-distil documents too: the target continues them."
+    ),
+    no_thinking: bool = Opt(False, "--no-thinking", help="Chat template with thinking off."),
+    held_out: int = Opt(8, "--held-out", help="Records kept out for the acceptance report."),
+    seed: int = Opt(42, "--seed"),
+    resume: bool = Opt(False, "--resume", help="Continue from OUT/checkpoints/."),
+    anchors: int | None = Opt(None, "--anchors", help="Anchors per window (default L/8)."),
+    markov_rank: int = Opt(256, "--markov-rank", help="DSpark Markov head rank."),
+    markov_type: str = Opt("vanilla", "--markov-type", help="vanilla, gated or rnn."),
+    dtype: str = Opt("auto", "--dtype", help="auto, bfloat16 or float32 compute."),
+    eval_every: int = Opt(0, "--eval-every", help="Held-out acceptance every N steps."),
+    eval_tokens: int = Opt(128, "--eval-tokens", help="Tokens per held-out generation."),
+    save_every: int = Opt(0, "--save-every", help="Checkpoint every N steps (0: 10%)."),
+    log_every: int = Opt(10, "--log-every", help="Progress line every N steps."),
+    no_compile: bool = Opt(False, "--no-compile", help="Skip mx.compile of the step."),
+    as_json: bool = Opt(False, "--json", help="Progress and report as JSON lines."),
+) -> None:
+    """Train a DSpark or DFlash drafter for a target, online (the target runs alongside)."""
+    from ..cli import _console, user_errors
+    from .progress import JsonLines, PlainLines, RichProgress
+    from .trainer import TrainConfig, train_drafter
+
+    with user_errors():
+        cfg = TrainConfig(
+            model=model,
+            data=list(data),
+            out=out,
+            kind=kind,
+            steps=steps,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            lr=lr,
+            warmup=warmup,
+            block_size=block_size,
+            layers=layers,
+            init=init,
+            max_new_tokens=max_new_tokens,
+            regenerate=not no_regenerate,
+            continue_text=continue_text,
+            thinking=False if no_thinking else None,
+            held_out=held_out,
+            seed=seed,
+            resume=resume,
+            anchors=anchors,
+            markov_rank=markov_rank,
+            markov_type=markov_type,
+            dtype=dtype,
+            eval_every=eval_every,
+            eval_tokens=eval_tokens,
+            save_every=save_every,
+            log_every=log_every,
+            compile=not no_compile,
+        )
+        cfg.check()
+        if as_json:
+            view = JsonLines()
+        elif sys.stdout.isatty():
+            view = RichProgress(_console())
+        else:
+            view = PlainLines()
+        try:
+            train_drafter(cfg, on_event=view)
+        finally:
+            view.close()

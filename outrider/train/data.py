@@ -1,0 +1,329 @@
+"""Training data: prompt/text files in, fixed-length token windows with loss masks out.
+
+A record is a chat (`{"turns": [...]}`) or a document (`{"text": ...}`, or a plain text/code
+file). Chats are answered by the target itself first (self-distillation, as DeepSpec regenerates
+its answers), so the drafter learns what *this* target writes; only the answers are supervised.
+Documents are supervised everywhere. Every sequence is cut into windows of `seq_len` tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.errors import OutriderError
+from ..prompts import encode_messages
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py", ".c", ".h", ".js", ".ts", ".rs", ".go", ".java")
+MIN_SUPERVISED = 14  # DeepSpec drops samples with fewer supervised tokens
+
+
+@dataclass
+class Record:
+    """One input unit: a chat (user turns, maybe with answers) or a document."""
+
+    source: str
+    turns: list[str] | None = None
+    text: str | None = None
+
+
+@dataclass
+class Sequence:
+    """Token ids and a 0/1 loss mask of the same length (1 = supervised)."""
+
+    ids: list[int]
+    mask: list[int]
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        found = sorted(
+            p for p in path.rglob("*") if p.is_file() and p.suffix in (*TEXT_SUFFIXES, ".jsonl")
+        )
+        if not found:
+            raise OutriderError(f"--data folder {path} holds no .jsonl or text files")
+        return found
+    if not path.is_file():
+        raise OutriderError(f"--data file {path} does not exist")
+    return [path]
+
+
+def _jsonl_records(path: Path) -> Iterable[Record]:
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path.name} line {n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise OutriderError(f"{where} is not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise OutriderError(f"{where} is not a JSON object")
+        if "turns" in row:
+            turns = row["turns"]
+            if (
+                not isinstance(turns, list)
+                or not turns
+                or not all(isinstance(t, str) for t in turns)
+            ):
+                raise OutriderError(f"{where}: 'turns' must be a non-empty list of strings")
+            yield Record(where, turns=turns)
+        elif "text" in row:
+            if not isinstance(row["text"], str):
+                raise OutriderError(f"{where}: 'text' must be a string")
+            yield Record(where, text=row["text"])
+        else:
+            raise OutriderError(f"{where} has neither 'turns' nor 'text'")
+
+
+def read_records(paths: list[str | Path]) -> list[Record]:
+    """Every record of every --data path (jsonl lines; one document per text file)."""
+    records: list[Record] = []
+    for given in paths:
+        for path in _files(Path(given)):
+            if path.suffix == ".jsonl":
+                records.extend(_jsonl_records(path))
+            else:
+                try:
+                    text = path.read_text(encoding="utf-8")
+                except UnicodeDecodeError:
+                    continue  # a binary file in a folder of sources
+                if text.strip():
+                    records.append(Record(str(path), text=text))
+    if not records:
+        raise OutriderError("--data holds no records")
+    return records
+
+
+def split_held_out(records: list[Record], n: int, seed: int) -> tuple[list[Record], list[Record]]:
+    """(train, held out): `n` records kept out of training, chosen reproducibly."""
+    if n < 0:
+        raise OutriderError(f"--held-out must be >= 0, got {n}")
+    if n >= len(records):
+        raise OutriderError(
+            f"--held-out {n} leaves nothing to train on ({len(records)} records in --data)"
+        )
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    held = sorted(order[:n])
+    keep = sorted(order[n:])
+    return [records[i] for i in keep], [records[i] for i in held]
+
+
+# (prompts, max new tokens or None for the default) -> the target's answers
+Generate = Callable[..., list[list[int]]]
+
+
+def answered_chats(
+    records: list[Record],
+    tokenizer: Any,
+    generate: Generate,
+    thinking: bool | None,
+    progress: Callable[[int, int], None] | None = None,
+    chunk: int = 64,
+) -> list[Sequence]:
+    """Self-distillation: the target answers every user turn itself, turn by turn (all chats'
+    turn i together, in chunks); one sequence per answer, the conversation so far unsupervised."""
+    convs: list[list[dict]] = [[] for _ in records]
+    total = sum(len(r.turns or []) for r in records)
+    done = 0
+    out: list[Sequence] = []
+    for i in range(max(len(r.turns or []) for r in records)):
+        active = [j for j, r in enumerate(records) if i < len(r.turns or [])]
+        for lo in range(0, len(active), chunk):
+            group = active[lo : lo + chunk]
+            prompts = []
+            for j in group:
+                convs[j].append({"role": "user", "content": records[j].turns[i]})
+                prompts.append(encode_messages(tokenizer, convs[j], thinking=thinking))
+            for j, prompt, answer in zip(group, prompts, generate(prompts)):
+                out.append(Sequence(prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+                text = tokenizer.decode(answer, skip_special_tokens=True)
+                convs[j].append({"role": "assistant", "content": text})
+            done += len(group)
+            if progress is not None:
+                progress(done, total)
+    return out
+
+
+def given_chat(record: Record, tokenizer: Any, thinking: bool | None) -> list[Sequence]:
+    """--no-regenerate: `turns` alternate user / assistant; the given answers are supervised."""
+    turns = record.turns or []
+    if len(turns) < 2:
+        raise OutriderError(
+            f"{record.source}: with --no-regenerate, 'turns' must alternate user and "
+            "assistant messages (at least one answer)"
+        )
+    messages: list[dict] = []
+    out = []
+    for i in range(0, len(turns) - 1, 2):
+        messages.append({"role": "user", "content": turns[i]})
+        prompt = encode_messages(tokenizer, messages, thinking=thinking)
+        answer = _rendered_answer(tokenizer, messages, turns[i + 1], prompt)
+        out.append(Sequence(prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+        messages.append({"role": "assistant", "content": turns[i + 1]})
+    return out
+
+
+def _rendered_answer(tokenizer, messages, text, prompt) -> list[int]:
+    """The answer's tokens as the chat template writes them after `prompt` (end-of-turn
+    marker included), else the plain answer and the end-of-sequence token."""
+    rendered = tokenizer.apply_chat_template(
+        [*messages, {"role": "assistant", "content": text}], tokenize=False
+    )
+    ids = list(tokenizer.encode(rendered, add_special_tokens=False))
+    if ids[: len(prompt)] == prompt:
+        return ids[len(prompt) :]
+    return list(tokenizer.encode(text, add_special_tokens=False)) + _end_of_turn(tokenizer)
+
+
+def _end_of_turn(tokenizer) -> list[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [] if eos is None else [int(eos)]
+
+
+def text_sequence(record: Record, tokenizer: Any) -> Sequence:
+    ids = list(tokenizer.encode(record.text or "", add_special_tokens=False))
+    return Sequence(ids, [1] * len(ids))
+
+
+def windows(sequences: Iterable[Sequence], seq_len: int) -> list[Sequence]:
+    """Cut sequences into windows of at most `seq_len` tokens; drop nearly unsupervised ones."""
+    out = []
+    for seq in sequences:
+        for start in range(0, len(seq.ids), seq_len):
+            ids, mask = seq.ids[start : start + seq_len], seq.mask[start : start + seq_len]
+            pairs = sum(1 for a, b in zip(mask, mask[1:]) if a and b)
+            if pairs >= MIN_SUPERVISED:
+                out.append(Sequence(ids, mask))
+    return out
+
+
+def greedy_generator(target, max_new_tokens: int, batch_size: int = 64) -> Generate:
+    """The target's own greedy answers (mlx-lm's batched generation), each ending with the
+    end-of-turn token when the target wrote one."""
+    from mlx_lm.generate import BatchGenerator
+
+    stops = [[t] for t in sorted(target.eos_token_ids)]
+
+    def generate(prompts: list[list[int]], max_tokens: int | None = None) -> list[list[int]]:
+        limit = max_new_tokens if max_tokens is None else min(max_tokens, max_new_tokens)
+        gen = BatchGenerator(
+            target.model,
+            stop_tokens=stops,
+            completion_batch_size=batch_size,
+            prefill_batch_size=min(16, batch_size),
+        )
+        try:
+            uids = gen.insert(prompts, [limit] * len(prompts))
+            answers: dict[int, list[int]] = {u: [] for u in uids}
+            while responses := gen.next_generated():
+                for r in responses:
+                    answers[r.uid].append(int(r.token))
+        finally:
+            gen.close()
+        return [answers[u] for u in uids]
+
+    return generate
+
+
+def continued_documents(
+    records: list[Record],
+    tokenizer: Any,
+    generate: Generate,
+    seq_len: int,
+    progress: Callable[[int, int], None] | None = None,
+    chunk: int = 64,
+) -> list[Sequence]:
+    """Self-distillation for documents: the target continues the first half of every
+    `seq_len` window; its continuation, not the document's own text, is supervised."""
+    half = seq_len // 2
+    prompts = []
+    for record in records:
+        ids = text_sequence(record, tokenizer).ids
+        prompts += [ids[i : i + half] for i in range(0, len(ids), seq_len) if len(ids) - i >= 8]
+    out = []
+    for lo in range(0, len(prompts), chunk):
+        group = prompts[lo : lo + chunk]
+        for prompt, answer in zip(group, generate(group, seq_len - half)):
+            out.append(Sequence(prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+        if progress is not None:
+            progress(lo + len(group), len(prompts))
+    return out
+
+
+def build_sequences(
+    records: list[Record],
+    tokenizer: Any,
+    generate: Generate | None,
+    thinking: bool | None,
+    progress: Callable[[int, int], None] | None = None,
+    continue_text: int = 0,
+) -> list[Sequence]:
+    """Token sequences for every record: chats answered by `generate` when given; documents as
+    they are, or (continue_text = window length) continued by `generate`."""
+    chats = [r for r in records if r.turns is not None]
+    docs = [r for r in records if r.turns is None]
+    if continue_text and generate is not None:
+        out = continued_documents(docs, tokenizer, generate, continue_text, progress)
+    else:
+        out = [text_sequence(r, tokenizer) for r in docs]
+    if chats and generate is not None:
+        out.extend(answered_chats(chats, tokenizer, generate, thinking, progress))
+    else:
+        for record in chats:
+            out.extend(given_chat(record, tokenizer, thinking))
+    return out
+
+
+def held_out_prompts(
+    records: list[Record], tokenizer: Any, thinking: bool | None, prefix_tokens: int = 64
+) -> list[list[int]]:
+    """Prompts to measure acceptance on: a chat's first user turn, or a document's opening."""
+    prompts = []
+    for record in records:
+        if record.turns is not None:
+            messages = [{"role": "user", "content": record.turns[0]}]
+            prompts.append(encode_messages(tokenizer, messages, thinking=thinking))
+        else:
+            ids = list(tokenizer.encode(record.text or "", add_special_tokens=False))
+            prompt = ids[: min(prefix_tokens, max(1, len(ids) // 2))]
+            if prompt:
+                prompts.append(prompt)
+    return prompts
+
+
+class Windows:
+    """The training windows as padded arrays, in a reproducible per-epoch order."""
+
+    def __init__(self, ids: np.ndarray, mask: np.ndarray, seed: int) -> None:
+        self.ids, self.mask, self.seed = ids, mask, seed
+        self._orders: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def from_sequences(cls, seqs: list[Sequence], seq_len: int, seed: int) -> Windows:
+        ids = np.zeros((len(seqs), seq_len), dtype=np.int32)
+        mask = np.zeros((len(seqs), seq_len), dtype=bool)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s.ids)] = s.ids
+            mask[i, : len(s.mask)] = np.array(s.mask, dtype=bool)
+        return cls(ids, mask, seed)
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    def batch(self, step: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self)
+        rows = []
+        for p in range(step * size, (step + 1) * size):
+            epoch = p // n
+            if epoch not in self._orders:
+                self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(n)
+            rows.append(self._orders[epoch][p % n])
+        return self.ids[rows], self.mask[rows]
