@@ -83,8 +83,7 @@ def quantize_checkpoint(folder: Path, bits: int = 4, group_size: int = 64) -> No
     tensors: dict[str, mx.array] = {}
     for f in files:
         tensors.update(mx.load(str(f)))
-    half = {k: v.astype(mx.float16) if v.dtype == mx.float32 else v for k, v in tensors.items()}
-    packed = quantize_tensors(half, group_size, bits)
+    packed = quantize_tensors(tensors, group_size, bits)  # scales keep the weights' dtype
     mx.eval(packed)
     for f in files:
         f.unlink()
