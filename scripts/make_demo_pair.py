@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import textwrap
 import time
 from dataclasses import asdict, dataclass, replace
@@ -443,7 +444,7 @@ def parse(argv: list[str] | None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="demo")
     ap.add_argument("--out", type=Path, default=ROOT / "outrider" / "demo" / "pair")
-    ap.add_argument("--work", type=Path, help="scratch folder (default: OUT/../<out>-work)")
+    ap.add_argument("--work", type=Path, help="keep scratch files here (default: a temp dir)")
     ap.add_argument("--steps", type=int, help="target training steps (overrides the preset)")
     ap.add_argument("--drafter-steps", type=int, help="drafter training steps (overrides)")
     ap.add_argument("--minutes", type=float, help="target training time budget (overrides)")
@@ -451,6 +452,7 @@ def parse(argv: list[str] | None):
     ap.add_argument("--skip-drafters", action="store_true", help="stop after the target")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     p = PRESETS[args.preset]
     for name in ("steps", "drafter_steps", "minutes", "bits"):
         if getattr(args, name) is not None:
@@ -462,14 +464,21 @@ def parse(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> dict:
     args, p = parse(argv)
-    t0 = time.perf_counter()
-    out: Path = args.out.resolve()
-    work = (args.work or out.with_name(out.name + "-work")).resolve()
     if not args.skip_drafters and importlib_missing("outrider.train"):
         sys.exit(
             "error: `outrider train` is not in this checkout; pass --skip-drafters to build the "
             "target alone"
         )
+    if args.work is not None:
+        return build(args, p, args.work.resolve())
+    with tempfile.TemporaryDirectory(prefix="outrider-demo-") as work:
+        return build(args, p, Path(work))
+
+
+def build(args: argparse.Namespace, p: Preset, work: Path) -> dict:
+    """Every stage, in order; scratch files (float weights, drafter data) go to `work`."""
+    t0 = time.perf_counter()
+    out: Path = args.out.resolve()
     for part in ("target", "dspark", "dflash"):
         shutil.rmtree(out / part, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
@@ -552,7 +561,7 @@ def main(argv: list[str] | None = None) -> dict:
         "seconds": times,
         "total_seconds": round(time.perf_counter() - t0, 1),
         "hardware": hardware(),
-        "command": " ".join(["python", "scripts/make_demo_pair.py", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python", "scripts/make_demo_pair.py", *args.argv]),
     }
     (out / "recipe.json").write_text(json.dumps(summary, indent=2))
     print_summary(summary)
@@ -565,6 +574,18 @@ def importlib_missing(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is None
+
+
+def accept_numbers(report: dict, prefix: str = "") -> list[tuple[str, float]]:
+    """Every acceptance figure in a train report, nested ones named by their path."""
+    found = []
+    for key, value in report.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            found += accept_numbers(value, name + ".")
+        elif "accept" in name and isinstance(value, (int, float)) and not isinstance(value, bool):
+            found.append((name, float(value)))
+    return found
 
 
 def print_summary(s: dict) -> None:
@@ -580,9 +601,8 @@ def print_summary(s: dict) -> None:
         f"({s['settings']['bits']}-bit: {s['val_loss_quantized']:.3f})",
     ]
     for kind, d in s["drafters"].items():
-        rep = d["report"]
-        acc = {k: v for k, v in rep.items() if "accept" in k and isinstance(v, (int, float))}
-        lines.append(f"{kind:<12} {d['mb']} MB {json.dumps(acc) if acc else ''}")
+        acc = ", ".join(f"{k} {v:.3g}" for k, v in accept_numbers(d["report"]))
+        lines.append(f"{kind:<12} {d['mb']} MB {acc}")
     lines.append(
         "sizes MB     "
         + ", ".join(f"{k} {v}" for k, v in s["sizes_mb"].items())
