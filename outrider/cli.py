@@ -12,7 +12,6 @@ import contextlib
 import functools
 import json
 import platform
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,28 +120,6 @@ def _root(
 # --- generate --------------------------------------------------------------------------------
 
 
-def demo_model() -> Path:
-    """A tiny random-weight Qwen3 built once, so `generate` runs with no download at all."""
-    path = cache_root() / "demo" / "qwen3-tiny"
-    if (path / "config.json").is_file():
-        return path
-    from .testing import make_tiny_target
-
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        make_tiny_target(tmp)
-    except ImportError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise OutriderError(f"building the demo model needs the {e.name} package") from None
-    shutil.rmtree(path, ignore_errors=True)  # a partial folder from an interrupted build
-    try:
-        os.replace(tmp, path)
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
-
-
 def read_prompt(prompt: str | None) -> str:
     """--prompt, else standard input when it is piped; never an empty prompt."""
     if prompt is None:
@@ -193,6 +170,7 @@ def generate(
     """Generate text with speculative decoding; the output equals the target's own."""
     from .api import load
     from .core.sampling import SamplingParams
+    from .demo import demo_target, pair_dir
     from .telemetry import stream_live, stream_plain
 
     with user_errors():
@@ -200,12 +178,8 @@ def generate(
         SamplingParams(temperature, top_p, top_k, seed)  # bad sampling fails before loading
         text = read_prompt(prompt)
         if model is None:
-            model = str(demo_model())
-            typer.echo(
-                f"note: no --model given; using the demo model at {model}: its weights "
-                "are random, so its text is noise",
-                err=True,
-            )
+            model = demo_target()
+            typer.echo(f"note: no --model given; using the demo pair in {pair_dir()}", err=True)
         pipe = load(
             model,
             drafter,

@@ -268,17 +268,6 @@ def test_plain_streaming_matches_the_result(models, json_runs):
     assert "mode lookup" in result.stderr
 
 
-def test_demo_model_when_no_model_is_given(tmp_path, monkeypatch):
-    monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path / "cache"))
-    result = invoke("generate", "--prompt", "hi", "--max-tokens", "5", "--json")
-    assert result.exit_code == 0, result.output
-    assert (tmp_path / "cache" / "demo" / "qwen3-tiny" / "config.json").is_file()
-    assert "random" in result.stderr and "noise" in result.stderr
-    assert len(json.loads(result.stdout)["tokens"]) == 5
-    again = invoke("generate", "--prompt", "hi", "--max-tokens", "5", "--json")
-    assert json.loads(again.stdout)["tokens"] == json.loads(result.stdout)["tokens"]
-
-
 def test_live_telemetry_renders(models, json_runs):
     pipe = load(models["target"], models["dspark"], "dspark")
     buffer = io.StringIO()

@@ -9,6 +9,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from .errors import CheckpointError
+from .quantized import dequantize_tensors
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -22,7 +23,7 @@ class Checkpoint:
     @property
     def tensors(self) -> dict[str, mx.array]:
         if self._tensors is None:
-            self._tensors = read_safetensors(self.path)
+            self._tensors = dequantize_tensors(read_safetensors(self.path), self.config)
         return self._tensors
 
 

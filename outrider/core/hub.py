@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..demo import demo_folder, is_demo, pair_dir
 from .errors import ModelNotFoundError
 
 DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
@@ -35,6 +36,9 @@ def cached_snapshot(repo_id: str) -> Path | None:
 def local_model(repo_id: str) -> Path | None:
     """A repo already on this machine: LM Studio's folders first, then the HF cache; never the
     network."""
+    if is_demo(repo_id):
+        folder = pair_dir() / repo_id.split("/", 1)[1]
+        return folder if (folder / "config.json").is_file() else None
     for root in lmstudio_roots():
         candidate = root / repo_id
         if (candidate / "config.json").is_file():
@@ -54,6 +58,8 @@ def resolve_model(spec: str, what: str = "model", download: bool = True) -> Path
         return path
     if not looks_like_repo_id(spec):
         raise ModelNotFoundError(f"{what} {spec!r}: no such folder, and not a Hugging Face repo id")
+    if is_demo(spec):  # the embedded demo pair: package data, never the hub
+        return demo_folder(spec)
     local = local_model(spec)
     if local is not None:
         return local

@@ -65,8 +65,12 @@ def normalise(name: str) -> str:
 
 
 def find_pair(model: str, pairs: list[Pair] | None = None) -> Pair | None:
-    """The row whose id equals the model's basename without its quantisation suffix."""
+    """The row whose target is the model id itself, else whose id equals the model's basename
+    without its quantisation suffix."""
     pairs = load_pairs() if pairs is None else pairs
+    for pair in pairs:
+        if model == pair.target:
+            return pair
     name = normalise(model)
     for pair in sorted(pairs, key=lambda p: -len(p.id)):
         if name == pair.id or name.replace("-", "") == pair.id.replace("-", ""):

@@ -1,0 +1,141 @@
+"""The demo pair: the recipe at its tiny preset, drafters stored quantised, and the default
+`outrider generate` target."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from conftest import plain_greedy
+from typer.testing import CliRunner
+
+from outrider import cli
+from outrider.api import load
+from outrider.core.errors import CheckpointError
+from outrider.core.quantized import dequantize_tensors, quantize_checkpoint
+from outrider.registry import find_pair
+from outrider.testing import SPECIAL_TOKENS, make_tiny_drafter, make_tiny_target
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_TRAIN = importlib.util.find_spec("outrider.train") is not None
+PROMPT = "def parse("
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory) -> Path:
+    """The real recipe at --preset tiny (drafters too once `outrider train` is present)."""
+    out = tmp_path_factory.mktemp("recipe") / "pair"
+    cmd = [sys.executable, "scripts/make_demo_pair.py", "--preset", "tiny", "--out", str(out)]
+    if not HAS_TRAIN:
+        cmd.append("--skip-drafters")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "total" in proc.stdout and "hardware" in proc.stdout  # the summary was printed
+    return out
+
+
+def test_recipe_trains_a_small_quantised_model(recipe):
+    summary = json.loads((recipe / "recipe.json").read_text())
+    assert summary["val_loss_float"] < summary["val_loss_start"] - 0.5  # it learned
+    assert abs(summary["val_loss_quantized"] - summary["val_loss_float"]) < 0.1
+    assert summary["total_mb"] <= 16 and summary["sizes_mb"]["target"] > 0
+    assert summary["corpus"]["licence"].startswith("PSF") and summary["corpus"]["files"] > 0
+    assert (recipe / "target" / "CORPUS-LICENSE.txt").is_file()
+    config = json.loads((recipe / "target" / "config.json").read_text())
+    assert config["model_type"] == "qwen3" and config["quantization"]["bits"] == 8
+    tok_config = json.loads((recipe / "target" / "tokenizer_config.json").read_text())
+    assert "<|im_start|>" in tok_config["chat_template"]
+
+
+def test_recipe_output_loads_with_mlx_lm_and_generates_losslessly(recipe):
+    from mlx_lm.utils import load as mlx_load
+
+    model, tokenizer = mlx_load(str(recipe / "target"))
+    assert len(tokenizer.vocab) == model.args.vocab_size == 512
+    assert tokenizer.convert_tokens_to_ids("<|mask|>") == 511  # specials last: drafters' mask
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False
+    )
+    assert text.endswith("<|im_start|>assistant\n")
+    modes = ["lookup", "dspark", "dflash"] if HAS_TRAIN else ["lookup"]
+    for mode in modes:
+        drafter = str(recipe / mode) if mode != "lookup" else None
+        pipe = load(str(recipe / "target"), drafter, mode)
+        ids = pipe.encode(PROMPT)
+        result = pipe.generate(ids, max_tokens=32, stop_tokens=set())
+        assert result.tokens == plain_greedy(recipe / "target", ids, 32), mode
+
+
+def test_quantised_drafter_checkpoint_loads_and_stays_lossless(tmp_path, qwen3_target):
+    drafter = make_tiny_drafter(tmp_path / "float", qwen3_target, "dspark", block_size=4)
+    packed = shutil.copytree(drafter, tmp_path / "packed")
+    quantize_checkpoint(packed, bits=4)
+    sizes = [sum(f.stat().st_size for f in d.glob("*.safetensors")) for d in (drafter, packed)]
+    assert sizes[1] < sizes[0] / 3
+    config = json.loads((packed / "config.json").read_text())
+    restored = dequantize_tensors(mx.load(str(packed / "model.safetensors")), config)
+    original = mx.load(str(drafter / "model.safetensors"))
+    assert restored.keys() == original.keys()
+    w = "layers.0.mlp.up_proj.weight"
+    err = mx.abs(restored[w].astype(mx.float32) - original[w]).max().item()
+    assert 0 < err < 0.2 * mx.abs(original[w]).max().item()
+    pipe = load(str(qwen3_target), str(packed), "dspark")
+    ids = pipe.encode(PROMPT)
+    result = pipe.generate(ids, max_tokens=24, stop_tokens=set())
+    assert result.tokens == plain_greedy(qwen3_target, ids, 24)
+    del config["quantization"]
+    with pytest.raises(CheckpointError, match="no quantization"):
+        dequantize_tensors(mx.load(str(packed / "model.safetensors")), config)
+
+
+@pytest.fixture(scope="module")
+def fake_pair(tmp_path_factory) -> Path:
+    """A stand-in pair laid out like the shipped one (random weights: fast to build)."""
+    root = tmp_path_factory.mktemp("demo-pair")
+    target = make_tiny_target(root / "target")
+    make_tiny_drafter(root / "dspark", target, "dspark", block_size=4)
+    make_tiny_drafter(root / "dflash", target, "dflash", block_size=4)
+    return root
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli.app, list(args))
+
+
+def test_generate_without_model_uses_the_demo_pair(fake_pair, monkeypatch):
+    monkeypatch.setenv("OUTRIDER_DEMO_DIR", str(fake_pair))
+    result = invoke("generate", "--prompt", PROMPT, "--max-tokens", "12", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["mode"] == "dspark" and "demo pair" in result.stderr
+    want = plain_greedy(fake_pair / "target", out["prompt_tokens"], 12)
+    assert out["tokens"] == want
+    dflash = invoke("generate", "--prompt", PROMPT, "-n", "12", "--mode", "dflash", "--json")
+    assert dflash.exit_code == 0, dflash.output
+    assert json.loads(dflash.stdout)["tokens"] == want
+    rows = {r["id"]: r for r in json.loads(invoke("models", "--json").stdout)["pairs"]}
+    assert rows["outrider-demo"]["target_local"] is True
+    assert rows["outrider-demo"]["drafters"]["dspark"]["local"] is True
+
+
+def test_missing_demo_pair_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTRIDER_DEMO_DIR", str(tmp_path / "nowhere"))
+    result = invoke("generate", "--prompt", PROMPT, "--max-tokens", "4")
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the demo pair's target is missing")
+    assert "make_demo_pair.py" in lines[0]
+
+
+def test_registry_matches_the_demo_by_name_not_by_folder_name():
+    assert find_pair("outrider-demo/target").id == "outrider-demo"
+    assert find_pair("/some/where/target") is None
+    assert SPECIAL_TOKENS[-1] == "<|mask|>"
