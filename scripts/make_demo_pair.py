@@ -410,7 +410,7 @@ def train_drafter(kind: str, target: Path, data: list[Path], out: Path, p: Prese
     cmd += ["--lr", str(p.drafter_lr), "--warmup", str(p.drafter_warmup)]
     cmd += ["--block-size", str(p.block_size), "--layers", str(p.drafter_layers)]
     cmd += ["--max-new-tokens", str(p.max_new_tokens), "--held-out", str(p.held_out)]
-    cmd += ["--seed", str(seed), "--no-thinking"]
+    cmd += ["--seed", str(seed)]  # thinking left default: the prompt form `generate` uses
     log("$ " + " ".join(cmd))
     subprocess.run(cmd, check=True, cwd=ROOT)
     report = out / "train_report.json"
