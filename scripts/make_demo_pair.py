@@ -449,12 +449,13 @@ def parse(argv: list[str] | None):
     ap.add_argument("--drafter-steps", type=int, help="drafter training steps (overrides)")
     ap.add_argument("--minutes", type=float, help="target training time budget (overrides)")
     ap.add_argument("--bits", type=int, choices=(4, 8), help="target quantisation (overrides)")
+    ap.add_argument("--prompts", type=int, help="drafters' self-distillation prompts (overrides)")
     ap.add_argument("--skip-drafters", action="store_true", help="stop after the target")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     p = PRESETS[args.preset]
-    for name in ("steps", "drafter_steps", "minutes", "bits"):
+    for name in ("steps", "drafter_steps", "minutes", "bits", "prompts"):
         if getattr(args, name) is not None:
             if getattr(args, name) <= 0:
                 ap.error(f"--{name.replace('_', '-')} must be > 0")
