@@ -410,7 +410,7 @@ def train_drafter(kind: str, target: Path, data: list[Path], out: Path, p: Prese
     cmd += ["--lr", str(p.drafter_lr), "--warmup", str(p.drafter_warmup)]
     cmd += ["--block-size", str(p.block_size), "--layers", str(p.drafter_layers)]
     cmd += ["--max-new-tokens", str(p.max_new_tokens), "--held-out", str(p.held_out)]
-    cmd += ["--seed", str(seed), "--no-thinking"]
+    cmd += ["--seed", str(seed)]  # thinking left default: the prompt form `generate` uses
     log("$ " + " ".join(cmd))
     subprocess.run(cmd, check=True, cwd=ROOT)
     report = out / "train_report.json"
@@ -449,12 +449,13 @@ def parse(argv: list[str] | None):
     ap.add_argument("--drafter-steps", type=int, help="drafter training steps (overrides)")
     ap.add_argument("--minutes", type=float, help="target training time budget (overrides)")
     ap.add_argument("--bits", type=int, choices=(4, 8), help="target quantisation (overrides)")
+    ap.add_argument("--prompts", type=int, help="drafters' self-distillation prompts (overrides)")
     ap.add_argument("--skip-drafters", action="store_true", help="stop after the target")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     p = PRESETS[args.preset]
-    for name in ("steps", "drafter_steps", "minutes", "bits"):
+    for name in ("steps", "drafter_steps", "minutes", "bits", "prompts"):
         if getattr(args, name) is not None:
             if getattr(args, name) <= 0:
                 ap.error(f"--{name.replace('_', '-')} must be > 0")

@@ -68,6 +68,10 @@ def test_recipe_output_loads_with_mlx_lm_and_generates_losslessly(recipe):
     modes = ["lookup", "dspark", "dflash"] if HAS_TRAIN else ["lookup"]
     for mode in modes:
         drafter = str(recipe / mode) if mode != "lookup" else None
+        if drafter:  # stored 4-bit by the recipe
+            assert (
+                json.loads((recipe / mode / "config.json").read_text())["quantization"]["bits"] == 4
+            )
         pipe = load(str(recipe / "target"), drafter, mode)
         ids = pipe.encode(PROMPT)
         result = pipe.generate(ids, max_tokens=32, stop_tokens=set())
