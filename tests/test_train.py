@@ -265,6 +265,8 @@ def test_bad_data_is_named(tmp_path, line, message):
     path.write_text(line + "\n")
     with pytest.raises(OutriderError, match=message):
         D.read_records([path])
+    with pytest.raises(OutriderError, match="use JSON Lines"):
+        D.read_records([path.rename(tmp_path / "bad.json")])
 
 
 def test_cli_refuses_bad_options_before_loading(tmp_path):

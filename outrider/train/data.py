@@ -51,6 +51,8 @@ def _files(path: Path) -> list[Path]:
         return found
     if not path.is_file():
         raise OutriderError(f"--data file {path} does not exist")
+    if path.suffix == ".json":
+        raise OutriderError(f"--data {path}: use JSON Lines (.jsonl), one record per line")
     return [path]
 
 
