@@ -63,11 +63,13 @@ class DrafterRun:
         self.model.set_dtype(self.dtype)
         for name in FROZEN:
             self.model[name].freeze()
+        # Relative bounds: MLX's CUDA backend runs float32 matmuls in TF32 (a 10-bit mantissa,
+        # ~1e-3 relative, seen on an H200); a position or mask mismatch is off by order one.
         diff = check_block_forward(self.model)
-        if diff > (1e-3 if self.dtype == mx.float32 else 0.1):
+        if diff > (1e-2 if self.dtype == mx.float32 else 0.1):
             raise OutriderError(
                 f"the batched training forward disagrees with the inference forward on this "
-                f"device (max |difference| {diff:.3g}); training here would teach the drafter "
+                f"device (max relative difference {diff:.3g}); training here would teach the drafter "
                 f"positions it never sees at inference (mlx {mx.__version__})"
             )
         self.master = {
