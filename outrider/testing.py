@@ -31,6 +31,26 @@ CHAT_TEMPLATE = (
     "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
 )
 
+# Tiny sliding windows, so that short generations wrap them many times over.
+SLIDING_WINDOW = 8
+
+_GATED_DELTA = {  # every other layer gated-delta-net linear attention, the rest full attention
+    "head_dim": 16,
+    "tie_word_embeddings": False,
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 2,
+}
+_MROPE = {
+    "type": "default",
+    "mrope_section": [2, 1, 1],
+    "rope_theta": 10000.0,
+    "partial_rotary_factor": 0.5,
+}
+
 FAMILIES = {
     "qwen3": {"model_type": "qwen3", "head_dim": 16, "tie_word_embeddings": False},
     "llama": {
@@ -40,6 +60,84 @@ FAMILIES = {
         "tie_word_embeddings": False,
     },
     "qwen2": {"model_type": "qwen2", "tie_word_embeddings": False},
+    "qwen3_moe": {
+        "model_type": "qwen3_moe",
+        "head_dim": 16,
+        "tie_word_embeddings": False,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+    },
+    "qwen3_next": {
+        "model_type": "qwen3_next",
+        **_GATED_DELTA,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "shared_expert_intermediate_size": 64,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 32,
+        "partial_rotary_factor": 0.25,
+    },
+    "qwen3_5": {"model_type": "qwen3_5", **_GATED_DELTA, "rope_parameters": _MROPE},
+    "qwen3_5_moe": {
+        "model_type": "qwen3_5_moe",
+        **_GATED_DELTA,
+        "rope_parameters": _MROPE,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "shared_expert_intermediate_size": 64,
+        "moe_intermediate_size": 32,
+    },
+    "nemotron_h": {
+        "model_type": "nemotron_h",
+        "head_dim": 16,
+        "tie_word_embeddings": False,
+        "hybrid_override_pattern": ["M", "*", "M", "E"],
+        "attention_bias": False,
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 16,
+        "mamba_proj_bias": False,
+        "ssm_state_size": 16,
+        "conv_kernel": 4,
+        "n_groups": 2,
+        "mlp_bias": False,
+        "layer_norm_epsilon": 1e-5,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "moe_intermediate_size": 32,
+        "moe_shared_expert_intermediate_size": 32,
+        "n_group": 1,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "topk_group": 1,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+    },
+    "gemma4_text": {
+        "model_type": "gemma4_text",
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "num_key_value_heads": 1,
+        "num_kv_shared_layers": 0,
+        "hidden_size_per_layer_input": 0,
+        "sliding_window": SLIDING_WINDOW,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "use_double_wide_mlp": False,
+        "tie_word_embeddings": True,
+        "final_logit_softcapping": 30.0,
+    },
+    "muse_glimmer": {
+        "model_type": "muse_glimmer",
+        "head_dim": 16,
+        "sliding_window": SLIDING_WINDOW,
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+        "tie_word_embeddings": False,
+    },
 }
 
 
@@ -121,6 +219,16 @@ def make_tiny_target(path: str | Path, family: str = "qwen3", seed: int = 0, **o
     return path
 
 
+def _weight(weights: dict, suffixes: tuple[str, ...], default=None):
+    """The one tensor whose name ends with a suffix (embedding / head of any family)."""
+    for name, value in weights.items():
+        if name.endswith(suffixes) and "per_layer" not in name:
+            return value
+    if default is None:
+        raise KeyError(f"no tensor named *{suffixes[0]}")
+    return default
+
+
 def default_tap_ids(num_layers: int, n: int = 3) -> list[int]:
     """Evenly spread taps below the last layer (DeepSpec never taps the final layer)."""
     n = max(1, min(n, num_layers - 1))
@@ -189,8 +297,9 @@ def make_tiny_drafter(
     weights = dict(tree_flatten(model.parameters()))
     if deepspec:  # frozen copies of the target's embedding and head
         tw = mx.load(str(target / "model.safetensors"))
-        weights["embed_tokens.weight"] = tw["model.embed_tokens.weight"]
-        weights["lm_head.weight"] = tw.get("lm_head.weight", tw["model.embed_tokens.weight"])
+        embed = _weight(tw, ("embed_tokens.weight", "embeddings.weight"))
+        weights["embed_tokens.weight"] = embed
+        weights["lm_head.weight"] = _weight(tw, ("lm_head.weight",), embed)
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     if deepspec:
         cfg = copy.deepcopy(tcfg)
