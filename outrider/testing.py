@@ -31,6 +31,8 @@ CHAT_TEMPLATE = (
     "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
 )
 
+SANDWICH_NORMS = ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
+
 # Tiny sliding windows, so that short generations wrap them many times over.
 SLIDING_WINDOW = 8
 
@@ -131,6 +133,52 @@ FAMILIES = {
         "tie_word_embeddings": True,
         "final_logit_softcapping": 30.0,
     },
+    "prism_hadamard_qwen35": {  # Ternary-Bonsai packs: 2-bit weights, Hadamard-rotated inputs
+        "model_type": "prism_hadamard_qwen35",
+        "text_config": "qwen3_5",
+        # packed input widths are multiples of 128; Hadamard blocks are 512 or more
+        "text_overrides": {"hidden_size": 128, "intermediate_size": 512},
+        "schema_version": 1,
+        "tensor_namespace": "mlx-lm-text",
+        "gdn_activation_layout": "grouped",
+        "quantization": {"bits": 2, "group_size": 128, "mode": "affine"},
+        "modules": [
+            {
+                "path": f"model.layers.{i}.mlp.{proj}",
+                "embedding": False,
+                "dtype": "float16",
+                "block": block,
+            }
+            for i in range(4)
+            for proj, block in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 512))
+        ],
+    },
+    "gemma4": {  # the mlx-vlm multimodal checkpoint: language tower + a toy vision tower
+        "model_type": "gemma4",
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "text_config": "gemma4_text",
+        "vision_config": {
+            "model_type": "gemma4_vision",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "global_head_dim": 16,
+            "patch_size": 4,
+            "position_embedding_size": 64,
+            "pooling_kernel_size": 2,
+            "default_output_length": 4,
+        },
+        "audio_config": None,
+        "image_token_id": 258,
+        "audio_token_id": 259,
+        "boi_token_id": 257,
+        "eoi_token_id": 256,
+        "boa_token_id": 255,
+        "eoa_token_id": 254,
+    },
     "muse_glimmer": {
         "model_type": "muse_glimmer",
         "head_dim": 16,
@@ -179,9 +227,25 @@ def tiny_config(family: str = "qwen3", vocab_size: int = 262, **overrides) -> di
         "rope_theta": 10000.0,
         "torch_dtype": "float32",
     }
-    cfg.update(FAMILIES[family])
+    spec = FAMILIES[family]
+    if "text_config" in spec:  # a multimodal checkpoint: the text model's config nests
+        overrides = {**spec.get("text_overrides", {}), **overrides}
+        text = tiny_config(spec["text_config"], vocab_size, **overrides)
+        for key in ("architectures", "torch_dtype"):
+            text.pop(key)
+        top = {k: v for k, v in spec.items() if k not in ("text_config", "text_overrides")}
+        top.setdefault("architectures", ["TinyForConditionalGeneration"])
+        top.update(text_config=text, vocab_size=text["vocab_size"], torch_dtype="float32")
+        top["hidden_size"] = text["hidden_size"]
+        return top
+    cfg.update(spec)
     cfg.update(overrides)
     return cfg
+
+
+def text_config(config: dict) -> dict:
+    """The language model's fields, whether config.json nests them or not."""
+    return {**config, **config.get("text_config", {})}
 
 
 def build_model(config: dict, seed: int = 0, scale: float = 4.0):
@@ -190,18 +254,53 @@ def build_model(config: dict, seed: int = 0, scale: float = 4.0):
     The output head is scaled up so that greedy choices are decisive (random models otherwise
     produce near-uniform logits where fp rounding could flip an argmax).
     """
-    from mlx_lm.utils import _get_classes
-
-    model_cls, args_cls = _get_classes(config)
     mx.random.seed(seed)
-    model = model_cls(args_cls.from_dict(config))
+    if "vision_config" in config:
+        model = _vlm_model(config)
+    else:
+        from mlx_lm.utils import _get_classes
+
+        model_cls, args_cls = _get_classes(config)
+        model = model_cls(args_cls.from_dict(config))
     params = dict(tree_flatten(model.parameters()))
+    sandwich = text_config(config).get("model_type") == "gemma4_text"
     for name in params:
         if name.endswith("lm_head.weight") or name.endswith("embed_tokens.weight"):
             params[name] = params[name] * scale
+        elif sandwich and name.endswith(SANDWICH_NORMS):
+            # Gemma scales its tied embedding by sqrt(hidden): without louder layer outputs a
+            # random model only echoes its input token.
+            params[name] = params[name] * 16.0
+    _randomize_packed(params)
     model.load_weights(list(params.items()))
     mx.eval(model.parameters())
     return model
+
+
+def _vlm_model(config: dict):
+    """An mlx-vlm model (all towers) of the config's architecture."""
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+
+    model_cls, _ = get_model_and_args(config=config)
+    model_config = model_cls.ModelConfig.from_dict(copy.deepcopy(config))
+    model_config = update_module_configs(
+        model_config, model_cls, copy.deepcopy(config), ["text", "vision", "audio"]
+    )
+    return model_cls.Model(model_config)
+
+
+def _randomize_packed(params: dict) -> None:
+    """Give quantized (packed) layers random codes, scales and signs; they start as zeros."""
+    for name, value in params.items():
+        if value.dtype == mx.uint32 and name.endswith(".weight"):
+            bits = mx.random.randint(0, 2**16, value.shape).astype(mx.uint32)
+            params[name] = bits * 65537
+        elif name.endswith(".scales"):
+            params[name] = (0.05 + 0.05 * mx.random.uniform(shape=value.shape)).astype(value.dtype)
+        elif name.endswith(".biases"):
+            params[name] = mx.full(value.shape, -0.1, dtype=value.dtype)
+        elif name.endswith(".signs"):
+            params[name] = mx.where(mx.random.uniform(shape=value.shape) < 0.5, -1.0, 1.0)
 
 
 def make_tiny_target(path: str | Path, family: str = "qwen3", seed: int = 0, **overrides) -> Path:
@@ -261,7 +360,9 @@ def make_tiny_drafter(
         raise ValueError("z-lab publishes DFlash drafters only")
     path, target = Path(path), Path(target)
     path.mkdir(parents=True, exist_ok=True)
-    tcfg = json.loads((target / "config.json").read_text())
+    tcfg = text_config(json.loads((target / "config.json").read_text()))
+    for key in ("text_config", "vision_config", "audio_config", "quantization", "modules"):
+        tcfg.pop(key, None)
     L = tcfg["num_hidden_layers"]
     ids = target_layer_ids or default_tap_ids(L)
     hidden, heads = tcfg["hidden_size"], tcfg["num_attention_heads"]
