@@ -187,3 +187,30 @@ def test_fallback_family_refuses_drafters_but_runs_lookup(models_dir, tmp_path):
     assert got.tokens == plain_greedy(target_path, ids, 16)
     with pytest.raises(OutriderError, match="--mode lookup and --mode baseline still work"):
         pipe.target.install_taps((0, 1))
+
+
+def test_registry_rows_name_installed_families():
+    from outrider.registry.resolver import load_pairs
+
+    installed = set(Plugins(load_entrypoints=False).families)
+    pairs = load_pairs()
+    assert {p.family for p in pairs} <= installed
+    assert {"gated_delta", "nemotron_h", "gemma4", "muse_glimmer", "dense"} <= {
+        p.family for p in pairs
+    }
+    for p in pairs:  # nothing measured by us yet: every number is someone else's
+        assert p.source.startswith(("published:", "receipt:")), p.id
+
+
+def test_doctor_and_models_list_the_families():
+    from typer.testing import CliRunner
+
+    from outrider.cli import app
+
+    want = {"dense", "gated_delta", "nemotron_h", "gemma4", "muse_glimmer", "mlx_lm"}
+    doctor = json.loads(CliRunner().invoke(app, ["doctor", "--json"]).stdout)
+    assert want <= set(doctor["target_families"])
+    models = json.loads(CliRunner().invoke(app, ["models", "--json"]).stdout)
+    assert want <= set(models["families"])
+    shown = CliRunner().invoke(app, ["doctor"]).stdout
+    assert "gated_delta" in shown and "nemotron_h" in shown
