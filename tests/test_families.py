@@ -7,6 +7,7 @@ windows of 8 tokens, so the generations below wrap every window many times over.
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import mlx.core as mx
 import pytest
@@ -214,3 +215,40 @@ def test_doctor_and_models_list_the_families():
     assert want <= set(models["families"])
     shown = CliRunner().invoke(app, ["doctor"]).stdout
     assert "gated_delta" in shown and "nemotron_h" in shown
+
+
+def test_sampled_output_follows_the_target_after_rollback(models_dir):
+    """On a recurrent hybrid, one draft per round, so the third token is sampled from a
+    rolled-back recurrent state whenever the first draft was rejected."""
+    from test_lossless_sampled import (
+        PARAMS,
+        TargetLikeProposer,
+        chi2_critical,
+        chi_square,
+        exact_joint,
+    )
+
+    from outrider.core.sampling import SamplingParams
+
+    target_path, _ = built(models_dir, "qwen3_5")
+    target = outrider.load(str(target_path), mode="baseline").target
+    proposer = TargetLikeProposer(target, SamplingParams(temperature=1.6, top_k=5))
+    spec = outrider.pipeline_from_parts(target, proposer, "target-like", max_draft=1)
+    prompt = [30 + 7 * i % 200 for i in range(2 * SLIDING_WINDOW + 3)]
+    expected = exact_joint(target, prompt, PARAMS, 3)
+    counts, n, rejected = Counter(), 400, 0
+    for seed in range(n):
+        res = spec.generate(
+            prompt,
+            max_tokens=3,
+            temperature=PARAMS.temperature,
+            top_p=PARAMS.top_p,
+            top_k=PARAMS.top_k,
+            seed=seed,
+            stop_tokens=set(),
+        )
+        counts[tuple(res.tokens[:3])] += 1
+        rejected += sum(len(r.drafted) - r.accepted for r in res.rounds)
+    assert rejected > n // 10  # rollbacks really happened
+    stat, dof = chi_square(counts, expected, n)
+    assert stat < chi2_critical(dof), f"chi2 {stat:.1f} with {dof} dof"
