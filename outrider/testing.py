@@ -179,6 +179,32 @@ FAMILIES = {
         "boa_token_id": 255,
         "eoa_token_id": 254,
     },
+    "muse_glimmer_vlm": {  # the mlx-vlm multimodal checkpoint of muse_glimmer
+        "model_type": "muse_glimmer",
+        "architectures": ["MuseGlimmerForConditionalGeneration"],
+        "text_config": "muse_glimmer",
+        "text_overrides": {
+            "model_type": "muse_glimmer_text",
+            "bos_token_id": None,
+            "eos_token_id": None,
+        },
+        "vision_config": {
+            "model_type": "muse_glimmer_vision",
+            "patch_size": 4,
+            "merge_size": 2,
+            "pos_emb_height": 4,
+            "pos_emb_width": 4,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "num_hidden_layers": 1,
+            "max_position_embeddings": 64,
+        },
+        "image_token_id": 258,
+        "video_token_id": 259,
+        "out_hidden_size": 64,
+        "projector_hidden_size": 64,
+    },
     "muse_glimmer": {
         "model_type": "muse_glimmer",
         "head_dim": 16,
@@ -304,7 +330,13 @@ def _randomize_packed(params: dict) -> None:
 
 
 def make_tiny_target(path: str | Path, family: str = "qwen3", seed: int = 0, **overrides) -> Path:
-    """Write a tiny random-weight model folder of a real mlx-lm architecture (float32)."""
+    """Write a tiny random-weight model folder of a real mlx-lm / mlx-vlm architecture (float32).
+
+    `family` is the mlx-lm model_type: qwen3, llama, qwen2, qwen3_moe, qwen3_5, qwen3_5_moe,
+    qwen3_next, prism_hadamard_qwen35, nemotron_h, gemma4_text, muse_glimmer; or gemma4 and
+    muse_glimmer_vlm for mlx-vlm multimodal checkpoints (language tower + a toy vision tower).
+    Sliding windows are `SLIDING_WINDOW` tokens, so short generations wrap them.
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(path)

@@ -32,6 +32,7 @@ FAMILIES = {  # make_tiny_target family -> the family plugin that must run it
     "gemma4_text": "gemma4",
     "gemma4": "gemma4",  # mlx-vlm checkpoint: its language tower
     "muse_glimmer": "muse_glimmer",
+    "muse_glimmer_vlm": "muse_glimmer",  # mlx-vlm checkpoint: its language tower
 }
 N_TOKENS = 5 * SLIDING_WINDOW  # generations well past the window
 PROMPT = "def fibonacci(n): return fibonacci(n - 1) + fibonacci(n - 2)"
