@@ -12,6 +12,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from ...core.errors import UnsupportedTargetError
 from ...core.hookspecs import hookimpl
 from .base import MlxLmFamily, decoder, head_owner
 
@@ -33,7 +34,14 @@ class LanguageTower(nn.Module):
 def load_language_tower(path: Path) -> tuple[nn.Module, Any]:
     """The language model of an mlx-vlm checkpoint plus mlx-lm's tokenizer wrapper."""
     from mlx_lm.utils import load_tokenizer
-    from mlx_vlm.utils import load_model
+
+    try:
+        from mlx_vlm.utils import load_model
+    except ImportError:
+        raise UnsupportedTargetError(
+            "this multimodal checkpoint's language model loads through mlx-vlm, which is not "
+            "installed: pip install 'outrider[vlm]'"
+        ) from None
 
     model = load_model(Path(path))
     tower = LanguageTower(model.language_model)
