@@ -9,11 +9,14 @@ cache must hold exactly what it would hold had the target seen only [anchor, d1.
   dropping the last n rows is exact even after the window has wrapped (mlx-lm's own `trim`
   only moves offsets, which is wrong once the buffer has rotated).
 - Recurrent state (gated-delta-net, Mamba-2: an `ArraysCache` of conv window + state): a state
-  cannot be un-applied, so during a verify forward the recurrent mixer runs one step per token
-  (`StepwiseMixer`, wrapped per instance) and `RecordingArraysCache` keeps the state after each
-  step; rollback sets the state recorded after the last accepted token. The steps are what plain
-  decoding computes, so the state equals plain decoding's bit for bit, and only the recurrent
-  mixers re-run per step, never the whole model.
+  cannot be un-applied. Each recurrent mixer is wrapped per instance (`ReplayableMixer`); during
+  a verify forward it runs as the model's own (one call over the whole block) and its cache,
+  a `RecordingArraysCache`, keeps references to the mixer's input and the pre-round arrays.
+  Rollback puts the pre-round arrays back and runs that mixer again over the accepted prefix of
+  the recorded input: only the recurrent mixers re-run, never the whole model, and only in
+  rounds that reject something. The mixer's output of that re-run is never used, so MLX never
+  computes it (its output projection stays unevaluated); the conv window and state it leaves
+  are exactly those of a forward over the accepted tokens.
 """
 
 from __future__ import annotations
@@ -28,24 +31,26 @@ from ...core.errors import UnsupportedTargetError
 
 
 class RecordingArraysCache(ArraysCache):
-    """An `ArraysCache` that remembers its arrays after each step of a verify forward."""
+    """An `ArraysCache` that can replay the accepted prefix of its last verify forward."""
 
     def __init__(self, size: int) -> None:
         super().__init__(size)
         self.recording = False
-        self.steps: list[list] = []
+        self.replay: tuple | None = None  # (mixer, input, mask, arrays before the forward)
 
     def rollback(self, n: int) -> None:
         if n <= 0:
             return
-        if len(self.steps) <= n:
+        if self.replay is None or self.replay[1].shape[1] <= n:
             raise UnsupportedTargetError(
-                f"cannot roll a recurrent state back by {n} steps: the last forward recorded "
-                f"{len(self.steps)} (rollback must follow a verify forward)"
+                f"cannot roll a recurrent state back by {n} tokens: the last forward was not a "
+                "verify forward that long"
             )
-        keep = len(self.steps) - n
-        self.cache = list(self.steps[keep - 1])
-        del self.steps[keep:]
+        mixer, x, mask, before = self.replay
+        keep = x.shape[1] - n
+        self.cache = list(before)
+        self.replay = None
+        mixer(x[:, :keep], None if mask is None else mask[:, :keep], self)
 
 
 def as_recording(caches: list) -> list:
@@ -58,11 +63,9 @@ def as_recording(caches: list) -> list:
     return out
 
 
-class StepwiseMixer(nn.Module):
-    """Per-instance wrapper of one recurrent mixer: steps token by token while recording.
-
-    Outside a verify forward (prefill) it is a plain pass-through.
-    """
+class ReplayableMixer(nn.Module):
+    """Per-instance wrapper of one recurrent mixer: in a verify forward, it records what its
+    cache needs to replay the accepted prefix; otherwise it is a plain pass-through."""
 
     def __init__(self, mixer: nn.Module) -> None:
         super().__init__()
@@ -77,36 +80,30 @@ class StepwiseMixer(nn.Module):
             return getattr(self["mixer"], key)
 
     def __call__(self, x: mx.array, mask: mx.array | None = None, cache: Any = None) -> mx.array:
-        if not isinstance(cache, RecordingArraysCache) or not cache.recording:
-            return self.mixer(x, mask, cache)
-        outs = []
-        cache.steps = []
-        for t in range(x.shape[1]):
-            step_mask = None if mask is None else mask[:, t : t + 1]
-            outs.append(self.mixer(x[:, t : t + 1], step_mask, cache))
-            cache.steps.append(list(cache.cache))
-        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)
+        if isinstance(cache, RecordingArraysCache) and cache.recording:
+            cache.replay = (self.mixer, x, mask, list(cache.cache))
+        return self.mixer(x, mask, cache)
 
 
 def wrap_mixers(layers: list, attribute: str, wanted=lambda layer: True) -> int:
-    """Wrap `layer.<attribute>` in a `StepwiseMixer` on each layer where `wanted(layer)`."""
+    """Wrap `layer.<attribute>` in a `ReplayableMixer` on each layer where `wanted(layer)`."""
     n = 0
     for layer in layers:
         inner = getattr(layer, "layer", layer)  # a tap wrapper may sit around the layer
         if wanted(inner) and attribute in inner:
             mixer = inner[attribute]
-            if not isinstance(mixer, StepwiseMixer):
-                setattr(inner, attribute, StepwiseMixer(mixer))
+            if not isinstance(mixer, ReplayableMixer):
+                setattr(inner, attribute, ReplayableMixer(mixer))
             n += 1
     return n
 
 
 def begin_forward(caches: list, verify: bool) -> None:
-    """Tell recording caches whether the next forward is a verify (record steps) or not."""
+    """Tell recording caches whether the next forward is a verify (record) or not."""
     for c in caches:
         if isinstance(c, RecordingArraysCache):
             c.recording = verify
-            c.steps = []
+            c.replay = None
 
 
 def is_rotating(c: Any) -> bool:
