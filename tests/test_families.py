@@ -253,3 +253,28 @@ def test_sampled_output_follows_the_target_after_rollback(models_dir):
     assert rejected > n // 10  # rollbacks really happened
     stat, dof = chi_square(counts, expected, n)
     assert stat < chi2_critical(dof), f"chi2 {stat:.1f} with {dof} dof"
+
+
+def test_mlx_lm_speculative_decoding_corrupts_these_targets(models_dir):
+    """Why rollback needed work: mlx-lm's own speculative decoding (0.32) refuses hybrids and,
+    on sliding-window targets, silently diverges once the window is full (its trim gives up on
+    a wrapped rotating cache); the same call on a dense target is exact. Ours equals plain
+    decoding on all of them (test_every_mode_matches_plain_greedy)."""
+    from mlx_lm.generate import speculative_generate_step
+    from mlx_lm.utils import load
+
+    draft, _ = load(str(make_tiny_target(models_dir / "fam-draft", family="qwen3", seed=11)))
+
+    def mlx_lm_speculative(path, ids):
+        model, _ = load(str(path))
+        steps = speculative_generate_step(mx.array(ids), model, draft, num_draft_tokens=3)
+        return [int(t) for (t, _, _), _ in zip(steps, range(N_TOKENS))]
+
+    ids = [100, 101, 102]
+    dense = make_tiny_target(models_dir / "fam-dense-control", family="qwen3", seed=9)
+    assert mlx_lm_speculative(dense, ids) == plain_greedy(dense, ids, N_TOKENS)
+    for family in ("gemma4_text", "muse_glimmer"):
+        target, _ = built(models_dir, family)
+        assert mlx_lm_speculative(target, ids) != plain_greedy(target, ids, N_TOKENS), family
+    with pytest.raises(ValueError, match="trimmable"):
+        mlx_lm_speculative(built(models_dir, "qwen3_5")[0], ids)
