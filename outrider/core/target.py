@@ -109,7 +109,8 @@ class Target:
 
     def rollback(self, cache: list, n: int) -> None:
         if n > 0:
-            self.family.rollback(cache, n)
+            with mx.stream(self.stream):  # a recurrent family's rollback queues device work
+                self.family.rollback(cache, n)
 
     # -- taps ------------------------------------------------------------------------------
     def install_taps(self, layer_ids: tuple[int, ...]) -> None:
