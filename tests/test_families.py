@@ -278,3 +278,27 @@ def test_mlx_lm_speculative_decoding_corrupts_these_targets(models_dir):
         assert mlx_lm_speculative(target, ids) != plain_greedy(target, ids, N_TOKENS), family
     with pytest.raises(ValueError, match="trimmable"):
         mlx_lm_speculative(built(models_dir, "qwen3_5")[0], ids)
+
+
+def test_nested_multimodal_qwen3_5_checkpoint_runs_its_text_model(models_dir, tmp_path):
+    """Published Qwen3.5/3.6 checkpoints nest the text model under text_config beside a
+    vision_config; the gated_delta family runs their text model through mlx-lm."""
+    import shutil
+
+    source, drafter = built(models_dir, "qwen3_5")
+    nested = tmp_path / "qwen3_5-vl"
+    shutil.copytree(source, nested)
+    flat = json.loads((source / "config.json").read_text())
+    config = {
+        "model_type": "qwen3_5",
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "text_config": flat,
+        "vision_config": {"model_type": "qwen3_5_vision", "depth": 1},
+        "eos_token_id": flat["eos_token_id"],
+    }
+    (nested / "config.json").write_text(json.dumps(config))
+    pipe = outrider.load(str(nested), str(drafter), mode="dspark")
+    assert pipe.target.family.name == "gated_delta"
+    ids = pipe.encode(PROMPT)
+    got = pipe.generate(ids, max_tokens=16, max_draft=4, stop_tokens=set())
+    assert got.tokens == plain_greedy(source, ids, 16)
