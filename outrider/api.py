@@ -201,7 +201,7 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
     archs = [str(a) for a in config.get("architectures") or []]
     if any(a.endswith(("DSparkModel", "DraftModel", "Speculator")) for a in archs):
         raise CheckpointError(f"{model} is a drafter checkpoint ({archs[0]}); pass it as --drafter")
-    for family in plugins.families.values():
+    for family in sorted(plugins.families.values(), key=lambda f: -getattr(f, "priority", 0)):
         if family.supports(config):
             try:
                 model_obj, tokenizer = family.load(path, config)
@@ -214,7 +214,8 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
     mtype = config.get("model_type") or (config.get("text_config") or {}).get("model_type")
     raise UnsupportedTargetError(
         f"model_type {mtype!r} is not supported by any installed target-family plugin "
-        f"(installed: {', '.join(sorted(plugins.families))})"
+        f"(installed: {', '.join(sorted(plugins.families))}); --mode lookup and --mode baseline "
+        "work on any model mlx-lm can load"
     )
 
 

@@ -355,6 +355,7 @@ def doctor_report() -> dict:
         problems.append("mlx-lm is not installed")
     plug = plugins()
     report["plugins"] = [vars(p) for p in plug.info()]
+    report["target_families"] = sorted(plug.families)
     if not plug.families:
         problems.append("no plugin provides a target family: no model can be loaded")
     if not plug.strategies:
@@ -385,6 +386,8 @@ def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
     for key, value in report.items():
         if key == "plugins":
             value = ", ".join(p["name"].rsplit(".", 1)[-1] for p in value)
+        if key == "target_families":
+            value = ", ".join(value)
         if key not in ("problems", "lmstudio_dirs"):
             table.add_row(key.replace("_", " "), _shown(value))
     for place in report["lmstudio_dirs"]:

@@ -66,15 +66,30 @@ _PLAIN_CACHE: dict = {}
 def plain_greedy(model_path, prompt_ids: list[int], max_tokens: int) -> list[int]:
     """mlx-lm's own plain greedy generation (the reference every mode must equal)."""
     from mlx_lm.generate import generate_step
-    from mlx_lm.utils import load
 
     key = str(model_path)
     if key not in _PLAIN_CACHE:
-        _PLAIN_CACHE[key] = load(key)
-    model, _ = _PLAIN_CACHE[key]
+        _PLAIN_CACHE[key] = _load_plain(key)
+    model = _PLAIN_CACHE[key]
     out = []
     for tok, _ in generate_step(mx.array(prompt_ids), model, max_tokens=max_tokens):
         out.append(int(tok))
         if len(out) == max_tokens:
             break
     return out
+
+
+def _load_plain(path: str):
+    """mlx-lm's model, or for a multimodal checkpoint mlx-vlm's language model (ids -> logits)."""
+    import json
+    from pathlib import Path
+
+    if "vision_config" in json.loads((Path(path) / "config.json").read_text()):
+        from mlx_vlm.utils import load_model
+
+        from outrider.plugins.targets.sliding import LanguageTower
+
+        return LanguageTower(load_model(Path(path)).language_model)
+    from mlx_lm.utils import load
+
+    return load(path)[0]

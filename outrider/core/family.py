@@ -1,8 +1,15 @@
 """The contract a target-family plugin fulfils.
 
-A family knows how to load one kind of model, where its decoder layers are, how to embed ids
-and project hidden states (for drafters that share the target's embedding and head), and how to
-roll each of its cache kinds back after a partial acceptance.
+A family knows how to load one kind of model, where its decoder layers are (the entries taps
+wrap: each layer's output is the residual stream a drafter reads), how to embed ids and project
+hidden states (for drafters that share the target's embedding and head), and how to roll each of
+its cache kinds back after a partial acceptance: KV trim, rotating-window trim, recurrent state
+restored to the accept point (`outrider/plugins/targets/caches.py` has all three).
+
+Optional members: `priority` (int, default 0; families are tried highest first, so a catch-all
+can sit below the specific ones) and `begin_forward(cache, verify)`, called before every target
+forward; `verify` is True for a forward that `rollback` may follow (a family with recurrent state
+records per-step state then) and False for prefill chunks.
 """
 
 from __future__ import annotations
@@ -38,4 +45,5 @@ class TargetFamily(Protocol):
         """A fresh cache for one sequence."""
 
     def rollback(self, cache: list, n: int) -> None:
-        """Drop the last n positions from every layer's cache."""
+        """Make every layer's cache what it was before the last n positions of the last
+        (verify) forward, exactly."""

@@ -109,7 +109,8 @@ class Target:
 
     def rollback(self, cache: list, n: int) -> None:
         if n > 0:
-            self.family.rollback(cache, n)
+            with mx.stream(self.stream):  # a recurrent family's rollback queues device work
+                self.family.rollback(cache, n)
 
     # -- taps ------------------------------------------------------------------------------
     def install_taps(self, layer_ids: tuple[int, ...]) -> None:
@@ -162,8 +163,11 @@ class Target:
     def forward(
         self, ids: mx.array, cache: list, tap_ids: tuple[int, ...] = ()
     ) -> tuple[mx.array, mx.array | None]:
-        """ids [T] -> (logits [T, V], taps [T, len(tap_ids)·H] or None)."""
-        logits = self._run(ids, cache, tap_ids)
+        """ids [T] -> (logits [T, V], taps [T, len(tap_ids)·H] or None).
+
+        This is the verify forward: `rollback` may follow it to drop its last rows.
+        """
+        logits = self._run(ids, cache, tap_ids, verify=True)
         return logits[0], self._collect(tap_ids)
 
     def forward_batch(self, ids: mx.array, tap_ids: tuple[int, ...]) -> tuple[mx.array, mx.array]:
@@ -179,7 +183,13 @@ class Target:
             self._sink.store = {}
         return logits, taps
 
-    def _run(self, ids: mx.array, cache: list, tap_ids: tuple[int, ...]) -> mx.array:
+    def _run(
+        self, ids: mx.array, cache: list, tap_ids: tuple[int, ...], verify: bool = False
+    ) -> mx.array:
+        # a verify forward may be rolled back: families with recurrent state record for it
+        begin = getattr(self.family, "begin_forward", None)
+        if begin is not None:
+            begin(cache, verify)
         self._sink.active = bool(tap_ids)
         self._sink.store = {}
         try:

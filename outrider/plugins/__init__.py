@@ -2,6 +2,6 @@
 
 from .formats import deepspec, zlab
 from .strategies import baseline, dflash, dspark, lookup
-from .targets import dense
+from .targets import dense, fallback, hybrid, sliding
 
-BUILTIN = [dense, deepspec, zlab, dspark, dflash, lookup, baseline]
+BUILTIN = [dense, hybrid, sliding, fallback, deepspec, zlab, dspark, dflash, lookup, baseline]

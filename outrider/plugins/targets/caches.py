@@ -1,0 +1,144 @@
+"""Exact rollback for every cache kind a target family may use.
+
+After the target verifies [anchor, d1..dk] in one forward and keeps a < k drafts, every layer's
+cache must hold exactly what it would hold had the target seen only [anchor, d1..da]:
+
+- KV caches (mlx-lm `KVCache`, `QuantizedKVCache`): drop the last n rows (`trim`).
+- Rotating (sliding-window) caches: a multi-token update leaves mlx-lm's `RotatingKVCache` in
+  temporal order holding the window's last `max_size - 1` rows plus the verified rows, so
+  dropping the last n rows is exact even after the window has wrapped (mlx-lm's own `trim`
+  only moves offsets, which is wrong once the buffer has rotated).
+- Recurrent state (gated-delta-net, Mamba-2: an `ArraysCache` of conv window + state): a state
+  cannot be un-applied. Each recurrent mixer is wrapped per instance (`ReplayableMixer`); during
+  a verify forward it runs as the model's own (one call over the whole block) and its cache,
+  a `RecordingArraysCache`, keeps references to the mixer's input and the pre-round arrays.
+  Rollback puts the pre-round arrays back and runs that mixer again over the accepted prefix of
+  the recorded input: only the recurrent mixers re-run, never the whole model, and only in
+  rounds that reject something. The mixer's output of that re-run is never used, so MLX never
+  computes it (its output projection stays unevaluated); the conv window and state it leaves
+  are exactly those of a forward over the accepted tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache
+
+from ...core.errors import UnsupportedTargetError
+
+
+class RecordingArraysCache(ArraysCache):
+    """An `ArraysCache` that can replay the accepted prefix of its last verify forward."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.recording = False
+        self.replay: tuple | None = None  # (mixer, input, mask, arrays before the forward)
+
+    def rollback(self, n: int) -> None:
+        if n <= 0:
+            return
+        if self.replay is None or self.replay[1].shape[1] <= n:
+            raise UnsupportedTargetError(
+                f"cannot roll a recurrent state back by {n} tokens: the last forward was not a "
+                "verify forward that long"
+            )
+        mixer, x, mask, before = self.replay
+        keep = x.shape[1] - n
+        self.cache = list(before)
+        self.replay = None
+        mixer(x[:, :keep], None if mask is None else mask[:, :keep], self)
+
+
+def as_recording(caches: list) -> list:
+    """The same cache list with every `ArraysCache` replaced by a recording one."""
+    out = []
+    for c in caches:
+        if isinstance(c, ArraysCache) and not isinstance(c, RecordingArraysCache):
+            c = RecordingArraysCache(len(c.cache))
+        out.append(c)
+    return out
+
+
+class ReplayableMixer(nn.Module):
+    """Per-instance wrapper of one recurrent mixer: in a verify forward, it records what its
+    cache needs to replay the accepted prefix; otherwise it is a plain pass-through."""
+
+    def __init__(self, mixer: nn.Module) -> None:
+        super().__init__()
+        self.mixer = mixer
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if key == "mixer" or "mixer" not in self:
+                raise
+            return getattr(self["mixer"], key)
+
+    def __call__(self, x: mx.array, mask: mx.array | None = None, cache: Any = None) -> mx.array:
+        if isinstance(cache, RecordingArraysCache) and cache.recording:
+            cache.replay = (self.mixer, x, mask, list(cache.cache))
+        return self.mixer(x, mask, cache)
+
+
+def wrap_mixers(layers: list, attribute: str, wanted=lambda layer: True) -> int:
+    """Wrap `layer.<attribute>` in a `ReplayableMixer` on each layer where `wanted(layer)`."""
+    n = 0
+    for layer in layers:
+        inner = getattr(layer, "layer", layer)  # a tap wrapper may sit around the layer
+        if wanted(inner) and attribute in inner:
+            mixer = inner[attribute]
+            if not isinstance(mixer, ReplayableMixer):
+                setattr(inner, attribute, ReplayableMixer(mixer))
+            n += 1
+    return n
+
+
+def begin_forward(caches: list, verify: bool) -> None:
+    """Tell recording caches whether the next forward is a verify (record) or not."""
+    for c in caches:
+        if isinstance(c, RecordingArraysCache):
+            c.recording = verify
+            c.replay = None
+
+
+def is_rotating(c: Any) -> bool:
+    return type(c).__name__ == "RotatingKVCache"
+
+
+def rollback_rotating(c: Any, n: int) -> None:
+    """Drop the last n rows of a rotating cache right after a multi-token update."""
+    if c.keys is None or c._idx != c.keys.shape[2] or n >= c.keys.shape[2]:
+        raise UnsupportedTargetError(
+            "a sliding-window cache can only be rolled back right after a verify forward"
+        )
+    keep = c.keys.shape[2] - n
+    c.keys = c.keys[..., :keep, :]
+    c.values = c.values[..., :keep, :]
+    c.offset -= n
+    c._idx = keep
+
+
+def rollback_cache(c: Any, n: int) -> None:
+    """Roll one layer's cache back by n positions, whatever its kind."""
+    if n <= 0:
+        return
+    if isinstance(c, RecordingArraysCache):
+        c.rollback(n)
+    elif is_rotating(c):
+        rollback_rotating(c, n)
+    elif hasattr(c, "trim") and hasattr(c, "is_trimmable") and c.is_trimmable():
+        c.trim(n)
+    else:
+        raise UnsupportedTargetError(
+            f"a {type(c).__name__} cannot be rolled back; use --mode baseline with this model"
+        )
+
+
+def rollback_all(caches: list, n: int) -> None:
+    for c in caches:
+        rollback_cache(c, n)

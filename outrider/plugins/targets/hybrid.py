@@ -1,0 +1,46 @@
+"""Hybrid targets with recurrent state: gated-delta-net (Qwen3.5 / 3.6 / 3.8, Qwen3-Next,
+Ornith, Ternary-Bonsai, MoE variants) and Mamba-2 (Nemotron-H). Attention layers keep KV caches
+that trim; each recurrent mixer is wrapped per instance so a verify forward records its state
+after every token, and rollback restores the state at the accept point (see caches.py)."""
+
+from __future__ import annotations
+
+import mlx.nn as nn
+
+from ...core.hookspecs import hookimpl
+from .base import MlxLmFamily
+from .caches import wrap_mixers
+
+
+class GatedDeltaFamily(MlxLmFamily):
+    name = "gated_delta"
+    description = (
+        "gated-delta-net hybrids with recurrent state (qwen3_5, qwen3_5_moe, qwen3_next, "
+        "prism_hadamard_qwen35)"
+    )
+    model_types = frozenset({"qwen3_5", "qwen3_5_moe", "qwen3_next", "prism_hadamard_qwen35"})
+
+    def prepare(self, model: nn.Module) -> None:
+        wrap_mixers(
+            self.layers(model), "linear_attn", lambda layer: getattr(layer, "is_linear", False)
+        )
+
+
+class NemotronHFamily(MlxLmFamily):
+    name = "nemotron_h"
+    description = "Mamba-2 + attention + MoE hybrids with recurrent state (nemotron_h)"
+    model_types = frozenset({"nemotron_h"})
+
+    def prepare(self, model: nn.Module) -> None:
+        wrap_mixers(
+            self.layers(model), "mixer", lambda layer: getattr(layer, "block_type", "") == "M"
+        )
+
+    def embed(self, model, ids):
+        return model.backbone.embeddings(ids)
+
+
+@hookimpl
+def register_target_families(register):
+    register(GatedDeltaFamily())
+    register(NemotronHFamily())

@@ -1,0 +1,105 @@
+"""Sliding-window targets: Gemma-4 (mlx-lm `gemma4_text`, and the mlx-vlm `gemma4` language
+tower) and Muse-Glimmer (sliding layers plus NoPE global layers; mlx-lm `muse_glimmer`, and the
+mlx-vlm one). Sliding layers use rotating caches; their rollback stays exact after the window
+has wrapped (see caches.py). A multimodal checkpoint (one with a vision_config) is loaded
+through mlx-vlm and only its language model runs, wrapped per instance as `LanguageTower`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ...core.errors import UnsupportedTargetError
+from ...core.hookspecs import hookimpl
+from .base import MlxLmFamily, decoder, head_owner
+
+
+class LanguageTower(nn.Module):
+    """Text-only view of an mlx-vlm model: ids -> logits through its language model."""
+
+    def __init__(self, language_model: nn.Module) -> None:
+        super().__init__()
+        self.language_model = language_model
+
+    def __call__(self, inputs: mx.array, cache: Any = None) -> mx.array:
+        return self.language_model(inputs, cache=cache).logits
+
+    def make_cache(self) -> list:
+        return self.language_model.make_cache()
+
+
+def load_language_tower(path: Path) -> tuple[nn.Module, Any]:
+    """The language model of an mlx-vlm checkpoint plus mlx-lm's tokenizer wrapper."""
+    from mlx_lm.utils import load_tokenizer
+
+    try:
+        from mlx_vlm.utils import load_model
+    except ImportError:
+        raise UnsupportedTargetError(
+            "this multimodal checkpoint's language model loads through mlx-vlm, which is not "
+            "installed: pip install 'outrider[vlm]'"
+        ) from None
+
+    model = load_model(Path(path))
+    tower = LanguageTower(model.language_model)
+    tower.eval()
+    return tower, load_tokenizer(Path(path))
+
+
+def _arg(owner: nn.Module, name: str) -> Any:
+    value = getattr(owner, name, None)
+    return getattr(getattr(owner, "args", None), name, None) if value is None else value
+
+
+class SlidingWindowFamily(MlxLmFamily):
+    """mlx-lm text models with rotating caches; multimodal checkpoints via mlx-vlm."""
+
+    def load(self, path: Path, config: dict) -> tuple[nn.Module, Any]:
+        if "vision_config" in config:
+            model, tokenizer = load_language_tower(path)
+            self.prepare(model)
+            return model, tokenizer
+        return super().load(path, config)
+
+    def project(self, model: nn.Module, hidden: mx.array) -> mx.array:
+        owner = head_owner(model)
+        if "lm_head" in owner:
+            out = owner.lm_head(hidden)
+        else:
+            out = decoder(model).embed_tokens.as_linear(hidden)
+        multiplier = _arg(owner, "output_multiplier")
+        if multiplier is not None:
+            out = out * multiplier
+        cap = _arg(owner, "final_logit_softcapping")
+        if cap:
+            out = mx.tanh(out / cap) * cap
+        return out
+
+
+class Gemma4Family(SlidingWindowFamily):
+    name = "gemma4"
+    description = "Gemma-4: sliding-window + global attention (gemma4_text; mlx-vlm gemma4)"
+    model_types = frozenset({"gemma4", "gemma4_text"})
+
+    def embed(self, model: nn.Module, ids: mx.array) -> mx.array:
+        stack = decoder(model)
+        return stack.embed_tokens(ids) * stack.embed_scale
+
+
+class MuseGlimmerFamily(SlidingWindowFamily):
+    name = "muse_glimmer"
+    description = "Muse-Glimmer: sliding-window + NoPE global attention (muse_glimmer)"
+    model_types = frozenset({"muse_glimmer"})
+
+    def embed(self, model: nn.Module, ids: mx.array) -> mx.array:
+        stack = decoder(model)
+        return mx.fast.rms_norm(stack.embed_tokens(ids), None, stack.embed_eps)
+
+
+@hookimpl
+def register_target_families(register):
+    register(Gemma4Family())
+    register(MuseGlimmerFamily())
