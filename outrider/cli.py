@@ -422,6 +422,13 @@ def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
         console.print("[green]no problems found[/green]")
 
 
+# --- serve and claude (outrider/server/command.py) ------------------------------------------
+
+from .server.command import register as _register_server  # noqa: E402
+
+_register_server(app)
+
+
 # --- entry point -----------------------------------------------------------------------------
 
 
