@@ -30,6 +30,7 @@ class ThinkSplitter:
         self.in_thinking = in_thinking
         self._buf = ""
         self._seen_content = False
+        self._after_think = in_thinking
 
     def feed(self, text: str) -> list[tuple[str, str]]:
         self._buf += text
@@ -47,6 +48,7 @@ class ThinkSplitter:
                 self._buf = self._buf[i + len(marker) :]
                 if self.in_thinking:
                     self._buf = self._buf.lstrip("\n")
+                    self._after_think = True
                 self.in_thinking = not self.in_thinking
                 continue
             keep = _partial_suffix(self._buf, marker)
@@ -68,7 +70,7 @@ class ThinkSplitter:
 
     def _emit(self, out: list[tuple[str, str]], kind: str, text: str) -> None:
         if kind == "content":
-            if not self._seen_content:
+            if not self._seen_content and self._after_think:
                 text = text.lstrip()
             if text:
                 self._seen_content = True
