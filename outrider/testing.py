@@ -287,7 +287,8 @@ def cast_model(model, dtype) -> None:
 # --- a scripted target: a real architecture whose answers are known in advance ----------------
 
 SCRIPT_TEMPLATE = (
-    "{%- if tools or messages[0]['role'] == 'system' %}<|im_start|>system\n"
+    "{%- if tools or messages[0]['role'] == 'system' or reasoning_effort is defined %}"
+    "<|im_start|>system\n"
     "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{%- endif %}"
     "{%- if reasoning_effort is defined %}\nReasoning: {{ reasoning_effort }}{%- endif %}"
     "{%- if tools %}\n# Tools\n<tools>{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}"
