@@ -20,7 +20,7 @@ class LoadRequest(BaseModel):
     drafter: str | None = None
     mode: str = "auto"
     max_draft: int | None = Field(default=None, ge=0, le=64)
-    context_window: int | None = Field(default=None, ge=16)
+    context_window: int | None = Field(default=None, ge=0)  # 0: back to the model's own
     confidence_threshold: float | None = Field(default=None, ge=0, le=1)
 
 
@@ -74,9 +74,9 @@ def router(state: Any) -> APIRouter:
                 state.plugins().strategy(mode)
             except Exception as e:
                 raise ApiError(400, str(e), param="mode") from None
-        window = body.context_window
-        if window is None and state.engine.spec is not None:
-            window = state.engine.spec.context_window  # sticky across loads
+        window = body.context_window  # sticky: None keeps the last load's limit
+        if window is not None and 0 < window < 16:
+            raise ApiError(400, "context_window must be 0 (the model's own) or >= 16")
         spec = LoadSpec(
             body.model,
             body.drafter,

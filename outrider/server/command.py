@@ -76,7 +76,7 @@ def serve(
             )
             _load_with_progress(engine, spec)
         elif context_window:
-            engine.spec = LoadSpec("", context_window=context_window)
+            engine.window_limit = context_window
         pipe = engine.pipeline
         where = f"http://{host}:{port}"
         what = (

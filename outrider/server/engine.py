@@ -101,6 +101,7 @@ class Engine:
         self.error: str | None = None
         self.load_started: float | None = None
         self._pending_load: _Load | None = None
+        self.window_limit: int | None = None  # sticky across loads; 0 in a LoadSpec clears it
 
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -122,6 +123,8 @@ class Engine:
             self.state, self.phase, self.error = "loading", "queued", None
             self.load_started = time.time()
             self.spec = spec
+            if spec.context_window is not None:
+                self.window_limit = spec.context_window or None
         self._jobs.put(job)
 
     def cancel_load(self) -> bool:
@@ -151,7 +154,7 @@ class Engine:
     @property
     def context_window(self) -> int | None:
         pipe = self.pipeline
-        limit = self.spec.context_window if self.spec else None
+        limit = self.window_limit
         if pipe is None:
             return limit
         cfg = pipe.target.config
@@ -186,19 +189,26 @@ class Engine:
             item = self._jobs.get()
             if item is _STOP:
                 return
-            if isinstance(item, _Load):
-                self._do_load(item)
-            elif isinstance(item, _Unload):
-                self._release()
+            try:
+                self._handle(item)
+            except Exception:  # the worker must outlive any one job
+                traceback.print_exc(file=sys.stderr)
+                self.metrics.error("engine")
+
+    def _handle(self, item: Any) -> None:
+        if isinstance(item, _Load):
+            self._do_load(item)
+        elif isinstance(item, _Unload):
+            self._release()
+            with self._lock:
+                if self._pending_load is None:
+                    self.state, self.spec, self.phase = "no_model", None, None
+        else:
+            try:
+                self._generate(item)
+            finally:
                 with self._lock:
-                    if self._pending_load is None:
-                        self.state, self.spec, self.phase = "no_model", None, None
-            else:
-                try:
-                    self._generate(item)
-                finally:
-                    with self._lock:
-                        self.metrics.in_flight -= 1
+                    self.metrics.in_flight -= 1
 
     def _release(self) -> None:
         self.pipeline = None

@@ -30,6 +30,7 @@ class ThinkSplitter:
         self.in_thinking = in_thinking
         self._buf = ""
         self._seen_content = False
+        self._seen_reasoning = False
         self._after_think = in_thinking
 
     def feed(self, text: str) -> list[tuple[str, str]]:
@@ -47,7 +48,6 @@ class ThinkSplitter:
                 self._emit(out, "reasoning" if self.in_thinking else "content", self._buf[:i])
                 self._buf = self._buf[i + len(marker) :]
                 if self.in_thinking:
-                    self._buf = self._buf.lstrip("\n")
                     self._after_think = True
                 self.in_thinking = not self.in_thinking
                 continue
@@ -69,6 +69,9 @@ class ThinkSplitter:
         return out
 
     def _emit(self, out: list[tuple[str, str]], kind: str, text: str) -> None:
+        if kind == "reasoning" and not self._seen_reasoning:
+            text = text.lstrip()
+            self._seen_reasoning = bool(text)
         if kind == "content":
             if not self._seen_content and self._after_think:
                 text = text.lstrip()
