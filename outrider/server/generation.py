@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import Request
 
-from ..api import Pipeline
+from ..api import Chunk, Pipeline
 from ..core.events import Result
 from ..core.logits import Penalties
 from .engine import Engine, Job, NotReady
@@ -131,24 +131,44 @@ async def events(
     job: Job, keepalive_s: float, request: Request | None = None
 ) -> AsyncIterator[tuple[str, Any]]:
     """("chunk", Chunk) … then ("end", Result | None) or ("error", exc); ("keepalive", None)
-    whenever nothing happened for `keepalive_s`. Leaving early (a disconnect cancels the
-    consuming task) cancels the job: the engine stops it at the next round."""
+    whenever nothing happened for `keepalive_s`. Chunks that piled up while the consumer was
+    busy come as one. Leaving early (a disconnect cancels the consuming task) cancels the job:
+    the engine stops it at the next round."""
+    held: tuple[str, Any] | None = None
     try:
         while True:
-            try:
-                wait = keepalive_s if request is None else min(keepalive_s, 0.5)
-                kind, value = await asyncio.wait_for(job.events.get(), wait)
-            except asyncio.TimeoutError:
-                if request is not None and await request.is_disconnected():
-                    return
-                kind, value = "keepalive", None
-                if request is not None:
-                    continue  # non-streaming callers only poll for disconnects
+            if held is not None:
+                (kind, value), held = held, None
+            else:
+                try:
+                    wait = keepalive_s if request is None else min(keepalive_s, 0.5)
+                    kind, value = await asyncio.wait_for(job.events.get(), wait)
+                except asyncio.TimeoutError:
+                    if request is not None:  # non-streaming callers only poll for disconnects
+                        if await request.is_disconnected():
+                            return
+                        continue
+                    kind, value = "keepalive", None
+            while kind == "chunk" and not job.events.empty():
+                nxt = job.events.get_nowait()
+                if nxt[0] != "chunk":
+                    held = nxt
+                    break
+                value = merge(value, nxt[1])
             yield kind, value
             if kind in ("end", "error"):
                 return
     finally:
         job.cancel.set()
+
+
+def merge(a: Chunk, b: Chunk) -> Chunk:
+    """Two consecutive chunks as one (text, tokens and log-probabilities joined)."""
+    lps = None
+    if a.step.logprobs is not None or b.step.logprobs is not None:
+        lps = (a.step.logprobs or []) + (b.step.logprobs or [])
+    step = replace(b.step, committed=a.step.committed + b.step.committed, logprobs=lps)
+    return Chunk(a.text + b.text, a.tokens + b.tokens, step, b.result)
 
 
 class Shaper:

@@ -1,0 +1,122 @@
+"""Server overhead: the same generation through `outrider serve` and through the Python API.
+
+Starts a live server in this process (uvicorn on 127.0.0.1, one engine thread), streams a
+completion (`/v1/completions`, `ignore_eos`, greedy) and times time-to-first-token and decode
+tokens/s on the client side of HTTP; then runs the same prompt and max_tokens through
+`Pipeline.stream` and times the same two figures. Trials interleave the two paths; medians are
+reported with the server/API ratio and the overhead per token. The two outputs are checked
+token-count and text equal (a mismatch fails the run).
+
+    python benchmarks/server_overhead.py                      # the demo model, lookup mode
+    python benchmarks/server_overhead.py --model PATH --mode dspark --drafter PATH
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+
+def via_api(pipe, prompt: str, n: int) -> tuple[float, float, int, str]:
+    ids = list(pipe.tokenizer.encode(prompt))
+    t0 = time.perf_counter()
+    first = last = None
+    count, text = 0, []
+    for chunk in pipe.stream(ids, max_tokens=n, stop_tokens=set()):
+        if chunk.tokens:
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            count += len(chunk.tokens)
+        text.append(chunk.text)
+    return first - t0, (count - 1) / (last - first), count, "".join(text)
+
+
+def via_server(url: str, prompt: str, n: int) -> tuple[float, float, int, str]:
+    body = {
+        "prompt": prompt,
+        "max_tokens": n,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    first = last = None
+    text, count = [], 0
+    with requests.post(url + "/v1/completions", json=body, stream=True) as r:
+        for line in r.iter_lines():
+            if not line.startswith(b"data: {"):
+                continue
+            obj = json.loads(line[6:])
+            if obj.get("usage"):
+                count = obj["usage"]["completion_tokens"]
+            if obj["choices"] and obj["choices"][0]["text"]:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                text.append(obj["choices"][0]["text"])
+    # decode rate over the same span the API measures: first token to last token
+    return first - t0, (count - 1) / (last - first), count, "".join(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="target (default: the demo model)")
+    ap.add_argument("--drafter", default=None)
+    ap.add_argument("--mode", default="lookup")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--prompt", default="Write a short story about a lighthouse keeper.")
+    args = ap.parse_args()
+
+    from live_server import live_server
+
+    from outrider.cli import demo_model
+    from outrider.server.engine import LoadSpec
+    from outrider.server.generation import Limits
+
+    model = args.model or str(demo_model())
+    spec = LoadSpec(model, args.drafter, args.mode)
+    limits = Limits(max_tokens_cap=max(args.max_tokens, 8))
+    with live_server(spec, limits) as (url, engine):
+        pipe = engine.pipeline
+        via_server(url, args.prompt, 8)  # warm both paths
+        via_api(pipe, args.prompt, 8)
+        rows = {"api": [], "server": []}
+        for _ in range(args.trials):
+            rows["server"].append(via_server(url, args.prompt, args.max_tokens))
+            rows["api"].append(via_api(pipe, args.prompt, args.max_tokens))
+    texts = {r[3] for r in rows["api"] + rows["server"]}
+    counts = {r[2] for r in rows["api"] + rows["server"]}
+    if len(texts) != 1 or counts != {args.max_tokens}:
+        sys.exit(f"outputs differ between the API and the server: counts {sorted(counts)}")
+    med = {
+        k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
+        for k, v in rows.items()
+    }
+    print(
+        f"model {Path(model).name}, mode {pipe.mode}, {args.max_tokens} tokens, "
+        f"{args.trials} trials (medians)"
+    )
+    print(f"{'path':<8} {'TTFT ms':>9} {'decode tok/s':>13}")
+    for k in ("api", "server"):
+        print(f"{k:<8} {med[k][0] * 1e3:>9.2f} {med[k][1]:>13.1f}")
+    ratio = med["server"][1] / med["api"][1]
+    per_token = (1 / med["server"][1] - 1 / med["api"][1]) * 1e3
+    print(
+        f"server/api decode ratio {ratio:.3f}; overhead {per_token:+.3f} ms/token "
+        f"({(1 / ratio - 1) * 100:+.1f}% per token); TTFT +{(med['server'][0] - med['api'][0]) * 1e3:.2f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
