@@ -3,8 +3,8 @@
 Starts a live server in this process (uvicorn on 127.0.0.1, one engine thread), streams a
 completion (`/v1/completions`, `ignore_eos`, greedy) and times time-to-first-token and decode
 tokens/s on the client side of HTTP; then runs the same prompt and max_tokens through
-`Pipeline.stream` and times the same two figures. Trials interleave the two paths; medians are
-reported with the server/API ratio and the overhead per token. The two outputs are checked
+`Pipeline.stream` and times the same two figures. Trials interleave the two paths; best-of and
+median figures are reported with the overhead per token (whole-run time / tokens). The two outputs are checked
 token-count and text equal (a mismatch fails the run).
 
     python benchmarks/server_overhead.py                      # the demo model, lookup mode
@@ -38,7 +38,7 @@ def via_api(pipe, prompt: str, n: int) -> tuple[float, float, int, str]:
             last = now
             count += len(chunk.tokens)
         text.append(chunk.text)
-    return first - t0, (count - 1) / (last - first), count, "".join(text)
+    return first - t0, last - t0, count, "".join(text)
 
 
 def via_server(url: str, prompt: str, n: int) -> tuple[float, float, int, str]:
@@ -65,7 +65,7 @@ def via_server(url: str, prompt: str, n: int) -> tuple[float, float, int, str]:
                 last = now
                 text.append(obj["choices"][0]["text"])
     # decode rate over the same span the API measures: first token to last token
-    return first - t0, (count - 1) / (last - first), count, "".join(text)
+    return first - t0, last - t0, count, "".join(text)
 
 
 def main() -> None:
@@ -99,23 +99,27 @@ def main() -> None:
     counts = {r[2] for r in rows["api"] + rows["server"]}
     if len(texts) != 1 or counts != {args.max_tokens}:
         sys.exit(f"outputs differ between the API and the server: counts {sorted(counts)}")
-    med = {
-        k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
-        for k, v in rows.items()
-    }
-    print(
-        f"model {Path(model).name}, mode {pipe.mode}, {args.max_tokens} tokens, "
-        f"{args.trials} trials (medians)"
-    )
-    print(f"{'path':<8} {'TTFT ms':>9} {'decode tok/s':>13}")
+    n = args.max_tokens
+    print(f"model {Path(model).name}, mode {pipe.mode}, {n} tokens, {args.trials} trials")
+    print(f"{'path':<8} {'stat':<7} {'TTFT ms':>9} {'total ms':>10} {'decode tok/s':>13}")
+    stats = {}
     for k in ("api", "server"):
-        print(f"{k:<8} {med[k][0] * 1e3:>9.2f} {med[k][1]:>13.1f}")
-    ratio = med["server"][1] / med["api"][1]
-    per_token = (1 / med["server"][1] - 1 / med["api"][1]) * 1e3
-    print(
-        f"server/api decode ratio {ratio:.3f}; overhead {per_token:+.3f} ms/token "
-        f"({(1 / ratio - 1) * 100:+.1f}% per token); TTFT +{(med['server'][0] - med['api'][0]) * 1e3:.2f} ms"
-    )
+        for name, fn in (("median", statistics.median), ("best", min)):
+            ttft, total = fn(r[0] for r in rows[k]), fn(r[1] for r in rows[k])
+            stats[k, name] = (ttft, total)
+            rate = (n - 1) / (total - ttft)
+            print(f"{k:<8} {name:<7} {ttft * 1e3:>9.2f} {total * 1e3:>10.1f} {rate:>13.1f}")
+    # Per token over the whole generation (streams coalesce frames, so the client cannot see
+    # when the first decode token was made; whole-run time per token is the honest figure).
+    # Other processes only ever add time, so best-of-trials is the cleaner estimate on a busy
+    # machine; the median is printed beside it.
+    for name in ("best", "median"):
+        per_api, per_srv = stats["api", name][1] / n, stats["server", name][1] / n
+        d_ttft = (stats["server", name][0] - stats["api", name][0]) * 1e3
+        print(
+            f"{name:<6} server overhead per token {(per_srv - per_api) * 1e3:+.3f} ms "
+            f"({(per_srv / per_api - 1) * 100:+.1f}%); TTFT {d_ttft:+.2f} ms"
+        )
 
 
 if __name__ == "__main__":
