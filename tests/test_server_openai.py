@@ -154,6 +154,7 @@ def test_logprobs_seed_and_penalties(client, server):
 
 def test_models_health_metrics(client, server):
     url = server[0]
+    client.chat.completions.create(model="qwen3", messages=MSGS, max_tokens=8)
     models = client.models.list()
     assert [m.id for m in models.data] == ["qwen3"]
     h = requests.get(url + "/health", headers={"x-api-key": KEY}).json()

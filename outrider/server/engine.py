@@ -179,7 +179,7 @@ class Engine:
                 model=model_id(pipe),
                 mode=pipe.mode,
                 max_draft=pipe.max_draft,
-                drafter=getattr(pipe.drafter, "kind", None) and self.spec and self.spec.drafter,
+                drafter=self.spec.drafter if self.spec else None,
             )
         return out
 
