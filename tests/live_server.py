@@ -29,9 +29,14 @@ def wait_ready(engine: Engine, timeout: float = 120) -> None:
 
 
 @contextmanager
-def live_server(spec: LoadSpec | None, limits: Limits | None = None, api_key: str | None = None):
+def live_server(
+    spec: LoadSpec | None,
+    limits: Limits | None = None,
+    api_key: str | None = None,
+    loader=None,
+):
     """Yields (base_url, engine); the server and engine stop afterwards."""
-    engine = Engine().start()
+    engine = (Engine(loader) if loader else Engine()).start()
     if spec is not None:
         engine.load(spec)
         wait_ready(engine)

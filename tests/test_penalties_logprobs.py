@@ -80,3 +80,21 @@ def test_logprobs_are_the_targets(dspark, qwen3_target, mode):
         assert g.logprob <= 0
     plain = list(pipe.stream(ids, max_tokens=20, stop_tokens=set(), penalties=pen))
     assert all(c.step.logprobs is None for c in plain)
+
+
+def test_each_verify_row_is_processed_against_its_own_history():
+    """Row i of a verify block follows history + drafts[:i]: the property that makes penalised
+    rejection sampling exact too (the acceptor only ever sees these rows)."""
+    from outrider.core.logits import process_rows
+
+    pen = Penalties(presence=0.9, frequency=0.4, presence_context_size=6)
+    procs = pen.processors()
+    history, drafts = [5, 9, 5, 3, 7, 7, 2], [9, 4, 4, 11]
+    logits = mx.random.normal((len(drafts) + 1, 16), key=mx.random.key(0))
+    got = process_rows(procs, history, pen.window, logits, drafts)
+    for i in range(len(drafts) + 1):
+        row = logits[i : i + 1]
+        for proc in procs:
+            row = proc(mx.array(history + drafts[:i]), row)
+        assert mx.allclose(got[i], row[0]).item(), f"row {i}"
+    assert not mx.allclose(got[0], got[2]).item()  # drafts changed later rows' penalties

@@ -156,3 +156,42 @@ def test_serve_flags_are_checked_before_loading():
     ):
         out = runner.invoke(app, args)
         assert out.exit_code == 2 and needle in out.output, out.output
+
+
+def test_a_failing_generation_is_reported_and_the_server_keeps_serving(scripted):
+    """A generation that raises: 500 in each API's shape (or an in-stream error event), the
+    engine thread lives on and the next request is served."""
+    import dataclasses
+
+    from outrider import load
+    from outrider.api import Pipeline
+    from outrider.server.engine import LoadSpec
+
+    class Exploding(Pipeline):
+        def stream(self, prompt, **kw):
+            if kw.get("max_tokens") == 7:
+                raise RuntimeError("boom")
+            yield from super().stream(prompt, **kw)
+
+    def loader(spec: LoadSpec) -> Pipeline:
+        pipe = load(spec.model, mode=spec.mode)
+        return Exploding(**{f.name: getattr(pipe, f.name) for f in dataclasses.fields(pipe)})
+
+    with live_server(LoadSpec(str(scripted), mode="lookup"), loader=loader) as (url, engine):
+        assert isinstance(engine.pipeline, Exploding)
+        r = chat(url, max_tokens=7)
+        assert r.status_code == 500
+        assert r.json()["error"]["message"] == "generation failed: RuntimeError: boom"
+        body = {
+            "model": "scripted-admin",
+            "max_tokens": 7,
+            "messages": [{"role": "user", "content": "x"}],
+        }
+        r = requests.post(url + "/v1/messages", json=body)
+        assert r.status_code == 500 and r.json()["error"]["type"] == "api_error"
+        with requests.post(url + "/v1/messages", json={**body, "stream": True}, stream=True) as r:
+            frames = [f for f in r.iter_lines(decode_unicode=True) if f.startswith("event:")]
+        assert frames[-1] == "event: error"
+        ok = chat(url, max_tokens=3)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+        assert "outrider_errors_total" in requests.get(url + "/metrics").text
