@@ -85,7 +85,11 @@ def serve(
             else "no model (POST /admin/load)"
         )
         typer.echo(f"outrider serve: listening on {where} ({what})", err=True)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        # Open streams get a few seconds to finish on shutdown, then are cancelled (which
+        # cancels their generations at the next round).
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2
+        )
         try:
             uvicorn.Server(config).run()
         finally:

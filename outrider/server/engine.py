@@ -102,6 +102,7 @@ class Engine:
         self.load_started: float | None = None
         self._pending_load: _Load | None = None
         self.window_limit: int | None = None  # sticky across loads; 0 in a LoadSpec clears it
+        self._current: Job | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -109,6 +110,18 @@ class Engine:
         return self
 
     def stop(self) -> None:
+        """Stop after the running generation's next round (queued jobs are dropped)."""
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Job):
+                item.cancel.set()
+                self._post(item, "end", None)
+        current = self._current
+        if current is not None:
+            current.cancel.set()
         self._jobs.put(_STOP)
         self._thread.join(timeout=30)
 
@@ -204,9 +217,11 @@ class Engine:
                 if self._pending_load is None:
                     self.state, self.spec, self.phase = "no_model", None, None
         else:
+            self._current = item
             try:
                 self._generate(item)
             finally:
+                self._current = None
                 with self._lock:
                     self.metrics.in_flight -= 1
 
@@ -246,14 +261,16 @@ class Engine:
         if pipe is None:
             self._release()
 
+    @staticmethod
+    def _post(job: Job, kind: str, value: Any) -> None:
+        try:
+            job.loop.call_soon_threadsafe(job.events.put_nowait, (kind, value))
+        except RuntimeError:  # the request's event loop is gone
+            job.cancel.set()
+
     def _generate(self, job: Job) -> None:
-        def post(kind: str, value: Any) -> bool:
-            try:
-                job.loop.call_soon_threadsafe(job.events.put_nowait, (kind, value))
-                return True
-            except RuntimeError:  # the request's event loop is gone
-                job.cancel.set()
-                return False
+        def post(kind: str, value: Any) -> None:
+            self._post(job, kind, value)
 
         pipe = self.pipeline
         if job.cancel.is_set() or pipe is None:
