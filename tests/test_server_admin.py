@@ -67,8 +67,14 @@ def test_no_model_then_load_unload_and_cancel(server, scripted):
     assert h["capabilities"]["tools"] and h["capabilities"]["enable_thinking"]
     r = chat(url)
     assert r.status_code == 200 and r.json()["x_outrider"]["mode"] == "lookup"
-    # A failed load names the problem and leaves a clean state.
-    requests.post(url + "/admin/load", json={"model": str(scripted) + "-missing"}, headers=H)
+    # A path that does not exist is refused before the running model is released.
+    r = requests.post(url + "/admin/load", json={"model": str(scripted) + "-missing"}, headers=H)
+    assert r.status_code == 400 and "no such folder" in r.json()["error"]["message"]
+    assert chat(url).status_code == 200
+    # A load that fails names the problem and leaves a clean state.
+    empty = scripted.parent / "empty-model"
+    empty.mkdir(exist_ok=True)
+    requests.post(url + "/admin/load", json={"model": str(empty)}, headers=H)
     h = wait_health(url, "error")
     assert "could not load" in h["load"]["error"]
     assert chat(url).status_code == 503

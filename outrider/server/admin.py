@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..core.hub import looks_like_repo_id
 from .engine import LoadSpec, model_id
 from .errors import ApiError
 from .prompting import capabilities
@@ -74,6 +76,11 @@ def router(state: Any) -> APIRouter:
                 state.plugins().strategy(mode)
             except Exception as e:
                 raise ApiError(400, str(e), param="mode") from None
+        if not (Path(body.model).expanduser().exists() or looks_like_repo_id(body.model)):
+            # Refused before the running model is released.
+            raise ApiError(
+                400, f"model {body.model!r}: no such folder, and not a Hugging Face repo id"
+            )
         window = body.context_window  # sticky: None keeps the last load's limit
         if window is not None and 0 < window < 16:
             raise ApiError(400, "context_window must be 0 (the model's own) or >= 16")
