@@ -116,6 +116,43 @@ def test_claude_environment(server, scripted):
     assert out.exit_code == 2 and "no outrider server" in out.output
 
 
+def test_claude_launches_the_child_with_its_environment(server, scripted, tmp_path):
+    """A stand-in `claude` on PATH records what it was started with."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    url, _ = server
+    requests.post(url + "/admin/load", json={"model": str(scripted), "mode": "lookup"}, headers=H)
+    wait_health(url, "ok")
+    record = tmp_path / "record.json"
+    fake = tmp_path / "bin" / "claude"
+    fake.parent.mkdir()
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open({str(record)!r}, 'w'))\n"
+    )
+    fake.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
+        "ANTHROPIC_API_KEY": "a-real-key",
+        "HOME": str(home),
+    }
+    cmd = [sys.executable, "-m", "outrider", "claude", "--url", url, "--api-key", KEY]
+    done = subprocess.run([*cmd, "--", "--resume", "-p", "hi"], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    seen = json.loads(record.read_text())
+    assert seen["argv"] == ["--resume", "-p", "hi"]
+    assert seen["env"]["ANTHROPIC_BASE_URL"] == url
+    assert seen["env"]["ANTHROPIC_MODEL"] == "scripted-admin"
+    assert "ANTHROPIC_API_KEY" not in seen["env"]
+    assert list(home.iterdir()) == []  # nothing written to the user's files
+
+
 def test_schema_fuzz_finds_no_server_errors(server, scripted):
     """Schemathesis generates requests from the server's own OpenAPI document."""
     import schemathesis
