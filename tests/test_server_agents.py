@@ -76,6 +76,12 @@ def test_anthropic_thinking_blocks_stream_and_not(claude):
 
 
 def test_anthropic_tool_round_trip(claude):
+    server_tool = {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}
+    count = claude.messages.count_tokens(model="scripted", messages=ASK, tools=TOOLS_A)
+    with_server_tool = claude.messages.count_tokens(
+        model="scripted", messages=ASK, tools=TOOLS_A + [server_tool]
+    )
+    assert with_server_tool.input_tokens == count.input_tokens  # server tools are not offered
     first = claude.messages.create(model="scripted", max_tokens=60, messages=ASK, tools=TOOLS_A)
     assert first.stop_reason == "tool_use"
     call = first.content[-1]

@@ -129,8 +129,14 @@ def to_chat(body: CountRequest) -> list[dict]:
     return out
 
 
+def client_tools(body: CountRequest) -> list[ATool]:
+    """The tools the model may call: Anthropic's own server tools (web search and the like,
+    marked by a versioned `type`) run on Anthropic's side and are dropped."""
+    return [t for t in body.tools or [] if (t.model_extra or {}).get("type") in (None, "custom")]
+
+
 def _tools(body: CountRequest) -> list[dict] | None:
-    if not body.tools:
+    if not client_tools(body):
         return None
     return [
         {
@@ -141,7 +147,7 @@ def _tools(body: CountRequest) -> list[dict] | None:
                 "parameters": t.input_schema,
             },
         }
-        for t in body.tools
+        for t in client_tools(body)
     ]
 
 
@@ -198,7 +204,7 @@ def router(state: Any) -> APIRouter:
             stop=stops,
         )
         opts = options(engine, limits, len(prompt), params)
-        schemas = {t.name: t.input_schema for t in body.tools} if body.tools else None
+        schemas = {t.name: t.input_schema for t in client_tools(body)} or None
         shaper = Shaper(True, in_thinking, schemas)
         job = submit(engine, prompt, opts)
         mid = "msg_" + secrets.token_hex(12)
