@@ -133,6 +133,11 @@ def test_logprobs_seed_and_penalties(client, server):
     for c in content:
         assert c.logprob <= 0 and len(c.top_logprobs) == 3
         assert c.top_logprobs[0].logprob >= c.logprob - 1e-5  # greedy takes the top token
+    stream = client.chat.completions.create(
+        model="qwen3", messages=MSGS, max_tokens=8, logprobs=True, top_logprobs=3, stream=True
+    )
+    streamed = [lp for c in stream for ch in c.choices if ch.logprobs for lp in ch.logprobs.content]
+    assert [(x.token, x.logprob) for x in streamed] == [(x.token, x.logprob) for x in content]
     kw = dict(model="qwen3", messages=MSGS, max_tokens=12, temperature=0.9, seed=7)
     a = client.chat.completions.create(**kw).choices[0].message.content
     b = client.chat.completions.create(**kw).choices[0].message.content

@@ -348,13 +348,13 @@ def _completion_logprobs(tokenizer: Any, lps: list[TokenLogprob]) -> dict:
 
 
 async def _chat_stream(state, pipe, job, shaper, rid, created, model, include_usage, top):
-    def chunk(delta: dict, finish: str | None = None, **extra: Any) -> str:
+    def chunk(delta: dict, finish: str | None = None, lp: Any = None, **extra: Any) -> str:
         body = {
             "id": rid,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}],
         }
         body.update(extra)
         return _sse(body)
@@ -365,13 +365,15 @@ async def _chat_stream(state, pipe, job, shaper, rid, created, model, include_us
         if kind == "keepalive":  # an empty delta: SDK idle timers see it, unlike a comment
             yield chunk({})
         elif kind == "chunk":
-            for k, text in shaper.feed(value.text):
-                yield chunk({"reasoning_content" if k == "reasoning" else "content": text})
+            lp = None
             if top is not None and value.step.logprobs:
                 lp = {"content": _chat_logprobs(pipe.tokenizer, value.step.logprobs)}
-                frame = json.loads(chunk({})[6:])
-                frame["choices"][0]["logprobs"] = lp
-                yield _sse(frame)
+            pieces = shaper.feed(value.text)
+            for i, (k, text) in enumerate(pieces):  # logprobs ride on the chunk's last frame
+                key = "reasoning_content" if k == "reasoning" else "content"
+                yield chunk({key: text}, lp=lp if i == len(pieces) - 1 else None)
+            if lp is not None and not pieces:
+                yield chunk({}, lp=lp)
         elif kind == "error":
             err = {
                 "message": f"generation failed: {type(value).__name__}: {value}",
