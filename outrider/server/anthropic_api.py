@@ -9,6 +9,7 @@ import secrets
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -192,7 +193,8 @@ def router(state: Any) -> APIRouter:
     @r.post("/messages")
     async def messages(body: MessagesRequest, request: Request):
         engine, limits = state.engine, state.limits
-        prompt, in_thinking, keep_thinking = _render(state, body)
+        # Templating a long conversation takes a while: off the event loop.
+        prompt, in_thinking, keep_thinking = await run_in_threadpool(_render, state, body)
         pipe = engine.pipeline
         check_context(engine, len(prompt), anthropic=True)
         stops = list(body.stop_sequences or [])

@@ -8,6 +8,7 @@ import time
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -201,8 +202,9 @@ def router(state: Any) -> APIRouter:
         if thinking is None:
             thinking = limits.thinking
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
-        prompt, in_thinking = render_chat(
-            pipe.tokenizer, messages, tools, thinking, body.reasoning_effort, extra
+        # Templating a long conversation takes a while: off the event loop.
+        prompt, in_thinking = await run_in_threadpool(
+            render_chat, pipe.tokenizer, messages, tools, thinking, body.reasoning_effort, extra
         )
         check_context(engine, len(prompt), anthropic=False)
         opts = options(engine, limits, len(prompt), params)
@@ -275,7 +277,7 @@ def router(state: Any) -> APIRouter:
                         400, "exactly one prompt per request is supported", param="prompt"
                     )
                 prompt_in = prompt_in[0]
-            prompt = list(pipe.tokenizer.encode(prompt_in))
+            prompt = list(await run_in_threadpool(pipe.tokenizer.encode, prompt_in))
         if not prompt:
             raise ApiError(400, "the prompt is empty", param="prompt")
         check_context(engine, len(prompt), anthropic=False)
