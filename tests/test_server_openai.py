@@ -19,7 +19,7 @@ from outrider.server.engine import LoadSpec
 from outrider.server.generation import Limits
 
 KEY = "sekret-key"
-WINDOW = 512
+WINDOW = 4000  # below the model's own 4096, so the override is what refuses
 
 
 @pytest.fixture(scope="module")
@@ -216,11 +216,13 @@ def test_bad_input_is_refused_and_the_server_keeps_serving(client, server):
     assert status == 400
     status, body = _status(
         lambda: client.chat.completions.create(
-            model="qwen3", messages=[{"role": "user", "content": "x" * 600}]
+            model="qwen3", messages=[{"role": "user", "content": "x" * (WINDOW + 10)}]
         )
     )
     assert status == 400 and body["code"] == "context_length_exceeded"
-    status, _ = _status(lambda: client.completions.create(model="qwen3", prompt="y" * 600))
+    status, _ = _status(
+        lambda: client.completions.create(model="qwen3", prompt="y" * (WINDOW + 10))
+    )
     assert status == 400
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-api-key": "wrong"}):
         r = requests.get(url + "/v1/models", headers=headers)
@@ -274,6 +276,15 @@ def test_keepalive_while_queued_and_disconnect_frees_the_worker(server, client):
     assert _metric(url, "outrider_cancelled_total") == before_cancel + 1
     spent = _metric(url, "outrider_completion_tokens_total") - before_tokens - 3
     assert spent < 1000  # of 4000 asked for
+    # The same for a non-streaming request whose client gives up.
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(
+            url + "/v1/completions", json={**long, "max_tokens": 4000}, headers=headers, timeout=1
+        )
+    deadline = time.time() + 10
+    while _metric(url, "outrider_cancelled_total") < before_cancel + 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert _metric(url, "outrider_cancelled_total") == before_cancel + 2
 
 
 def _rss_mb() -> float:

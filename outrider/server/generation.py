@@ -5,6 +5,7 @@ calls."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -135,8 +136,13 @@ async def events(
     busy come as one. Leaving early (a disconnect cancels the consuming task) cancels the job:
     the engine stops it at the next round."""
     held: tuple[str, Any] | None = None
+    checked = time.monotonic()
     try:
         while True:
+            if request is not None and time.monotonic() - checked > 0.5:
+                checked = time.monotonic()
+                if await request.is_disconnected():
+                    return
             if held is not None:
                 (kind, value), held = held, None
             else:
