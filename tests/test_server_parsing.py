@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from outrider.server.reasoning import ThinkSplitter
+from outrider.server.reasoning import GEMMA_CHANNEL, ThinkSplitter, markers_for
 from outrider.server.tools import ToolGate, parse_tool_calls
 
 SCHEMAS = {
@@ -71,3 +71,14 @@ def test_think_split_in_any_chunking(size):
     assert run("weigh it</think>Answer.", in_thinking=True) == ("weigh it", "Answer.")
     assert run("  plain text <think>x</think>") == ("", "  plain text <think>x</think>")
     assert run("<think>never closed") == ("never closed", "")
+
+
+@pytest.mark.parametrize("size", [1, 4, 100])
+def test_gemma_thought_channel(size):
+    assert markers_for("...{{ '<|channel>thought' }}...") == GEMMA_CHANNEL
+    assert markers_for("{{ '<think>' }}") == ("<think>", "</think>")
+    text = "<|channel>thought\nweigh it<channel|>Answer."
+    s = ThinkSplitter(False, GEMMA_CHANNEL)
+    out = [p for i in range(0, len(text), size) for p in s.feed(text[i : i + size])] + s.finish()
+    assert "".join(t for k, t in out if k == "reasoning") == "weigh it"
+    assert "".join(t for k, t in out if k == "content") == "Answer."

@@ -27,7 +27,8 @@ from .generation import (
     submit,
     x_outrider,
 )
-from .prompting import EFFORTS, render_chat
+from .prompting import EFFORTS, render_chat, template_text
+from .reasoning import markers_for
 
 SIGNATURE = "outrider"
 
@@ -207,7 +208,8 @@ def router(state: Any) -> APIRouter:
         )
         opts = options(engine, limits, len(prompt), params)
         schemas = {t.name: t.input_schema for t in client_tools(body)} or None
-        shaper = Shaper(True, in_thinking, schemas)
+        markers = markers_for(template_text(pipe.tokenizer))
+        shaper = Shaper(True, in_thinking, schemas, markers=markers)
         job = submit(engine, prompt, opts)
         mid = "msg_" + secrets.token_hex(12)
         model = body.model or model_id(pipe)

@@ -17,7 +17,7 @@ from ..core.events import Result
 from ..core.logits import Penalties
 from .engine import Engine, Job, NotReady
 from .errors import ApiError
-from .reasoning import ThinkSplitter
+from .reasoning import THINK, ThinkSplitter
 from .tools import ToolCall, ToolGate
 
 
@@ -186,8 +186,9 @@ class Shaper:
         in_thinking: bool,
         tools: dict[str, dict] | None,
         parse_tools: bool = True,
+        markers: tuple[str, str] = THINK,
     ) -> None:
-        self._think = ThinkSplitter(in_thinking) if split_thinking else None
+        self._think = ThinkSplitter(in_thinking, markers) if split_thinking else None
         self._gate = ToolGate(tools) if tools and parse_tools else None
 
     def feed(self, text: str) -> list[tuple[str, str]]:

@@ -26,7 +26,8 @@ from .generation import (
     submit,
     x_outrider,
 )
-from .prompting import EFFORTS, render_chat
+from .prompting import EFFORTS, render_chat, template_text
+from .reasoning import markers_for
 
 
 class _Open(BaseModel):
@@ -209,7 +210,8 @@ def router(state: Any) -> APIRouter:
         check_context(engine, len(prompt), anthropic=False)
         opts = options(engine, limits, len(prompt), params)
         parse = body.tool_choice != "none"
-        shaper = Shaper(True, in_thinking, _tool_schemas(body.tools), parse)
+        markers = markers_for(template_text(pipe.tokenizer))
+        shaper = Shaper(True, in_thinking, _tool_schemas(body.tools), parse, markers)
         job = submit(engine, prompt, opts)
         rid = "chatcmpl-" + secrets.token_hex(12)
         created = int(time.time())

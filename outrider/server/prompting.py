@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from .errors import ApiError
-from .reasoning import prompt_opens_thinking
+from .reasoning import markers_for, prompt_opens_thinking
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
@@ -122,4 +122,5 @@ def render_chat(
         raise
     except Exception as e:
         raise ApiError(400, f"could not apply chat template: {e}") from None
-    return list(tokenizer.encode(text, add_special_tokens=False)), prompt_opens_thinking(text)
+    opens = prompt_opens_thinking(text, markers_for(template_text(tokenizer)))
+    return list(tokenizer.encode(text, add_special_tokens=False)), opens

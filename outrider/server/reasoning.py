@@ -1,13 +1,21 @@
-"""Split a model's streamed text into reasoning (`<think>…</think>`) and answer text.
+"""Split a model's streamed text into reasoning and answer text.
 
-Markers can arrive split across chunks, so text that could still become a marker is held back
-until it cannot. A prompt that already opened a think block (templates that prefill `<think>`)
-starts the splitter inside it.
+Reasoning is `<think>…</think>` (Qwen, DeepSeek and most others) or Gemma-4's thought channel
+`<|channel>thought …<channel|>`; the chat template says which. Markers can arrive split across
+chunks, so text that could still become a marker is held back until it cannot. A prompt that
+already opened a think block (templates that prefill `<think>`) starts the splitter inside it.
 """
 
 from __future__ import annotations
 
 OPEN, CLOSE = "<think>", "</think>"
+THINK = (OPEN, CLOSE)
+GEMMA_CHANNEL = ("<|channel>thought", "<channel|>")
+
+
+def markers_for(template: str) -> tuple[str, str]:
+    """The reasoning markers a chat template's model uses."""
+    return GEMMA_CHANNEL if "<|channel>" in template else THINK
 
 
 def _partial_suffix(text: str, marker: str) -> int:
@@ -18,16 +26,17 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def prompt_opens_thinking(prompt_text: str) -> bool:
+def prompt_opens_thinking(prompt_text: str, markers: tuple[str, str] = THINK) -> bool:
     """Whether the rendered prompt leaves a think block open for the model to continue."""
-    return prompt_text.rfind(OPEN) > prompt_text.rfind(CLOSE)
+    return prompt_text.rfind(markers[0]) > prompt_text.rfind(markers[1])
 
 
 class ThinkSplitter:
     """Feed text deltas; get back ("reasoning" | "content", text) pieces in order."""
 
-    def __init__(self, in_thinking: bool = False) -> None:
+    def __init__(self, in_thinking: bool = False, markers: tuple[str, str] = THINK) -> None:
         self.in_thinking = in_thinking
+        self.open, self.close = markers
         self._buf = ""
         self._seen_content = False
         self._seen_reasoning = False
@@ -37,7 +46,7 @@ class ThinkSplitter:
         self._buf += text
         out: list[tuple[str, str]] = []
         while self._buf:
-            marker = CLOSE if self.in_thinking else OPEN
+            marker = self.close if self.in_thinking else self.open
             i = self._buf.find(marker)
             # Only a think block at the very start of the answer opens reasoning.
             if not self.in_thinking and (self._seen_content or i > 0 and self._buf[:i].strip()):
