@@ -145,6 +145,8 @@ async def events(
                     return
             if held is not None:
                 (kind, value), held = held, None
+            elif not job.events.empty():  # the common case mid-stream: no timer needed
+                kind, value = job.events.get_nowait()
             else:
                 try:
                     wait = keepalive_s if request is None else min(keepalive_s, 0.5)

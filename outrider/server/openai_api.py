@@ -422,12 +422,18 @@ async def _completion_stream(state, pipe, job, rid, created, model, include_usag
         body.update(extra)
         return _sse(body)
 
+    # Mid-stream frames differ only in their text: serialise the rest once.
+    head, tail = chunk("\x00").split(json.dumps("\x00"))
+
+    def text_frame(text: str) -> str:
+        return head + json.dumps(text, ensure_ascii=False) + tail
+
     result = None
     async for kind, value in events(job, state.limits.keepalive_s):
         if kind == "keepalive":
             yield ": keepalive\n\n"
         elif kind == "chunk" and value.text:
-            yield chunk(value.text)
+            yield text_frame(value.text)
         elif kind == "error":
             err = {
                 "message": f"generation failed: {type(value).__name__}: {value}",
