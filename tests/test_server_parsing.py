@@ -82,3 +82,32 @@ def test_gemma_thought_channel(size):
     out = [p for i in range(0, len(text), size) for p in s.feed(text[i : i + size])] + s.finish()
     assert "".join(t for k, t in out if k == "reasoning") == "weigh it"
     assert "".join(t for k, t in out if k == "content") == "Answer."
+
+
+def test_reasoning_effort_falls_back_to_the_nearest_word_the_template_knows():
+    from outrider.server.errors import ApiError
+    from outrider.server.prompting import nearest_efforts, render_chat
+
+    assert nearest_efforts("high")[:3] == ["high", "medium", "xhigh"]
+    assert nearest_efforts(None) == [None]
+
+    class Template:  # a tokenizer whose template accepts only some effort words
+        chat_template = "{{ reasoning_effort }}"
+
+        def __init__(self, known):
+            self.known, self.seen = known, []
+
+        def apply_chat_template(self, messages, reasoning_effort=None, **kw):
+            self.seen.append(reasoning_effort)
+            if reasoning_effort not in self.known:
+                raise ValueError(f"unknown effort {reasoning_effort}")
+            return f"<{reasoning_effort}>"
+
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) for c in text]
+
+    tok = Template({"low", "medium", "xhigh"})
+    ids, _ = render_chat(tok, [{"role": "user", "content": "hi"}], reasoning_effort="high")
+    assert "".join(map(chr, ids)) == "<medium>" and tok.seen == ["high", "medium"]
+    with pytest.raises(ApiError, match="could not apply chat template"):
+        render_chat(Template(set()), [{"role": "user", "content": "hi"}], reasoning_effort="low")

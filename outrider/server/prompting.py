@@ -93,6 +93,15 @@ def capabilities(tokenizer: Any) -> dict[str, bool]:
     }
 
 
+def nearest_efforts(effort: str | None) -> list[str | None]:
+    """`effort`, then the other levels by distance, ties toward less thinking: templates know
+    different words (one has low / medium / xhigh and refuses "high")."""
+    if effort not in EFFORTS:
+        return [effort]
+    i = EFFORTS.index(effort)
+    return sorted(EFFORTS, key=lambda e: (abs(EFFORTS.index(e) - i), EFFORTS.index(e) > i))
+
+
 def render_chat(
     tokenizer: Any,
     messages: list[dict],
@@ -114,13 +123,18 @@ def render_chat(
         kwargs["reasoning_effort"] = reasoning_effort
     if tools:
         kwargs["tools"] = tools
-    try:
-        text = tokenizer.apply_chat_template(
-            msgs, tokenize=False, add_generation_prompt=True, **kwargs
-        )
-    except ApiError:
-        raise
-    except Exception as e:
-        raise ApiError(400, f"could not apply chat template: {e}") from None
+    efforts = nearest_efforts(kwargs.get("reasoning_effort"))
+    for i, effort in enumerate(efforts):
+        if effort is not None:
+            kwargs["reasoning_effort"] = effort
+        try:
+            text = tokenizer.apply_chat_template(
+                msgs, tokenize=False, add_generation_prompt=True, **kwargs
+            )
+            break
+        except Exception as e:
+            if i + 1 < len(efforts):
+                continue  # a template that knows other effort words: try the nearest next
+            raise ApiError(400, f"could not apply chat template: {e}") from None
     opens = prompt_opens_thinking(text, markers_for(template_text(tokenizer)))
     return list(tokenizer.encode(text, add_special_tokens=False)), opens
