@@ -233,6 +233,13 @@ def generate(
             stream_plain(pipe, text, kwargs)
 
 
+# --- serve and claude (outrider/server/command.py) ------------------------------------------
+
+from .server.command import register as _register_server  # noqa: E402
+
+_register_server(app)
+
+
 # --- plugins and models ----------------------------------------------------------------------
 
 
@@ -420,13 +427,6 @@ def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
         console.print(f"[red]problem:[/red] {problem}")
     if not report["problems"]:
         console.print("[green]no problems found[/green]")
-
-
-# --- serve and claude (outrider/server/command.py) ------------------------------------------
-
-from .server.command import register as _register_server  # noqa: E402
-
-_register_server(app)
 
 
 # --- entry point -----------------------------------------------------------------------------
