@@ -7,7 +7,7 @@ tokens/s on the client side of HTTP; then runs the same prompt and max_tokens th
 median figures are reported with the overhead per token (whole-run time / tokens). The two outputs are checked
 token-count and text equal (a mismatch fails the run).
 
-    python benchmarks/server_overhead.py                      # the demo model, lookup mode
+    python benchmarks/server_overhead.py                      # a tiny random Qwen3, lookup
     python benchmarks/server_overhead.py --model PATH --mode dspark --drafter PATH
 """
 
@@ -70,8 +70,8 @@ def via_server(url: str, prompt: str, n: int) -> tuple[float, float, int, str]:
     return first - t0, last - t0, count, "".join(text)
 
 
-# Random-weight Qwen3 shapes (fp32): "tiny" is the demo model's; "medium" makes a token in a
-# few milliseconds on a CPU, nearer a real model's per-token time than the demo model's ~1 ms.
+# Random-weight Qwen3 shapes (fp32): "tiny" is the tests' size; "medium" makes a token in a
+# few milliseconds on a CPU, nearer a real model's per-token time than tiny's ~1 ms.
 SHAPES = {
     "tiny": {},
     "medium": dict(
@@ -127,12 +127,13 @@ def served(model: str, args: argparse.Namespace):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="target (default: the demo model)")
+    ap.add_argument("--model", default=None, help="target (default: --shape tiny)")
     ap.add_argument(
         "--shape",
         choices=sorted(SHAPES),
         default=None,
-        help="instead of --model: a random-weight Qwen3 of this shape, built once",
+        help="instead of --model: a random-weight Qwen3 of this shape, built once (tiny is "
+        "the size of the tests' models)",
     )
     ap.add_argument("--drafter", default=None)
     ap.add_argument("--mode", default="lookup")
@@ -142,9 +143,8 @@ def main() -> None:
     args = ap.parse_args()
 
     import outrider
-    from outrider.cli import demo_model
 
-    model = args.model or (str(random_target(args.shape)) if args.shape else str(demo_model()))
+    model = args.model or str(random_target(args.shape or "tiny"))
     pipe = outrider.load(model, args.drafter, args.mode)
     with served(model, args) as url:
         via_server(url, args.prompt, 8)  # warm both paths

@@ -39,7 +39,7 @@ def serve(
     keepalive: float = Opt(15.0, "--keepalive", help="Seconds between stream keep-alives."),
 ) -> None:
     """Serve OpenAI- and Anthropic-compatible APIs; speculation is invisible to clients."""
-    from ..cli import check_options, demo_model, plugins, user_errors
+    from ..cli import check_options, plugins, user_errors
     from ..core.errors import OutriderError
 
     with user_errors():
@@ -65,12 +65,8 @@ def serve(
         app = create_app(engine, limits, api_key, plugins=plugins)
         if not no_model:
             if model is None:
-                model = str(demo_model())
-                typer.echo(
-                    f"note: no --model given; serving the demo model at {model} "
-                    "(random weights: its text is noise)",
-                    err=True,
-                )
+                model, note = default_model()
+                typer.echo(f"note: no --model given; {note}", err=True)
             spec = LoadSpec(
                 model, drafter, mode, max_draft, context_window, confidence_threshold, drafter_bits
             )
@@ -94,6 +90,18 @@ def serve(
             uvicorn.Server(config).run()
         finally:
             engine.stop()
+
+
+def default_model() -> tuple[str, str]:
+    """(model, note) when --model is not given: the demo `outrider generate` uses too."""
+    try:
+        from ..demo import demo_target, pair_dir  # the shipped demo pair, where present
+    except ImportError:
+        from ..cli import demo_model  # a tiny random-weight model built on first use
+
+        path = str(demo_model())
+        return path, f"serving the demo model at {path} (random weights: its text is noise)"
+    return demo_target(), f"serving the demo pair in {pair_dir()}"
 
 
 def _load_with_progress(engine, spec) -> None:
