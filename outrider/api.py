@@ -15,6 +15,7 @@ from .core.drafter_spec import DrafterSpec
 from .core.errors import CheckpointError, ModelNotFoundError, OutriderError, UnsupportedTargetError
 from .core.events import Result, Round
 from .core.hub import resolve_model
+from .core.logits import Penalties
 from .core.loop import Step, decode
 from .core.plugins import Plugins
 from .core.proposer import Proposer
@@ -122,8 +123,15 @@ class Pipeline:
         raw: bool = False,
         thinking: bool | None = None,
         max_draft: int | None = None,
+        penalties: Penalties | None = None,
+        logprobs: int | None = None,
     ) -> Iterator[Chunk]:
-        """Yield text as rounds land; the last chunk carries the full Result."""
+        """Yield text as rounds land; the last chunk carries the full Result.
+
+        `penalties` (presence/frequency, mlx-lm semantics) change the target distribution the
+        output follows; `logprobs` = n attaches each token's log-probability and n alternatives
+        to `Chunk.step.logprobs`. Closing the iterator stops generation after the current round.
+        """
         if max_tokens < 0:
             raise OutriderError(f"max_tokens must be >= 0, got {max_tokens}")
         sampling = SamplingParams(temperature, top_p, top_k, seed)
@@ -149,7 +157,17 @@ class Pipeline:
         mx.reset_peak_memory()
         text = TextAssembler(tokenizer, stopper)
         decode_start = None
-        for step in decode(self.target, self.proposer, ids, stopper, sampling, result.max_draft):
+        steps = decode(
+            self.target,
+            self.proposer,
+            ids,
+            stopper,
+            sampling,
+            result.max_draft,
+            penalties=penalties,
+            logprobs=logprobs,
+        )
+        for step in steps:
             if step.source == "prefill":
                 result.prefill_seconds = step.seconds
                 decode_start = time.perf_counter()

@@ -208,6 +208,13 @@ def generate(
             stream_plain(pipe, text, kwargs)
 
 
+# --- serve and claude (outrider/server/command.py) ------------------------------------------
+
+from .server.command import register as _register_server  # noqa: E402
+
+_register_server(app)
+
+
 # --- plugins and models ----------------------------------------------------------------------
 
 

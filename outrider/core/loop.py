@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .acceptance import accept_greedy, accept_sampled
+from .logits import Penalties, TokenLogprob, logprob_arrays, process_rows, read_logprobs
 from .proposer import DraftContext, Proposal, Proposer
 from .sampling import KeyStream, SamplingParams, greedy, probabilities, sample
 from .stopping import Stopper
@@ -31,6 +32,7 @@ class Step:
     committed: list[int]  # tokens emitted by this step (after stop handling)
     seconds: float
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # per kept token, when requested
 
 
 def _choose(logits: mx.array, sampling: SamplingParams, keys: KeyStream | None) -> mx.array:
@@ -46,8 +48,15 @@ def decode(
     stopper: Stopper,
     sampling: SamplingParams = SamplingParams(),
     max_draft: int | None = None,
+    penalties: Penalties | None = None,
+    logprobs: int | None = None,
 ) -> Iterator[Step]:
-    """Generate from `prompt` until `stopper` says stop, yielding each step as it lands."""
+    """Generate from `prompt` until `stopper` says stop, yielding each step as it lands.
+
+    `penalties` apply mlx-lm's presence/frequency processors to every verified row against its
+    own history; `logprobs` (the number of top alternatives, 0 for none) attaches each kept
+    token's log-probability to its step.
+    """
     if not prompt:
         raise ValueError("the prompt is empty")
     keys = None if sampling.greedy else KeyStream(sampling.seed)
@@ -56,20 +65,25 @@ def decode(
     if tap_ids:
         target.install_taps(tap_ids)
     cache = target.make_cache()
+    procs = penalties.processors() if penalties is not None and penalties.active else []
+    window = penalties.window if procs else 0
 
     t0 = time.perf_counter()
     with mx.stream(target.stream):
         last_logits, taps = target.prefill(prompt, cache, tap_ids)
+        last_logits = process_rows(procs, prompt, window, last_logits[None])[0]
         first = _choose(last_logits, sampling, keys)
-    if cap_limit <= 0 and not tap_ids:
+        lp = None if logprobs is None else logprob_arrays(last_logits[None], first, logprobs)
+    if cap_limit <= 0 and not tap_ids and not procs and logprobs is None:
         yield from _plain_steps(target, cache, first, stopper, sampling, keys, t0)
         return
     proposer.start(prompt, taps)
-    mx.eval(first)
+    mx.eval(first, lp)
     anchor = first.item()
     history = list(prompt) + [anchor]
     kept = stopper.feed([anchor])
-    yield Step("prefill", [], 0, kept, time.perf_counter() - t0, stopper.finish_reason)
+    step_lp = None if lp is None else read_logprobs(lp, kept)
+    yield Step("prefill", [], 0, kept, time.perf_counter() - t0, stopper.finish_reason, step_lp)
 
     while stopper.finish_reason is None:
         t = time.perf_counter()
@@ -85,15 +99,19 @@ def decode(
             else:
                 inputs = mx.concatenate([mx.array([anchor], dtype=mx.uint32), drafts])
             logits, taps = target.forward(inputs, cache, tap_ids)
+            if procs:
+                row_drafts = proposal.host if proposal.host is not None else drafts
+                logits = process_rows(procs, history, window, logits, row_drafts)
             if sampling.greedy:
                 tokens = greedy(logits)
             else:
                 key = keys.next()
                 accepted, tokens = accept_sampled(logits, drafts, proposal.probs, sampling, key)
+            lp = None if logprobs is None else logprob_arrays(logits, tokens, logprobs)
         pending = [tokens] if proposal.host is not None else [tokens, drafts]
         if not sampling.greedy:
             pending.append(accepted)
-        mx.eval(*pending)  # the round's one sync
+        mx.eval(*pending, lp)  # the round's one sync
         drafted = proposal.host if proposal.host is not None else drafts.tolist()
         target_tokens = tokens.tolist()
         a = accept_greedy(target_tokens, drafted) if sampling.greedy else accepted.item()
@@ -103,7 +121,9 @@ def decode(
         history.extend(committed)
         anchor = committed[-1]
         kept = stopper.feed(committed)
-        yield Step("draft", drafted, a, kept, time.perf_counter() - t, stopper.finish_reason)
+        step_lp = None if lp is None else read_logprobs(lp, kept)
+        seconds = time.perf_counter() - t
+        yield Step("draft", drafted, a, kept, seconds, stopper.finish_reason, step_lp)
 
 
 def _plain_steps(

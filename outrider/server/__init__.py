@@ -1,0 +1,1 @@
+"""`outrider serve`: OpenAI- and Anthropic-compatible HTTP API over one engine worker."""

@@ -1,0 +1,111 @@
+"""Operations routes: /health, /metrics, and the /admin control plane (load, unload, cancel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..core.hub import looks_like_repo_id
+from .engine import LoadSpec, model_id
+from .errors import ApiError
+from .prompting import capabilities
+
+
+class LoadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    drafter: str | None = None
+    mode: str = "auto"
+    max_draft: int | None = Field(default=None, ge=0, le=64)
+    context_window: int | None = Field(default=None, ge=0)  # 0: back to the model's own
+    confidence_threshold: float | None = Field(default=None, ge=0, le=1)
+
+
+def health(state: Any) -> dict[str, Any]:
+    engine = state.engine
+    pipe = engine.pipeline
+    out: dict[str, Any] = {
+        "status": "ok" if engine.state == "ready" else engine.state,
+        "model": model_id(pipe) if pipe else None,
+        "mode": pipe.mode if pipe else None,
+        "drafter": engine.spec.drafter if pipe and engine.spec else None,
+        "max_draft": pipe.max_draft if pipe else None,
+        "load": engine.status(),
+        "context_window": engine.context_window,
+        "max_output_tokens": state.limits.max_tokens_cap,
+        "thinking_default": {None: "template", True: "on", False: "off"}[state.limits.thinking],
+        "queue_depth": engine.metrics.queue_depth(),
+    }
+    if pipe is not None:
+        caps = capabilities(pipe.tokenizer)
+        out["capabilities"] = {
+            "chat": True,
+            "completions": True,
+            "messages": True,
+            "streaming": True,
+            "logprobs": True,
+            "penalties": True,
+            **caps,
+        }
+    return out
+
+
+def router(state: Any) -> APIRouter:
+    r = APIRouter()
+
+    @r.get("/health")
+    def get_health() -> dict:
+        return health(state)
+
+    @r.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> str:
+        pipe = state.engine.pipeline
+        labels = {"model": model_id(pipe), "mode": pipe.mode} if pipe else {}
+        return state.engine.metrics.render(labels)
+
+    @r.post("/admin/load", status_code=202)
+    def load(body: LoadRequest) -> dict:
+        mode = body.mode
+        if mode != "auto":
+            try:
+                state.plugins().strategy(mode)
+            except Exception as e:
+                raise ApiError(400, str(e), param="mode") from None
+        if not (Path(body.model).expanduser().exists() or looks_like_repo_id(body.model)):
+            # Refused before the running model is released.
+            raise ApiError(
+                400, f"model {body.model!r}: no such folder, and not a Hugging Face repo id"
+            )
+        window = body.context_window  # sticky: None keeps the last load's limit
+        if window is not None and 0 < window < 16:
+            raise ApiError(400, "context_window must be 0 (the model's own) or >= 16")
+        spec = LoadSpec(
+            body.model,
+            body.drafter,
+            mode,
+            body.max_draft,
+            window,
+            body.confidence_threshold,
+        )
+        state.engine.load(spec)
+        return health(state)
+
+    @r.post("/admin/load/cancel")
+    def cancel() -> dict:
+        return {"cancelled": state.engine.cancel_load(), **health(state)}
+
+    @r.post("/admin/unload")
+    def unload() -> dict:
+        state.engine.unload()
+        return {"unloading": True}
+
+    @r.get("/admin/status")
+    def status() -> dict:
+        return state.engine.status()
+
+    return r

@@ -1,0 +1,387 @@
+"""Anthropic Messages API: /v1/messages (streaming events as Anthropic's SDK expects them)
+and /v1/messages/count_tokens. Requests are translated to OpenAI-shaped chat messages (the
+shape chat templates know); the model's `<think>` output becomes thinking blocks."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from .engine import model_id
+from .errors import ApiError
+from .generation import (
+    GenParams,
+    Shaper,
+    check_context,
+    check_model,
+    events,
+    matched_stop,
+    options,
+    ready_pipeline,
+    submit,
+    x_outrider,
+)
+from .prompting import EFFORTS, render_chat, template_text
+from .reasoning import markers_for
+
+SIGNATURE = "outrider"
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Block(_Open):
+    type: str
+    text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None
+    content: str | list[dict[str, Any]] | None = None
+    is_error: bool | None = None
+
+
+class AMessage(_Open):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class ATool(_Open):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class Thinking(_Open):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None
+
+
+class CountRequest(_Open):
+    model: str | None = None
+    messages: list[AMessage] = Field(min_length=1)
+    system: str | list[Block] | None = None
+    tools: list[ATool] | None = None
+    thinking: Thinking | None = None
+    output_config: dict[str, Any] | None = None
+
+
+class MessagesRequest(CountRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    stream: bool = False
+    tool_choice: dict[str, Any] | None = None
+
+
+def _block_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(str(b.get("text", "")) for b in content if b.get("type") == "text")
+
+
+def to_chat(body: CountRequest) -> list[dict]:
+    """Anthropic messages -> OpenAI-shaped chat messages (tool_use -> tool_calls,
+    tool_result -> tool messages before the turn's text; images and thinking dropped)."""
+    out: list[dict] = []
+    if body.system:
+        system = (
+            body.system
+            if isinstance(body.system, str)
+            else "".join(b.text or "" for b in body.system if b.type == "text")
+        )
+        if system:
+            out.append({"role": "system", "content": system})
+    for m in body.messages:
+        if isinstance(m.content, str):
+            out.append({"role": m.role, "content": m.content})
+            continue
+        texts, calls = [], []
+        for b in m.content:
+            if b.type == "text":
+                texts.append(b.text or "")
+            elif b.type == "tool_use" and m.role == "assistant":
+                fn = {"name": b.name or "", "arguments": b.input or {}}
+                calls.append({"id": b.id, "type": "function", "function": fn})
+            elif b.type == "tool_result" and m.role == "user":
+                text = _block_text(b.content)
+                out.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": b.tool_use_id,
+                        "content": f"Error: {text}" if b.is_error else text,
+                    }
+                )
+        if texts or calls or m.role == "assistant":
+            msg: dict[str, Any] = {"role": m.role, "content": "".join(texts)}
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+    return out
+
+
+def client_tools(body: CountRequest) -> list[ATool]:
+    """The tools the model may call: Anthropic's own server tools (web search and the like,
+    marked by a versioned `type`) run on Anthropic's side and are dropped."""
+    return [t for t in body.tools or [] if (t.model_extra or {}).get("type") in (None, "custom")]
+
+
+def _tools(body: CountRequest) -> list[dict] | None:
+    if not client_tools(body):
+        return None
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description or "",
+                "parameters": t.input_schema,
+            },
+        }
+        for t in client_tools(body)
+    ]
+
+
+def _thinking(body: CountRequest, default: bool | None) -> tuple[bool | None, str | None]:
+    """(enable_thinking, reasoning_effort) for the template."""
+    if body.thinking is not None and body.thinking.type == "disabled":
+        return False, None
+    thinking = True if body.thinking is not None else default
+    effort = (body.output_config or {}).get("effort")
+    return thinking, effort if effort in EFFORTS else None
+
+
+def _render(state: Any, body: CountRequest) -> tuple[list[int], bool, bool]:
+    """(prompt ids, prompt opens a think block, whether thinking output is kept)."""
+    pipe = ready_pipeline(state.engine)
+    check_model(state.engine, body.model)
+    thinking, effort = _thinking(body, state.limits.thinking)
+    prompt, in_thinking = render_chat(pipe.tokenizer, to_chat(body), _tools(body), thinking, effort)
+    return prompt, in_thinking, thinking is not False
+
+
+def _sse(event: str, data: dict) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _stop_reason(finish: str, calls: list, stop_seq: str | None) -> str:
+    if calls:
+        return "tool_use"
+    if finish == "length":
+        return "max_tokens"
+    return "stop_sequence" if stop_seq else "end_turn"
+
+
+def router(state: Any) -> APIRouter:
+    r = APIRouter()
+
+    @r.post("/messages/count_tokens")
+    def count_tokens(body: CountRequest) -> dict:
+        prompt, _, _ = _render(state, body)
+        return {"input_tokens": len(prompt)}
+
+    @r.post("/messages")
+    async def messages(body: MessagesRequest, request: Request):
+        engine, limits = state.engine, state.limits
+        # Templating a long conversation takes a while: off the event loop.
+        prompt, in_thinking, keep_thinking = await run_in_threadpool(_render, state, body)
+        pipe = engine.pipeline
+        check_context(engine, len(prompt), anthropic=True)
+        stops = list(body.stop_sequences or [])
+        params = GenParams(
+            max_tokens=body.max_tokens,
+            temperature=body.temperature or 0.0,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0,
+            stop=stops,
+        )
+        opts = options(engine, limits, len(prompt), params)
+        schemas = {t.name: t.input_schema for t in client_tools(body)} or None
+        markers = markers_for(template_text(pipe.tokenizer))
+        shaper = Shaper(True, in_thinking, schemas, markers=markers)
+        job = submit(engine, prompt, opts)
+        mid = "msg_" + secrets.token_hex(12)
+        model = body.model or model_id(pipe)
+        if body.stream:
+            gen = _stream(state, pipe, job, shaper, mid, model, len(prompt), keep_thinking, stops)
+            headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            return StreamingResponse(gen, media_type="text/event-stream", headers=headers)
+        thinking, text, result = [], [], None
+        async for kind, value in events(job, limits.keepalive_s, request):
+            if kind == "chunk":
+                for k, piece in shaper.feed(value.text):
+                    (thinking if k == "reasoning" else text).append(piece)
+            elif kind == "error":
+                raise ApiError(
+                    500, f"generation failed: {type(value).__name__}: {value}", "api_error"
+                )
+            elif kind == "end":
+                result = value
+        if result is None:
+            raise ApiError(499, "client closed the request")
+        pieces, calls = shaper.finish()
+        for k, piece in pieces:
+            (thinking if k == "reasoning" else text).append(piece)
+        content: list[dict] = []
+        if thinking and keep_thinking:
+            content.append(
+                {"type": "thinking", "thinking": "".join(thinking), "signature": SIGNATURE}
+            )
+        if text or not (calls or content):
+            content.append({"type": "text", "text": "".join(text)})
+        for c in calls:
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": "toolu_" + c.id[5:],
+                    "name": c.name,
+                    "input": c.arguments,
+                }
+            )
+        stop_seq = matched_stop(pipe, result, stops)
+        return {
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": _stop_reason(result.finish_reason, calls, stop_seq),
+            "stop_sequence": stop_seq,
+            "usage": {"input_tokens": len(prompt), "output_tokens": len(result.tokens)},
+            "x_outrider": x_outrider(pipe, result),
+        }
+
+    return r
+
+
+async def _stream(state, pipe, job, shaper, mid, model, n_prompt, keep_thinking, stops):
+    """message_start, ping, content blocks (opened once their kind is known), tool_use blocks
+    whole at the end, message_delta, message_stop; a ping every keep-alive period."""
+    start = {
+        "id": mid,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": n_prompt, "output_tokens": 0},
+    }
+    yield _sse("message_start", {"type": "message_start", "message": start})
+    yield _sse("ping", {"type": "ping"})
+    index, open_kind = -1, None
+
+    def close() -> list[str]:
+        out = []
+        if open_kind == "reasoning":
+            sig = {"type": "signature_delta", "signature": SIGNATURE}
+            out.append(
+                _sse(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": index, "delta": sig},
+                )
+            )
+        if open_kind is not None:
+            out.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+        return out
+
+    def emit(kind: str, text: str) -> list[str]:
+        nonlocal index, open_kind
+        if kind == "reasoning" and not keep_thinking:
+            return []
+        out = []
+        if kind != open_kind:
+            out += close()
+            index += 1
+            open_kind = kind
+            block = (
+                {"type": "thinking", "thinking": ""}
+                if kind == "reasoning"
+                else {"type": "text", "text": ""}
+            )
+            out.append(
+                _sse(
+                    "content_block_start",
+                    {"type": "content_block_start", "index": index, "content_block": block},
+                )
+            )
+        delta = (
+            {"type": "thinking_delta", "thinking": text}
+            if kind == "reasoning"
+            else {"type": "text_delta", "text": text}
+        )
+        out.append(
+            _sse(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": delta},
+            )
+        )
+        return out
+
+    result = None
+    async for kind, value in events(job, state.limits.keepalive_s):
+        if kind == "keepalive":
+            yield _sse("ping", {"type": "ping"})
+        elif kind == "chunk":
+            for k, text in shaper.feed(value.text):
+                for frame in emit(k, text):
+                    yield frame
+        elif kind == "error":
+            err = {
+                "type": "api_error",
+                "message": f"generation failed: {type(value).__name__}: {value}",
+            }
+            yield _sse("error", {"type": "error", "error": err})
+            return
+        elif kind == "end":
+            result = value
+    if result is None:
+        return
+    pieces, calls = shaper.finish()
+    for k, text in pieces:
+        for frame in emit(k, text):
+            yield frame
+    if index < 0 and not calls:
+        for frame in emit("content", ""):
+            yield frame
+    for frame in close():
+        yield frame
+    for c in calls:
+        index += 1
+        block = {"type": "tool_use", "id": "toolu_" + c.id[5:], "name": c.name, "input": {}}
+        yield _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": block},
+        )
+        delta = {"type": "input_json_delta", "partial_json": c.arguments_json}
+        yield _sse(
+            "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+        )
+        yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+    stop_seq = matched_stop(pipe, result, stops)
+    delta = {
+        "stop_reason": _stop_reason(result.finish_reason, calls, stop_seq),
+        "stop_sequence": stop_seq,
+    }
+    usage = {"input_tokens": n_prompt, "output_tokens": len(result.tokens)}
+    yield _sse(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": delta,
+            "usage": usage,
+            "x_outrider": x_outrider(pipe, result),
+        },
+    )
+    yield _sse("message_stop", {"type": "message_stop"})

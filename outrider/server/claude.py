@@ -1,0 +1,67 @@
+"""`outrider claude`: launch Claude Code against a running `outrider serve`.
+
+The configuration goes only into the child's environment (nothing is written to the user's
+files); `--print-env` prints the same settings as shell exports instead.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import urllib.error
+import urllib.request
+
+from ..core.errors import OutriderError
+
+DROP = (
+    "ANTHROPIC_API_KEY",
+    "CLAUDE_CODE_USE_BEDROCK",
+    "CLAUDE_CODE_USE_VERTEX",
+    "CLAUDE_CODE_USE_FOUNDRY",
+)
+
+
+def probe(url: str, api_key: str | None, timeout: float = 5.0) -> dict:
+    """The server's /health, or a clear error naming what went wrong."""
+    req = urllib.request.Request(url.rstrip("/") + "/health")
+    if api_key:
+        req.add_header("x-api-key", api_key)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            raise OutriderError(
+                f"the server at {url} rejected the API key (pass --api-key)"
+            ) from None
+        raise OutriderError(f"the server at {url} answered /health with HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise OutriderError(
+            f"no outrider server at {url} ({reason}); start one with `outrider serve`"
+        ) from None
+
+
+def claude_env(base: dict[str, str], url: str, api_key: str | None, health: dict) -> dict:
+    """The child's environment: base minus other providers' settings, plus ours."""
+    model = health.get("model")
+    if not model:
+        raise OutriderError(f"the server at {url} has no model loaded (POST /admin/load first)")
+    env = {k: v for k, v in base.items() if k not in DROP}
+    env.update(
+        ANTHROPIC_BASE_URL=url.rstrip("/"),
+        ANTHROPIC_AUTH_TOKEN=api_key or "outrider",
+        ANTHROPIC_MODEL=model,
+        ANTHROPIC_SMALL_FAST_MODEL=model,
+    )
+    for alias in ("OPUS", "SONNET", "HAIKU"):
+        env[f"ANTHROPIC_DEFAULT_{alias}_MODEL"] = model
+    if health.get("max_output_tokens"):
+        env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(health["max_output_tokens"])
+    return env
+
+
+def shell_exports(env: dict[str, str], base: dict[str, str]) -> str:
+    lines = [f"unset {k}" for k in DROP if k in base]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items() if base.get(k) != v]
+    return "\n".join(lines)

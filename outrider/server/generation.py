@@ -1,0 +1,241 @@
+"""What both APIs share: request limits, submitting a job, waiting for its events (with
+keep-alive ticks and disconnect checks), and shaping the text into reasoning, answer and tool
+calls."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fastapi import Request
+
+from ..api import Chunk, Pipeline
+from ..core.events import Result
+from ..core.logits import Penalties
+from .engine import Engine, Job, NotReady
+from .errors import ApiError
+from .reasoning import THINK, ThinkSplitter
+from .tools import ToolCall, ToolGate
+
+
+@dataclass
+class Limits:
+    """Server-wide request limits and defaults (set from `outrider serve` flags)."""
+
+    default_max_tokens: int = 2048
+    max_tokens_cap: int = 131072
+    keepalive_s: float = 15.0
+    thinking: bool | None = None  # server default for enable_thinking (None: the template's)
+
+
+@dataclass
+class GenParams:
+    max_tokens: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    penalties: Penalties | None = None
+    logprobs: int | None = None
+    ignore_eos: bool = False
+
+
+def ready_pipeline(engine: Engine) -> Pipeline:
+    pipe = engine.pipeline
+    if pipe is None or engine.state != "ready":
+        if engine.state == "loading":
+            raise ApiError(503, "a model is loading; try again in a moment", "service_unavailable")
+        raise ApiError(
+            503, "no model is loaded; load one with POST /admin/load", "service_unavailable"
+        )
+    return pipe
+
+
+def check_model(engine: Engine, requested: str | None) -> None:
+    """Unknown model names are refused (the served id and the path it was loaded from pass)."""
+    if not requested:
+        return
+    from .engine import model_id
+
+    pipe = engine.pipeline
+    names = {model_id(pipe), pipe.target.name} if pipe else set()
+    if requested not in names:
+        raise ApiError(
+            404,
+            f"model {requested!r} is not served here (this server serves "
+            f"{', '.join(sorted(n for n in names if n)) or 'no model'})",
+            code="model_not_found",
+            param="model",
+        )
+
+
+def check_context(engine: Engine, n_prompt: int, anthropic: bool) -> None:
+    """Refuse an over-long prompt before any work, in the words clients act on."""
+    window = engine.context_window
+    if window is None or n_prompt < window:
+        return
+    if anthropic:  # Claude Code's compact-and-retry matches this exact wording
+        raise ApiError(400, f"prompt is too long: {n_prompt} tokens > {window} maximum")
+    raise ApiError(
+        400,
+        f"This model's maximum context length is {window} tokens. However, your messages "
+        f"resulted in {n_prompt} tokens. Please reduce the length of the messages.",
+        code="context_length_exceeded",
+        param="messages",
+    )
+
+
+def options(engine: Engine, limits: Limits, n_prompt: int, p: GenParams) -> dict[str, Any]:
+    """Pipeline.stream keywords for a request (max_tokens checked, then fitted to the window)."""
+    max_tokens = limits.default_max_tokens if p.max_tokens is None else p.max_tokens
+    if max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+    if max_tokens > limits.max_tokens_cap:
+        raise ApiError(
+            400,
+            f"max_tokens is {max_tokens}, above this server's limit of {limits.max_tokens_cap}",
+            param="max_tokens",
+        )
+    window = engine.context_window
+    if window is not None:
+        max_tokens = max(1, min(max_tokens, window - n_prompt))
+    opts: dict[str, Any] = dict(
+        max_tokens=max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        seed=p.seed,
+        stop=tuple(s for s in p.stop if s),
+        penalties=p.penalties,
+        logprobs=p.logprobs,
+    )
+    if p.ignore_eos:
+        opts["stop_tokens"] = set()
+    return opts
+
+
+def submit(engine: Engine, prompt: list[int], opts: dict[str, Any]) -> Job:
+    job = Job(prompt, opts, asyncio.get_running_loop())
+    try:
+        engine.submit(job)
+    except NotReady:
+        ready_pipeline(engine)
+        raise
+    return job
+
+
+async def events(
+    job: Job, keepalive_s: float, request: Request | None = None
+) -> AsyncIterator[tuple[str, Any]]:
+    """("chunk", Chunk) … then ("end", Result | None) or ("error", exc); ("keepalive", None)
+    whenever nothing happened for `keepalive_s`. Chunks that piled up while the consumer was
+    busy come as one. Leaving early (a disconnect cancels the consuming task) cancels the job:
+    the engine stops it at the next round."""
+    held: tuple[str, Any] | None = None
+    checked = time.monotonic()
+    try:
+        while True:
+            if request is not None and time.monotonic() - checked > 0.5:
+                checked = time.monotonic()
+                if await request.is_disconnected():
+                    return
+            if held is not None:
+                (kind, value), held = held, None
+            elif not job.events.empty():  # the common case mid-stream: no timer needed
+                kind, value = job.events.get_nowait()
+            else:
+                try:
+                    wait = keepalive_s if request is None else min(keepalive_s, 0.5)
+                    kind, value = await asyncio.wait_for(job.events.get(), wait)
+                except asyncio.TimeoutError:
+                    if request is not None:  # non-streaming callers only poll for disconnects
+                        if await request.is_disconnected():
+                            return
+                        continue
+                    kind, value = "keepalive", None
+            while kind == "chunk" and not job.events.empty():
+                nxt = job.events.get_nowait()
+                if nxt[0] != "chunk":
+                    held = nxt
+                    break
+                value = merge(value, nxt[1])
+            yield kind, value
+            if kind in ("end", "error"):
+                return
+    finally:
+        job.cancel.set()
+
+
+def merge(a: Chunk, b: Chunk) -> Chunk:
+    """Two consecutive chunks as one (text, tokens and log-probabilities joined)."""
+    lps = None
+    if a.step.logprobs is not None or b.step.logprobs is not None:
+        lps = (a.step.logprobs or []) + (b.step.logprobs or [])
+    step = replace(b.step, committed=a.step.committed + b.step.committed, logprobs=lps)
+    return Chunk(a.text + b.text, a.tokens + b.tokens, step, b.result)
+
+
+class Shaper:
+    """Model text -> ("reasoning" | "content", text) pieces, then tool calls at the end."""
+
+    def __init__(
+        self,
+        split_thinking: bool,
+        in_thinking: bool,
+        tools: dict[str, dict] | None,
+        parse_tools: bool = True,
+        markers: tuple[str, str] = THINK,
+    ) -> None:
+        self._think = ThinkSplitter(in_thinking, markers) if split_thinking else None
+        self._gate = ToolGate(tools) if tools and parse_tools else None
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        pieces = self._think.feed(text) if self._think else [("content", text)]
+        return self._gate_pieces(pieces)
+
+    def finish(self) -> tuple[list[tuple[str, str]], list[ToolCall]]:
+        pieces = self._gate_pieces(self._think.finish()) if self._think else []
+        calls: list[ToolCall] = []
+        if self._gate is not None:
+            rest, calls = self._gate.finish()
+            if rest:
+                pieces.append(("content", rest))
+        return pieces, calls
+
+    def _gate_pieces(self, pieces: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        if self._gate is None:
+            return pieces
+        out = []
+        for kind, text in pieces:
+            if kind == "content":
+                text = self._gate.feed(text)
+            if text:
+                out.append((kind, text))
+        return out
+
+
+def x_outrider(pipe: Pipeline, result: Result | None) -> dict[str, Any]:
+    """The per-response speculation report."""
+    out: dict[str, Any] = {"mode": pipe.mode, "max_draft": pipe.max_draft}
+    if result is not None:
+        out.update(
+            mean_accept_len=round(result.mean_accept_len, 4),
+            decode_tokens_per_sec=round(result.decode_tps, 2),
+            prefill_seconds=round(result.prefill_seconds, 6),
+            decode_seconds=round(result.decode_seconds, 6),
+            rounds=len(result.rounds),
+        )
+    return out
+
+
+def matched_stop(pipe: Pipeline, result: Result | None, stops: list[str]) -> str | None:
+    """Which stop string ended the generation (None if none did)."""
+    if result is None or result.finish_reason != "stop" or not stops:
+        return None
+    text = pipe.tokenizer.decode(result.tokens)
+    hits = [(i, s) for s in stops if s and (i := text.find(s)) >= 0]
+    return min(hits)[1] if hits else None

@@ -1,0 +1,118 @@
+"""Server counters, rendered in Prometheus' text exposition format (no client library needed
+for a handful of counters; one instance per app, no global registry)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+ACCEPT_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter = Counter()  # (route, status) -> n
+        self.errors: Counter = Counter()  # kind -> n
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cancelled = 0
+        self.accept_counts: Counter = Counter()  # tokens per target forward -> rounds
+        self.decode_tps = 0.0
+        self.queue_depth = lambda: 0
+        self.in_flight = 0
+
+    def request(self, route: str, status: int) -> None:
+        with self._lock:
+            self.requests[(route, status)] += 1
+
+    def error(self, kind: str) -> None:
+        with self._lock:
+            self.errors[kind] += 1
+
+    def generation(self, prompt: int, completion: int, accepts: list[int], tps: float) -> None:
+        with self._lock:
+            self.prompt_tokens += prompt
+            self.completion_tokens += completion
+            self.accept_counts.update(accepts)
+            if tps:
+                self.decode_tps = tps
+
+    def render(self, labels: dict[str, str]) -> str:
+        base = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+            lines.append(f"# HELP {name} {help_}")
+            lines.append(f"# TYPE {name} {kind}")
+            for extra, value in samples:
+                lab = ",".join(x for x in (base, extra) if x)
+                lines.append(f"{name}{{{lab}}} {value:g}" if lab else f"{name} {value:g}")
+
+        with self._lock:
+            metric(
+                "outrider_requests_total",
+                "counter",
+                "HTTP requests by route and status.",
+                [(f'route="{r}",status="{s}"', n) for (r, s), n in sorted(self.requests.items())]
+                or [("", 0)],
+            )
+            metric(
+                "outrider_errors_total",
+                "counter",
+                "Failed requests by kind.",
+                [(f'kind="{k}"', n) for k, n in sorted(self.errors.items())] or [("", 0)],
+            )
+            metric(
+                "outrider_prompt_tokens_total",
+                "counter",
+                "Prompt tokens processed.",
+                [("", self.prompt_tokens)],
+            )
+            metric(
+                "outrider_completion_tokens_total",
+                "counter",
+                "Tokens generated.",
+                [("", self.completion_tokens)],
+            )
+            metric(
+                "outrider_cancelled_total",
+                "counter",
+                "Generations stopped early because the client went away.",
+                [("", self.cancelled)],
+            )
+            metric(
+                "outrider_decode_tokens_per_second",
+                "gauge",
+                "Decode speed of the last finished generation.",
+                [("", self.decode_tps)],
+            )
+            metric(
+                "outrider_queue_depth",
+                "gauge",
+                "Requests waiting for the engine.",
+                [("", self.queue_depth())],
+            )
+            metric(
+                "outrider_in_flight",
+                "gauge",
+                "Generations running or queued.",
+                [("", self.in_flight)],
+            )
+            total = sum(self.accept_counts.values())
+            tokens = sum(k * n for k, n in self.accept_counts.items())
+            name = "outrider_accept_length"
+            lines.append(f"# HELP {name} Tokens committed per target forward (speculative rounds).")
+            lines.append(f"# TYPE {name} histogram")
+            prefix = f"{base}," if base else ""
+            for b in ACCEPT_BUCKETS:
+                n = sum(v for k, v in self.accept_counts.items() if k <= b)
+                lines.append(f'{name}_bucket{{{prefix}le="{b}"}} {n}')
+            lines.append(f'{name}_bucket{{{prefix}le="+Inf"}} {total}')
+            lines.append(f"{name}_sum{{{base}}} {tokens}" if base else f"{name}_sum {tokens}")
+            lines.append(f"{name}_count{{{base}}} {total}" if base else f"{name}_count {total}")
+        return "\n".join(lines) + "\n"
+
+
+def _esc(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

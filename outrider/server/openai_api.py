@@ -1,0 +1,460 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..core.logits import Penalties, TokenLogprob
+from .engine import model_id
+from .errors import ApiError
+from .generation import (
+    GenParams,
+    Shaper,
+    check_context,
+    check_model,
+    events,
+    options,
+    ready_pipeline,
+    submit,
+    x_outrider,
+)
+from .prompting import EFFORTS, render_chat, template_text
+from .reasoning import markers_for
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown fields are ignored, never refused
+
+
+class FunctionDef(_Open):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class ToolCallFunction(_Open):
+    name: str
+    arguments: str | dict[str, Any] = ""
+
+
+class ToolCallIn(_Open):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class Message(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any] | str] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+
+
+class Sampling(_Open):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+
+    def params(self, max_tokens: int | None, logprobs: int | None) -> GenParams:
+        if self.n not in (None, 1):
+            raise ApiError(
+                400, f"n={self.n} is not supported: this server returns one choice (n=1)", param="n"
+            )
+        if isinstance(self.stop, str):
+            stops = [self.stop]
+        else:
+            stops = list(self.stop or [])
+        if len(stops) > 16:
+            raise ApiError(400, "at most 16 stop sequences are supported", param="stop")
+        pen = None
+        if self.presence_penalty or self.frequency_penalty:
+            pen = Penalties(self.presence_penalty or 0.0, self.frequency_penalty or 0.0)
+        return GenParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature or 0.0,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
+            stop=stops,
+            penalties=pen,
+            logprobs=logprobs,
+            ignore_eos=self.ignore_eos,
+        )
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    enable_thinking: bool | None = None
+    reasoning_effort: Literal[EFFORTS] | None = None  # type: ignore[valid-type]
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str] | list[int]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+
+def _token_text(tokenizer: Any, token: int) -> str:
+    return tokenizer.decode([token])
+
+
+def _chat_logprobs(tokenizer: Any, lps: list[TokenLogprob]) -> list[dict]:
+    def entry(tok: int, lp: float) -> dict:
+        text = _token_text(tokenizer, tok)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+    return [
+        {**entry(x.token, x.logprob), "top_logprobs": [entry(t, v) for t, v in x.top]} for x in lps
+    ]
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _tool_schemas(tools: list[Tool] | None) -> dict[str, dict] | None:
+    if not tools:
+        return None
+    return {t.function.name: t.function.parameters or {} for t in tools}
+
+
+def router(state: Any) -> APIRouter:
+    """`state` carries engine and limits (one app's, never global)."""
+    r = APIRouter()
+
+    @r.get("/models")
+    def list_models() -> dict:
+        pipe = state.engine.pipeline
+        data = []
+        if pipe is not None:
+            mid = model_id(pipe)
+            data.append(
+                {
+                    "id": mid,
+                    "object": "model",
+                    "created": int(state.started),
+                    "owned_by": "outrider",
+                    "display_name": f"{mid} (outrider {pipe.mode})",
+                    "x_outrider": {"mode": pipe.mode, "target": pipe.target.name},
+                }
+            )
+        return {"object": "list", "data": data}
+
+    @r.post("/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        engine, limits = state.engine, state.limits
+        pipe = ready_pipeline(engine)
+        check_model(engine, body.model)
+        top = None
+        if body.logprobs:
+            top = body.top_logprobs or 0
+        elif body.top_logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        params = body.params(max_tokens, top)
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        thinking = body.enable_thinking
+        extra = dict(body.chat_template_kwargs or {})
+        if thinking is None and "enable_thinking" in extra:
+            thinking = bool(extra.pop("enable_thinking"))
+        if thinking is None:
+            thinking = limits.thinking
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        # Templating a long conversation takes a while: off the event loop.
+        prompt, in_thinking = await run_in_threadpool(
+            render_chat, pipe.tokenizer, messages, tools, thinking, body.reasoning_effort, extra
+        )
+        check_context(engine, len(prompt), anthropic=False)
+        opts = options(engine, limits, len(prompt), params)
+        parse = body.tool_choice != "none"
+        markers = markers_for(template_text(pipe.tokenizer))
+        shaper = Shaper(True, in_thinking, _tool_schemas(body.tools), parse, markers)
+        job = submit(engine, prompt, opts)
+        rid = "chatcmpl-" + secrets.token_hex(12)
+        created = int(time.time())
+        model = body.model or model_id(pipe)
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            stream = _chat_stream(state, pipe, job, shaper, rid, created, model, usage, top)
+            return StreamingResponse(stream, media_type="text/event-stream", headers=_SSE)
+        content, reasoning, lps, result = [], [], [], None
+        async for kind, value in events(job, limits.keepalive_s, request):
+            if kind == "chunk":
+                for k, text in shaper.feed(value.text):
+                    (reasoning if k == "reasoning" else content).append(text)
+                lps.extend(value.step.logprobs or [])
+            elif kind == "error":
+                raise ApiError(
+                    500, f"generation failed: {type(value).__name__}: {value}", "server_error"
+                )
+            elif kind == "end":
+                result = value
+        if result is None:
+            raise ApiError(499, "client closed the request")
+        pieces, calls = shaper.finish()
+        for k, text in pieces:
+            (reasoning if k == "reasoning" else content).append(text)
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+        if not calls and message["content"] is None:
+            message["content"] = ""
+        if reasoning:
+            message["reasoning_content"] = "".join(reasoning)
+        if calls:
+            message["tool_calls"] = [_call(c) for c in calls]
+        finish = "tool_calls" if calls else result.finish_reason
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        choice["logprobs"] = (
+            {"content": _chat_logprobs(pipe.tokenizer, lps)} if top is not None else None
+        )
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": _usage(len(prompt), len(result.tokens)),
+            "x_outrider": x_outrider(pipe, result),
+        }
+
+    @r.post("/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        engine, limits = state.engine, state.limits
+        pipe = ready_pipeline(engine)
+        check_model(engine, body.model)
+        if body.echo:
+            raise ApiError(400, "echo is not supported", param="echo")
+        prompt_in = body.prompt
+        if isinstance(prompt_in, list) and prompt_in and all(isinstance(t, int) for t in prompt_in):
+            prompt = [int(t) for t in prompt_in]
+            vocab = pipe.target.config.get("vocab_size")
+            if vocab and any(not 0 <= t < vocab for t in prompt):
+                raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+        else:
+            if isinstance(prompt_in, list):
+                if len(prompt_in) != 1:
+                    raise ApiError(
+                        400, "exactly one prompt per request is supported", param="prompt"
+                    )
+                prompt_in = prompt_in[0]
+            prompt = list(await run_in_threadpool(pipe.tokenizer.encode, prompt_in))
+        if not prompt:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        check_context(engine, len(prompt), anthropic=False)
+        params = body.params(body.max_tokens, body.logprobs)
+        opts = options(engine, limits, len(prompt), params)
+        job = submit(engine, prompt, opts)
+        rid, created = "cmpl-" + secrets.token_hex(12), int(time.time())
+        model = body.model or model_id(pipe)
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            stream = _completion_stream(state, pipe, job, rid, created, model, usage, len(prompt))
+            return StreamingResponse(stream, media_type="text/event-stream", headers=_SSE)
+        text, lps, result = [], [], None
+        async for kind, value in events(job, limits.keepalive_s, request):
+            if kind == "chunk":
+                text.append(value.text)
+                lps.extend(value.step.logprobs or [])
+            elif kind == "error":
+                raise ApiError(
+                    500, f"generation failed: {type(value).__name__}: {value}", "server_error"
+                )
+            elif kind == "end":
+                result = value
+        if result is None:
+            raise ApiError(499, "client closed the request")
+        choice = {
+            "index": 0,
+            "text": "".join(text),
+            "finish_reason": result.finish_reason,
+            "logprobs": _completion_logprobs(pipe.tokenizer, lps)
+            if body.logprobs is not None
+            else None,
+        }
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": _usage(len(prompt), len(result.tokens)),
+            "x_outrider": x_outrider(pipe, result),
+        }
+
+    return r
+
+
+_SSE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _call(c) -> dict:
+    return {
+        "id": c.id,
+        "type": "function",
+        "function": {"name": c.name, "arguments": c.arguments_json},
+    }
+
+
+def _completion_logprobs(tokenizer: Any, lps: list[TokenLogprob]) -> dict:
+    tokens = [_token_text(tokenizer, x.token) for x in lps]
+    offsets, pos = [], 0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [x.logprob for x in lps],
+        "top_logprobs": [{_token_text(tokenizer, t): v for t, v in x.top} for x in lps],
+        "text_offset": offsets,
+    }
+
+
+async def _chat_stream(state, pipe, job, shaper, rid, created, model, include_usage, top):
+    def chunk(delta: dict, finish: str | None = None, lp: Any = None, **extra: Any) -> str:
+        body = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}],
+        }
+        body.update(extra)
+        return _sse(body)
+
+    yield chunk({"role": "assistant", "content": ""})
+    result = None
+    async for kind, value in events(job, state.limits.keepalive_s):
+        if kind == "keepalive":  # an empty delta: SDK idle timers see it, unlike a comment
+            yield chunk({})
+        elif kind == "chunk":
+            lp = None
+            if top is not None and value.step.logprobs:
+                lp = {"content": _chat_logprobs(pipe.tokenizer, value.step.logprobs)}
+            pieces = shaper.feed(value.text)
+            for i, (k, text) in enumerate(pieces):  # logprobs ride on the chunk's last frame
+                key = "reasoning_content" if k == "reasoning" else "content"
+                yield chunk({key: text}, lp=lp if i == len(pieces) - 1 else None)
+            if lp is not None and not pieces:
+                yield chunk({}, lp=lp)
+        elif kind == "error":
+            err = {
+                "message": f"generation failed: {type(value).__name__}: {value}",
+                "type": "server_error",
+            }
+            yield _sse({"error": err})
+            return
+        elif kind == "end":
+            result = value
+    if result is None:
+        return
+    pieces, calls = shaper.finish()
+    for k, text in pieces:
+        yield chunk({"reasoning_content" if k == "reasoning" else "content": text})
+    if calls:
+        deltas = [{"index": i, **_call(c)} for i, c in enumerate(calls)]
+        yield chunk({"tool_calls": deltas})
+    finish = "tool_calls" if calls else result.finish_reason
+    yield chunk({}, finish, x_outrider=x_outrider(pipe, result))
+    if include_usage:
+        body = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": _usage(len(result.prompt_tokens), len(result.tokens)),
+        }
+        yield _sse(body)
+    yield "data: [DONE]\n\n"
+
+
+async def _completion_stream(state, pipe, job, rid, created, model, include_usage, n_prompt):
+    def chunk(text: str, finish: str | None = None, **extra: Any) -> str:
+        body = {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        }
+        body.update(extra)
+        return _sse(body)
+
+    # Mid-stream frames differ only in their text: serialise the rest once.
+    head, tail = chunk("\x00").split(json.dumps("\x00"))
+
+    def text_frame(text: str) -> str:
+        return head + json.dumps(text, ensure_ascii=False) + tail
+
+    result = None
+    async for kind, value in events(job, state.limits.keepalive_s):
+        if kind == "keepalive":
+            yield ": keepalive\n\n"
+        elif kind == "chunk" and value.text:
+            yield text_frame(value.text)
+        elif kind == "error":
+            err = {
+                "message": f"generation failed: {type(value).__name__}: {value}",
+                "type": "server_error",
+            }
+            yield _sse({"error": err})
+            return
+        elif kind == "end":
+            result = value
+    if result is None:
+        return
+    yield chunk("", result.finish_reason, x_outrider=x_outrider(pipe, result))
+    if include_usage:
+        yield _sse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": _usage(n_prompt, len(result.tokens)),
+            }
+        )
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,240 @@
+"""Operations: a model-less start, /admin load / unload / cancel, health states, the
+`outrider claude` environment, and a bounded schema-driven fuzz run that must find no 5xx."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+from live_server import live_server
+from typer.testing import CliRunner
+
+from outrider.cli import app
+from outrider.server.claude import claude_env, shell_exports
+from outrider.server.generation import Limits
+from outrider.testing import make_scripted_target
+
+KEY = "adm1n"
+H = {"x-api-key": KEY}
+
+
+@pytest.fixture(scope="module")
+def scripted(models_dir):
+    return make_scripted_target(models_dir / "scripted-admin")
+
+
+@pytest.fixture(scope="module")
+def server():
+    limits = Limits(default_max_tokens=4, max_tokens_cap=8, keepalive_s=5)
+    with live_server(None, limits, api_key=KEY) as (url, engine):
+        yield url, engine
+
+
+def wait_health(url: str, until: str, timeout: float = 60) -> dict:
+    end = time.time() + timeout
+    while time.time() < end:
+        h = requests.get(url + "/health", headers=H).json()
+        if h["status"] == until:
+            return h
+        time.sleep(0.05)
+    raise AssertionError(f"health never became {until}: {h}")
+
+
+def chat(url: str, **extra) -> requests.Response:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+    return requests.post(url + "/v1/chat/completions", json=body, headers=H)
+
+
+def test_no_model_then_load_unload_and_cancel(server, scripted):
+    url, engine = server
+    h = requests.get(url + "/health", headers=H).json()
+    assert h["status"] == "no_model" and h["model"] is None
+    r = chat(url)
+    assert r.status_code == 503 and "POST /admin/load" in r.json()["error"]["message"]
+    r = requests.post(url + "/v1/messages", json={"messages": [], "max_tokens": 1}, headers=H)
+    assert r.status_code == 400  # validation comes first; the shape is Anthropic's
+    assert r.json()["type"] == "error"
+    for bad in ({}, {"model": ""}, {"model": "x", "max_draft": -1}, {"model": "x", "mode": "nope"}):
+        assert requests.post(url + "/admin/load", json=bad, headers=H).status_code == 400
+    assert requests.post(url + "/admin/load", json={"model": "x"}).status_code == 401
+    body = {"model": str(scripted), "mode": "lookup", "max_draft": 3, "context_window": 300}
+    r = requests.post(url + "/admin/load", json=body, headers=H)
+    assert r.status_code == 202
+    h = wait_health(url, "ok")
+    assert h["model"] == "scripted-admin" and h["mode"] == "lookup" and h["max_draft"] == 3
+    assert h["context_window"] == 300
+    assert h["capabilities"]["tools"] and h["capabilities"]["enable_thinking"]
+    r = chat(url)
+    assert r.status_code == 200 and r.json()["x_outrider"]["mode"] == "lookup"
+    # A path that does not exist is refused before the running model is released.
+    r = requests.post(url + "/admin/load", json={"model": str(scripted) + "-missing"}, headers=H)
+    assert r.status_code == 400 and "no such folder" in r.json()["error"]["message"]
+    assert chat(url).status_code == 200
+    # A load that fails names the problem and leaves a clean state.
+    empty = scripted.parent / "empty-model"
+    empty.mkdir(exist_ok=True)
+    requests.post(url + "/admin/load", json={"model": str(empty)}, headers=H)
+    h = wait_health(url, "error")
+    assert "could not load" in h["load"]["error"]
+    assert chat(url).status_code == 503
+    # Reload, then unload.
+    requests.post(url + "/admin/load", json={"model": str(scripted), "mode": "baseline"}, headers=H)
+    h = wait_health(url, "ok")
+    assert h["mode"] == "baseline" and h["context_window"] == 300  # the window is sticky
+    assert requests.post(url + "/admin/unload", headers=H).json() == {"unloading": True}
+    wait_health(url, "no_model")
+    assert chat(url).status_code == 503
+    # Cancelling: a queued load is dropped, a running one discarded when it returns.
+    assert requests.post(url + "/admin/load/cancel", headers=H).json()["cancelled"] is False
+    requests.post(url + "/admin/load", json={"model": str(scripted)}, headers=H)
+    r = requests.post(url + "/admin/load/cancel", headers=H).json()
+    assert r["cancelled"] is True and r["status"] == "no_model"
+    time.sleep(0.5)
+    assert requests.get(url + "/health", headers=H).json()["status"] == "no_model"
+
+
+def test_claude_environment(server, scripted):
+    url, _ = server
+    requests.post(url + "/admin/load", json={"model": str(scripted), "mode": "lookup"}, headers=H)
+    health = wait_health(url, "ok")
+    base = {"ANTHROPIC_API_KEY": "real-key", "CLAUDE_CODE_USE_BEDROCK": "1", "HOME": "/home/u"}
+    env = claude_env(base, url, KEY, health)
+    assert env["ANTHROPIC_BASE_URL"] == url and env["ANTHROPIC_AUTH_TOKEN"] == KEY
+    assert env["ANTHROPIC_MODEL"] == env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "scripted-admin"
+    assert "ANTHROPIC_API_KEY" not in env and "CLAUDE_CODE_USE_BEDROCK" not in env
+    assert env["HOME"] == "/home/u"
+    text = shell_exports(env, base)
+    assert "unset ANTHROPIC_API_KEY" in text and f"export ANTHROPIC_BASE_URL={url}" in text
+    runner = CliRunner()
+    out = runner.invoke(app, ["claude", "--url", url, "--api-key", KEY, "--print-env"])
+    assert out.exit_code == 0, out.output
+    assert "export ANTHROPIC_MODEL=scripted-admin" in out.output
+    out = runner.invoke(app, ["claude", "--url", url, "--api-key", "wrong", "--print-env"])
+    assert out.exit_code == 2 and "rejected the API key" in out.output
+    out = runner.invoke(app, ["claude", "--url", "http://127.0.0.1:9", "--print-env"])
+    assert out.exit_code == 2 and "no outrider server" in out.output
+
+
+def test_claude_launches_the_child_with_its_environment(server, scripted, tmp_path):
+    """A stand-in `claude` on PATH records what it was started with."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    url, _ = server
+    requests.post(url + "/admin/load", json={"model": str(scripted), "mode": "lookup"}, headers=H)
+    wait_health(url, "ok")
+    record = tmp_path / "record.json"
+    fake = tmp_path / "bin" / "claude"
+    fake.parent.mkdir()
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"json.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, open({str(record)!r}, 'w'))\n"
+    )
+    fake.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
+        "ANTHROPIC_API_KEY": "a-real-key",
+        "HOME": str(home),
+    }
+    cmd = [sys.executable, "-m", "outrider", "claude", "--url", url, "--api-key", KEY]
+    done = subprocess.run([*cmd, "--", "--resume", "-p", "hi"], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    seen = json.loads(record.read_text())
+    assert seen["argv"] == ["--resume", "-p", "hi"]
+    assert seen["env"]["ANTHROPIC_BASE_URL"] == url
+    assert seen["env"]["ANTHROPIC_MODEL"] == "scripted-admin"
+    assert "ANTHROPIC_API_KEY" not in seen["env"]
+    assert list(home.iterdir()) == []  # nothing written to the user's files
+
+
+def test_schema_fuzz_finds_no_server_errors(server, scripted):
+    """Schemathesis generates requests from the server's own OpenAPI document."""
+    import schemathesis
+
+    url, _ = server
+    requests.post(url + "/admin/load", json={"model": str(scripted), "mode": "lookup"}, headers=H)
+    wait_health(url, "ok")
+    schema = schemathesis.openapi.from_url(url + "/openapi.json", headers=H)
+    ops = [r.ok() for r in schema.exclude(path_regex="^/admin").get_all_operations()]
+    assert {o.label for o in ops} >= {"POST /v1/chat/completions", "POST /v1/messages"}
+    seen = set()
+    for op in ops:
+        fuzz(op, url, seen)
+    assert ("POST /v1/chat/completions", 4) in seen  # the fuzzer did reach refusals
+    assert requests.get(url + "/health", headers=H).json()["status"] == "ok"
+
+
+def fuzz(op, url: str, seen: set) -> None:
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(
+        max_examples=8,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=op.as_strategy())
+    def run(case):
+        resp = case.call(base_url=url, headers=H)
+        seen.add((op.label, resp.status_code // 100))
+        assert resp.status_code < 500, f"{op.label} {case.body!r} -> {resp.text}"
+
+    run()
+
+
+def test_serve_flags_are_checked_before_loading():
+    runner = CliRunner()
+    for args, needle in (
+        (["serve", "--port", "0"], "--port"),
+        (["serve", "--context-window", "3"], "--context-window"),
+        (["serve", "--no-model", "--model", "x"], "contradict"),
+        (["serve", "--mode", "nope"], "nope"),
+    ):
+        out = runner.invoke(app, args)
+        assert out.exit_code == 2 and needle in out.output, out.output
+
+
+def test_a_failing_generation_is_reported_and_the_server_keeps_serving(scripted):
+    """A generation that raises: 500 in each API's shape (or an in-stream error event), the
+    engine thread lives on and the next request is served."""
+    import dataclasses
+
+    from outrider import load
+    from outrider.api import Pipeline
+    from outrider.server.engine import LoadSpec
+
+    class Exploding(Pipeline):
+        def stream(self, prompt, **kw):
+            if kw.get("max_tokens") == 7:
+                raise RuntimeError("boom")
+            yield from super().stream(prompt, **kw)
+
+    def loader(spec: LoadSpec) -> Pipeline:
+        pipe = load(spec.model, mode=spec.mode)
+        return Exploding(**{f.name: getattr(pipe, f.name) for f in dataclasses.fields(pipe)})
+
+    with live_server(LoadSpec(str(scripted), mode="lookup"), loader=loader) as (url, engine):
+        assert isinstance(engine.pipeline, Exploding)
+        r = chat(url, max_tokens=7)
+        assert r.status_code == 500
+        assert r.json()["error"]["message"] == "generation failed: RuntimeError: boom"
+        body = {
+            "model": "scripted-admin",
+            "max_tokens": 7,
+            "messages": [{"role": "user", "content": "x"}],
+        }
+        r = requests.post(url + "/v1/messages", json=body)
+        assert r.status_code == 500 and r.json()["error"]["type"] == "api_error"
+        with requests.post(url + "/v1/messages", json={**body, "stream": True}, stream=True) as r:
+            frames = [f for f in r.iter_lines(decode_unicode=True) if f.startswith("event:")]
+        assert frames[-1] == "event: error"
+        ok = chat(url, max_tokens=3)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+        assert "outrider_errors_total" in requests.get(url + "/metrics").text

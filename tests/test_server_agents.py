@@ -1,0 +1,207 @@
+"""Tool calls, thinking and the Anthropic Messages API through the real `anthropic` and `openai`
+SDKs, against a scripted tiny target (a real Llama whose answers are known in advance)."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import openai
+import pytest
+import requests
+from live_server import live_server, sse_frames
+
+from outrider.server.engine import LoadSpec
+from outrider.server.generation import Limits
+from outrider.testing import make_scripted_target
+
+WINDOW = 400
+TOOLS_A = [
+    {
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+]
+TOOLS_O = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city.",
+            "parameters": TOOLS_A[0]["input_schema"],
+        },
+    }
+]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(models_dir):
+    path = make_scripted_target(models_dir / "scripted")
+    spec = LoadSpec(str(path), mode="lookup", context_window=WINDOW)
+    with live_server(spec, Limits(keepalive_s=5)) as (url, engine):
+        yield url, engine
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    return anthropic.Anthropic(base_url=server[0], api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0)
+
+
+def test_anthropic_thinking_blocks_stream_and_not(claude):
+    msg = claude.messages.create(model="scripted", max_tokens=50, messages=ASK)
+    assert [b.type for b in msg.content] == ["thinking", "text"]
+    assert msg.content[0].thinking == "Thinking it over."
+    assert msg.content[1].text == "The answer is 42."
+    assert msg.stop_reason == "end_turn"
+    assert msg.usage.output_tokens == 4  # <think>, reasoning, </think>, answer (eos not counted)
+    count = claude.messages.count_tokens(model="scripted", messages=ASK)
+    assert count.input_tokens == msg.usage.input_tokens
+    with claude.messages.stream(model="scripted", max_tokens=50, messages=ASK) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_message()
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in msg.content]
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 2
+    off = claude.messages.create(
+        model="scripted", max_tokens=50, messages=ASK, thinking={"type": "disabled"}
+    )
+    assert [b.type for b in off.content] == ["text"] and off.content[0].text == "The answer is 42."
+
+
+def test_anthropic_tool_round_trip(claude):
+    server_tool = {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}
+    count = claude.messages.count_tokens(model="scripted", messages=ASK, tools=TOOLS_A)
+    with_server_tool = claude.messages.count_tokens(
+        model="scripted", messages=ASK, tools=TOOLS_A + [server_tool]
+    )
+    assert with_server_tool.input_tokens == count.input_tokens  # server tools are not offered
+    first = claude.messages.create(model="scripted", max_tokens=60, messages=ASK, tools=TOOLS_A)
+    assert first.stop_reason == "tool_use"
+    call = first.content[-1]
+    assert (
+        call.type == "tool_use" and call.name == "get_weather" and call.input == {"city": "Paris"}
+    )
+    with claude.messages.stream(
+        model="scripted", max_tokens=60, messages=ASK, tools=TOOLS_A
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.content[-1].input == {"city": "Paris"} and streamed.stop_reason == "tool_use"
+    history = ASK + [
+        {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}],
+        },
+    ]
+    second = claude.messages.create(
+        model="scripted", max_tokens=60, messages=history, tools=TOOLS_A
+    )
+    assert second.content[-1].text == "It is sunny in Paris."
+    assert second.stop_reason == "end_turn"
+
+
+def test_anthropic_stop_sequences_and_limits(claude, server):
+    msg = claude.messages.create(
+        model="scripted",
+        max_tokens=50,
+        messages=ASK,
+        stop_sequences=["42"],
+        thinking={"type": "disabled"},
+    )
+    assert msg.content[0].text == "The answer is "
+    assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == "42"
+    short = claude.messages.create(model="scripted", max_tokens=2, messages=ASK)
+    assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 2
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(
+            model="scripted", max_tokens=5, messages=[{"role": "user", "content": "w" * 500}]
+        )
+    n = e.value.body["error"]["message"]
+    assert e.value.body["type"] == "error"
+    assert n.startswith("prompt is too long: ") and n.endswith(f" tokens > {WINDOW} maximum")
+    r = requests.post(server[0] + "/v1/messages?beta=true", json={"messages": ASK})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.create(model="claude-opus-9", max_tokens=5, messages=ASK)
+    ok = claude.messages.create(model="scripted", max_tokens=5, messages=ASK)
+    assert ok.usage.output_tokens > 0
+
+
+def test_anthropic_stream_events_in_order(server):
+    body = {"model": "scripted", "max_tokens": 50, "messages": ASK, "stream": True}
+    with requests.post(server[0] + "/v1/messages", json=body, stream=True) as r:
+        frames = sse_frames(r)
+    events = [f.split("\n")[0].removeprefix("event: ") for f in frames]
+    assert events[:2] == ["message_start", "ping"]
+    assert events[-2:] == ["message_delta", "message_stop"]
+    data = [json.loads(f.split("\n")[1][6:]) for f in frames]
+    deltas = [d["delta"]["type"] for d in data if d["type"] == "content_block_delta"]
+    assert deltas == ["thinking_delta", "signature_delta", "text_delta"]
+
+
+def test_openai_reasoning_and_tool_round_trip(oai):
+    r = oai.chat.completions.create(model="scripted", messages=ASK, max_tokens=50)
+    msg = r.choices[0].message
+    assert msg.content == "The answer is 42."
+    assert msg.model_extra["reasoning_content"] == "Thinking it over."
+    off = oai.chat.completions.create(
+        model="scripted", messages=ASK, max_tokens=50, extra_body={"enable_thinking": False}
+    )
+    assert off.choices[0].message.content == "The answer is 42."
+    assert "reasoning_content" not in (off.choices[0].message.model_extra or {})
+    plain = oai.chat.completions.create(model="scripted", messages=ASK, max_tokens=5)
+    effort = oai.chat.completions.create(
+        model="scripted", messages=ASK, max_tokens=5, reasoning_effort="low"
+    )
+    assert effort.usage.prompt_tokens > plain.usage.prompt_tokens  # the template saw it
+    stream = oai.chat.completions.create(model="scripted", messages=ASK, max_tokens=50, stream=True)
+    reasoning, content = [], []
+    for chunk in stream:
+        for c in chunk.choices:
+            reasoning.append((c.delta.model_extra or {}).get("reasoning_content") or "")
+            content.append(c.delta.content or "")
+    assert "".join(reasoning) == "Thinking it over." and "".join(content) == "The answer is 42."
+
+    first = oai.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS_O)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    stream = oai.chat.completions.create(model="scripted", messages=ASK, tools=TOOLS_O, stream=True)
+    calls, finish, text = [], None, []
+    for chunk in stream:
+        for c in chunk.choices:
+            calls += c.delta.tool_calls or []
+            text.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls" and len(calls) == 1 and "".join(text) == ""
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
+    history = ASK + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    second = oai.chat.completions.create(model="scripted", messages=history, tools=TOOLS_O)
+    assert second.choices[0].message.content == "It is sunny in Paris."
+    assert second.choices[0].finish_reason == "stop"
+    raw = oai.chat.completions.create(
+        model="scripted", messages=ASK, tools=TOOLS_O, tool_choice="none"
+    )
+    assert raw.choices[0].message.content.startswith("<tool_call>")
+
+
+def test_mid_conversation_system_message_is_folded(oai):
+    msgs = ASK + [
+        {"role": "assistant", "content": "Let me check."},
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Well?"},
+    ]
+    r = oai.chat.completions.create(model="scripted", messages=msgs, max_tokens=50)
+    assert r.choices[0].message.content == "The answer is 42."

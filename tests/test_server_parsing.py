@@ -1,0 +1,113 @@
+"""Tool-call syntaxes and the <think> splitter, fed in every chunking a stream could produce."""
+
+from __future__ import annotations
+
+import pytest
+
+from outrider.server.reasoning import GEMMA_CHANNEL, ThinkSplitter, markers_for
+from outrider.server.tools import ToolGate, parse_tool_calls
+
+SCHEMAS = {
+    "get_weather": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    }
+}
+WANT = {"city": "Paris, FR", "days": 3}
+SYNTAXES = {
+    "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris, FR", "days": 3}}'
+    "\n</tool_call>",
+    "gemma4": '<|tool_call>call:get_weather{city:<|"|>Paris, FR<|"|>,days:3}<tool_call|>',
+    "xml": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis, FR\n</parameter>\n"
+    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+    "xml-bare": "<function=get_weather><parameter=city>Paris, FR</parameter>"
+    "<parameter=days>3</parameter></function>",
+}
+
+
+@pytest.mark.parametrize("syntax", SYNTAXES)
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_each_syntax_parses_in_any_chunking(syntax, size):
+    text = "Let me look. " + SYNTAXES[syntax]
+    gate = ToolGate(SCHEMAS)
+    released = "".join(gate.feed(text[i : i + size]) for i in range(0, len(text), size))
+    rest, calls = gate.finish()
+    assert released == "Let me look. " and rest == ""
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", WANT)]
+    assert calls[0].id.startswith("call_")
+
+
+def test_invalid_or_unknown_calls_stay_text():
+    for text in (
+        '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>',  # truncated
+        '<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>',  # unknown tool
+        '<tool_call>{"arguments": {}}</tool_call>',  # no name
+    ):
+        gate = ToolGate(SCHEMAS)
+        assert gate.feed(text) == ""
+        assert gate.finish() == (text, [])
+    assert parse_tool_calls("no calls here", SCHEMAS) == ("no calls here", [])
+    text = "a <tool_c"  # a marker prefix that never completes is released at the end
+    gate = ToolGate(SCHEMAS)
+    assert gate.feed(text) == "a " and gate.finish() == ("<tool_c", [])
+
+
+def test_two_calls_in_order():
+    text = SYNTAXES["hermes"] + SYNTAXES["hermes"].replace("Paris, FR", "Oslo")
+    rest, calls = parse_tool_calls(text, SCHEMAS)
+    assert rest == "" and [c.arguments["city"] for c in calls] == ["Paris, FR", "Oslo"]
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 100])
+def test_think_split_in_any_chunking(size):
+    def run(text, in_thinking=False):
+        s = ThinkSplitter(in_thinking)
+        out = [p for i in range(0, len(text), size) for p in s.feed(text[i : i + size])]
+        out += s.finish()
+        join = lambda k: "".join(t for kind, t in out if kind == k)  # noqa: E731
+        return join("reasoning"), join("content")
+
+    assert run("<think>\nweigh it</think>\n\nAnswer.") == ("weigh it", "Answer.")
+    assert run("weigh it</think>Answer.", in_thinking=True) == ("weigh it", "Answer.")
+    assert run("  plain text <think>x</think>") == ("", "  plain text <think>x</think>")
+    assert run("<think>never closed") == ("never closed", "")
+
+
+@pytest.mark.parametrize("size", [1, 4, 100])
+def test_gemma_thought_channel(size):
+    assert markers_for("...{{ '<|channel>thought' }}...") == GEMMA_CHANNEL
+    assert markers_for("{{ '<think>' }}") == ("<think>", "</think>")
+    text = "<|channel>thought\nweigh it<channel|>Answer."
+    s = ThinkSplitter(False, GEMMA_CHANNEL)
+    out = [p for i in range(0, len(text), size) for p in s.feed(text[i : i + size])] + s.finish()
+    assert "".join(t for k, t in out if k == "reasoning") == "weigh it"
+    assert "".join(t for k, t in out if k == "content") == "Answer."
+
+
+def test_reasoning_effort_falls_back_to_the_nearest_word_the_template_knows():
+    from outrider.server.errors import ApiError
+    from outrider.server.prompting import nearest_efforts, render_chat
+
+    assert nearest_efforts("high")[:3] == ["high", "medium", "xhigh"]
+    assert nearest_efforts(None) == [None]
+
+    class Template:  # a tokenizer whose template accepts only some effort words
+        chat_template = "{{ reasoning_effort }}"
+
+        def __init__(self, known):
+            self.known, self.seen = known, []
+
+        def apply_chat_template(self, messages, reasoning_effort=None, **kw):
+            self.seen.append(reasoning_effort)
+            if reasoning_effort not in self.known:
+                raise ValueError(f"unknown effort {reasoning_effort}")
+            return f"<{reasoning_effort}>"
+
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) for c in text]
+
+    tok = Template({"low", "medium", "xhigh"})
+    ids, _ = render_chat(tok, [{"role": "user", "content": "hi"}], reasoning_effort="high")
+    assert "".join(map(chr, ids)) == "<medium>" and tok.seen == ["high", "medium"]
+    with pytest.raises(ApiError, match="could not apply chat template"):
+        render_chat(Template(set()), [{"role": "user", "content": "hi"}], reasoning_effort="low")
