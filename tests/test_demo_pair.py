@@ -119,15 +119,34 @@ def test_generate_without_model_uses_the_demo_pair(fake_pair, monkeypatch):
     result = invoke("generate", "--prompt", PROMPT, "--max-tokens", "12", "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
-    assert out["mode"] == "dspark" and "demo pair" in result.stderr
+    assert out["mode"] == find_pair("outrider-demo/target").mode and "demo pair" in result.stderr
     want = plain_greedy(fake_pair / "target", out["prompt_tokens"], 12)
     assert out["tokens"] == want
+    dspark = invoke("generate", "--prompt", PROMPT, "-n", "12", "--mode", "dspark", "--json")
+    assert dspark.exit_code == 0, dspark.output
+    assert json.loads(dspark.stdout)["tokens"] == want
     dflash = invoke("generate", "--prompt", PROMPT, "-n", "12", "--mode", "dflash", "--json")
     assert dflash.exit_code == 0, dflash.output
     assert json.loads(dflash.stdout)["tokens"] == want
     rows = {r["id"]: r for r in json.loads(invoke("models", "--json").stdout)["pairs"]}
     assert rows["outrider-demo"]["target_local"] is True
     assert rows["outrider-demo"]["drafters"]["dspark"]["local"] is True
+
+
+def test_the_shipped_pair_runs_losslessly_with_no_flags(monkeypatch):
+    """The pair in the package (trained on the GPU machine): a fresh install's first command."""
+    monkeypatch.delenv("OUTRIDER_DEMO_DIR", raising=False)
+    shipped = Path(cli.__file__).parent / "demo" / "pair"
+    sizes = sum(f.stat().st_size for f in shipped.rglob("*") if f.is_file())
+    assert sizes <= 16e6
+    result = invoke("generate", "--prompt", "def fibonacci(", "-n", "24", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["tokens"] == plain_greedy(shipped / "target", out["prompt_tokens"], 24)
+    for mode in ("dspark", "dflash"):
+        res = invoke("generate", "--prompt", "def fibonacci(", "-n", "24", "--mode", mode, "--json")
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["tokens"] == out["tokens"], mode
 
 
 def test_missing_demo_pair_is_one_clear_error(tmp_path, monkeypatch):

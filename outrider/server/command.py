@@ -94,13 +94,8 @@ def serve(
 
 def default_model() -> tuple[str, str]:
     """(model, note) when --model is not given: the demo `outrider generate` uses too."""
-    try:
-        from ..demo import demo_target, pair_dir  # the shipped demo pair, where present
-    except ImportError:
-        from ..cli import demo_model  # a tiny random-weight model built on first use
+    from ..demo import demo_target, pair_dir
 
-        path = str(demo_model())
-        return path, f"serving the demo model at {path} (random weights: its text is noise)"
     return demo_target(), f"serving the demo pair in {pair_dir()}"
 
 

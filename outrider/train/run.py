@@ -101,10 +101,17 @@ class DrafterRun:
             self.master["params"] = self.optimizer.apply_gradients(grads, self.master["params"])
             return loss, parts
 
-        if not self.cfg.compile:
+        if not self.cfg.compile or self.compile_stalls():
             return step
         state = [self.master, self.optimizer.state, self.model.state]
         return partial(mx.compile, inputs=state, outputs=state)(step)
+
+    def compile_stalls(self) -> bool:
+        """The compiled DSpark step stalled on MLX's CUDA backend (H200, mlx 0.32.4: one step in
+        200 s, where the same step uncompiled runs ~25 steps/s), so DSpark trains uncompiled on
+        a CUDA GPU; DFlash's compiled step is fine there."""
+        on_cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+        return on_cuda and self.cfg.kind == "dspark"
 
     def make_batch(self, ids_np: np.ndarray, mask_np: np.ndarray, step: int) -> Batch:
         """Run the target over the windows and gather what the loss needs."""
