@@ -22,7 +22,6 @@ import os
 import platform
 import random
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -402,19 +401,35 @@ def drafter_data(work: Path, pairs, valid_texts, p: Preset, seed: int) -> list[P
 
 
 def train_drafter(kind: str, target: Path, data: list[Path], out: Path, p: Preset, seed: int):
-    cmd = [sys.executable, "-m", "outrider", "train", "--model", str(target), "--kind", kind]
-    for f in data:
-        cmd += ["--data", str(f)]
-    cmd += ["--out", str(out), "--steps", str(p.drafter_steps)]
-    cmd += ["--batch-size", str(p.drafter_batch), "--seq-len", str(p.drafter_seq_len)]
-    cmd += ["--lr", str(p.drafter_lr), "--warmup", str(p.drafter_warmup)]
-    cmd += ["--block-size", str(p.block_size), "--layers", str(p.drafter_layers)]
-    cmd += ["--max-new-tokens", str(p.max_new_tokens), "--held-out", str(p.held_out)]
-    cmd += ["--seed", str(seed)]  # thinking left default: the prompt form `generate` uses
-    log("$ " + " ".join(cmd))
-    subprocess.run(cmd, check=True, cwd=ROOT)
-    report = out / "train_report.json"
-    return json.loads(report.read_text()) if report.is_file() else {}
+    """`outrider train` in this process, with its plain progress lines (same flags as the CLI:
+    `--steps --batch-size --seq-len --lr --warmup --block-size --layers --max-new-tokens
+    --held-out --seed`)."""
+    from outrider.train import TrainConfig, train_drafter
+    from outrider.train.progress import PlainLines
+
+    cfg = TrainConfig(
+        model=str(target),
+        data=[str(f) for f in data],
+        out=str(out),
+        kind=kind,
+        steps=p.drafter_steps,
+        batch_size=p.drafter_batch,
+        seq_len=p.drafter_seq_len,
+        lr=p.drafter_lr,
+        warmup=p.drafter_warmup,
+        block_size=p.block_size,
+        layers=p.drafter_layers,
+        max_new_tokens=p.max_new_tokens,
+        held_out=p.held_out,
+        seed=seed,
+    )  # thinking left default: the prompt form `generate` uses
+    log(f"outrider train --kind {kind}: {p.drafter_steps} steps")
+    view = PlainLines()
+    try:
+        report = train_drafter(cfg, on_event=view)
+    finally:
+        view.close()
+    return report.to_json()
 
 
 # --- summary ---------------------------------------------------------------------------------
