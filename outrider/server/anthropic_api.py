@@ -21,6 +21,7 @@ from .generation import (
     check_context,
     check_model,
     events,
+    failure,
     matched_stop,
     options,
     ready_pipeline,
@@ -223,9 +224,7 @@ def router(state: Any) -> APIRouter:
                 for k, piece in shaper.feed(value.text):
                     (thinking if k == "reasoning" else text).append(piece)
             elif kind == "error":
-                raise ApiError(
-                    500, f"generation failed: {type(value).__name__}: {value}", "api_error"
-                )
+                raise ApiError(500, failure(value), "api_error")
             elif kind == "end":
                 result = value
         if result is None:
@@ -340,7 +339,7 @@ async def _stream(state, pipe, job, shaper, mid, model, n_prompt, keep_thinking,
         elif kind == "error":
             err = {
                 "type": "api_error",
-                "message": f"generation failed: {type(value).__name__}: {value}",
+                "message": failure(value),
             }
             yield _sse("error", {"type": "error", "error": err})
             return

@@ -218,6 +218,11 @@ class Shaper:
         return out
 
 
+def failure(exc: BaseException) -> str:
+    """What a client is told when the engine raised during its generation."""
+    return f"generation failed: {type(exc).__name__}: {exc}"
+
+
 def x_outrider(pipe: Pipeline, result: Result | None) -> dict[str, Any]:
     """The per-response speculation report."""
     out: dict[str, Any] = {"mode": pipe.mode, "max_draft": pipe.max_draft}

@@ -21,6 +21,7 @@ from .generation import (
     check_context,
     check_model,
     events,
+    failure,
     options,
     ready_pipeline,
     submit,
@@ -227,9 +228,7 @@ def router(state: Any) -> APIRouter:
                     (reasoning if k == "reasoning" else content).append(text)
                 lps.extend(value.step.logprobs or [])
             elif kind == "error":
-                raise ApiError(
-                    500, f"generation failed: {type(value).__name__}: {value}", "server_error"
-                )
+                raise ApiError(500, failure(value), "server_error")
             elif kind == "end":
                 result = value
         if result is None:
@@ -298,9 +297,7 @@ def router(state: Any) -> APIRouter:
                 text.append(value.text)
                 lps.extend(value.step.logprobs or [])
             elif kind == "error":
-                raise ApiError(
-                    500, f"generation failed: {type(value).__name__}: {value}", "server_error"
-                )
+                raise ApiError(500, failure(value), "server_error")
             elif kind == "end":
                 result = value
         if result is None:
@@ -380,7 +377,7 @@ async def _chat_stream(state, pipe, job, shaper, rid, created, model, include_us
                 yield chunk({}, lp=lp)
         elif kind == "error":
             err = {
-                "message": f"generation failed: {type(value).__name__}: {value}",
+                "message": failure(value),
                 "type": "server_error",
             }
             yield _sse({"error": err})
@@ -436,7 +433,7 @@ async def _completion_stream(state, pipe, job, rid, created, model, include_usag
             yield text_frame(value.text)
         elif kind == "error":
             err = {
-                "message": f"generation failed: {type(value).__name__}: {value}",
+                "message": failure(value),
                 "type": "server_error",
             }
             yield _sse({"error": err})
