@@ -11,8 +11,6 @@ after training, the lossless check against plain decoding, and training tokens/s
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import shutil
 from pathlib import Path
 
@@ -20,25 +18,8 @@ import mlx.core as mx
 from rich.console import Console
 from rich.table import Table
 
-from outrider.testing import make_tiny_target
+from outrider.testing import make_toy_training_set
 from outrider.train import TrainConfig, train_drafter
-
-WORDS = ["alpha", "beta", "gamma", "delta", "sea", "sun", "code", "list", "tree", "map"]
-
-
-def toy_target(root: Path) -> tuple[Path, Path]:
-    target = make_tiny_target(root / "target", seed=0)
-    weights = dict(mx.load(str(target / "model.safetensors")))
-    for name in weights:
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            weights[name] = weights[name] * 0.1
-    mx.save_safetensors(str(target / "model.safetensors"), weights)
-    rng = random.Random(0)
-    prompts = root / "prompts.jsonl"
-    with prompts.open("w") as f:
-        for _ in range(19):
-            f.write(json.dumps({"turns": [" ".join(rng.choice(WORDS) for _ in range(3))]}) + "\n")
-    return target, prompts
 
 
 def main() -> None:
@@ -48,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(args.out)
     shutil.rmtree(root, ignore_errors=True)
-    target, prompts = toy_target(root)
+    target, prompts = make_toy_training_set(root)
     table = Table("kind", "accept (init)", "accept (trained)", "lossless", "train tok/s", "s")
     for kind in ("dspark", "dflash"):
         report = train_drafter(

@@ -373,6 +373,33 @@ def default_tap_ids(num_layers: int, n: int = 3) -> list[int]:
     return sorted({int(i * step) for i in range(n)})
 
 
+TOY_WORDS = ["alpha", "beta", "gamma", "delta", "sea", "sun", "code", "list", "tree", "map"]
+
+
+def make_toy_training_set(root: str | Path, seed: int = 0) -> tuple[Path, Path]:
+    """(target folder, prompts.jsonl) for drafter-training tests: a learnable tiny target.
+
+    A random tiny model is close to uniform and its continuations are noise no drafter can
+    learn; with its attention and MLP outputs scaled down it becomes nearly a bigram model
+    (still a real qwen3 with real context effects), so its own answers follow a chain a drafter
+    can pick up in a few dozen steps.
+    """
+    root = Path(root)
+    target = make_tiny_target(root / "target", seed=seed)
+    weights = dict(mx.load(str(target / "model.safetensors")))
+    for name in weights:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[name] = weights[name] * 0.1
+    mx.save_safetensors(str(target / "model.safetensors"), weights)
+    rng = random.Random(seed)
+    prompts = root / "prompts.jsonl"
+    with prompts.open("w") as f:
+        for _ in range(19):
+            words = " ".join(rng.choice(TOY_WORDS) for _ in range(3))
+            f.write(json.dumps({"turns": [words]}) + "\n")
+    return target, prompts
+
+
 def make_tiny_drafter(
     path: str | Path,
     target: str | Path,

@@ -5,7 +5,6 @@ exactly. Tiny fp32 models, CPU, short runs."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import mlx.core as mx
@@ -20,35 +19,17 @@ from outrider.api import load_drafter
 from outrider.core.errors import OutriderError
 from outrider.core.plugins import Plugins
 from outrider.plugins.strategies.block_drafter import BlockDrafter
-from outrider.testing import make_tiny_target
+from outrider.testing import make_toy_training_set
 from outrider.train import TrainConfig, train_drafter
 from outrider.train import data as D
 from outrider.train.objectives import block_forward, sample_anchors
 
-WORDS = ["alpha", "beta", "gamma", "delta", "sea", "sun", "code", "list", "tree", "map"]
-
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory) -> dict[str, Path]:
-    """A target whose greedy choices are learnable, and a prompt file.
-
-    A random tiny model is close to uniform and its continuations are noise no drafter can
-    learn; with its attention and MLP outputs scaled down it becomes nearly a bigram model
-    (still a real qwen3 with real context effects), so its own answers follow a chain a drafter
-    can pick up in a few dozen steps.
-    """
+    """A target whose greedy choices are learnable, and a prompt file."""
     root = tmp_path_factory.mktemp("train")
-    target = make_tiny_target(root / "target", seed=0)
-    weights = dict(mx.load(str(target / "model.safetensors")))
-    for name in weights:
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            weights[name] = weights[name] * 0.1
-    mx.save_safetensors(str(target / "model.safetensors"), weights)
-    rng = random.Random(0)
-    prompts = root / "prompts.jsonl"
-    with prompts.open("w") as f:
-        for _ in range(19):
-            f.write(json.dumps({"turns": [" ".join(rng.choice(WORDS) for _ in range(3))]}) + "\n")
+    target, prompts = make_toy_training_set(root)
     return {"root": root, "target": target, "prompts": prompts}
 
 
