@@ -147,6 +147,17 @@ def test_a_divergence_at_an_exact_logit_tie_is_reported_not_failed(qwen3_target)
     assert check_lossless(target, prompt, list(want), want, where) is None
 
 
+def test_tie_precision_is_tf32_for_float32_logits_on_a_cuda_gpu(monkeypatch):
+    from outrider.benchmark import runner
+
+    assert runner._mantissa_bits(mx.float32) == 23  # this CPU: full float32
+    assert runner._mantissa_bits(mx.bfloat16) == 7
+    monkeypatch.setattr(runner.mx, "default_device", lambda: mx.gpu)
+    monkeypatch.setattr(runner.mx.cuda, "is_available", lambda: True)
+    assert runner._mantissa_bits(mx.float32) == 10  # MLX CUDA's matmuls: TF32
+    assert runner._mantissa_bits(mx.bfloat16) == 7  # never looser than the dtype's own
+
+
 def test_bad_benchmark_options_get_one_error_line(qwen3_target):
     for extra, message in (
         (["--suites", "poetry"], "unknown suite poetry"),
