@@ -2,13 +2,16 @@
 
     python scripts/make_demo_pair.py --preset demo            # the shipped pair (GPU: ~10 min)
     python scripts/make_demo_pair.py --preset tiny --out DIR  # seconds on a CPU (tests)
+    python scripts/make_demo_pair.py --preset demo --target outrider/demo/pair/target
+                                                              # new drafters, same target
 
 Stages: (1) corpus: the Python standard library's own .py sources (PSF licence, copied next to
 the corpus manifest), plus chat examples made from its functions (user: `def name(`, assistant:
 the whole function); (2) a byte-level BPE tokenizer trained with `tokenizers`, with the chat
 special tokens and template; (3) a qwen3 model of mlx-lm's own class, trained from scratch with
 mlx-lm's trainer; (4) quantised with mlx-lm and saved as a normal mlx-lm folder; (5) DSpark and
-DFlash drafters trained by `outrider train` (skip with --skip-drafters) and stored 4-bit.
+DFlash drafters trained by `outrider train` side by side, one process each, on the target's own
+answers to function-header prompts (skip with --skip-drafters), and stored 4-bit.
 Writes OUT/target, OUT/dspark, OUT/dflash and OUT/recipe.json (sizes, losses, times, hardware).
 """
 
@@ -116,16 +119,16 @@ PRESETS = {
         bits=8,
         dtype="float32",  # float16 runs ~30x slower on MLX's CPU backend (fresh CPU installs)
         minutes=5.0,
-        drafter_steps=800,
+        drafter_steps=4000,
         drafter_batch=16,
         drafter_seq_len=512,
         drafter_lr=6e-4,
-        drafter_warmup=40,
+        drafter_warmup=100,
         drafter_layers=1,
         block_size=8,
-        prompts=256,
-        max_new_tokens=128,
-        held_out=32,
+        prompts=4096,
+        max_new_tokens=256,
+        held_out=16,
     ),
 }
 
@@ -389,15 +392,14 @@ def quantize_and_save(model, config: dict, p: Preset, out: Path) -> dict:
 # --- 5. drafters -----------------------------------------------------------------------------
 
 
-def drafter_data(work: Path, pairs, valid_texts, p: Preset, seed: int) -> list[Path]:
-    """Prompts the target answers itself (self-distillation) and held-out text."""
+def drafter_data(work: Path, pairs, p: Preset, seed: int) -> list[Path]:
+    """Prompts the target answers itself: the drafters learn the target's own greedy text
+    (self-distillation), which is what they must predict at generation time."""
     rng = random.Random(seed)
     chosen = rng.sample(pairs, min(p.prompts, len(pairs)))
     prompts = work / "drafter-prompts.jsonl"
     prompts.write_text("".join(json.dumps({"turns": [head]}) + "\n" for head, _ in chosen))
-    text = work / "drafter-text.jsonl"
-    text.write_text("".join(json.dumps({"text": t}) + "\n" for t in valid_texts))
-    return [prompts, text]
+    return [prompts]
 
 
 def train_drafter(kind: str, target: Path, data: list[Path], out: Path, p: Preset, seed: int):
@@ -466,6 +468,9 @@ def parse(argv: list[str] | None):
     ap.add_argument("--bits", type=int, choices=(4, 8), help="target quantisation (overrides)")
     ap.add_argument("--prompts", type=int, help="drafters' self-distillation prompts (overrides)")
     ap.add_argument("--skip-drafters", action="store_true", help="stop after the target")
+    ap.add_argument(
+        "--target", type=Path, help="train drafters for this already-built target (skips 1-4)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -495,9 +500,51 @@ def build(args: argparse.Namespace, p: Preset, work: Path) -> dict:
     """Every stage, in order; scratch files (float weights, drafter data) go to `work`."""
     t0 = time.perf_counter()
     out: Path = args.out.resolve()
-    for part in ("target", "dspark", "dflash"):
-        shutil.rmtree(out / part, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
+    log(f"preset {args.preset}: {json.dumps(asdict(p))}")
+    reuse = args.target.resolve() if args.target is not None else None
+    parts = ("dspark", "dflash") if reuse is not None else ("target", "dspark", "dflash")
+    for part in parts:
+        shutil.rmtree(out / part, ignore_errors=True)
+    if reuse is not None:
+        summary, pairs = reuse_target(reuse, out, p)
+    else:
+        summary, pairs = make_target(args, p, out, work)
+    times = summary["seconds"]
+
+    drafters: dict[str, dict] = {}
+    if not args.skip_drafters:
+        data = drafter_data(work, pairs, p, args.seed)
+        t = time.perf_counter()
+        drafters = train_drafters(out / "target", data, out, p, args.seed)
+        times["drafters"] = round(time.perf_counter() - t, 2)
+        for kind, d in drafters.items():
+            times[f"{kind}_training"] = d.pop("seconds")
+
+    sizes = {part: round(folder_mb(out / part), 2) for part in ("target", "dspark", "dflash")}
+    total = round(sum(sizes.values()), 2)
+    summary.update(
+        {
+            "preset": args.preset,
+            "settings": asdict(p),
+            "drafters": drafters,
+            "sizes_mb": sizes,
+            "total_mb": total,
+            "total_seconds": round(time.perf_counter() - t0, 1),
+            "hardware": hardware(),
+            "command": " ".join(["python", "scripts/make_demo_pair.py", *args.argv]),
+        }
+    )
+    (out / "recipe.json").write_text(json.dumps(summary, indent=2))
+    print_summary(summary)
+    if total > SIZE_LIMIT_MB:
+        sys.exit(f"error: the pair is {total} MB, over the {SIZE_LIMIT_MB} MB limit")
+    return summary
+
+
+def make_target(args: argparse.Namespace, p: Preset, out: Path, work: Path):
+    """Stages 1-4: corpus, tokenizer, target training, quantisation. Returns the summary so
+    far and the training chat pairs (the drafters' prompts come from them)."""
     (out / "target").mkdir(parents=True)
     times: dict[str, float] = {}
 
@@ -506,7 +553,6 @@ def build(args: argparse.Namespace, p: Preset, work: Path) -> dict:
         times[name] = round(now - since, 2)
         return now
 
-    log(f"preset {args.preset}: {json.dumps(asdict(p))}")
     t = time.perf_counter()
     files = stdlib_sources(p.corpus_bytes)
     manifest = write_corpus(work, files)
@@ -543,26 +589,8 @@ def build(args: argparse.Namespace, p: Preset, work: Path) -> dict:
     quant_loss = val_loss(qmodel, valid_set, p)
     t = lap("quantise", t)
     log(f"target: {p.bits}-bit, val loss {quant_loss:.3f} ({folder_mb(out / 'target'):.2f} MB)")
-
-    drafters: dict[str, dict] = {}
-    if not args.skip_drafters:
-        from outrider.core.quantized import quantize_checkpoint
-
-        data = drafter_data(work, pairs, valid_texts, p, args.seed)
-        for kind in ("dspark", "dflash"):
-            report = train_drafter(kind, out / "target", data, out / kind, p, args.seed)
-            shutil.rmtree(out / kind / "checkpoints", ignore_errors=True)
-            quantize_checkpoint(out / kind, bits=4)
-            drafters[kind] = {"mb": round(folder_mb(out / kind), 2), "report": report}
-            t = lap(f"{kind}_training", t)
-            log(f"{kind}: {drafters[kind]['mb']} MB in {times[f'{kind}_training']} s")
-
-    sizes = {part: round(folder_mb(out / part), 2) for part in ("target", "dspark", "dflash")}
-    total = round(sum(sizes.values()), 2)
     first_val = losses.val[0][1] if losses.val else math.nan
     summary = {
-        "preset": args.preset,
-        "settings": asdict(p),
         "corpus": manifest,
         "vocab_size": len(tokenizer),
         "target_steps": steps_done,
@@ -571,19 +599,48 @@ def build(args: argparse.Namespace, p: Preset, work: Path) -> dict:
         "val_loss_start": round(first_val, 4),
         "val_loss_float": round(float_loss, 4),
         "val_loss_quantized": round(quant_loss, 4),
-        "drafters": drafters,
-        "sizes_mb": sizes,
-        "total_mb": total,
         "seconds": times,
-        "total_seconds": round(time.perf_counter() - t0, 1),
-        "hardware": hardware(),
-        "command": " ".join(["python", "scripts/make_demo_pair.py", *args.argv]),
     }
-    (out / "recipe.json").write_text(json.dumps(summary, indent=2))
-    print_summary(summary)
-    if total > SIZE_LIMIT_MB:
-        sys.exit(f"error: the pair is {total} MB, over the {SIZE_LIMIT_MB} MB limit")
-    return summary
+    return summary, pairs
+
+
+def reuse_target(target: Path, out: Path, p: Preset):
+    """--target: drafters for an already-built target (stages 1-4 skipped). The chat pairs
+    are rebuilt from the same standard-library files the corpus manifest lists."""
+    if not (target / "config.json").is_file():
+        sys.exit(f"error: --target {target} is not a model folder (no config.json)")
+    if target != (out / "target").resolve():
+        shutil.rmtree(out / "target", ignore_errors=True)
+        shutil.copytree(target, out / "target")
+    files = stdlib_sources(p.corpus_bytes)
+    pairs = [pair for i, (_, text) in enumerate(files) if i % 20 for pair in functions(text)]
+    log(f"target: reusing {target} ({len(pairs)} chat examples for the drafters' prompts)")
+    return {"target_reused": str(target), "seconds": {}}, pairs
+
+
+def train_drafters(target: Path, data: list[Path], out: Path, p: Preset, seed: int) -> dict:
+    """DSpark and DFlash side by side, one process each: a small drafter's training is bound
+    by the host's kernel launches, so two runs share one GPU (or CPU) well."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")  # a fresh MLX per child, no forked device state
+    kinds = ("dspark", "dflash")
+    with ProcessPoolExecutor(len(kinds), mp_context=ctx) as pool:
+        jobs = {k: pool.submit(drafter_job, k, target, data, out / k, p, seed) for k in kinds}
+        return {k: job.result() for k, job in jobs.items()}
+
+
+def drafter_job(kind: str, target: Path, data: list[Path], out: Path, p: Preset, seed: int):
+    from outrider.core.quantized import quantize_checkpoint
+
+    t = time.perf_counter()
+    report = train_drafter(kind, target, data, out, p, seed)
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    quantize_checkpoint(out, bits=4)
+    seconds = round(time.perf_counter() - t, 2)
+    log(f"{kind}: {folder_mb(out):.2f} MB in {seconds} s")
+    return {"mb": round(folder_mb(out), 2), "report": report, "seconds": seconds}
 
 
 def importlib_missing(module: str) -> bool:
@@ -610,12 +667,17 @@ def print_summary(s: dict) -> None:
         f"preset       {s['preset']}",
         f"hardware     {hw.get('device_info', {}).get('device_name', hw['device'])} · "
         f"{hw['platform']} · python {hw['python']} · mlx {hw['mlx']}",
-        f"corpus       {s['corpus']['files']} files, {s['corpus']['bytes'] / 1e6:.1f} MB, "
-        f"{s['corpus']['licence']}",
-        f"target       {s['target_steps']} steps, {s['target_tokens_per_second']:,.0f} tok/s, "
-        f"val loss {s['val_loss_start']:.3f} → {s['val_loss_float']:.3f} "
-        f"({s['settings']['bits']}-bit: {s['val_loss_quantized']:.3f})",
     ]
+    if "target_reused" in s:
+        lines.append(f"target       reused from {s['target_reused']}")
+    else:
+        lines += [
+            f"corpus       {s['corpus']['files']} files, {s['corpus']['bytes'] / 1e6:.1f} MB, "
+            f"{s['corpus']['licence']}",
+            f"target       {s['target_steps']} steps, {s['target_tokens_per_second']:,.0f} "
+            f"tok/s, val loss {s['val_loss_start']:.3f} → {s['val_loss_float']:.3f} "
+            f"({s['settings']['bits']}-bit: {s['val_loss_quantized']:.3f})",
+        ]
     for kind, d in s["drafters"].items():
         acc = ", ".join(f"{k} {v:.3g}" for k, v in accept_numbers(d["report"]))
         lines.append(f"{kind:<12} {d['mb']} MB {acc}")

@@ -78,6 +78,28 @@ def test_recipe_output_loads_with_mlx_lm_and_generates_losslessly(recipe):
         assert result.tokens == plain_greedy(recipe / "target", ids, 32), mode
 
 
+def test_recipe_reuses_a_built_target_with_target_flag(recipe, tmp_path):
+    """--target skips stages 1-4: the target folder is copied as is, and the recipe says so."""
+    out = tmp_path / "again"
+    cmd = [sys.executable, "scripts/make_demo_pair.py", "--preset", "tiny", "--out", str(out)]
+    cmd += ["--target", str(recipe / "target"), "--skip-drafters"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((out / "recipe.json").read_text())
+    assert summary["target_reused"] == str((recipe / "target").resolve())
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (out / "target" / name).read_bytes() == (recipe / "target" / name).read_bytes()
+    assert "reused from" in proc.stdout
+    bad = subprocess.run(
+        [*cmd[:-3], "--target", str(tmp_path), "--skip-drafters"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "not a model folder" in bad.stderr
+
+
 def test_quantised_drafter_checkpoint_loads_and_stays_lossless(tmp_path, qwen3_target):
     drafter = make_tiny_drafter(tmp_path / "float", qwen3_target, "dspark", block_size=4)
     packed = shutil.copytree(drafter, tmp_path / "packed")

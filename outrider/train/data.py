@@ -128,7 +128,7 @@ def answered_chats(
     generate: Generate,
     thinking: bool | None,
     progress: Callable[[int, int], None] | None = None,
-    chunk: int = 64,
+    chunk: int = 256,
 ) -> list[Sequence]:
     """Self-distillation: the target answers every user turn itself, turn by turn (all chats'
     turn i together, in chunks); one sequence per answer, the conversation so far unsupervised."""
@@ -207,7 +207,7 @@ def windows(sequences: Iterable[Sequence], seq_len: int) -> list[Sequence]:
     return out
 
 
-def greedy_generator(target, max_new_tokens: int, batch_size: int = 64) -> Generate:
+def greedy_generator(target, max_new_tokens: int, batch_size: int = 256) -> Generate:
     """The target's own greedy answers (mlx-lm's batched generation), each ending with the
     end-of-turn token when the target wrote one."""
     from mlx_lm.generate import BatchGenerator
@@ -241,7 +241,7 @@ def continued_documents(
     generate: Generate,
     seq_len: int,
     progress: Callable[[int, int], None] | None = None,
-    chunk: int = 64,
+    chunk: int = 256,
 ) -> list[Sequence]:
     """Self-distillation for documents: the target continues the first half of every
     `seq_len` window; its continuation, not the document's own text, is supervised."""
