@@ -1,0 +1,155 @@
+"""Where a speculative round's time goes: graph building on the host vs waiting for the device.
+
+For one loaded pair, times (medians over many repeats, after warm-up):
+
+* one sync of a trivial graph (the fixed cost of any `mx.eval`);
+* the target's verify forward at widths 1, 5, 8: Python graph build, then eval;
+* each drafter's proposal at caps 4 and 7: build, then eval;
+* whole greedy rounds on a real prompt, split into propose / verify build / eval / host work.
+
+    python benchmarks/round_profile.py                     # the demo pair
+    python benchmarks/round_profile.py --model M --dspark-drafter D --dflash-drafter D
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import mlx.core as mx  # noqa: E402
+
+from outrider.api import load  # noqa: E402
+from outrider.core.acceptance import accept_greedy  # noqa: E402
+from outrider.core.proposer import DraftContext  # noqa: E402
+from outrider.core.sampling import SamplingParams, greedy  # noqa: E402
+
+
+def ms(xs: list[float]) -> str:
+    return f"{1e3 * statistics.median(xs):7.3f}"
+
+
+def timed(build, reps: int, after=None) -> tuple[list[float], list[float]]:
+    """(build seconds, eval seconds) per repeat; `after` undoes what a repeat changed."""
+    b, e = [], []
+    for _ in range(reps + 3):
+        t0 = time.perf_counter()
+        out = build()
+        t1 = time.perf_counter()
+        mx.eval(out)
+        t2 = time.perf_counter()
+        if after is not None:
+            after()
+        b.append(t1 - t0)
+        e.append(t2 - t1)
+    return b[3:], e[3:]
+
+
+def rounds(pipe, ids: list[int], n: int, cap: int) -> dict[str, list[float]]:
+    """The loop's greedy round (core/loop.py), with a timer between its phases."""
+    target, proposer = pipe.target, pipe.proposer
+    tap_ids = tuple(proposer.tap_layer_ids)
+    cache = target.make_cache()
+    phases: dict[str, list[float]] = {k: [] for k in ("propose", "verify", "eval", "host")}
+    with mx.stream(target.stream):
+        last, taps = target.prefill(ids, cache, tap_ids)
+        first = greedy(last)
+        proposer.start(ids, taps)
+        mx.eval(first)
+        history = ids + [first.item()]
+        for _ in range(n):
+            t0 = time.perf_counter()
+            proposal = proposer.propose(DraftContext(history, cap, SamplingParams(), None))
+            if proposal.host is None:
+                inputs = mx.concatenate(
+                    [mx.array([history[-1]], dtype=mx.uint32), proposal.tokens.astype(mx.uint32)]
+                )
+            else:
+                inputs = mx.array([history[-1], *proposal.host], dtype=mx.uint32)
+            t1 = time.perf_counter()
+            logits, vtaps = target.forward(inputs, cache, tap_ids)
+            tokens = greedy(logits)
+            t2 = time.perf_counter()
+            mx.eval(tokens, proposal.tokens)
+            t3 = time.perf_counter()
+            drafted = proposal.host if proposal.host is not None else proposal.tokens.tolist()
+            got = tokens.tolist()
+            a = accept_greedy(got, drafted)
+            target.rollback(cache, proposal.k - a)
+            proposer.observe(a, None if vtaps is None else vtaps[: a + 1])
+            history.extend(got[: a + 1])
+            t4 = time.perf_counter()
+            for k, dt in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                phases[k].append(dt)
+    return phases
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="outrider-demo/target")
+    ap.add_argument("--dspark-drafter", default="outrider-demo/dspark")
+    ap.add_argument("--dflash-drafter", default="outrider-demo/dflash")
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+
+    base = load(args.model, mode="baseline")
+    target = base.target
+    pipes = {
+        "dspark": load(args.model, args.dspark_drafter, mode="dspark", target=target),
+        "dflash": load(args.model, args.dflash_drafter, mode="dflash", target=target),
+        "lookup": load(args.model, mode="lookup", target=target),
+    }
+    tap_ids = tuple(pipes["dspark"].proposer.tap_layer_ids)
+    prompt = base.encode("Write a Python function that returns the n-th Fibonacci number.")
+    print(f"device {mx.default_device()}, mlx {mx.__version__}, reps {args.reps} (medians, ms)")
+
+    with mx.stream(target.stream):
+        x = mx.array([1.0])
+        b, e = timed(lambda: x + 1, args.reps)
+        print(f"\ntrivial eval            build {ms(b)}  eval {ms(e)}")
+
+        cache = target.make_cache()
+        _, taps = target.prefill(prompt, cache, tap_ids)
+        mx.eval(taps)
+        print()
+        for w in (1, 5, 8):
+            ids = mx.array(list(range(3, 3 + w)), dtype=mx.uint32)
+            for tapped in (False, True):
+                b, e = timed(
+                    lambda ids=ids, t=tapped: target.forward(ids, cache, tap_ids if t else ())[0],
+                    args.reps,
+                    after=lambda w=w: target.rollback(cache, w),
+                )
+                label = f"verify w{w}" + (" +taps" if tapped else "")
+                print(f"{label:<24}build {ms(b)}  eval {ms(e)}")
+
+        print()
+        for mode in ("dspark", "dflash"):
+            proposer = pipes[mode].proposer
+            for cap in (4, 7):
+                proposer.start(prompt, taps)
+                mx.eval(proposer.propose(DraftContext(prompt, cap, SamplingParams(), None)).tokens)
+                b, e = timed(
+                    lambda p=proposer, c=cap: (
+                        p.propose(DraftContext(prompt, c, SamplingParams(), None)).tokens
+                    ),
+                    args.reps,
+                )
+                print(f"{mode} propose cap {cap:<5}build {ms(b)}  eval {ms(e)}")
+
+    print("\nwhole greedy rounds: propose | verify build | eval | host (ms, medians)")
+    for mode, cap in (("dspark", 4), ("dspark", 7), ("dflash", 4), ("dflash", 7), ("lookup", 6)):
+        rounds(pipes[mode], prompt, 8, cap)  # warm-up
+        ph = rounds(pipes[mode], prompt, 60, cap)
+        total = statistics.median([sum(x) for x in zip(*ph.values())])
+        parts = " | ".join(ms(v) for v in ph.values())
+        print(f"{mode:<7}cap {cap}  {parts}  = {1e3 * total:7.3f}")
+
+
+if __name__ == "__main__":
+    main()
