@@ -1,0 +1,127 @@
+"""Tiny random-weight target folders of real architectures, and a learnable one for training."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map
+
+from .configs import SANDWICH_NORMS, text_config, tiny_config
+from .tokenizer import SPECIAL_TOKENS, build_tokenizer
+
+
+def build_model(config: dict, seed: int = 0, scale: float = 4.0):
+    """An mlx-lm model of the config's architecture with random weights.
+
+    The output head is scaled up so that greedy choices are decisive (random models otherwise
+    produce near-uniform logits where fp rounding could flip an argmax).
+    """
+    mx.random.seed(seed)
+    if "vision_config" in config:
+        model = _vlm_model(config)
+    else:
+        from mlx_lm.utils import _get_classes
+
+        model_cls, args_cls = _get_classes(config)
+        model = model_cls(args_cls.from_dict(config))
+    params = dict(tree_flatten(model.parameters()))
+    sandwich = text_config(config).get("model_type") == "gemma4_text"
+    for name in params:
+        if name.endswith("lm_head.weight") or name.endswith("embed_tokens.weight"):
+            params[name] = params[name] * scale
+        elif sandwich and name.endswith(SANDWICH_NORMS):
+            # Gemma scales its tied embedding by sqrt(hidden): without louder layer outputs a
+            # random model only echoes its input token.
+            params[name] = params[name] * 16.0
+    _randomize_packed(params)
+    model.load_weights(list(params.items()))
+    mx.eval(model.parameters())
+    return model
+
+
+def _vlm_model(config: dict):
+    """An mlx-vlm model (all towers) of the config's architecture."""
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+
+    model_cls, _ = get_model_and_args(config=config)
+    model_config = model_cls.ModelConfig.from_dict(copy.deepcopy(config))
+    model_config = update_module_configs(
+        model_config, model_cls, copy.deepcopy(config), ["text", "vision", "audio"]
+    )
+    return model_cls.Model(model_config)
+
+
+def _randomize_packed(params: dict) -> None:
+    """Give quantized (packed) layers random codes, scales and signs; they start as zeros."""
+    for name, value in params.items():
+        if value.dtype == mx.uint32 and name.endswith(".weight"):
+            bits = mx.random.randint(0, 2**16, value.shape).astype(mx.uint32)
+            params[name] = bits * 65537
+        elif name.endswith(".scales"):
+            params[name] = (0.05 + 0.05 * mx.random.uniform(shape=value.shape)).astype(value.dtype)
+        elif name.endswith(".biases"):
+            params[name] = mx.full(value.shape, -0.1, dtype=value.dtype)
+        elif name.endswith(".signs"):
+            params[name] = mx.where(mx.random.uniform(shape=value.shape) < 0.5, -1.0, 1.0)
+
+
+def make_tiny_target(path: str | Path, family: str = "qwen3", seed: int = 0, **overrides) -> Path:
+    """Write a tiny random-weight model folder of a real mlx-lm / mlx-vlm architecture (float32).
+
+    `family` is the mlx-lm model_type: qwen3, llama, qwen2, qwen3_moe, qwen3_5, qwen3_5_moe,
+    qwen3_next, prism_hadamard_qwen35, nemotron_h, gemma4_text, muse_glimmer; or gemma4 and
+    muse_glimmer_vlm for mlx-vlm multimodal checkpoints (language tower + a toy vision tower).
+    Sliding windows are `SLIDING_WINDOW` tokens, so short generations wrap them.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = build_tokenizer(path)
+    overrides.setdefault("vocab_size", vocab)
+    config = tiny_config(family, **overrides)
+    config["eos_token_id"] = SPECIAL_TOKENS.index("<|im_end|>") + vocab - len(SPECIAL_TOKENS)
+    model = build_model(config, seed)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
+def cast_model(model, dtype) -> None:
+    """Cast a model's floating parameters in place (benchmarks build bf16 models this way)."""
+    model.update(
+        tree_map(
+            lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a,
+            model.parameters(),
+        )
+    )
+
+
+TOY_WORDS = ["alpha", "beta", "gamma", "delta", "sea", "sun", "code", "list", "tree", "map"]
+
+
+def make_toy_training_set(root: str | Path, seed: int = 0) -> tuple[Path, Path]:
+    """(target folder, prompts.jsonl) for drafter-training tests: a learnable tiny target.
+
+    A random tiny model is close to uniform and its continuations are noise no drafter can
+    learn; with its attention and MLP outputs scaled down it becomes nearly a bigram model
+    (still a real qwen3 with real context effects), so its own answers follow a chain a drafter
+    can pick up in a few dozen steps.
+    """
+    root = Path(root)
+    target = make_tiny_target(root / "target", seed=seed)
+    weights = dict(mx.load(str(target / "model.safetensors")))
+    for name in weights:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[name] = weights[name] * 0.1
+    mx.save_safetensors(str(target / "model.safetensors"), weights)
+    rng = random.Random(seed)
+    prompts = root / "prompts.jsonl"
+    with prompts.open("w") as f:
+        for _ in range(19):
+            words = " ".join(rng.choice(TOY_WORDS) for _ in range(3))
+            f.write(json.dumps({"turns": [words]}) + "\n")
+    return target, prompts
