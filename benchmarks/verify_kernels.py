@@ -1,8 +1,8 @@
 """The parts of a verify forward, one at a time, at widths 1 to 8 (what makes width > 1 dear).
 
 Times build + eval (medians) of: the attention kernel with a growing key length (as decoding
-grows the cache) under each mask form, the quantised matmul of one target projection, and the
-whole target forward with the mask mlx-lm makes ("causal") against an explicit array mask.
+grows the cache) under each mask form, one target projection's matmul (float32, 8-bit, 4-bit),
+and the whole target forward (mlx-lm's own call, its own "causal" mask) at each width.
 
     python benchmarks/verify_kernels.py [--model M] [--reps 60]
 """
@@ -78,7 +78,7 @@ def main() -> None:
         ]
         print(f"  w{w}  " + "   ".join(row))
 
-    print("\nwhole target forward (cache at 300 tokens), mask as mlx-lm makes it vs an array")
+    print("\nwhole target forward (cache at 300 tokens), as mlx-lm calls it")
     with mx.stream(target.stream):
         cache = target.make_cache()
         target.prefill(list(range(5, 305)), cache)
@@ -86,19 +86,12 @@ def main() -> None:
         for w in (1, 5, 8):
             ids = mx.array(list(range(7, 7 + w)), dtype=mx.uint32)
 
-            def fwd(i, ids=ids, w=w):
-                out = target.model(ids[None], cache=cache)
-                return out
-
-            def undo(w=w):
-                target.rollback(cache, w)
-
             times = []
-            for i in range(reps + 3):
+            for _ in range(reps + 3):
                 t0 = time.perf_counter()
-                mx.eval(fwd(i))
+                mx.eval(target.model(ids[None], cache=cache))
                 times.append(time.perf_counter() - t0)
-                undo()
+                target.rollback(cache, w)
             print(f"  w{w}  model(ids) {1e3 * statistics.median(times[3:]):7.3f}")
 
 
