@@ -75,6 +75,18 @@ def write_corpus(work: Path, files: list[tuple[str, str]]) -> dict:
     return manifest
 
 
+def held_out(index: int) -> bool:
+    """Every 20th file is validation text: never trained on, never a drafter prompt."""
+    return index % 20 == 0
+
+
+def training_pairs(files: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The chat pairs of the training files, as `documents` returns them."""
+    return [
+        pair for i, (_, text) in enumerate(files) if not held_out(i) for pair in functions(text)
+    ]
+
+
 def documents(files, tokenizer, seed: int) -> tuple[list[str], list[str], list[tuple[str, str]]]:
     """Train and validation texts (every 20th file held out) and the training chat pairs."""
     rng, chat = random.Random(seed), ChatFormat(tokenizer)
@@ -83,8 +95,8 @@ def documents(files, tokenizer, seed: int) -> tuple[list[str], list[str], list[t
         docs = [text + "<|endoftext|>"]
         fns = functions(text)
         docs += [chat(p, a, rng.random() < 0.25) for p, a in fns]
-        (valid if i % 20 == 0 else train).extend(docs)
-        if i % 20:
+        (valid if held_out(i) else train).extend(docs)
+        if not held_out(i):
             pairs.extend(fns)
     rng.shuffle(train)
     return train, valid, pairs

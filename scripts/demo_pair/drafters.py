@@ -75,5 +75,6 @@ def drafter_job(kind: str, target: Path, data: list[Path], out: Path, p: Preset,
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     quantize_checkpoint(out, bits=4)
     seconds = round(time.perf_counter() - t, 2)
-    log(f"{kind}: {folder_mb(out):.2f} MB in {seconds} s")
-    return {"mb": round(folder_mb(out), 2), "report": report, "seconds": seconds}
+    mb = round(folder_mb(out), 2)
+    log(f"{kind}: {mb:.2f} MB in {seconds} s")
+    return {"mb": mb, "report": report, "seconds": seconds}

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .corpus import documents, functions, pack, stdlib_sources, write_corpus
+from .corpus import documents, pack, stdlib_sources, training_pairs, write_corpus
 from .presets import Preset, log
 from .summary import folder_mb
 from .tokenizer import train_tokenizer
@@ -195,6 +195,6 @@ def reuse_target(target: Path, out: Path, p: Preset):
         shutil.rmtree(out / "target", ignore_errors=True)
         shutil.copytree(target, out / "target")
     files = stdlib_sources(p.corpus_bytes)
-    pairs = [pair for i, (_, text) in enumerate(files) if i % 20 for pair in functions(text)]
+    pairs = training_pairs(files)
     log(f"target: reusing {target} ({len(pairs)} chat examples for the drafters' prompts)")
     return {"target_reused": str(target), "seconds": {}}, pairs
