@@ -19,6 +19,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..api import Pipeline, load, load_drafter, load_target
+from ..core.device import on_cuda_gpu
 from ..core.errors import OutriderError
 from ..core.plugins import Plugins
 from ..core.target import Target
@@ -175,7 +176,7 @@ def _mantissa_bits(dtype: mx.Dtype) -> int:
     """The precision the logits were computed at: float32 on a CUDA GPU is TF32 in the
     matmuls, so a verify block and a single row round differently by ~1e-3, not ~1e-7."""
     bits = _MANTISSA_BITS.get(dtype, 7)
-    on_cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+    on_cuda = on_cuda_gpu()
     return min(bits, _TF32_BITS) if on_cuda else bits
 
 

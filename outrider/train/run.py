@@ -14,6 +14,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from ..core.device import on_cuda_gpu
 from ..core.errors import OutriderError
 from ..core.target import Target
 from ..plugins.strategies.block_drafter import BlockDrafter
@@ -110,7 +111,7 @@ class DrafterRun:
         """The compiled DSpark step stalled on MLX's CUDA backend (H200, mlx 0.32.4: one step in
         200 s, where the same step uncompiled runs ~25 steps/s), so DSpark trains uncompiled on
         a CUDA GPU; DFlash's compiled step is fine there."""
-        on_cuda = mx.default_device() == mx.gpu and mx.cuda.is_available()
+        on_cuda = on_cuda_gpu()
         return on_cuda and self.cfg.kind == "dspark"
 
     def make_batch(self, ids_np: np.ndarray, mask_np: np.ndarray, step: int) -> Batch:

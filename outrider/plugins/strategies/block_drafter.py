@@ -15,6 +15,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from ...core.device import split_attention
 from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
 
@@ -39,6 +40,11 @@ class ContextCache:
 
 
 class DraftAttention(nn.Module):
+    # Set on the instance when proposing on a CUDA GPU, where MLX's fused attention kernel takes
+    # fewer than 4 query rows: the block's rows attend to the same keys with no mask, so they
+    # can ride as extra heads of one query row (still grouped per KV head).
+    fold_rows = False
+
     def __init__(self, spec: DrafterSpec):
         super().__init__()
         h, hd = spec.hidden_size, spec.head_dim
@@ -78,7 +84,12 @@ class DraftAttention(nn.Module):
         if keys is not None:
             bk = mx.concatenate([keys, bk], axis=2)
             bv = mx.concatenate([values, bv], axis=2)
-        out = mx.fast.scaled_dot_product_attention(q, bk, bv, scale=self.scale)
+        if self.fold_rows and b == 1:
+            folded = q.reshape(1, self.n_heads * n, 1, -1)
+            out = mx.fast.scaled_dot_product_attention(folded, bk, bv, scale=self.scale)
+            out = out.reshape(1, self.n_heads, n, -1)
+        else:
+            out = mx.fast.scaled_dot_product_attention(q, bk, bv, scale=self.scale)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
 
 
@@ -217,11 +228,15 @@ def load_block_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) -
             model,
             group_size=group_size,
             bits=bits,
-            class_predicate=lambda _, m: (
+            class_predicate=lambda path, m: (
                 isinstance(m, (nn.Linear, nn.Embedding))
+                and path != "markov_head.markov_w1"  # one gather a slot, not four
                 and m.weight.shape[-1] % group_size == 0
                 and m.weight.shape[0] > 1
             ),
         )
     mx.eval(model.parameters())
+    if split_attention():
+        for layer in model.layers:
+            layer.self_attn.fold_rows = True
     return model

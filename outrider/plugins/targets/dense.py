@@ -15,6 +15,7 @@ from mlx_lm.utils import load as mlx_lm_load
 
 from ...core.errors import UnsupportedTargetError
 from ...core.hookspecs import hookimpl
+from . import verify_attention
 
 # Families whose caches are not plain KV (recurrent state, sliding windows): another plugin's job.
 NOT_DENSE = {
@@ -73,6 +74,7 @@ class DenseFamily:
                 f"model_type {config.get('model_type')!r} uses {', '.join(sorted(odd))} caches, "
                 "which the dense family cannot roll back"
             )
+        verify_attention.install(model, self.layers(model), lambda: make_prompt_cache(model))
         return model, tokenizer
 
     def layers(self, model: nn.Module) -> list:

@@ -1,0 +1,141 @@
+"""Verify attention that stays on MLX's one-query attention kernel, for CUDA GPUs.
+
+On MLX's CUDA backend `mx.fast.scaled_dot_product_attention` runs its fused vector kernel only
+for fewer than 4 float32 query rows (one row in half precision); a verify forward of 5 or 8 rows
+(cap 4 or 7) falls back to separate matmul, mask and softmax kernels in float32, which made a
+5-row forward of the demo target cost 1.8x a one-row one on the H200
+(docs/receipts/verify_kernels_h200.txt), and to cuDNN in half precision, which builds a new graph
+for each key length. Split into causal chunks the kernel takes, each chunk seeing the keys up to
+its own last row, the same attention runs as a few fused kernels, and each row is computed by
+the kernel plain decoding uses.
+
+`ChunkedAttention` wraps one model instance's attention module (never the class): widths one
+kernel call takes, prefill chunks and any call it does not recognise go to the wrapped module
+unchanged. It knows
+the mlx-lm attention layout shared by llama, qwen2, qwen3 and mistral (q/k/v/o projections,
+optional per-head q/k norms, one rope); `install` checks that layout and then checks on a short
+input that the wrapped forward agrees with the model's own before it keeps the wrappers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+
+from ...core.device import split_attention
+
+# Query rows per kernel call. MLX's CUDA vector kernel takes up to 3 float32 rows; in half
+# precision more than one row goes to cuDNN, which builds a new graph for every key length
+# (~70 ms each on the H200, so once per round while decoding).
+CHUNK = {mx.float32: 3}
+MAX_ROWS = 16  # wider forwards (prefill) keep MLX's own attention
+LAYOUT = ("q_proj", "k_proj", "v_proj", "o_proj", "rope")
+MODULES = ("llama", "qwen2", "qwen3", "mistral")  # mlx_lm.models.* with that exact layout
+PROBE_TOLERANCE = 1e-2  # of the largest |logit|: TF32 matmuls on CUDA differ by ~1e-3
+
+
+def chunked_causal_attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, chunk: int | None = None
+) -> mx.array:
+    """Causal attention of q [B, H, L, D] over k, v [B, Hkv, S, D], whose last L rows are the
+    queries' own, as ceil(L / chunk) kernel calls: chunk rows [i, j) see keys [0, S - L + j)."""
+    n, s = q.shape[2], k.shape[2]
+    chunk = chunk or CHUNK.get(q.dtype, 1)
+    parts = []
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        end = s - n + stop
+        parts.append(
+            mx.fast.scaled_dot_product_attention(
+                q[:, :, start:stop], k[:, :, :end], v[:, :, :end], scale=scale, mask="causal"
+            )
+        )
+    return mx.concatenate(parts, axis=2)
+
+
+class ChunkedAttention(nn.Module):
+    """One decoder layer's attention, with verify-width calls split into kernel-sized chunks."""
+
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.attention = attention
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if key == "attention" or "attention" not in self:
+                raise
+            return getattr(self["attention"], key)
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        a = self.attention
+        b, n, _ = x.shape
+        chunk = CHUNK.get(x.dtype, 1)
+        if not (chunk < n <= MAX_ROWS and type(cache) is KVCache and _is_causal(mask)):
+            return a(x, mask=mask, cache=cache)
+        q = a.q_proj(x).reshape(b, n, a.n_heads, -1)
+        k = a.k_proj(x).reshape(b, n, a.n_kv_heads, -1)
+        if "q_norm" in a:
+            q, k = a.q_norm(q), a.k_norm(k)
+        q = q.transpose(0, 2, 1, 3)
+        k = k.transpose(0, 2, 1, 3)
+        v = a.v_proj(x).reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q = a.rope(q, offset=cache.offset)
+        k = a.rope(k, offset=cache.offset)
+        keys, values = cache.update_and_fetch(k, v)
+        out = chunked_causal_attention(q, keys, values, a.scale, chunk)
+        return a.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+
+
+def _is_causal(mask: Any) -> bool:
+    return isinstance(mask, str) and mask == "causal"
+
+
+def fits(attention: nn.Module) -> bool:
+    """Whether `attention` has the mlx-lm layout `ChunkedAttention` re-states."""
+    module = type(attention).__module__.rsplit(".", 1)[-1]
+    if module not in MODULES or type(attention).__name__ != "Attention":
+        return False
+    if not all(name in attention for name in LAYOUT):
+        return False
+    if ("q_norm" in attention) != ("k_norm" in attention):
+        return False
+    return all(hasattr(attention, a) for a in ("n_heads", "n_kv_heads", "scale"))
+
+
+def install(model: nn.Module, layers: list, make_cache: Callable[[], list]) -> bool:
+    """Wrap the attention of every layer in `layers` (the model's own list) when it is wanted
+    and every layer fits, and keep the wrappers only if a short verify after a short prefill
+    gives the model's own logits. Returns whether the wrappers stay."""
+    if not split_attention():
+        return False
+    attentions = [getattr(layer, "self_attn", None) for layer in layers]
+    if not attentions or not all(a is not None and fits(a) for a in attentions):
+        return False
+    reference = _probe(model, make_cache)
+    originals = []
+    for layer in layers:
+        originals.append(layer.self_attn)
+        layer.self_attn = ChunkedAttention(layer.self_attn)
+    got = _probe(model, make_cache)
+    scale = mx.abs(reference).max().item() + 1.0
+    if mx.abs(got - reference).max().item() > PROBE_TOLERANCE * scale:
+        for layer, original in zip(layers, originals):
+            layer.self_attn = original
+        return False
+    return True
+
+
+def _probe(model: nn.Module, make_cache: Callable[[], list]) -> mx.array:
+    """Logits of an 8-row verify after a 4-token prefill (two chunks of 3 and one of 2)."""
+    cache = make_cache()
+    model(mx.array([[1, 2, 3, 4]], dtype=mx.uint32), cache=cache)
+    logits = model(mx.array([[5, 6, 7, 8, 9, 10, 11, 12]], dtype=mx.uint32), cache=cache)
+    logits = logits.astype(mx.float32)
+    mx.eval(logits)
+    return logits

@@ -1,0 +1,158 @@
+"""Split attention (for MLX's CUDA kernels) computes the same attention and stays lossless.
+
+On a CUDA GPU outrider splits a verify's causal attention into chunks the fused kernel takes
+and folds a drafter block's rows into heads; OUTRIDER_ATTENTION=split forces both here on the
+CPU, where the arithmetic is the same and every mode must still equal plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from conftest import PROMPTS, plain_greedy
+
+import outrider
+from outrider.core.device import ATTENTION_ENV, split_attention
+from outrider.core.errors import OutriderError
+from outrider.core.proposer import DraftContext
+from outrider.core.sampling import SamplingParams
+from outrider.plugins.targets import verify_attention
+from outrider.plugins.targets.verify_attention import ChunkedAttention, chunked_causal_attention
+
+
+def attentions(pipe) -> list[nn.Module]:
+    layers = pipe.target.family.layers(pipe.target.model)
+    return [getattr(layer, "layer", layer).self_attn for layer in layers]
+
+
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 8, 12])
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+def test_chunks_give_the_one_call_causal_attention(rows, chunk):
+    mx.random.seed(rows * 10 + chunk)
+    q = mx.random.normal((1, 4, rows, 64))
+    k = mx.random.normal((1, 2, 30, 64))
+    v = mx.random.normal((1, 2, 30, 64))
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    got = chunked_causal_attention(q, k, v, 0.125, chunk)
+    assert got.shape == want.shape
+    assert mx.allclose(got, want, atol=1e-5).item()
+    # and the last row is the plain one-row attention over every key
+    last = mx.fast.scaled_dot_product_attention(q[:, :, -1:], k, v, scale=0.125)
+    assert mx.allclose(got[:, :, -1:], last, atol=1e-5).item()
+
+
+def test_the_choice_follows_the_environment(monkeypatch):
+    monkeypatch.setenv(ATTENTION_ENV, "split")
+    assert split_attention()
+    monkeypatch.setenv(ATTENTION_ENV, "native")
+    assert not split_attention()
+    monkeypatch.setenv(ATTENTION_ENV, "auto")
+    assert split_attention() == (mx.default_device() == mx.gpu and mx.cuda.is_available())
+    monkeypatch.setenv(ATTENTION_ENV, "fast")
+    with pytest.raises(OutriderError, match="OUTRIDER_ATTENTION must be auto, split or native"):
+        split_attention()
+
+
+def test_native_attention_leaves_the_model_alone(monkeypatch, qwen3_target):
+    monkeypatch.setenv(ATTENTION_ENV, "native")
+    pipe = outrider.load(str(qwen3_target), mode="baseline")
+    assert not any(isinstance(a, ChunkedAttention) for a in attentions(pipe))
+
+
+@pytest.mark.parametrize("family_fixture", ["qwen3_target", "llama_target", "qwen2_target"])
+def test_split_verify_is_lossless_in_every_mode(request, tmp_path, monkeypatch, family_fixture):
+    from outrider.testing import make_tiny_drafter
+
+    monkeypatch.setenv(ATTENTION_ENV, "split")
+    target = request.getfixturevalue(family_fixture)
+    dspark = make_tiny_drafter(tmp_path / "ds", target, "dspark", "deepspec", block_size=8)
+    dflash = make_tiny_drafter(tmp_path / "df", target, "dflash", "deepspec", block_size=8)
+    pipes = [outrider.load(str(target), str(dspark), mode="dspark")]
+    pipes.append(outrider.load(str(target), str(dflash), mode="dflash", target=pipes[0].target))
+    pipes.append(outrider.load(str(target), mode="lookup", target=pipes[0].target))
+    assert all(isinstance(a, ChunkedAttention) for a in attentions(pipes[0]))
+    assert all(layer.self_attn.fold_rows for layer in pipes[0].proposer.drafter.layers)
+    for pipe in pipes:
+        for cap in (2, 4, 7):
+            for prompt in PROMPTS[:2]:
+                ids = pipe.encode(prompt)
+                want = plain_greedy(target, ids, 40)
+                got = pipe.generate(ids, max_tokens=40, max_draft=cap, stop_tokens=set())
+                assert got.tokens == want, f"{pipe.mode} cap {cap} diverged on {prompt!r}"
+
+
+def test_split_verify_logits_match_the_models_own(monkeypatch, qwen3_target):
+    monkeypatch.setenv(ATTENTION_ENV, "split")
+    target = outrider.load(str(qwen3_target), mode="baseline").target
+    layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
+    prompt = target.tokenizer.encode(PROMPTS[1])
+    for rows in (2, 5, 9, 16, 17):  # 17 rows is past MAX_ROWS: MLX's own attention
+        ids = mx.array(list(range(3, 3 + rows)), dtype=mx.uint32)
+        out = []
+        for split in (True, False):
+            for layer in layers:
+                attn = layer.self_attn
+                inner = attn.attention if isinstance(attn, ChunkedAttention) else attn
+                layer.self_attn = ChunkedAttention(inner) if split else inner
+            cache = target.make_cache()
+            target.prefill(prompt, cache)
+            out.append(target.forward(ids, cache)[0])
+        assert mx.allclose(out[0], out[1], atol=1e-4).item(), f"{rows} rows"
+
+
+def test_a_probe_that_disagrees_keeps_the_models_attention(monkeypatch, qwen3_target):
+    monkeypatch.setenv(ATTENTION_ENV, "split")
+
+    def wrong(q, k, v, scale, chunk=None):  # forgets the causal limit of each chunk
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    monkeypatch.setattr(verify_attention, "chunked_causal_attention", wrong)
+    pipe = outrider.load(str(qwen3_target), mode="baseline")
+    assert not any(isinstance(a, ChunkedAttention) for a in attentions(pipe))
+
+
+def test_only_the_known_attention_layout_is_wrapped():
+    assert not verify_attention.fits(nn.Linear(4, 4))
+    assert not verify_attention.install(nn.Linear(4, 4), [nn.Linear(4, 4)], list)
+
+
+def test_folded_block_rows_give_the_same_draft_attention(drafters, qwen3_target):
+    pipe = outrider.load(str(qwen3_target), str(drafters["dflash-deepspec"]), mode="dflash")
+    proposer = pipe.proposer
+    prompt = pipe.encode(PROMPTS[0])
+    tap_ids = tuple(proposer.tap_layer_ids)
+    cache = pipe.target.make_cache()
+    _, taps = pipe.target.prefill(prompt, cache, tap_ids)
+    hidden = []
+    for fold in (False, True):
+        for layer in proposer.drafter.layers:
+            layer.self_attn.fold_rows = fold
+        block = pipe.target.embed(mx.array([prompt[-1]] + [0] * 7, dtype=mx.uint32))[None]
+        hidden.append(proposer.drafter.backbone(block, taps, proposer.drafter.make_cache()))
+    assert mx.allclose(hidden[0], hidden[1], atol=1e-5).item()
+
+
+@pytest.mark.parametrize("name", ["dspark", "dspark-gated", "dspark-rnn"])
+def test_compiled_markov_chain_drafts_what_the_step_by_step_one_does(drafters, qwen3_target, name):
+    prompt_text = PROMPTS[1]
+    drafts = []
+    try:
+        for compiled in (True, False):
+            if not compiled:
+                mx.disable_compile()
+            pipe = outrider.load(str(qwen3_target), str(drafters[name]), mode="dspark")
+            proposer, target = pipe.proposer, pipe.target
+            prompt = pipe.encode(prompt_text)
+            cache = target.make_cache()
+            _, taps = target.prefill(prompt, cache, tuple(proposer.tap_layer_ids))
+            proposer.start(prompt, taps)
+            for cap in (1, 4, 7):
+                ctx = DraftContext(prompt, cap, SamplingParams(), None)
+                drafts.append(proposer.propose(ctx).tokens.tolist())
+                proposer.start(prompt, taps)
+    finally:
+        mx.enable_compile()
+    half = len(drafts) // 2
+    assert drafts[:half] == drafts[half:]
+    assert [len(d) for d in drafts[:half]] == [min(c, proposer.max_draft) for c in (1, 4, 7)]
