@@ -34,6 +34,7 @@ from outrider.plugins.targets.verify_attention import (  # noqa: E402
     ChunkedAttention,
     chunked_causal_attention,
 )
+from outrider.testing import cast_model  # noqa: E402
 
 
 def interleaved(fns: dict, reps: int) -> dict[str, float]:
@@ -112,12 +113,12 @@ def set_split(layers: list, on: bool) -> None:
     for layer in layers:
         attn = layer.self_attn
         if on and not isinstance(attn, ChunkedAttention):
-            layer.self_attn = ChunkedAttention(attn)
+            layer.self_attn = ChunkedAttention(attn, half=True)
         if not on and isinstance(attn, ChunkedAttention):
             layer.self_attn = attn.attention
 
 
-def forwards(pipe, reps: int) -> None:
+def forwards(pipe, reps: int, dtype: mx.Dtype) -> None:
     target = pipe.target
     layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
     prompt = pipe.encode("Write a Python function that returns the n-th Fibonacci number.")
@@ -125,7 +126,10 @@ def forwards(pipe, reps: int) -> None:
     with mx.stream(target.stream):
         target.prefill(prompt * 8, cache)
         mx.eval([c.state for c in cache])
-        print(f"\nwhole target forward, cache at {cache[0].offset} tokens (build + eval, ms)")
+        print(
+            f"\nwhole target forward ({dtype}), cache from {cache[0].offset} tokens, one row "
+            "longer each call as in decoding (build + eval, ms)"
+        )
         for w in (1, 5, 8):
             ids = mx.array(list(range(3, 3 + w)), dtype=mx.uint32)
 
@@ -133,7 +137,7 @@ def forwards(pipe, reps: int) -> None:
                 set_split(layers, on)
                 out = target.forward(ids, cache)[0]
                 mx.eval(out)
-                target.rollback(cache, w)
+                target.rollback(cache, w - 1)
                 return out
 
             t = interleaved(
@@ -197,12 +201,22 @@ def main() -> None:
     ap.add_argument("--drafter", default="outrider-demo/dspark")
     ap.add_argument("--dflash-drafter", default="outrider-demo/dflash")
     ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="cast the target to this dtype first (default: as stored)",
+    )
     args = ap.parse_args()
     print(f"device {mx.default_device()}, mlx {mx.__version__}; medians of {args.reps}")
     kernels(args.reps, mx.float32)
     kernels(args.reps, mx.bfloat16)
     base = load(args.model, mode="baseline")
-    forwards(base, args.reps)
+    dtype = mx.float32
+    if args.dtype:
+        dtype = getattr(mx, args.dtype)
+        cast_model(base.target.model, dtype)
+    forwards(base, args.reps, dtype)
     for drafter in (args.drafter, args.dflash_drafter):
         if drafter:
             proposals(load(args.model, drafter, target=base.target), args.reps)

@@ -20,6 +20,7 @@ from typing import Any
 import typer
 
 from .benchmark.command import benchmark as benchmark_command
+from .core.device import split_attention
 from .core.errors import OutriderError
 from .core.plugins import Plugins
 
@@ -367,6 +368,11 @@ def doctor_report() -> dict:
         problems.append("no plugin provides a target family: no model can be loaded")
     if not plug.strategies:
         problems.append("no plugin provides a drafting strategy")
+    try:
+        report["attention"] = "split" if split_attention() else "native"
+    except OutriderError as e:
+        report["attention"] = None
+        problems.append(str(e))
     report["hf_cache"] = _place(Path(constants.HF_HUB_CACHE))
     report["lmstudio_dirs"] = [_place(p) for p in lmstudio_roots()]
     report["outrider_cache"] = _place(cache_root())

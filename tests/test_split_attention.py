@@ -19,6 +19,7 @@ from outrider.core.proposer import DraftContext
 from outrider.core.sampling import SamplingParams
 from outrider.plugins.targets import verify_attention
 from outrider.plugins.targets.verify_attention import ChunkedAttention, chunked_causal_attention
+from outrider.testing import cast_model
 
 
 def attentions(pipe) -> list[nn.Module]:
@@ -82,9 +83,11 @@ def test_split_verify_is_lossless_in_every_mode(request, tmp_path, monkeypatch, 
                 assert got.tokens == want, f"{pipe.mode} cap {cap} diverged on {prompt!r}"
 
 
-def test_split_verify_logits_match_the_models_own(monkeypatch, qwen3_target):
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_split_verify_logits_match_the_models_own(monkeypatch, qwen3_target, dtype):
     monkeypatch.setenv(ATTENTION_ENV, "split")
     target = outrider.load(str(qwen3_target), mode="baseline").target
+    cast_model(target.model, dtype)  # bfloat16 rows go one per kernel call
     layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
     prompt = target.tokenizer.encode(PROMPTS[1])
     for rows in (2, 5, 9, 16, 17):  # 17 rows is past MAX_ROWS: MLX's own attention
@@ -94,11 +97,12 @@ def test_split_verify_logits_match_the_models_own(monkeypatch, qwen3_target):
             for layer in layers:
                 attn = layer.self_attn
                 inner = attn.attention if isinstance(attn, ChunkedAttention) else attn
-                layer.self_attn = ChunkedAttention(inner) if split else inner
+                layer.self_attn = ChunkedAttention(inner, half=True) if split else inner
             cache = target.make_cache()
             target.prefill(prompt, cache)
-            out.append(target.forward(ids, cache)[0])
-        assert mx.allclose(out[0], out[1], atol=1e-4).item(), f"{rows} rows"
+            out.append(target.forward(ids, cache)[0].astype(mx.float32))
+        tol = 1e-4 if dtype == mx.float32 else 5e-2 * mx.abs(out[1]).max().item()
+        assert mx.allclose(out[0], out[1], atol=tol).item(), f"{rows} rows"
 
 
 def test_a_probe_that_disagrees_keeps_the_models_attention(monkeypatch, qwen3_target):
@@ -156,3 +160,17 @@ def test_compiled_markov_chain_drafts_what_the_step_by_step_one_does(drafters, q
     half = len(drafts) // 2
     assert drafts[:half] == drafts[half:]
     assert [len(d) for d in drafts[:half]] == [min(c, proposer.max_draft) for c in (1, 4, 7)]
+
+
+def test_half_precision_is_split_only_when_asked(monkeypatch, qwen3_target):
+    monkeypatch.setenv(ATTENTION_ENV, "native")
+    target = outrider.load(str(qwen3_target), mode="baseline").target
+    cast_model(target.model, mx.bfloat16)
+    layers = target.family.layers(target.model)
+    monkeypatch.setattr(verify_attention, "split_attention", lambda: True)  # as on a CUDA GPU
+    monkeypatch.setenv(ATTENTION_ENV, "auto")
+    assert not verify_attention.install(target.model, layers, target.make_cache)
+    assert not any(isinstance(layer.self_attn, ChunkedAttention) for layer in layers)
+    monkeypatch.setenv(ATTENTION_ENV, "split")
+    assert verify_attention.install(target.model, layers, target.make_cache)
+    assert all(layer.self_attn.half for layer in layers)

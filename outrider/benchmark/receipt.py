@@ -14,6 +14,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..core.device import split_attention
 from .runner import BenchConfig, Report, summary
 
 SCHEMA = "outrider-benchmark/1"
@@ -91,6 +92,7 @@ def build_receipt(report: Report, config: BenchConfig, command: str) -> dict:
             "greedy": True,
             "drafter_bits": config.drafter_bits,
             "thinking": config.thinking,
+            "attention": "split" if split_attention() else "native",
         },
         "arms": report.arms,
         "results": [c.to_json() for c in report.cells],

@@ -4,14 +4,14 @@ On MLX's CUDA backend `mx.fast.scaled_dot_product_attention` runs its fused vect
 for fewer than 4 float32 query rows (one row in half precision); a verify forward of 5 or 8 rows
 (cap 4 or 7) falls back to separate matmul, mask and softmax kernels in float32, which made a
 5-row forward of the demo target cost 1.8x a one-row one on the H200
-(docs/receipts/verify_kernels_h200.txt), and to cuDNN in half precision, which builds a new graph
-for each key length. Split into causal chunks the kernel takes, each chunk seeing the keys up to
+(docs/receipts/verify_kernels_h200.txt); in half precision (measured with head dim 64) it goes
+to cuDNN, which builds a new graph for each key length. Split into causal chunks the kernel takes, each chunk seeing the keys up to
 its own last row, the same attention runs as a few fused kernels, and each row is computed by
 the kernel plain decoding uses.
 
 `ChunkedAttention` wraps one model instance's attention module (never the class): widths one
 kernel call takes, prefill chunks and any call it does not recognise go to the wrapped module
-unchanged. It knows
+unchanged. By default only float32 models are split (see CHUNK for half precision). It knows
 the mlx-lm attention layout shared by llama, qwen2, qwen3 and mistral (q/k/v/o projections,
 optional per-head q/k norms, one rope); `install` checks that layout and then checks on a short
 input that the wrapped forward agrees with the model's own before it keeps the wrappers.
@@ -26,16 +26,22 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from ...core.device import split_attention
+from ...core.device import attention_choice, split_attention
 
-# Query rows per kernel call. MLX's CUDA vector kernel takes up to 3 float32 rows; in half
-# precision more than one row goes to cuDNN, which builds a new graph for every key length
-# (~70 ms each on the H200, so once per round while decoding).
+# Query rows per kernel call: MLX's CUDA vector kernel takes up to 3 float32 rows, and one row
+# in half precision. Half precision is split only when OUTRIDER_ATTENTION=split asks for it:
+# with head dim 64 on the H200, MLX's own path there builds a cuDNN graph for every new key
+# length (40-60 ms a verify forward, once per round) and one row per call fixes that, but for
+# other head dims it was not measured, and one row per call may cost more than MLX's own path.
 CHUNK = {mx.float32: 3}
 MAX_ROWS = 16  # wider forwards (prefill) keep MLX's own attention
 LAYOUT = ("q_proj", "k_proj", "v_proj", "o_proj", "rope")
 MODULES = ("llama", "qwen2", "qwen3", "mistral")  # mlx_lm.models.* with that exact layout
-PROBE_TOLERANCE = 1e-2  # of the largest |logit|: TF32 matmuls on CUDA differ by ~1e-3
+# How far the probe's logits may part, relative to the largest |logit|: kernel shapes round
+# differently (TF32 matmuls on CUDA by ~1e-3, half precision by a few of its 8-bit steps); a
+# wrong layout, mask or rope parts them by O(1).
+PROBE_TOLERANCE = {mx.float32: 1e-2}
+HALF_PROBE_TOLERANCE = 5e-2
 
 
 def chunked_causal_attention(
@@ -60,9 +66,10 @@ def chunked_causal_attention(
 class ChunkedAttention(nn.Module):
     """One decoder layer's attention, with verify-width calls split into kernel-sized chunks."""
 
-    def __init__(self, attention: nn.Module) -> None:
+    def __init__(self, attention: nn.Module, half: bool = False) -> None:
         super().__init__()
         self.attention = attention
+        self.half = half  # split half-precision calls too, one row per kernel call
 
     def __getattr__(self, key: str) -> Any:
         try:
@@ -75,7 +82,7 @@ class ChunkedAttention(nn.Module):
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         a = self.attention
         b, n, _ = x.shape
-        chunk = CHUNK.get(x.dtype, 1)
+        chunk = CHUNK.get(x.dtype, 1 if self.half else MAX_ROWS)
         if not (chunk < n <= MAX_ROWS and type(cache) is KVCache and _is_causal(mask)):
             return a(x, mask=mask, cache=cache)
         q = a.q_proj(x).reshape(b, n, a.n_heads, -1)
@@ -114,28 +121,32 @@ def install(model: nn.Module, layers: list, make_cache: Callable[[], list]) -> b
     gives the model's own logits. Returns whether the wrappers stay."""
     if not split_attention():
         return False
+    half = attention_choice() == "split"
     attentions = [getattr(layer, "self_attn", None) for layer in layers]
     if not attentions or not all(a is not None and fits(a) for a in attentions):
         return False
-    reference = _probe(model, make_cache)
+    reference, dtype = _probe(model, make_cache)
+    if dtype not in CHUNK and not half:
+        return False  # half precision stays on MLX's own path unless asked (see CHUNK)
     originals = []
     for layer in layers:
         originals.append(layer.self_attn)
-        layer.self_attn = ChunkedAttention(layer.self_attn)
-    got = _probe(model, make_cache)
-    scale = mx.abs(reference).max().item() + 1.0
-    if mx.abs(got - reference).max().item() > PROBE_TOLERANCE * scale:
+        layer.self_attn = ChunkedAttention(layer.self_attn, half)
+    got, _ = _probe(model, make_cache)
+    limit = PROBE_TOLERANCE.get(dtype, HALF_PROBE_TOLERANCE) * mx.abs(reference).max().item()
+    if mx.abs(got - reference).max().item() > limit + 1e-6:
         for layer, original in zip(layers, originals):
             layer.self_attn = original
         return False
     return True
 
 
-def _probe(model: nn.Module, make_cache: Callable[[], list]) -> mx.array:
-    """Logits of an 8-row verify after a 4-token prefill (two chunks of 3 and one of 2)."""
+def _probe(model: nn.Module, make_cache: Callable[[], list]) -> tuple[mx.array, mx.Dtype]:
+    """Logits (as float32, and their own dtype) of an 8-row verify after a 4-token prefill:
+    chunks of 3, 3 and 2 rows in float32, 8 single rows in half precision."""
     cache = make_cache()
     model(mx.array([[1, 2, 3, 4]], dtype=mx.uint32), cache=cache)
     logits = model(mx.array([[5, 6, 7, 8, 9, 10, 11, 12]], dtype=mx.uint32), cache=cache)
-    logits = logits.astype(mx.float32)
-    mx.eval(logits)
-    return logits
+    as_f32 = logits.astype(mx.float32)
+    mx.eval(as_f32)
+    return as_f32, logits.dtype
