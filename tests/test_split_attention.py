@@ -15,8 +15,6 @@ from conftest import PROMPTS, plain_greedy
 import outrider
 from outrider.core.device import ATTENTION_ENV, split_attention
 from outrider.core.errors import OutriderError
-from outrider.core.proposer import DraftContext
-from outrider.core.sampling import SamplingParams
 from outrider.plugins.targets import verify_attention
 from outrider.plugins.targets.verify_attention import ChunkedAttention, chunked_causal_attention
 from outrider.testing import cast_model
@@ -135,31 +133,6 @@ def test_folded_block_rows_give_the_same_draft_attention(drafters, qwen3_target)
         block = pipe.target.embed(mx.array([prompt[-1]] + [0] * 7, dtype=mx.uint32))[None]
         hidden.append(proposer.drafter.backbone(block, taps, proposer.drafter.make_cache()))
     assert mx.allclose(hidden[0], hidden[1], atol=1e-5).item()
-
-
-@pytest.mark.parametrize("name", ["dspark", "dspark-gated", "dspark-rnn"])
-def test_compiled_markov_chain_drafts_what_the_step_by_step_one_does(drafters, qwen3_target, name):
-    prompt_text = PROMPTS[1]
-    drafts = []
-    try:
-        for compiled in (True, False):
-            if not compiled:
-                mx.disable_compile()
-            pipe = outrider.load(str(qwen3_target), str(drafters[name]), mode="dspark")
-            proposer, target = pipe.proposer, pipe.target
-            prompt = pipe.encode(prompt_text)
-            cache = target.make_cache()
-            _, taps = target.prefill(prompt, cache, tuple(proposer.tap_layer_ids))
-            proposer.start(prompt, taps)
-            for cap in (1, 4, 7):
-                ctx = DraftContext(prompt, cap, SamplingParams(), None)
-                drafts.append(proposer.propose(ctx).tokens.tolist())
-                proposer.start(prompt, taps)
-    finally:
-        mx.enable_compile()
-    half = len(drafts) // 2
-    assert drafts[:half] == drafts[half:]
-    assert [len(d) for d in drafts[:half]] == [min(c, proposer.max_draft) for c in (1, 4, 7)]
 
 
 def test_half_precision_is_split_only_when_asked(monkeypatch, qwen3_target):

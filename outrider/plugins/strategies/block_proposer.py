@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import mlx.core as mx
 
 from ...core.proposer import DraftContext, Proposal
@@ -36,7 +34,6 @@ class BlockProposer:
         self._cache = drafter.make_cache()
         self._pending: mx.array | None = None
         self._masks = [spec.mask_token_id] * (spec.block_size - 1)
-        self._chains: dict[int, Callable[[mx.array, mx.array, mx.array], mx.array]] = {}
 
     def start(self, prompt: list[int], taps: mx.array | None) -> None:
         self._cache = self.drafter.make_cache()
@@ -71,8 +68,6 @@ class BlockProposer:
     def _sequential(self, ctx, logits, slots, cap, keys) -> Proposal:
         head = self.drafter.markov_head
         prev = mx.array([ctx.tokens[-1]], dtype=mx.uint32)
-        if ctx.sampling.greedy and not self.use_confidence:
-            return Proposal(self._greedy_chain(cap)(logits, slots, prev), cap)
         state = None
         tokens, probs, conf = [], [], []
         for i in range(cap):
@@ -89,31 +84,11 @@ class BlockProposer:
                 q = probabilities(z, ctx.sampling)
                 probs.append(q[0])
                 prev = sample(q, keys[i]).astype(mx.uint32)
-            tokens.append(prev[0])
-        proposal = Proposal(mx.stack(tokens), cap, probs=mx.stack(probs) if probs else None)
+            tokens.append(prev)
+        proposal = Proposal(mx.concatenate(tokens), cap, probs=mx.stack(probs) if probs else None)
         if self.use_confidence:
             proposal = self._truncate(proposal, mx.stack(conf))
         return proposal
-
-    def _greedy_chain(self, cap: int) -> Callable[[mx.array, mx.array, mx.array], mx.array]:
-        """The greedy Markov chain over `cap` slots, compiled once per cap: its shapes are
-        fixed, and as one compiled graph its few dozen small kernels cost far less host time
-        than when built op by op each round."""
-        chain = self._chains.get(cap)
-        if chain is None:
-            head = self.drafter.markov_head
-
-            def run(logits: mx.array, slots: mx.array, prev: mx.array) -> mx.array:
-                state, tokens = None, []
-                for i in range(cap):
-                    bias, _, state = head.step(prev, slots[i : i + 1], state)
-                    z = logits[i : i + 1] + bias.astype(mx.float32)
-                    prev = mx.argmax(z, axis=-1).astype(mx.uint32)
-                    tokens.append(prev)
-                return mx.concatenate(tokens)
-
-            chain = self._chains[cap] = mx.compile(run, inputs=head.state)
-        return chain
 
     def _truncate(self, proposal: Proposal, conf: mx.array) -> Proposal:
         """Keep drafts while the cumulative confidence stays >= threshold (at least one).
