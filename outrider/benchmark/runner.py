@@ -2,7 +2,7 @@
 
 An *arm* is one way of generating: an outrider mode (baseline, dspark, dflash, lookup, a
 plugin's strategy) or an mlx-lm peer (its plain generation; its speculative decoding with a
-draft model). All arms share one loaded target. Each arm is warmed up once; then trials run
+draft model). All arms share one loaded target. Each arm is warmed up on every prompt; then trials run
 prompt by prompt, every arm in turn on the same prompt, so drift on a shared machine hits all
 arms alike. Every run's greedy tokens are compared with baseline's first run of that prompt:
 a difference fails the benchmark, unless it starts at a floating-point tie of the target's own
@@ -268,9 +268,12 @@ def run_benchmark(
     encode = _encoder(target, config.thinking)
     ids = {(p.suite, p.source, p.index): encode(p.text) for ps in suites.values() for p in ps}
 
-    warm = next(iter(ids.values()))
-    for arm in arms:
-        arm.generate(warm, min(WARMUP_TOKENS, config.max_tokens))
+    # Every arm starts every prompt once, untimed: MLX builds some kernels on first use of a
+    # shape (on the H200, a prompt of a new length once stalled its first run ~15 s), and the
+    # prefill widths and drafter context widths are the prompts' own.
+    for prompt_ids in ids.values():
+        for arm in arms:
+            arm.generate(prompt_ids, min(WARMUP_TOKENS, config.max_tokens))
 
     runs: dict[tuple[str, str, int], list[Run]] = {}
     reference: dict[tuple, list[int]] = {}
