@@ -2,9 +2,9 @@
 
 An *arm* is one way of generating: an outrider mode (baseline, dspark, dflash, lookup, a
 plugin's strategy) or an mlx-lm peer (its plain generation; its speculative decoding with a
-draft model). All arms share one loaded target. Each arm is warmed up on every prompt; then trials run
-prompt by prompt, every arm in turn on the same prompt, so drift on a shared machine hits all
-arms alike. Every run's greedy tokens are compared with baseline's first run of that prompt:
+draft model). All arms share one loaded target. Each arm is warmed up on every prompt; then
+trials run prompt by prompt, every arm in turn on the same prompt, so drift on a shared machine
+hits all arms alike. Every run's greedy tokens are compared with baseline's first run of that prompt:
 a difference fails the benchmark, unless it starts at a floating-point tie of the target's own
 logits, which is recorded as such (bf16 models on GPUs; the tests use fp32 models).
 """
