@@ -16,6 +16,7 @@ import mlx.nn as nn
 
 from .errors import UnsupportedTargetError
 from .family import TargetFamily
+from .wrapper import PassThrough
 
 PREFILL_CHUNK = 2048
 
@@ -26,8 +27,10 @@ class _TapSink:
         self.store: dict[int, mx.array] = {}
 
 
-class _TappedLayer(nn.Module):
+class _TappedLayer(PassThrough):
     """Pass-through wrapper around one decoder layer of one model instance."""
+
+    wrapped = "layer"
 
     def __init__(self, layer: nn.Module, sink: _TapSink, index: int, capture_input: bool):
         super().__init__()
@@ -36,14 +39,6 @@ class _TappedLayer(nn.Module):
         self._index = index
         self._capture_input = capture_input
         self._capture_output = False
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if key == "layer" or "layer" not in self:
-                raise
-            return getattr(self["layer"], key)
 
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> Any:
         out = self.layer(x, *args, **kwargs)

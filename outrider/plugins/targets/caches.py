@@ -28,6 +28,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 
 from ...core.errors import UnsupportedTargetError
+from ...core.wrapper import PassThrough
 
 
 class RecordingArraysCache(ArraysCache):
@@ -63,21 +64,15 @@ def as_recording(caches: list) -> list:
     return out
 
 
-class ReplayableMixer(nn.Module):
+class ReplayableMixer(PassThrough):
     """Per-instance wrapper of one recurrent mixer: in a verify forward, it records what its
     cache needs to replay the accepted prefix; otherwise it is a plain pass-through."""
+
+    wrapped = "mixer"
 
     def __init__(self, mixer: nn.Module) -> None:
         super().__init__()
         self.mixer = mixer
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if key == "mixer" or "mixer" not in self:
-                raise
-            return getattr(self["mixer"], key)
 
     def __call__(self, x: mx.array, mask: mx.array | None = None, cache: Any = None) -> mx.array:
         if isinstance(cache, RecordingArraysCache) and cache.recording:

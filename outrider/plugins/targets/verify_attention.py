@@ -27,6 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
 from ...core.device import attention_choice, split_attention
+from ...core.wrapper import PassThrough
 
 # Query rows per kernel call: MLX's CUDA vector kernel takes up to 3 float32 rows, and one row
 # in half precision. Half precision is split only when OUTRIDER_ATTENTION=split asks for it:
@@ -63,21 +64,15 @@ def chunked_causal_attention(
     return mx.concatenate(parts, axis=2)
 
 
-class ChunkedAttention(nn.Module):
+class ChunkedAttention(PassThrough):
     """One decoder layer's attention, with verify-width calls split into kernel-sized chunks."""
+
+    wrapped = "attention"
 
     def __init__(self, attention: nn.Module, half: bool = False) -> None:
         super().__init__()
         self.attention = attention
         self.half = half  # split half-precision calls too, one row per kernel call
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if key == "attention" or "attention" not in self:
-                raise
-            return getattr(self["attention"], key)
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         a = self.attention

@@ -1,0 +1,29 @@
+"""The base of outrider's per-instance wrappers around a loaded model's own submodules.
+
+outrider never patches a model class: where it needs to see or change what one layer does (taps,
+recurrent-state records, split attention), it puts a wrapper in front of that layer on the one
+loaded instance. Code that reads the model (mlx-lm's forward, a family's helpers) still finds
+the wrapped module's attributes on the wrapper.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.nn as nn
+
+
+class PassThrough(nn.Module):
+    """A module standing in front of its child `wrapped` (a subclass names it); attributes the
+    wrapper lacks are read from that child."""
+
+    wrapped = ""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            name = type(self).wrapped
+            if key == name or name not in self:
+                raise
+            return getattr(self[name], key)
