@@ -16,7 +16,7 @@ from .drafters import default_tap_ids, make_tiny_drafter
 from .proposers import OracleProposer
 from .scripted import SCRIPT, make_scripted_target
 from .targets import build_model, cast_model, make_tiny_target, make_toy_training_set
-from .tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
+from .tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer, chat_tokenizer
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -28,6 +28,7 @@ __all__ = [
     "build_model",
     "build_tokenizer",
     "cast_model",
+    "chat_tokenizer",
     "default_tap_ids",
     "make_scripted_target",
     "make_tiny_drafter",

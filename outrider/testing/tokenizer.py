@@ -24,7 +24,6 @@ def build_tokenizer(
     `extra_tokens` become ordinary added tokens (whole words or markup, one id each) after the
     special ones."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
@@ -33,6 +32,15 @@ def build_tokenizer(
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIAL_TOKENS)
     tok.add_tokens([AddedToken(t, normalized=False) for t in extra_tokens])
+    chat_tokenizer(tok, chat_template).save_pretrained(str(path))
+    return len(vocab) + len(SPECIAL_TOKENS) + len(extra_tokens)
+
+
+def chat_tokenizer(tok, chat_template: str = CHAT_TEMPLATE):
+    """A `tokenizers` tokenizer that holds SPECIAL_TOKENS, as a transformers fast tokenizer with
+    the chat roles (end of turn, padding, the other specials) and `chat_template` set."""
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -40,5 +48,4 @@ def build_tokenizer(
         additional_special_tokens=SPECIAL_TOKENS[1:],
     )
     fast.chat_template = chat_template
-    fast.save_pretrained(str(path))
-    return len(vocab) + len(SPECIAL_TOKENS) + len(extra_tokens)
+    return fast

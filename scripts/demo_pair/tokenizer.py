@@ -8,9 +8,8 @@ from pathlib import Path
 def train_tokenizer(texts: list[str], vocab_size: int, out: Path):
     """Byte-level BPE; the special tokens go last, so <|mask|> is the last id (drafters' mask)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
-    from outrider.testing import CHAT_TEMPLATE, SPECIAL_TOKENS
+    from outrider.testing import CHAT_TEMPLATE, SPECIAL_TOKENS, chat_tokenizer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -23,13 +22,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, out: Path):
     )
     tok.train_from_iterator(texts, trainer=trainer)
     tok.add_special_tokens(SPECIAL_TOKENS)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS[1:],
-    )
-    fast.chat_template = CHAT_TEMPLATE
+    fast = chat_tokenizer(tok, CHAT_TEMPLATE)
     fast.save_pretrained(str(out), save_jinja_files=False)  # template in tokenizer_config
     return fast
 
