@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,12 +125,15 @@ class Pipeline:
         max_draft: int | None = None,
         penalties: Penalties | None = None,
         logprobs: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[Chunk]:
         """Yield text as rounds land; the last chunk carries the full Result.
 
         `penalties` (presence/frequency, mlx-lm semantics) change the target distribution the
         output follows; `logprobs` = n attaches each token's log-probability and n alternatives
-        to `Chunk.step.logprobs`. Closing the iterator stops generation after the current round.
+        to `Chunk.step.logprobs`. Closing the iterator stops generation after the current round;
+        `cancelled` (asked between prefill chunks and rounds) stops it from another thread,
+        with finish reason "cancelled".
         """
         if max_tokens < 0:
             raise OutriderError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -166,6 +169,7 @@ class Pipeline:
             result.max_draft,
             penalties=penalties,
             logprobs=logprobs,
+            cancelled=cancelled,
         )
         for step in steps:
             if step.source == "prefill":

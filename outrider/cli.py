@@ -56,13 +56,20 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn errors a user can act on into one stderr line and exit 2 (tracebacks: OUTRIDER_DEBUG=1)."""
+    """Turn errors a user can act on into one stderr line and exit 2, and Ctrl-C into exit 130
+    (tracebacks: OUTRIDER_DEBUG=1)."""
     try:
         yield
     except USER_ERRORS as e:
         if _debug():
             raise
         raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        # Prefill runs in chunks and decoding in rounds, so Ctrl-C lands within one of them.
+        if _debug():
+            raise
+        typer.echo("\ninterrupted", err=True)
+        raise typer.Exit(130) from None
 
 
 def _warn(message: str) -> None:

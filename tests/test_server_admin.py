@@ -67,17 +67,36 @@ def test_no_model_then_load_unload_and_cancel(server, scripted):
     assert h["capabilities"]["tools"] and h["capabilities"]["enable_thinking"]
     r = chat(url)
     assert r.status_code == 200 and r.json()["x_outrider"]["mode"] == "lookup"
-    # A path that does not exist is refused before the running model is released.
-    r = requests.post(url + "/admin/load", json={"model": str(scripted) + "-missing"}, headers=H)
-    assert r.status_code == 400 and "no such folder" in r.json()["error"]["message"]
-    assert chat(url).status_code == 200
-    # A load that fails names the problem and leaves a clean state.
+    # What is not a model is refused before the running model is released, in one message
+    # whether or not the path exists, and a long name is not echoed back.
     empty = scripted.parent / "empty-model"
     empty.mkdir(exist_ok=True)
-    requests.post(url + "/admin/load", json={"model": str(empty)}, headers=H)
-    h = wait_health(url, "error")
-    assert "could not load" in h["load"]["error"]
-    assert chat(url).status_code == 503
+    tail = " is not a model folder (with config.json) on this server, nor a Hugging Face repo id"
+
+    def refused(ref: str) -> str:
+        r = requests.post(url + "/admin/load", json={"model": ref}, headers=H)
+        assert r.status_code == 400, ref[:50]
+        return r.json()["error"]["message"]
+
+    for ref in (str(scripted) + "-missing", str(empty), "/etc", "a/" + "b" * 3000):
+        msg = refused(ref)
+        assert msg.startswith("model '") and msg.endswith(tail) and len(msg) < 200, msg
+    assert (
+        refused("x" * 10_000)
+        == "invalid request: model: String should have at most 4096 characters"
+    )
+    assert chat(url).status_code == 200
+    # A load that fails later names the problem and brings the running model back.
+    broken = scripted.parent / "broken-model"
+    broken.mkdir(exist_ok=True)
+    (broken / "config.json").write_text('{"model_type": "llama"}')
+    r = requests.post(url + "/admin/load", json={"model": str(broken)}, headers=H)
+    assert r.status_code == 202
+    h = wait_health(url, "ok")
+    assert h["model"] == "scripted-admin" and h["mode"] == "lookup"
+    assert "could not load" in h["load"]["error"] and "still serving" in h["load"]["error"]
+    assert h["context_window"] == 300
+    assert chat(url).status_code == 200
     # Reload, then unload.
     requests.post(url + "/admin/load", json={"model": str(scripted), "mode": "baseline"}, headers=H)
     h = wait_health(url, "ok")

@@ -15,3 +15,7 @@ class ModelNotFoundError(OutriderError):
 
 class UnsupportedTargetError(OutriderError):
     """No target-family plugin can run this model with taps."""
+
+
+class Cancelled(Exception):
+    """The caller asked to stop (a client went away) between two pieces of work."""

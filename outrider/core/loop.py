@@ -9,12 +9,13 @@ than mlx-lm's own generation.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from .acceptance import accept_greedy, accept_sampled
+from .errors import Cancelled
 from .logits import Penalties, TokenLogprob, logprob_arrays, process_rows, read_logprobs
 from .proposer import DraftContext, Proposal, Proposer
 from .sampling import KeyStream, SamplingParams, greedy, probabilities, sample
@@ -50,12 +51,14 @@ def decode(
     max_draft: int | None = None,
     penalties: Penalties | None = None,
     logprobs: int | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Iterator[Step]:
     """Generate from `prompt` until `stopper` says stop, yielding each step as it lands.
 
     `penalties` apply mlx-lm's presence/frequency processors to every verified row against its
     own history; `logprobs` (the number of top alternatives, 0 for none) attaches each kept
-    token's log-probability to its step.
+    token's log-probability to its step. `cancelled` is asked between prefill chunks and
+    before each round; a yes ends generation with finish reason "cancelled".
     """
     if not prompt:
         raise ValueError("the prompt is empty")
@@ -70,12 +73,16 @@ def decode(
 
     t0 = time.perf_counter()
     with mx.stream(target.stream):
-        last_logits, taps = target.prefill(prompt, cache, tap_ids)
+        try:
+            last_logits, taps = target.prefill(prompt, cache, tap_ids, cancelled)
+        except Cancelled:
+            yield Step("prefill", [], 0, [], time.perf_counter() - t0, "cancelled")
+            return
         last_logits = process_rows(procs, prompt, window, last_logits[None])[0]
         first = _choose(last_logits, sampling, keys)
         lp = None if logprobs is None else logprob_arrays(last_logits[None], first, logprobs)
     if cap_limit <= 0 and not tap_ids and not procs and logprobs is None:
-        yield from _plain_steps(target, cache, first, stopper, sampling, keys, t0)
+        yield from _plain_steps(target, cache, first, stopper, sampling, keys, t0, cancelled)
         return
     proposer.start(prompt, taps)
     mx.eval(first, lp)
@@ -87,6 +94,9 @@ def decode(
 
     while stopper.finish_reason is None:
         t = time.perf_counter()
+        if cancelled is not None and cancelled():
+            yield Step("draft", [], 0, [], 0.0, "cancelled")
+            return
         cap = max(0, min(cap_limit, stopper.remaining - 1))
         ctx = DraftContext(history, cap, sampling, keys.next() if keys else None)
         with mx.stream(target.stream):
@@ -134,6 +144,7 @@ def _plain_steps(
     sampling: SamplingParams,
     keys: KeyStream | None,
     t0: float,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Iterator[Step]:
     """Pipelined plain decoding: the next forward is queued before the current token is read."""
     y = first
@@ -141,6 +152,9 @@ def _plain_steps(
     source = "prefill"
     while True:
         t = time.perf_counter()
+        if source == "plain" and cancelled is not None and cancelled():
+            yield Step("plain", [], 0, [], 0.0, "cancelled")
+            return
         with mx.stream(target.stream):
             logits, _ = target.forward(y.reshape(1).astype(mx.uint32), cache)
             next_y = _choose(logits[-1], sampling, keys)

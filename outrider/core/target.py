@@ -9,16 +9,20 @@ layer j, id -1 = the embedding output, i.e. the input of layer 0).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .errors import UnsupportedTargetError
+from .errors import Cancelled, UnsupportedTargetError
 from .family import TargetFamily
 from .wrapper import PassThrough
 
-PREFILL_CHUNK = 2048
+# Rows per prefill forward. Small enough that a cancel (a client that went away, Ctrl-C) is
+# seen within one chunk of a long prompt; large enough that each chunk's matmuls stay
+# compute-bound on a GPU.
+PREFILL_CHUNK = 512
 
 
 class _TapSink:
@@ -204,17 +208,25 @@ class Target:
         return mx.concatenate(parts, axis=-1)
 
     def prefill(
-        self, prompt: list[int], cache: list, tap_ids: tuple[int, ...] = ()
+        self,
+        prompt: list[int],
+        cache: list,
+        tap_ids: tuple[int, ...] = (),
+        cancelled: Callable[[], bool] | None = None,
     ) -> tuple[mx.array, mx.array | None]:
         """Process the prompt as mlx-lm does (chunks, then the last token alone).
 
         Returns the logits of the last prompt position [V] and the taps of every prompt row.
         Non-final chunks never evaluate the output head (only caches and taps are evaluated).
+        `cancelled` is asked before each chunk; when it says yes, `Cancelled` is raised and the
+        rest of the prompt is never computed.
         """
         ids = mx.array(prompt, dtype=mx.uint32)
         taps: list[mx.array] = []
         done = 0
         while len(prompt) - done > 1:
+            if cancelled is not None and cancelled():
+                raise Cancelled(f"cancelled after {done} of {len(prompt)} prompt tokens")
             n = min(PREFILL_CHUNK, len(prompt) - done - 1)
             self._run(ids[done : done + n], cache, tap_ids)
             chunk_taps = self._collect(tap_ids)

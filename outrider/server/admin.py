@@ -7,23 +7,50 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from ..core.hub import looks_like_repo_id
+from .checks import CheckedRequest
 from .engine import LoadSpec, model_id
 from .errors import ApiError
 from .prompting import capabilities
 
 
-class LoadRequest(BaseModel):
+class LoadRequest(CheckedRequest):
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(min_length=1)
-    drafter: str | None = None
+    model: str = Field(min_length=1, max_length=4096)
+    drafter: str | None = Field(default=None, min_length=1, max_length=4096)
     mode: str = "auto"
     max_draft: int | None = Field(default=None, ge=0, le=64)
     context_window: int | None = Field(default=None, ge=0)  # 0: back to the model's own
     confidence_threshold: float | None = Field(default=None, ge=0, le=1)
+
+
+def check_reference(ref: str, param: str) -> None:
+    """A model reference must be a local model folder (with config.json) or a well-formed
+    Hugging Face repo id. One message for every other case, so the answer never tells whether
+    some path exists on this machine, and long input is not echoed back."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        folder = Path(ref).expanduser()
+        if (folder / "config.json").is_file():
+            return
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        pass
+    if not ref.startswith((".", "/", "~")) and ref.count("/") == 1:
+        try:
+            validate_repo_id(ref)
+            return
+        except HFValidationError:
+            pass
+    shown = ref if len(ref) <= 80 else ref[:77] + "..."
+    raise ApiError(
+        400,
+        f"{param} {shown!r} is not a model folder (with config.json) on this server, nor a "
+        "Hugging Face repo id",
+        param=param,
+    )
 
 
 def health(state: Any) -> dict[str, Any]:
@@ -76,11 +103,10 @@ def router(state: Any) -> APIRouter:
                 state.plugins().strategy(mode)
             except Exception as e:
                 raise ApiError(400, str(e), param="mode") from None
-        if not (Path(body.model).expanduser().exists() or looks_like_repo_id(body.model)):
-            # Refused before the running model is released.
-            raise ApiError(
-                400, f"model {body.model!r}: no such folder, and not a Hugging Face repo id"
-            )
+        # Refused before the running model is released; a load that fails later restores it.
+        check_reference(body.model, "model")
+        if body.drafter is not None:
+            check_reference(body.drafter, "drafter")
         window = body.context_window  # sticky: None keeps the last load's limit
         if window is not None and 0 < window < 16:
             raise ApiError(400, "context_window must be 0 (the model's own) or >= 16")

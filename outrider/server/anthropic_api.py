@@ -9,10 +9,10 @@ import secrets
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .checks import MAX_STOPS, CheckedRequest, check_tool_schema, unreadable
 from .engine import model_id
 from .errors import ApiError
 from .generation import (
@@ -24,6 +24,7 @@ from .generation import (
     failure,
     matched_stop,
     options,
+    prompt_ids,
     ready_pipeline,
     submit,
     x_outrider,
@@ -50,7 +51,9 @@ class Block(_Open):
 
 
 class AMessage(_Open):
-    role: Literal["user", "assistant"]
+    # "system" mid-conversation: Claude Code sends it (its mid-conversation-system beta) to any
+    # custom base URL; it is folded into the prompt as the OpenAI route folds a late system.
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
 
@@ -59,13 +62,15 @@ class ATool(_Open):
     description: str | None = None
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
+    _schema = field_validator("input_schema")(check_tool_schema)
+
 
 class Thinking(_Open):
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = None
 
 
-class CountRequest(_Open):
+class CountRequest(CheckedRequest):
     model: str | None = None
     messages: list[AMessage] = Field(min_length=1)
     system: str | list[Block] | None = None
@@ -76,7 +81,7 @@ class CountRequest(_Open):
 
 class MessagesRequest(CountRequest):
     max_tokens: int = Field(ge=1)
-    stop_sequences: list[str] | None = None
+    stop_sequences: list[str] | None = Field(default=None, max_length=MAX_STOPS)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
@@ -84,17 +89,27 @@ class MessagesRequest(CountRequest):
     tool_choice: dict[str, Any] | None = None
 
 
-def _block_text(content: Any) -> str:
+# Blocks that carry something the model would have to see; refused by name, never dropped.
+UNREADABLE = ("image", "document", "search_result", "container_upload", "audio", "file")
+# Blocks the model need not see again: its own earlier reasoning.
+SKIPPED = ("thinking", "redacted_thinking")
+
+
+def _block_text(content: Any, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
         return content
+    for b in content:
+        if b.get("type") in UNREADABLE:
+            raise unreadable(str(b.get("type")), where)
     return "".join(str(b.get("text", "")) for b in content if b.get("type") == "text")
 
 
 def to_chat(body: CountRequest) -> list[dict]:
     """Anthropic messages -> OpenAI-shaped chat messages (tool_use -> tool_calls,
-    tool_result -> tool messages before the turn's text; images and thinking dropped)."""
+    tool_result -> tool messages before the turn's text, system entries kept in place for
+    `normalize` to fold; thinking dropped; images and documents refused)."""
     out: list[dict] = []
     if body.system:
         system = (
@@ -104,19 +119,21 @@ def to_chat(body: CountRequest) -> list[dict]:
         )
         if system:
             out.append({"role": "system", "content": system})
-    for m in body.messages:
+    for i, m in enumerate(body.messages):
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
         texts, calls = [], []
-        for b in m.content:
+        for j, b in enumerate(m.content):
+            if b.type in UNREADABLE:
+                raise unreadable(b.type, f"messages.{i}.content.{j}")
             if b.type == "text":
                 texts.append(b.text or "")
             elif b.type == "tool_use" and m.role == "assistant":
                 fn = {"name": b.name or "", "arguments": b.input or {}}
                 calls.append({"id": b.id, "type": "function", "function": fn})
             elif b.type == "tool_result" and m.role == "user":
-                text = _block_text(b.content)
+                text = _block_text(b.content, f"messages.{i}.content.{j}.content")
                 out.append(
                     {
                         "role": "tool",
@@ -124,6 +141,10 @@ def to_chat(body: CountRequest) -> list[dict]:
                         "content": f"Error: {text}" if b.is_error else text,
                     }
                 )
+        if m.role == "system":
+            if texts:
+                out.append({"role": "system", "content": "".join(texts)})
+            continue
         if texts or calls or m.role == "assistant":
             msg: dict[str, Any] = {"role": m.role, "content": "".join(texts)}
             if calls:
@@ -163,12 +184,27 @@ def _thinking(body: CountRequest, default: bool | None) -> tuple[bool | None, st
     return thinking, effort if effort in EFFORTS else None
 
 
-def _render(state: Any, body: CountRequest) -> tuple[list[int], bool, bool]:
-    """(prompt ids, prompt opens a think block, whether thinking output is kept)."""
+def _render(
+    state: Any, body: CountRequest, window: int | None = None
+) -> tuple[list[int], bool, bool]:
+    """(prompt ids, prompt opens a think block, whether thinking output is kept). A final
+    assistant message with text is continued (Anthropic's prefill), not closed."""
     pipe = ready_pipeline(state.engine)
     check_model(state.engine, body.model)
     thinking, effort = _thinking(body, state.limits.thinking)
-    prompt, in_thinking = render_chat(pipe.tokenizer, to_chat(body), _tools(body), thinking, effort)
+    chat = to_chat(body)
+    last = chat[-1] if chat else {}
+    prefill = last.get("role") == "assistant" and bool(last["content"].strip())
+    prefill = prefill and not last.get("tool_calls")
+    prompt, in_thinking = render_chat(
+        pipe.tokenizer,
+        chat,
+        _tools(body),
+        thinking,
+        effort,
+        continue_final=prefill,
+        window=window,
+    )
     return prompt, in_thinking, thinking is not False
 
 
@@ -195,8 +231,7 @@ def router(state: Any) -> APIRouter:
     @r.post("/messages")
     async def messages(body: MessagesRequest, request: Request):
         engine, limits = state.engine, state.limits
-        # Templating a long conversation takes a while: off the event loop.
-        prompt, in_thinking, keep_thinking = await run_in_threadpool(_render, state, body)
+        prompt, in_thinking, keep_thinking = await prompt_ids(engine, True, _render, state, body)
         pipe = engine.pipeline
         check_context(engine, len(prompt), anthropic=True)
         stops = list(body.stop_sequences or [])
@@ -211,7 +246,7 @@ def router(state: Any) -> APIRouter:
         schemas = {t.name: t.input_schema for t in client_tools(body)} or None
         markers = markers_for(template_text(pipe.tokenizer))
         shaper = Shaper(True, in_thinking, schemas, markers=markers)
-        job = submit(engine, prompt, opts)
+        job = submit(engine, prompt, opts, request)
         mid = "msg_" + secrets.token_hex(12)
         model = body.model or model_id(pipe)
         if body.stream:

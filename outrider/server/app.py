@@ -1,9 +1,10 @@
-"""The FastAPI app: OpenAI, Anthropic and operations routes over one engine, with API-key
-auth on every route, CORS, and errors in each API's own shape."""
+"""The FastAPI app: OpenAI, Anthropic and operations routes over one engine, behind the guards
+of `middleware.py` (API key, body limit, local-only admin, no cross-origin access unless
+allowed), with errors in each API's own shape and an OpenAPI document that says what the server
+really answers."""
 
 from __future__ import annotations
 
-import hmac
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ from . import admin, anthropic_api, openai_api
 from .engine import Engine
 from .errors import ApiError, error_response
 from .generation import Limits
+from .middleware import Access, ApiKey, BodyLimit, CrossOrigin, LocalAdmin
+from .openapi import describe_server
 
 
 @dataclass
@@ -36,58 +39,9 @@ def _describe(errors: list) -> str:
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
         if e.get("type") == "json_invalid":
             return f"malformed JSON body: {e.get('ctx', {}).get('error', e.get('msg'))}"
-        parts.append(f"{loc or 'body'}: {e.get('msg')}")
+        msg = str(e.get("msg")).removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "invalid request: " + "; ".join(parts)
-
-
-class _Auth:
-    """ASGI middleware: every route needs the key (Bearer or x-api-key), compared in constant
-    time; CORS preflights pass so browsers can ask."""
-
-    def __init__(self, app: Any, key: str) -> None:
-        self.app, self.key = app, key.encode()
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v for k, v in scope["headers"]}
-        given = headers.get("x-api-key", b"")
-        auth = headers.get("authorization", b"")
-        if auth[:7].lower() == b"bearer ":
-            given = auth[7:].strip()
-        if not hmac.compare_digest(given, self.key):
-            msg = (
-                "invalid api key"
-                if given
-                else "missing api key (Authorization: Bearer or x-api-key)"
-            )
-            err = ApiError(401, msg, "authentication_error", code="invalid_api_key")
-            return await error_response(scope["path"], err)(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
-class _Count:
-    """ASGI middleware counting requests by matched route and status (streams untouched)."""
-
-    def __init__(self, app: Any, metrics: Any) -> None:
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        status = [500]
-
-        async def send_status(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            # Our routes have no path parameters, so a matched path is a bounded label.
-            route = scope["path"] if scope.get("route") is not None else "unmatched"
-            self.metrics.request(route, status[0])
 
 
 def create_app(
@@ -95,8 +49,10 @@ def create_app(
     limits: Limits | None = None,
     api_key: str | None = None,
     plugins: Any = None,
+    cors_origins: tuple[str, ...] = (),
 ) -> FastAPI:
-    """An app serving `engine` (which the caller starts and stops)."""
+    """An app serving `engine` (which the caller starts and stops). `cors_origins` are the
+    web origins allowed to call it from a browser (none by default; "*" for any)."""
     from ..core.plugins import Plugins
 
     state = State(engine, limits or Limits(), api_key)
@@ -124,7 +80,7 @@ def create_app(
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception):
         engine.metrics.error("server_error")
-        err = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+        err = ApiError(500, f"internal error: {type(exc).__name__}", "server_error")
         return error_response(request.url.path, err)
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
@@ -135,10 +91,20 @@ def create_app(
         app.include_router(openai_api.router(state), prefix=prefix, include_in_schema=visible)
         app.include_router(anthropic_api.router(state), prefix=prefix, include_in_schema=visible)
     app.include_router(admin.router(state))
-    app.add_middleware(_Count, metrics=engine.metrics)
+    describe_server(app)
+    # add_middleware wraps what is there: the last added runs first.
+    app.add_middleware(BodyLimit, max_bytes=state.limits.max_body_bytes)
     if api_key:
-        app.add_middleware(_Auth, key=api_key)
-    app.add_middleware(
-        CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"]
-    )
+        app.add_middleware(ApiKey, key=api_key)
+    else:
+        app.add_middleware(LocalAdmin)
+    app.add_middleware(CrossOrigin, allowed=tuple(cors_origins))
+    if cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
+    app.add_middleware(Access, metrics=engine.metrics)
     return app

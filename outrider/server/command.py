@@ -37,6 +37,22 @@ def serve(
     max_tokens_cap: int = Opt(131072, "--max-tokens-cap", help="Refuse larger max_tokens."),
     no_thinking: bool = Opt(False, "--no-thinking", help="Thinking off unless a request asks."),
     keepalive: float = Opt(15.0, "--keepalive", help="Seconds between stream keep-alives."),
+    max_request_mb: float = Opt(
+        4.0, "--max-request-mb", help="Refuse request bodies larger than this (413)."
+    ),
+    cors_origin: list[str] | None = Opt(
+        None,
+        "--cors-origin",
+        help="A web origin allowed to call the server from a browser (repeatable; '*': any).",
+    ),
+    trust_request_chat_template: bool = Opt(
+        False,
+        "--trust-request-chat-template",
+        help="Let requests bring their own chat template (rendered in a sandbox).",
+    ),
+    log_level: str = Opt(
+        "warning", "--log-level", help="debug|info|warning|error; info logs every request."
+    ),
 ) -> None:
     """Serve OpenAI- and Anthropic-compatible APIs; speculation is invisible to clients."""
     from ..cli import check_options, plugins, user_errors
@@ -52,6 +68,19 @@ def serve(
             raise OutriderError(f"--keepalive must be > 0, got {keepalive}")
         if no_model and model:
             raise OutriderError("--no-model and --model contradict each other")
+        if not 0 < max_request_mb <= 1024:
+            raise OutriderError(f"--max-request-mb must be in (0, 1024], got {max_request_mb}")
+        level = log_level.lower()
+        if level not in LOG_LEVELS:
+            raise OutriderError(
+                f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level}"
+            )
+        for origin in cors_origin or ():
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise OutriderError(
+                    f"--cors-origin takes an origin such as http://localhost:3000, got {origin!r}"
+                )
+        _configure_logging(level)
         import uvicorn
 
         from .app import create_app
@@ -60,9 +89,16 @@ def serve(
 
         engine = Engine().start()
         limits = Limits(
-            default_max_tokens, max_tokens_cap, keepalive, False if no_thinking else None
+            default_max_tokens,
+            max_tokens_cap,
+            keepalive,
+            False if no_thinking else None,
+            max_body_bytes=int(max_request_mb * (1 << 20)),
+            trust_request_chat_template=trust_request_chat_template,
         )
-        app = create_app(engine, limits, api_key, plugins=plugins)
+        app = create_app(
+            engine, limits, api_key, plugins=plugins, cors_origins=tuple(cors_origin or ())
+        )
         if not no_model:
             if model is None:
                 model, note = default_model()
@@ -84,12 +120,32 @@ def serve(
         # Open streams get a few seconds to finish on shutdown, then are cancelled (which
         # cancels their generations at the next round).
         config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2
+            app,
+            host=host,
+            port=port,
+            log_level=level,
+            access_log=False,  # outrider.access writes one line per request, with tokens
+            timeout_graceful_shutdown=2,
         )
         try:
             uvicorn.Server(config).run()
         finally:
             engine.stop()
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _configure_logging(level: str) -> None:
+    """outrider's loggers (the access log among them) to stderr at `level`."""
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s", "%H:%M:%S"))
+    logger = logging.getLogger("outrider")
+    logger.handlers[:] = [handler]
+    logger.setLevel(level.upper())
+    logger.propagate = False
 
 
 def default_model() -> tuple[str, str]:

@@ -3,8 +3,8 @@
 Requests queue to it; loads and unloads queue too, so a model is loaded on the thread that
 generates with it. Streaming crosses to the HTTP side through an asyncio.Queue fed with
 `loop.call_soon_threadsafe`, so the event loop never blocks on MLX. A job's cancel flag is
-checked between the steps of `Pipeline.stream`: a client that goes away stops its generation at
-the next round.
+checked between prefill chunks and between rounds: a client that goes away stops its generation
+within one chunk or round, even in the middle of a long prompt.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class Job:
 class _Load:
     spec: LoadSpec
     cancel: threading.Event = field(default_factory=threading.Event)
+    window_before: int | None = None  # the context-window limit to restore if the load fails
 
 
 class _Unload:
@@ -101,6 +102,7 @@ class Engine:
         self.error: str | None = None
         self.load_started: float | None = None
         self._pending_load: _Load | None = None
+        self._serving: LoadSpec | None = None  # what the current pipeline was loaded from
         self.window_limit: int | None = None  # sticky across loads; 0 in a LoadSpec clears it
         self._current: Job | None = None
 
@@ -128,7 +130,7 @@ class Engine:
     # -- requests from the HTTP side -----------------------------------------------------------
     def load(self, spec: LoadSpec) -> None:
         """Queue a load (the current model is released first, so peak memory is one model)."""
-        job = _Load(spec)
+        job = _Load(spec, window_before=self.window_limit)
         with self._lock:
             if self._pending_load is not None:
                 self._pending_load.cancel.set()
@@ -236,29 +238,44 @@ class Engine:
             pass
 
     def _do_load(self, job: _Load) -> None:
+        """Release the running model (peak memory stays one model), load the new one; if that
+        fails, load the previous one again, so a bad load never leaves the server empty."""
         if job.cancel.is_set():
             return
+        previous = self._serving if self.pipeline is not None else None
         with self._lock:
             self.phase = "releasing"
         self._release()
         with self._lock:
             self.phase = "loading"
         try:
-            pipe = self._loader(job.spec)
+            pipe, spec, error = self._loader(job.spec), job.spec, None
         except Exception as e:
-            with self._lock:
-                if self._pending_load is job:
-                    self._pending_load = None
-                    self.state, self.phase, self.spec = "error", None, None
-                    self.error = f"could not load {job.spec.model}: {e}"
-            return
+            pipe, spec, error = None, previous, f"could not load {job.spec.model}: {e}"
+            if previous is not None:
+                with self._lock:
+                    self.phase = "restoring"
+                try:
+                    pipe = self._loader(previous)
+                    error += f"; still serving {previous.model}"
+                except Exception as again:
+                    pipe, spec = None, None
+                    error += f"; restoring {previous.model} failed too: {again}"
         with self._lock:
-            if job.cancel.is_set():  # cancelled while loading: drop it
-                pipe = None
+            if job.cancel.is_set() or self._pending_load is not job:  # cancelled meanwhile
+                keep = False
             else:
-                self.pipeline, self.state, self.phase = pipe, "ready", None
+                keep = pipe is not None
                 self._pending_load = None
-        if pipe is None:
+                self.phase, self.error = None, error
+                if keep:
+                    self.pipeline, self.state, self.spec, self._serving = pipe, "ready", spec, spec
+                else:
+                    self.state, self.spec, self._serving = "error", None, None
+                if error is not None:
+                    self.window_limit = job.window_before
+        if not keep:
+            pipe = None
             self._release()
 
     @staticmethod
@@ -276,7 +293,7 @@ class Engine:
         if job.cancel.is_set() or pipe is None:
             post("end", None)
             return
-        stream = pipe.stream(job.prompt, **job.options)
+        stream = pipe.stream(job.prompt, cancelled=job.cancel.is_set, **job.options)
         result = None
         accepts: list[int] = []
         try:
@@ -286,16 +303,15 @@ class Engine:
                     accepts.append(chunk.step.accepted + 1)
                 result = chunk.result
                 post("chunk", chunk)
-                if job.cancel.is_set() and result is None:
-                    stream.close()  # stops the loop after this round
-                    with self._lock:
-                        self.metrics.cancelled += 1
-                    break
         except Exception as e:
             traceback.print_exc(file=sys.stderr)
             self.metrics.error("generation")
             post("error", e)
             return
+        if result is not None and result.finish_reason == "cancelled":
+            with self._lock:
+                self.metrics.cancelled += 1
+            result = None  # the request is gone (or the server stopping): nothing to answer
         tps = result.decode_tps if result is not None else 0.0
         self.metrics.generation(len(job.prompt), job.tokens, accepts, tps)
         post("end", result)

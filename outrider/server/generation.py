@@ -11,12 +11,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
 
 from ..api import Chunk, Pipeline
 from ..core.events import Result
 from ..core.logits import Penalties
+from .checks import check_stops
 from .engine import Engine, Job, NotReady
 from .errors import ApiError
+from .prompting import PromptTooLong
 from .reasoning import THINK, ThinkSplitter
 from .tools import ToolCall, ToolGate
 
@@ -29,6 +32,8 @@ class Limits:
     max_tokens_cap: int = 131072
     keepalive_s: float = 15.0
     thinking: bool | None = None  # server default for enable_thinking (None: the template's)
+    max_body_bytes: int = 4 << 20  # larger request bodies are refused with 413
+    trust_request_chat_template: bool = False  # a request's own template (sandboxed) allowed
 
 
 @dataclass
@@ -89,6 +94,35 @@ def check_context(engine: Engine, n_prompt: int, anthropic: bool) -> None:
     )
 
 
+async def prompt_ids(
+    engine: Engine, anthropic: bool, encode: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """Run a templating / tokenizing step off the event loop (a long conversation takes a
+    while), with the context window as its cheap length bound: a prompt that cannot fit is
+    refused as `check_context` words it, before the tokenizer runs."""
+    try:
+        return await run_in_threadpool(encode, *args, window=engine.context_window, **kwargs)
+    except PromptTooLong as e:
+        check_context(engine, e.tokens, anthropic)
+        raise ApiError(400, "prompt is too long") from None  # pragma: no cover - refused above
+
+
+def check_template(limits: Limits, template: Any) -> str | None:
+    """A request's own chat template, if the server trusts requests with one."""
+    if template is None:
+        return None
+    if not limits.trust_request_chat_template:
+        raise ApiError(
+            400,
+            "request-supplied chat templates are refused by this server (start it with "
+            "--trust-request-chat-template to allow them; they render in a sandbox)",
+            param="chat_template",
+        )
+    if not isinstance(template, str) or not template:
+        raise ApiError(400, "chat_template must be a non-empty string", param="chat_template")
+    return template
+
+
 def options(engine: Engine, limits: Limits, n_prompt: int, p: GenParams) -> dict[str, Any]:
     """Pipeline.stream keywords for a request (max_tokens checked, then fitted to the window)."""
     max_tokens = limits.default_max_tokens if p.max_tokens is None else p.max_tokens
@@ -100,6 +134,7 @@ def options(engine: Engine, limits: Limits, n_prompt: int, p: GenParams) -> dict
             f"max_tokens is {max_tokens}, above this server's limit of {limits.max_tokens_cap}",
             param="max_tokens",
         )
+    check_stops(p.stop, "stop")
     window = engine.context_window
     if window is not None:
         max_tokens = max(1, min(max_tokens, window - n_prompt))
@@ -118,8 +153,13 @@ def options(engine: Engine, limits: Limits, n_prompt: int, p: GenParams) -> dict
     return opts
 
 
-def submit(engine: Engine, prompt: list[int], opts: dict[str, Any]) -> Job:
+def submit(
+    engine: Engine, prompt: list[int], opts: dict[str, Any], request: Request | None = None
+) -> Job:
+    """Queue a generation; the request's access-log line reads its token counts."""
     job = Job(prompt, opts, asyncio.get_running_loop())
+    if request is not None:
+        request.state.job = job
     try:
         engine.submit(job)
     except NotReady:

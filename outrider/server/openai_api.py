@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.logits import Penalties, TokenLogprob
+from .checks import MAX_STOPS, SEED_RANGE, CheckedRequest, check_stops, check_tool_schema
 from .engine import model_id
 from .errors import ApiError
 from .generation import (
@@ -20,14 +20,16 @@ from .generation import (
     Shaper,
     check_context,
     check_model,
+    check_template,
     events,
     failure,
     options,
+    prompt_ids,
     ready_pipeline,
     submit,
     x_outrider,
 )
-from .prompting import EFFORTS, render_chat, template_text
+from .prompting import EFFORTS, encode_within, render_chat, template_text
 from .reasoning import markers_for
 
 
@@ -39,6 +41,8 @@ class FunctionDef(_Open):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
+
+    _schema = field_validator("parameters")(check_tool_schema)
 
 
 class Tool(_Open):
@@ -69,17 +73,17 @@ class StreamOptions(_Open):
     include_usage: bool = False
 
 
-class Sampling(_Open):
+class Sampling(CheckedRequest):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: str | list[str] | None = Field(default=None, max_length=MAX_STOPS)
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], lt=SEED_RANGE[1])
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    n: int | None = None
+    n: int | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": 1})
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
@@ -89,12 +93,9 @@ class Sampling(_Open):
             raise ApiError(
                 400, f"n={self.n} is not supported: this server returns one choice (n=1)", param="n"
             )
-        if isinstance(self.stop, str):
-            stops = [self.stop]
-        else:
-            stops = list(self.stop or [])
-        if len(stops) > 16:
-            raise ApiError(400, "at most 16 stop sequences are supported", param="stop")
+        stops = check_stops(
+            [self.stop] if isinstance(self.stop, str) else list(self.stop or []), "stop"
+        )
         pen = None
         if self.presence_penalty or self.frequency_penalty:
             pen = Penalties(self.presence_penalty or 0.0, self.frequency_penalty or 0.0)
@@ -121,12 +122,18 @@ class ChatRequest(Sampling):
     enable_thinking: bool | None = None
     reasoning_effort: Literal[EFFORTS] | None = None  # type: ignore[valid-type]
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # vLLM's field; refused unless the server trusts it
+    continue_final_message: bool = False  # vLLM's: extend the last assistant message
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[str] | list[int]
+    prompt: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[str], Field(min_length=1, max_length=1)]
+        | Annotated[list[int], Field(min_length=1)]
+    )
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
+    echo: Literal[False] = False  # echoing the prompt back is not supported
 
 
 def _token_text(tokenizer: Any, token: int) -> str:
@@ -203,17 +210,27 @@ def router(state: Any) -> APIRouter:
             thinking = bool(extra.pop("enable_thinking"))
         if thinking is None:
             thinking = limits.thinking
+        template = check_template(limits, extra.pop("chat_template", body.chat_template))
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
-        # Templating a long conversation takes a while: off the event loop.
-        prompt, in_thinking = await run_in_threadpool(
-            render_chat, pipe.tokenizer, messages, tools, thinking, body.reasoning_effort, extra
+        prompt, in_thinking = await prompt_ids(
+            engine,
+            False,
+            render_chat,
+            pipe.tokenizer,
+            messages,
+            tools,
+            thinking,
+            body.reasoning_effort,
+            extra,
+            template=template,
+            continue_final=body.continue_final_message,
         )
         check_context(engine, len(prompt), anthropic=False)
         opts = options(engine, limits, len(prompt), params)
         parse = body.tool_choice != "none"
         markers = markers_for(template_text(pipe.tokenizer))
         shaper = Shaper(True, in_thinking, _tool_schemas(body.tools), parse, markers)
-        job = submit(engine, prompt, opts)
+        job = submit(engine, prompt, opts, request)
         rid = "chatcmpl-" + secrets.token_hex(12)
         created = int(time.time())
         model = body.model or model_id(pipe)
@@ -263,8 +280,6 @@ def router(state: Any) -> APIRouter:
         engine, limits = state.engine, state.limits
         pipe = ready_pipeline(engine)
         check_model(engine, body.model)
-        if body.echo:
-            raise ApiError(400, "echo is not supported", param="echo")
         prompt_in = body.prompt
         if isinstance(prompt_in, list) and prompt_in and all(isinstance(t, int) for t in prompt_in):
             prompt = [int(t) for t in prompt_in]
@@ -278,13 +293,15 @@ def router(state: Any) -> APIRouter:
                         400, "exactly one prompt per request is supported", param="prompt"
                     )
                 prompt_in = prompt_in[0]
-            prompt = list(await run_in_threadpool(pipe.tokenizer.encode, prompt_in))
+            prompt = await prompt_ids(
+                engine, False, encode_within, pipe.tokenizer, prompt_in, special=True
+            )
         if not prompt:
             raise ApiError(400, "the prompt is empty", param="prompt")
         check_context(engine, len(prompt), anthropic=False)
         params = body.params(body.max_tokens, body.logprobs)
         opts = options(engine, limits, len(prompt), params)
-        job = submit(engine, prompt, opts)
+        job = submit(engine, prompt, opts, request)
         rid, created = "cmpl-" + secrets.token_hex(12), int(time.time())
         model = body.model or model_id(pipe)
         if body.stream:

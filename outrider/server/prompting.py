@@ -1,12 +1,17 @@
-"""Chat messages (OpenAI shape) -> the token ids the target sees, through its chat template."""
+"""Chat messages (OpenAI shape) -> the token ids the target sees, through its chat template
+(or a request's own template, rendered in the sandbox), with a cheap length bound checked
+before the tokenizer runs."""
 
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Any
 
+from .checks import unreadable
 from .errors import ApiError
 from .reasoning import markers_for, prompt_opens_thinking
+from .template_sandbox import TemplateRefused, render_untrusted
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
@@ -25,7 +30,7 @@ def _text(content: Any) -> str:
             elif isinstance(part, dict) and part.get("type") in ("text", "input_text", None):
                 parts.append(str(part.get("text", "")))
             elif isinstance(part, dict):
-                raise ApiError(400, f"content parts of type {part.get('type')!r} are not supported")
+                raise unreadable(str(part.get("type"))[:64], "messages")
         return "".join(parts)
     raise ApiError(400, "message content must be a string or a list of content parts")
 
@@ -102,6 +107,48 @@ def nearest_efforts(effort: str | None) -> list[str | None]:
     return sorted(EFFORTS, key=lambda e: (abs(EFFORTS.index(e) - i), EFFORTS.index(e) > i))
 
 
+class PromptTooLong(Exception):
+    """The prompt cannot fit the context window; `tokens` is its length (or a lower bound)."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__(tokens)
+        self.tokens = tokens
+
+
+_LONGEST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters one token can stand for (the longest vocabulary entry): a text of
+    C characters needs at least C / this many tokens, whatever the tokenizer does with it."""
+    try:
+        return _LONGEST[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    try:
+        longest = max(map(len, tokenizer.get_vocab()), default=1)
+    except Exception:  # a tokenizer without a vocabulary listing: no bound
+        longest = 0
+    try:
+        _LONGEST[tokenizer] = longest
+    except TypeError:
+        pass
+    return longest
+
+
+def encode_within(
+    tokenizer: Any, text: str, window: int | None, special: bool = False
+) -> list[int]:
+    """Token ids of `text`, refusing a text that cannot fit `window` tokens before tokenizing
+    it (tokenizing megabytes takes seconds of CPU and a lot of memory)."""
+    longest = longest_token_chars(tokenizer) if window else 0
+    if window and longest and len(text) > window * longest:
+        raise PromptTooLong(-(-len(text) // longest))
+    if special:
+        return list(tokenizer.encode(text))
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 def render_chat(
     tokenizer: Any,
     messages: list[dict],
@@ -109,13 +156,23 @@ def render_chat(
     thinking: bool | None = None,
     reasoning_effort: str | None = None,
     extra: dict | None = None,
+    *,
+    template: str | None = None,
+    continue_final: bool = False,
+    window: int | None = None,
 ) -> tuple[list[int], bool]:
-    """(prompt ids, whether the prompt leaves a think block open)."""
+    """(prompt ids, whether the prompt leaves a think block open).
+
+    `template` is a request's own chat template (rendered in the sandbox); `continue_final`
+    extends the last (assistant) message instead of opening a new turn; a prompt that cannot
+    fit `window` tokens raises PromptTooLong."""
     msgs = normalize(messages)
-    if not getattr(tokenizer, "chat_template", None):
+    if continue_final and (not msgs or msgs[-1]["role"] != "assistant"):
+        raise ApiError(400, "continuing the final message needs an assistant message last")
+    if template is None and not getattr(tokenizer, "chat_template", None):
         text = "\n\n".join(m["content"] for m in msgs)
-        return list(tokenizer.encode(text)), False
-    caps = capabilities(tokenizer)
+        return encode_within(tokenizer, text, window, special=True), False
+    caps = capabilities(tokenizer) if template is None else _template_caps(template)
     kwargs: dict[str, Any] = dict(extra or {})
     if thinking is not None and caps["enable_thinking"]:
         kwargs["enable_thinking"] = thinking
@@ -128,13 +185,47 @@ def render_chat(
         if effort is not None:
             kwargs["reasoning_effort"] = effort
         try:
-            text = tokenizer.apply_chat_template(
-                msgs, tokenize=False, add_generation_prompt=True, **kwargs
-            )
+            text = _apply(tokenizer, msgs, template, continue_final, kwargs)
             break
+        except TemplateRefused as e:
+            raise ApiError(400, str(e), param="chat_template") from None
         except Exception as e:
             if i + 1 < len(efforts):
                 continue  # a template that knows other effort words: try the nearest next
             raise ApiError(400, f"could not apply chat template: {e}") from None
-    opens = prompt_opens_thinking(text, markers_for(template_text(tokenizer)))
-    return list(tokenizer.encode(text, add_special_tokens=False)), opens
+    tpl = template if template is not None else template_text(tokenizer)
+    opens = not continue_final and prompt_opens_thinking(text, markers_for(tpl))
+    return encode_within(tokenizer, text, window), opens
+
+
+def _template_caps(template: str) -> dict[str, bool]:
+    return {
+        "enable_thinking": "enable_thinking" in template,
+        "reasoning_effort": "reasoning_effort" in template,
+    }
+
+
+def _apply(
+    tokenizer: Any, msgs: list[dict], template: str | None, continue_final: bool, kwargs: dict
+) -> str:
+    if template is None:
+        return tokenizer.apply_chat_template(
+            msgs,
+            tokenize=False,
+            add_generation_prompt=not continue_final,
+            continue_final_message=continue_final,
+            **kwargs,
+        )
+    specials = {
+        k: v
+        for k, v in (getattr(tokenizer, "special_tokens_map", None) or {}).items()
+        if isinstance(v, (str, list))
+    }
+    context = {**specials, **kwargs, "messages": msgs, "add_generation_prompt": not continue_final}
+    text = render_untrusted(template, context)
+    if continue_final:  # as transformers does: cut after the final message's own text
+        final = msgs[-1]["content"].strip()
+        if final not in text:
+            raise TemplateRefused("the request's chat template does not render the final message")
+        text = text[: text.rindex(final) + len(final)]
+    return text

@@ -1,0 +1,98 @@
+"""Request checks both APIs share, so each rule is stated once: text must be valid Unicode,
+tool schemas must be JSON Schemas of an object, stop lists are bounded, seeds fit the sampler,
+and content the target cannot read is refused by name instead of being dropped."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from .errors import ApiError
+
+MAX_STOPS = 16  # OpenAI's limit for `stop`; Anthropic's `stop_sequences` gets the same
+SEED_RANGE = (0, 2**64)  # mx.random.key takes an unsigned 64-bit seed
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_at(data: Any) -> str | None:
+    """The JSON path of the first string (value or key) holding a lone UTF-16 surrogate, which
+    JSON allows ("\\ud800") but no tokenizer can encode; None when every string is clean.
+    Iterative, so deeply nested input cannot exhaust the stack."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return path or "body"
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                key = str(k)
+                if _SURROGATE.search(key):
+                    return f"{path}.{key.encode('utf-8', 'backslashreplace').decode()}"
+                stack.append((v, f"{path}.{key}" if path else key))
+        elif isinstance(value, list):
+            stack.extend((v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(value))
+    return None
+
+
+class CheckedRequest(BaseModel):
+    """Base of every request body: unknown fields are kept (and ignored), and text with lone
+    surrogates is refused before any field is read."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = lone_surrogate_at(data)
+        if where is not None:
+            raise ValueError(f"{where} holds a lone UTF-16 surrogate; text must be valid Unicode")
+        return data
+
+
+def check_tool_schema(schema: Any) -> Any:
+    """A tool's parameters must be a JSON Schema (of its declared draft) describing an object."""
+    if schema is None:
+        return schema
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    if not isinstance(schema, dict):
+        raise ValueError("must be a JSON Schema object")
+    kind = schema.get("type", "object")
+    if kind != "object":
+        raise ValueError(f'must describe an object (type "object"), not {kind!r}')
+    try:
+        (validator_for(schema, default=None) or _default_validator()).check_schema(schema)
+    except SchemaError as e:
+        where = "/".join(str(p) for p in e.absolute_path) or "top level"
+        raise ValueError(f"is not a valid JSON Schema ({where}: {e.message[:200]})") from None
+    except RecursionError:
+        raise ValueError("is nested too deeply") from None
+    return schema
+
+
+def _default_validator():
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator
+
+
+def check_stops(stops: list[str], param: str) -> list[str]:
+    if len(stops) > MAX_STOPS:
+        raise ApiError(
+            400, f"at most {MAX_STOPS} stop sequences are supported, got {len(stops)}", param=param
+        )
+    return stops
+
+
+def unreadable(kind: str, where: str) -> ApiError:
+    """The one refusal for content the target cannot see (images, documents, audio...)."""
+    return ApiError(
+        400,
+        f"{where}: content of type {kind!r} is not supported: the served model reads text only",
+        param=where,
+    )
