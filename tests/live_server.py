@@ -34,6 +34,7 @@ def live_server(
     limits: Limits | None = None,
     api_key: str | None = None,
     loader=None,
+    cors_origins: tuple[str, ...] = (),
 ):
     """Yields (base_url, engine); the server and engine stop afterwards."""
     engine = (Engine(loader) if loader else Engine()).start()
@@ -41,7 +42,7 @@ def live_server(
         engine.load(spec)
         wait_ready(engine)
         assert engine.state == "ready", engine.error
-    app = create_app(engine, limits, api_key)
+    app = create_app(engine, limits, api_key, cors_origins=cors_origins)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")

@@ -108,9 +108,13 @@ class CrossOrigin:
 
 
 class BodyLimit:
-    """Refuses a request body over `max_bytes` with 413, by its Content-Length before reading
-    anything, or, for a chunked body, as soon as the bytes read pass the limit. The body read
-    here is handed on to the route, so it is read once."""
+    """Refuses a request body over `max_bytes` with 413, by its Content-Length before keeping
+    any of it, or, for a chunked body, as soon as the bytes kept pass the limit. The rest of a
+    refused body is read and thrown away (up to a bound), so the client, still sending, gets
+    the 413 instead of a reset connection. A body within the limit is handed on to the route,
+    so it is read once."""
+
+    DRAIN_FACTOR = 64  # read and discard at most this many times the limit
 
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -126,6 +130,7 @@ class BodyLimit:
                 err = ApiError(400, "malformed Content-Length header")
                 return await _refuse(scope, receive, send, err)
             if too_big:
+                await self._drain(receive)
                 return await _refuse(scope, receive, send, self._error(int(declared)))
         chunks: list[bytes] = []
         size = 0
@@ -136,6 +141,9 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
+                chunks.clear()
+                if message.get("more_body", False):
+                    await self._drain(receive)
                 return await _refuse(scope, receive, send, self._error(size, at_least=True))
             if not message.get("more_body", False):
                 break
@@ -150,6 +158,16 @@ class BodyLimit:
             return await receive()  # then disconnects, as the route's stream listens for them
 
         await self.app(scope, replay, send)
+
+    async def _drain(self, receive: Any) -> None:
+        left = self.max_bytes * self.DRAIN_FACTOR
+        while left > 0:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            left -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
     def _error(self, size: int, at_least: bool = False) -> ApiError:
         more = "more than " if at_least else ""
