@@ -132,3 +132,48 @@ def test_seeded_sampling_is_reproducible(pipe):
     first = pipe.generate(ids, **kw).tokens
     assert pipe.generate(ids, **kw).tokens == first
     assert pipe.generate(ids, **{**kw, "seed": 4321}).tokens != first
+
+
+@pytest.mark.parametrize("which", ["pipe", "lookup_pipe"])
+def test_cancel_stops_prefill_between_chunks_and_decoding_between_rounds(
+    request, which, monkeypatch
+):
+    """`cancelled` is asked before every prefill chunk: a prompt of many chunks stops after the
+    chunks already asked for, with no token emitted; during decoding it stops at a round."""
+    from outrider.core import target as target_mod
+
+    monkeypatch.setattr(target_mod, "PREFILL_CHUNK", 8)
+    p = request.getfixturevalue(which)
+    ids = p.encode("Count the stars. " * 8)
+    assert len(ids) > 6 * 8
+    asked = []
+
+    def after_two() -> bool:
+        asked.append(1)
+        return len(asked) > 2
+
+    chunks = list(p.stream(ids, max_tokens=40, cancelled=after_two))
+    result = chunks[-1].result
+    assert result.finish_reason == "cancelled" and result.tokens == [] and len(asked) == 3
+    full = p.generate(ids, max_tokens=40, stop_tokens=set())
+    rounds = []
+
+    def after_prefill() -> bool:
+        rounds.append(1)
+        return len(rounds) > len(ids) // 8 + 3  # prefill's chunks, then three rounds
+
+    part = p.generate(ids, max_tokens=40, stop_tokens=set(), cancelled=after_prefill)
+    assert part.finish_reason == "cancelled"
+    assert 0 < len(part.tokens) < len(full.tokens)
+    assert part.tokens == full.tokens[: len(part.tokens)]  # what was kept is exact
+
+
+def test_ctrl_c_exits_130_with_one_line():
+    import typer
+
+    from outrider.cli import user_errors
+
+    with pytest.raises(typer.Exit) as e:
+        with user_errors():
+            raise KeyboardInterrupt
+    assert e.value.exit_code == 130
