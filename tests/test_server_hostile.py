@@ -112,9 +112,7 @@ def test_system_entries_inside_anthropic_messages_are_folded(claude):
     reminder = "<system-reminder>Be brief.</system-reminder>\n"
     assert folded.input_tokens == plain.input_tokens + len(reminder.encode())
     block = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]}]
-    blocks = claude.messages.count_tokens(
-        model=MODEL, messages=ASK + turn[:1] + block + turn[1:]
-    )
+    blocks = claude.messages.count_tokens(model=MODEL, messages=ASK + turn[:1] + block + turn[1:])
     assert blocks.input_tokens == folded.input_tokens
 
 
@@ -467,3 +465,13 @@ def test_every_request_gets_an_access_log_line(server, caplog):
     assert " 200 " in chat and "ms prompt=" in chat and "completion=1" in chat
     assert any('"POST /v1/messages" 400 ' in line for line in lines)
     assert any('"GET /health" 200 ' in line for line in lines)
+
+
+def test_trusted_templates_cannot_smuggle_what_requests_may_not_send(trusting):
+    """A template can build a lone surrogate from an escape, or render nothing at all."""
+    url, _ = trusting
+    for template in ("{{ '\\ud800' }}", "{% if false %}{% endif %}"):
+        body = {"messages": ASK, "max_tokens": 4, "chat_template": template}
+        r = requests.post(url + "/v1/chat/completions", json=body)
+        assert r.status_code == 400, (template, r.text)
+    still_serves(url)

@@ -20,6 +20,15 @@ DROP = (
     "CLAUDE_CODE_USE_FOUNDRY",
 )
 
+# What keeps Claude Code on the local server: no telemetry, error reports, auto-updates or other
+# nonessential traffic (without these it also calls api.anthropic.com).
+LOCAL_ONLY = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_AUTOUPDATER": "1",
+}
+
 
 def probe(url: str, api_key: str | None, timeout: float = 5.0) -> dict:
     """The server's /health, or a clear error naming what went wrong."""
@@ -43,7 +52,8 @@ def probe(url: str, api_key: str | None, timeout: float = 5.0) -> dict:
 
 
 def claude_env(base: dict[str, str], url: str, api_key: str | None, health: dict) -> dict:
-    """The child's environment: base minus other providers' settings, plus ours."""
+    """The child's environment: base minus other providers' settings, plus ours (the server,
+    its model under every alias, and LOCAL_ONLY)."""
     model = health.get("model")
     if not model:
         raise OutriderError(f"the server at {url} has no model loaded (POST /admin/load first)")
@@ -54,6 +64,7 @@ def claude_env(base: dict[str, str], url: str, api_key: str | None, health: dict
         ANTHROPIC_MODEL=model,
         ANTHROPIC_SMALL_FAST_MODEL=model,
     )
+    env.update(LOCAL_ONLY)
     for alias in ("OPUS", "SONNET", "HAIKU"):
         env[f"ANTHROPIC_DEFAULT_{alias}_MODEL"] = model
     if health.get("max_output_tokens"):
@@ -62,6 +73,7 @@ def claude_env(base: dict[str, str], url: str, api_key: str | None, health: dict
 
 
 def shell_exports(env: dict[str, str], base: dict[str, str]) -> str:
+    """What `claude_env` changes in `base`, as shell lines (`--print-env`)."""
     lines = [f"unset {k}" for k in DROP if k in base]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items() if base.get(k) != v]
     return "\n".join(lines)

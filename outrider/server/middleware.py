@@ -50,20 +50,30 @@ class Access:
             return await self.app(scope, receive, send)
         status = [0]
         started = time.perf_counter()
+        recorded = False
 
-        async def send_status(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
+        def record() -> None:
+            nonlocal recorded
+            if recorded:
+                return
+            recorded = True
             # Our routes have no path parameters, so a matched path is a bounded label.
             route = scope["path"] if scope.get("route") is not None else "unmatched"
             self.metrics.request(route, status[0] or 500)
             if access_log.isEnabledFor(logging.INFO):
                 access_log.info(_line(scope, status[0], time.perf_counter() - started))
+
+        async def send_status(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                record()  # before the last bytes go out: a client that saw them sees the line
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            record()
 
 
 def _line(scope: dict, status: int, seconds: float) -> str:

@@ -8,7 +8,7 @@ import json
 import weakref
 from typing import Any
 
-from .checks import unreadable
+from .checks import lone_surrogate_at, unreadable
 from .errors import ApiError
 from .reasoning import markers_for, prompt_opens_thinking
 from .template_sandbox import TemplateRefused, render_untrusted
@@ -37,8 +37,11 @@ def _text(content: Any) -> str:
 
 def normalize(messages: list[dict]) -> list[dict]:
     """What chat templates can render: text content, tool-call arguments as objects, and
-    system messages only at the start (later ones are folded into the next user turn as a
-    <system-reminder>, which templates that insist on a leading system message accept)."""
+    system messages only at the start. A later one becomes a <system-reminder> (which templates
+    that insist on a leading system message accept) where it stands: appended to the user turn
+    or tool result before it, else put before the next user turn. Claude Code sends such
+    entries after tool results; held for the next user turn they would pile up after the last
+    tool result, and the prompt would no longer end with it."""
     out: list[dict] = []
     reminders: list[str] = []
     for i, m in enumerate(messages):
@@ -49,6 +52,10 @@ def normalize(messages: list[dict]) -> list[dict]:
                 out[0]["content"] += "\n\n" + msg["content"]
             elif not out:
                 out.append({"role": "system", "content": msg["content"]})
+            elif out[-1]["role"] in ("user", "tool") and not reminders:
+                if msg["content"]:
+                    note = f"<system-reminder>{msg['content']}</system-reminder>"
+                    out[-1]["content"] += "\n" + note
             else:
                 reminders.append(msg["content"])
             continue
@@ -193,9 +200,14 @@ def render_chat(
             if i + 1 < len(efforts):
                 continue  # a template that knows other effort words: try the nearest next
             raise ApiError(400, f"could not apply chat template: {e}") from None
+    if lone_surrogate_at(text) is not None:  # a template can build one from escapes
+        raise ApiError(400, "the chat template produced text with a lone UTF-16 surrogate")
     tpl = template if template is not None else template_text(tokenizer)
     opens = not continue_final and prompt_opens_thinking(text, markers_for(tpl))
-    return encode_within(tokenizer, text, window), opens
+    ids = encode_within(tokenizer, text, window)
+    if not ids:
+        raise ApiError(400, "the chat template rendered an empty prompt")
+    return ids, opens
 
 
 def _template_caps(template: str) -> dict[str, bool]:

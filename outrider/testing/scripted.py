@@ -50,7 +50,14 @@ SCRIPT = [
 ]
 
 
-def make_scripted_target(path: str | Path, script: list[list[str]] = SCRIPT) -> Path:
+def make_scripted_target(
+    path: str | Path,
+    script: list[list[str]] = SCRIPT,
+    *,
+    heads: int = 4,
+    head_dim: int | None = None,
+    max_positions: int = 4096,
+) -> Path:
     """Write a one-layer Llama whose next token depends only on the current one, following
     `script` (anything unscripted is followed by <|im_end|>); its chat template supports
     system prompts, tools, tool results, `enable_thinking` and `reasoning_effort`.
@@ -58,6 +65,10 @@ def make_scripted_target(path: str | Path, script: list[list[str]] = SCRIPT) -> 
     Attention and MLP outputs are zero and the embedding is one-hot, so the logits are the
     output head's column for the current token: greedy and sampled output are the script. The
     template's cues make tool calls, thinking and tool results testable end to end.
+
+    Since attention changes no answer, its shape is free: `heads=1` with a small even
+    `head_dim` makes prefill cheap enough for prompts of tens of thousands of (byte) tokens,
+    such as Claude Code's default system prompt; `max_positions` is the native context.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -75,9 +86,12 @@ def make_scripted_target(path: str | Path, script: list[list[str]] = SCRIPT) -> 
         hidden_size=hidden,
         num_hidden_layers=1,
         intermediate_size=16,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
     )
+    if head_dim is not None:
+        config["head_dim"] = head_dim
     config["eos_token_id"] = eos
     model = build_model(config)
     nxt = [eos] * vocab
