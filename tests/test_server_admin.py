@@ -215,6 +215,9 @@ def test_serve_flags_are_checked_before_loading():
         (["serve", "--context-window", "3"], "--context-window"),
         (["serve", "--no-model", "--model", "x"], "contradict"),
         (["serve", "--mode", "nope"], "nope"),
+        (["serve", "--max-request-mb", "0"], "--max-request-mb"),
+        (["serve", "--log-level", "loud"], "--log-level"),
+        (["serve", "--cors-origin", "evil.example"], "--cors-origin"),
     ):
         out = runner.invoke(app, args)
         assert out.exit_code == 2 and needle in out.output, out.output
