@@ -94,6 +94,7 @@ class Pipeline:
     pair: Pair | None = None
     options: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    drafter_ref: str | None = None  # the drafter's folder or repo id, as given or as resolved
 
     @property
     def tokenizer(self) -> Any:
@@ -333,7 +334,8 @@ def load(
     if max_draft is None:
         max_draft = pair.cap if pair and pair.mode == mode and pair.cap else strategy.default_cap
     cap = min(max_draft, proposer.max_draft)
-    return Pipeline(target, proposer, mode, cap, spec, pair, options, notes)
+    ref = drafter if spec is not None and strategy.needs_drafter else None
+    return Pipeline(target, proposer, mode, cap, spec, pair, options, notes, ref)
 
 
 def load_pair(

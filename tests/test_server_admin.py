@@ -260,3 +260,16 @@ def test_a_failing_generation_is_reported_and_the_server_keeps_serving(scripted)
         ok = chat(url, max_tokens=3)
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
         assert "outrider_errors_total" in requests.get(url + "/metrics").text
+
+
+def test_health_names_the_registry_drafter_in_use():
+    """With no --drafter, the registry row's drafter is what runs, and /health says which."""
+    from outrider.demo import demo_target
+    from outrider.server.engine import LoadSpec
+
+    with live_server(LoadSpec(demo_target())) as (url, engine):
+        h = requests.get(url + "/health").json()
+        assert h["mode"] == "dspark" and h["drafter"] == "outrider-demo/dspark"
+        assert requests.get(url + "/admin/status").json()["drafter"] == "outrider-demo/dspark"
+    with live_server(LoadSpec(demo_target(), mode="lookup")) as (url, engine):
+        assert requests.get(url + "/health").json()["drafter"] is None

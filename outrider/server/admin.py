@@ -60,7 +60,7 @@ def health(state: Any) -> dict[str, Any]:
         "status": "ok" if engine.state == "ready" else engine.state,
         "model": model_id(pipe) if pipe else None,
         "mode": pipe.mode if pipe else None,
-        "drafter": engine.spec.drafter if pipe and engine.spec else None,
+        "drafter": pipe.drafter_ref if pipe else None,  # registry drafters included
         "max_draft": pipe.max_draft if pipe else None,
         "load": engine.status(),
         "context_window": engine.context_window,

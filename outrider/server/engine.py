@@ -194,7 +194,7 @@ class Engine:
                 model=model_id(pipe),
                 mode=pipe.mode,
                 max_draft=pipe.max_draft,
-                drafter=self.spec.drafter if self.spec else None,
+                drafter=pipe.drafter_ref,
             )
         return out
 
