@@ -188,3 +188,46 @@ def test_device_stamp_names_the_gpu_but_not_the_card(monkeypatch):
     assert stamp["chip"] == "NVIDIA H200" and stamp["memory_gb"] == 150.75
     assert stamp["device_info"]["architecture"] == "sm_90"
     assert not {"uuid", "pci_bus_id", "free_memory"} & set(stamp["device_info"])
+
+
+def test_own_prompt_files_run_as_suites_and_bad_ones_are_refused(qwen3_target, tmp_path):
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(
+        json.dumps({"prompt": "Sort a list."}) + "\n\n" + json.dumps({"turns": ["Hi.", "Bye."]})
+    )
+    receipt = tmp_path / "r.json"
+    args = ["benchmark", "--model", str(qwen3_target), "--trials", "1", "--max-tokens", "4"]
+    result = CliRunner().invoke(
+        cli.app,
+        [*args, "--modes", "baseline,lookup", "--prompts", str(mine), "--json", str(receipt)],
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(receipt.read_text())
+    assert {c["suite"] for c in out["results"]} == {"mine"}
+    assert f"--prompts {mine}" in out["command"] and "--suites" not in out["command"]
+    bad = tmp_path / "bad.jsonl"
+    for text, message in (
+        ("{not json", "line 1: not JSON"),
+        ('{"prompt": ""}', "line 1: a row needs"),
+        ("\n", "no prompts"),
+    ):
+        bad.write_text(text)
+        result = CliRunner().invoke(cli.app, [*args, "--prompts", str(bad)])
+        assert result.exit_code == 2 and message in result.output, result.output
+    result = CliRunner().invoke(cli.app, [*args, "--prompts", str(tmp_path / "none.jsonl")])
+    assert result.exit_code == 2 and "cannot read it" in result.output
+
+
+def test_benchmark_without_a_model_runs_the_demo_model(monkeypatch, tmp_path):
+    """`outrider benchmark` with no --model benchmarks the shipped demo target."""
+    from outrider.demo import demo_target
+
+    monkeypatch.delenv("OUTRIDER_DEMO_DIR", raising=False)
+    receipt = tmp_path / "r.json"
+    args = ["benchmark", "--trials", "1", "--max-tokens", "4", "--prompts-per-suite", "1"]
+    result = CliRunner().invoke(
+        cli.app, [*args, "--suites", "code", "--modes", "baseline", "--json", str(receipt)]
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(receipt.read_text())
+    assert out["command"].startswith(f"outrider benchmark --model {demo_target()}")

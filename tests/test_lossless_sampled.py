@@ -69,19 +69,21 @@ N = 1000
 def test_speculative_sampling_matches_target_distribution(qwen3_target, drafters, mode):
     drafter = {"dspark": drafters["dspark"], "dflash": drafters["dflash-zlab"]}.get(mode)
     pipe = outrider.load(str(qwen3_target), None if drafter is None else str(drafter), mode=mode)
-    if mode == "lookup":
-        # Every id occurs once in the prompt, so lookup always has a continuation to draft.
-        prompt, n = list(range(256)) + [40, 41, 42], 600
-    else:
-        prompt, n = [30 + 7 * i % 200 for i in range(12)], N
     depth = 3
+    # Drafter modes: one round of depth - 1 drafts after the prefill's token decides the
+    # tokens counted, so generation stops there.
+    prompt, n, max_tokens = [30 + 7 * i % 200 for i in range(12)], N, depth + 1
+    if mode == "lookup":
+        # Every id occurs once in the prompt, so lookup always has a continuation to draft;
+        # its drafts are rarely what the target samples, so it gets more rounds to accept in.
+        prompt, n, max_tokens = list(range(256)) + [40, 41, 42], 600, 5
     expected = exact_joint(pipe.target, prompt, PARAMS, depth)
     counts = Counter()
     drafted = accepted = 0
     for seed in range(n):
         res = pipe.generate(
             prompt,
-            max_tokens=5,
+            max_tokens=max_tokens,
             max_draft=4,
             temperature=PARAMS.temperature,
             top_p=PARAMS.top_p,

@@ -17,6 +17,10 @@ def command_line(values: dict) -> str:
     for flag, value in values.items():
         if value is None or value is False:
             continue
+        if isinstance(value, list):
+            for item in value:
+                words += [flag, str(item)]
+            continue
         words += [flag] if value is True else [flag, str(value)]
     return shlex.join(words)
 
@@ -36,7 +40,18 @@ def benchmark(
         help="Comma list, e.g. baseline,dspark,dflash,lookup (baseline always runs; default: "
         "baseline, each drafter mode that has a drafter, lookup).",
     ),
-    suites: str = Opt("chat,code,math", "--suites", help="Comma list of chat, code, math."),
+    suites: str | None = Opt(
+        None,
+        "--suites",
+        help="Comma list of chat, code, math (default: all three, or none "
+        "when --prompts is given).",
+    ),
+    prompts: list[str] | None = Opt(
+        None,
+        "--prompts",
+        help="Your own prompts: a JSON-lines file with `turns` or `prompt` per row; one more "
+        "suite, named after the file (repeatable).",
+    ),
     trials: int = Opt(3, "--trials", help="Timed repeats; the table shows medians."),
     max_tokens: int = Opt(128, "--max-tokens", "-n", help="Tokens per prompt (at most)."),
     prompts_per_suite: int | None = Opt(
@@ -56,9 +71,10 @@ def benchmark(
     run's tokens must equal plain decoding's."""
     from .. import cli
     from ..core.errors import OutriderError
+    from ..demo import demo_target
     from .receipt import build_receipt, write_receipt
     from .runner import BenchConfig, LosslessError, run_benchmark
-    from .suites import parse_suites
+    from .suites import parse_suites, read_user_prompts
     from .table import lossless_line, report_table
 
     with cli.user_errors():
@@ -67,7 +83,12 @@ def benchmark(
         mode_list = None if modes is None else [m.strip() for m in modes.split(",") if m.strip()]
         if mode_list is not None and not mode_list:
             raise OutriderError("--modes is empty")
-        suite_list = parse_suites(suites)
+        if suites is None:
+            suite_list = [] if prompts else parse_suites("chat,code,math")
+        else:
+            suite_list = parse_suites(suites)
+        for path in prompts or ():
+            read_user_prompts(path)  # a bad file fails before any model loads
         config = BenchConfig(
             model=model or "",
             modes=mode_list,
@@ -83,10 +104,11 @@ def benchmark(
             max_draft=max_draft,
             drafter_bits=drafter_bits,
             thinking=False if no_thinking else None,
+            prompt_files=list(prompts or ()),
         )
         config.check()
         if model is None:
-            config.model = str(cli.demo_model())
+            config.model = demo_target()
             cli._warn(f"no --model given; benchmarking the demo model at {config.model}")
         line = command_line(
             {
@@ -95,7 +117,8 @@ def benchmark(
                 "--dspark-drafter": dspark_drafter,
                 "--dflash-drafter": dflash_drafter,
                 "--modes": modes,
-                "--suites": ",".join(suite_list),
+                "--suites": ",".join(suite_list) or None,
+                "--prompts": list(prompts or ()) or None,
                 "--trials": trials,
                 "--max-tokens": max_tokens,
                 "--prompts-per-suite": prompts_per_suite,

@@ -26,7 +26,7 @@ from ..core.target import Target
 from ..registry import find_pair
 from .peers import load_draft_model, mlx_lm_plain, mlx_lm_speculative
 from .records import Cell, Run, TrialStats
-from .suites import BenchPrompt, load_suite
+from .suites import BenchPrompt, load_suite, read_user_prompts
 
 DRAFTER_MODES = ("dspark", "dflash")
 WARMUP_TOKENS = 16
@@ -53,6 +53,7 @@ class BenchConfig:
     max_draft: int | None = None
     drafter_bits: int = 4
     thinking: bool | None = None
+    prompt_files: list[str] = field(default_factory=list)  # each file is one more suite
 
     def check(self) -> None:
         if self.trials < 1:
@@ -264,6 +265,11 @@ def run_benchmark(
     """Load, warm up, run the trials with the lossless check on every run, and summarise."""
     config.check()
     suites = {s: load_suite(s, config.prompts_per_suite) for s in config.suites}
+    for path in config.prompt_files:
+        own = read_user_prompts(path, config.prompts_per_suite)
+        if own[0].suite in suites:
+            raise OutriderError(f"--prompts {path}: a suite named {own[0].suite!r} already runs")
+        suites[own[0].suite] = own
     target, arms = build_arms(config, plugins)
     encode = _encoder(target, config.thinking)
     ids = {(p.suite, p.source, p.index): encode(p.text) for ps in suites.values() for p in ps}

@@ -1,10 +1,12 @@
-"""The prompt suites shipped with the package (first 10 rows of each public set, first turn)."""
+"""The prompt suites shipped with the package (first 10 rows of each public set, first turn),
+and a user's own prompt files (JSON lines with `turns` or `prompt`), each its own suite."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from importlib.resources import files
+from pathlib import Path
 
 from ..core.errors import OutriderError
 
@@ -53,4 +55,35 @@ def load_suite(suite: str, limit: int | None = None) -> list[BenchPrompt]:
         for name, rows in per_file:
             if i < len(rows):
                 prompts.append(BenchPrompt(suite, name, i, rows[i]))
+    return prompts if limit is None else prompts[:limit]
+
+
+def read_user_prompts(path: str | Path, limit: int | None = None) -> list[BenchPrompt]:
+    """A user's prompt file as one suite named after the file: JSON lines, each an object with
+    `turns` (the first is used) or `prompt`."""
+    path = Path(path).expanduser()
+    try:
+        lines = path.read_text("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise OutriderError(f"--prompts {path}: cannot read it ({e})") from None
+    prompts: list[BenchPrompt] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise OutriderError(f"--prompts {path}, line {number}: not JSON ({e})") from None
+        turns = row.get("turns") if isinstance(row, dict) else None
+        text = turns[0] if isinstance(turns, list) and turns else None
+        if text is None and isinstance(row, dict):
+            text = row.get("prompt")
+        if not isinstance(text, str) or not text.strip():
+            raise OutriderError(
+                f"--prompts {path}, line {number}: a row needs a non-empty `prompt` string or "
+                "`turns` list of strings"
+            )
+        prompts.append(BenchPrompt(path.stem, path.name, len(prompts), text))
+    if not prompts:
+        raise OutriderError(f"--prompts {path}: no prompts in the file")
     return prompts if limit is None else prompts[:limit]
