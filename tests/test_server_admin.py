@@ -273,3 +273,23 @@ def test_health_names_the_registry_drafter_in_use():
         assert requests.get(url + "/admin/status").json()["drafter"] == "outrider-demo/dspark"
     with live_server(LoadSpec(demo_target(), mode="lookup")) as (url, engine):
         assert requests.get(url + "/health").json()["drafter"] is None
+
+
+def test_serve_on_a_busy_port_is_one_line_before_listening():
+    """It used to print "listening", load the model, then abort (SIGABRT) when uvicorn could not
+    bind."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cmd = [sys.executable, "-m", "outrider", "serve", "--no-model", "--port", str(port)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port}: the port is in use "
+        "(another server is listening there)"
+    )

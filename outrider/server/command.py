@@ -87,6 +87,8 @@ def serve(
         from .engine import Engine, LoadSpec
         from .generation import Limits
 
+        # The port first: a busy one is one line now, not an abort after the model loaded.
+        sock = _listen(host, port)
         engine = Engine().start()
         limits = Limits(
             default_max_tokens,
@@ -128,12 +130,41 @@ def serve(
             timeout_graceful_shutdown=2,
         )
         try:
-            uvicorn.Server(config).run()
+            uvicorn.Server(config).run(sockets=[sock])
         finally:
             engine.stop()
+            sock.close()
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _listen(host: str, port: int):
+    """A listening socket on host:port, or one clear error naming what is in the way."""
+    import errno
+    import socket
+
+    from ..core.errors import OutriderError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise OutriderError(f"--host {host}: cannot resolve it ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        why = (
+            "is in use (another server is listening there)"
+            if e.errno == errno.EADDRINUSE
+            else e.strerror
+        )
+        raise OutriderError(f"cannot listen on {host}:{port}: the port {why}") from None
+    return sock
 
 
 def _configure_logging(level: str) -> None:
