@@ -127,6 +127,7 @@ class Pipeline:
         penalties: Penalties | None = None,
         logprobs: int | None = None,
         cancelled: Callable[[], bool] | None = None,
+        prefill_progress: Callable[[int, int], None] | None = None,
     ) -> Iterator[Chunk]:
         """Yield text as rounds land; the last chunk carries the full Result.
 
@@ -134,7 +135,8 @@ class Pipeline:
         output follows; `logprobs` = n attaches each token's log-probability and n alternatives
         to `Chunk.step.logprobs`. Closing the iterator stops generation after the current round;
         `cancelled` (asked between prefill chunks and rounds) stops it from another thread,
-        with finish reason "cancelled".
+        with finish reason "cancelled"; `prefill_progress(done, total)` hears after each
+        prefill chunk.
         """
         if max_tokens < 0:
             raise OutriderError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -171,6 +173,7 @@ class Pipeline:
             penalties=penalties,
             logprobs=logprobs,
             cancelled=cancelled,
+            prefill_progress=prefill_progress,
         )
         for step in steps:
             if step.source == "prefill":

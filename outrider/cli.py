@@ -197,6 +197,8 @@ def generate(
             confidence_threshold=confidence_threshold,
             plugins=plugins(),
         )
+        ids = pipe.encode(text, system=system, raw=raw, thinking=False if no_thinking else None)
+        check_context(len(ids), pipe.target.context_window)
         kwargs = dict(
             max_tokens=max_tokens,
             temperature=temperature,
@@ -204,16 +206,22 @@ def generate(
             top_k=top_k,
             seed=seed,
             stop=tuple(stop or ()),
-            system=system,
-            raw=raw,
-            thinking=False if no_thinking else None,
         )
         if as_json:
-            _print_json(pipe.generate(text, **kwargs).to_json())
+            _print_json(pipe.generate(ids, **kwargs).to_json())
         elif sys.stdout.isatty():
-            stream_live(pipe, text, kwargs, _console())
+            stream_live(pipe, ids, kwargs, _console())
         else:
-            stream_plain(pipe, text, kwargs)
+            stream_plain(pipe, ids, kwargs)
+
+
+def check_context(n_prompt: int, window: int | None) -> None:
+    """The server's rule: a prompt must leave the context window room for one token."""
+    if window is not None and n_prompt >= window:
+        raise OutriderError(
+            f"the prompt is {n_prompt} tokens; this model's context window is {window} "
+            "(max_position_embeddings): shorten the prompt"
+        )
 
 
 # --- serve and claude (outrider/server/command.py) ------------------------------------------

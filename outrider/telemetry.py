@@ -61,6 +61,11 @@ class LiveView:
         self.tokens = 0
         self.rounds: list[tuple[int, int]] = []
         self.decode_start: float | None = None
+        self.prefilled: tuple[int, int] | None = None  # (done, total) while a prompt prefills
+
+    def prefill(self, done: int, total: int) -> None:
+        """Prefill progress (Pipeline.stream's `prefill_progress`)."""
+        self.prefilled = (done, total)
 
     def add(self, chunk) -> None:
         """Fold one streamed Chunk into the view."""
@@ -79,6 +84,13 @@ class LiveView:
         return max(self.tokens - 1, 0) / elapsed if elapsed > 0 else 0.0
 
     def status(self) -> Text:
+        if self.decode_start is None and self.prefilled is not None:
+            done, total = self.prefilled
+            return Text.assemble(
+                ("prefill ", "bold"),
+                f"{done}/{total} prompt tokens ({100 * done // max(total, 1)}%)",
+                (" · Ctrl-C stops", "dim"),
+            )
         return Text.assemble(
             (f"{self.tokens} tokens", "bold"),
             f" · {self.tokens_per_second():.1f} tok/s",
@@ -137,7 +149,7 @@ def summary_line(result: Result) -> str:
     )
 
 
-def stream_plain(pipe, prompt: str, kwargs: dict) -> Result | None:
+def stream_plain(pipe, prompt: str | list[int], kwargs: dict) -> Result | None:
     """Text to stdout as it lands, one summary line to stderr (pipes, files, CI logs)."""
     result = None
     for chunk in pipe.stream(prompt, **kwargs):
@@ -152,7 +164,9 @@ def stream_plain(pipe, prompt: str, kwargs: dict) -> Result | None:
     return result
 
 
-def stream_live(pipe, prompt: str, kwargs: dict, console: Console | None = None) -> Result | None:
+def stream_live(
+    pipe, prompt: str | list[int], kwargs: dict, console: Console | None = None
+) -> Result | None:
     """Live telemetry on a terminal; afterwards the full text, the ribbon and a summary table."""
     from rich.live import Live
 
@@ -160,7 +174,7 @@ def stream_live(pipe, prompt: str, kwargs: dict, console: Console | None = None)
     view = LiveView(pipe.mode, pipe.max_draft)
     result = None
     with Live(view, console=console, refresh_per_second=12, transient=True):
-        for chunk in pipe.stream(prompt, **kwargs):
+        for chunk in pipe.stream(prompt, prefill_progress=view.prefill, **kwargs):
             view.add(chunk)
             result = chunk.result or result
     if result is not None:

@@ -435,3 +435,36 @@ def test_plugin_failing_to_add_commands_is_one_warning(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("warning: ") and "no commands today" in err
     assert CliRunner().invoke(app, ["--help"]).exit_code == 0
+
+
+def test_a_prompt_over_the_context_window_is_refused_in_one_line(models):
+    """The server's rule in `generate`: a 20k-token prompt on a 4k model used to prefill for
+    minutes, with no word."""
+    window = load(models["target"], mode="baseline").target.context_window
+    assert window is not None
+    long = "w" * (window + 10)  # one byte, one token at least
+    result = invoke(
+        "generate", "--model", models["target"], "--mode", "lookup", "--raw", "-p", long
+    )
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the prompt is ")
+    assert f"context window is {window}" in lines[0]
+
+
+def test_the_live_view_shows_prefill_progress(models, monkeypatch):
+    from outrider.core import target as target_mod
+
+    monkeypatch.setattr(target_mod, "PREFILL_CHUNK", 8)
+    pipe = load(models["target"], mode="lookup")
+    seen = []
+    view = telemetry.LiveView("lookup", 4)
+
+    def heard(done: int, total: int) -> None:
+        view.prefill(done, total)
+        seen.append(view.status().plain)
+
+    ids = pipe.encode(PROMPT * 3, raw=True)
+    pipe.generate(ids, max_tokens=2, prefill_progress=heard)
+    assert seen[0] == f"prefill 8/{len(ids)} prompt tokens ({800 // len(ids)}%) · Ctrl-C stops"
+    assert len(seen) == (len(ids) - 2) // 8 + 1  # every chunk but the last token's forward

@@ -52,6 +52,7 @@ def decode(
     penalties: Penalties | None = None,
     logprobs: int | None = None,
     cancelled: Callable[[], bool] | None = None,
+    prefill_progress: Callable[[int, int], None] | None = None,
 ) -> Iterator[Step]:
     """Generate from `prompt` until `stopper` says stop, yielding each step as it lands.
 
@@ -59,6 +60,7 @@ def decode(
     own history; `logprobs` (the number of top alternatives, 0 for none) attaches each kept
     token's log-probability to its step. `cancelled` is asked between prefill chunks and
     before each round; a yes ends generation with finish reason "cancelled".
+    `prefill_progress(done, total)` hears after each prefill chunk (long prompts take a while).
     """
     if not prompt:
         raise ValueError("the prompt is empty")
@@ -74,7 +76,9 @@ def decode(
     t0 = time.perf_counter()
     with mx.stream(target.stream):
         try:
-            last_logits, taps = target.prefill(prompt, cache, tap_ids, cancelled)
+            last_logits, taps = target.prefill(
+                prompt, cache, tap_ids, cancelled, prefill_progress
+            )
         except Cancelled:
             yield Step("prefill", [], 0, [], time.perf_counter() - t0, "cancelled")
             return

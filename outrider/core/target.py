@@ -213,13 +213,14 @@ class Target:
         cache: list,
         tap_ids: tuple[int, ...] = (),
         cancelled: Callable[[], bool] | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> tuple[mx.array, mx.array | None]:
         """Process the prompt as mlx-lm does (chunks, then the last token alone).
 
         Returns the logits of the last prompt position [V] and the taps of every prompt row.
         Non-final chunks never evaluate the output head (only caches and taps are evaluated).
         `cancelled` is asked before each chunk; when it says yes, `Cancelled` is raised and the
-        rest of the prompt is never computed.
+        rest of the prompt is never computed. `progress(done, total)` hears after each chunk.
         """
         ids = mx.array(prompt, dtype=mx.uint32)
         taps: list[mx.array] = []
@@ -235,11 +236,22 @@ class Target:
                 taps.append(chunk_taps)
             mx.eval(state, taps)
             done += n
+            if progress is not None:
+                progress(done, len(prompt))
         logits, last_taps = self.forward(ids[done:], cache, tap_ids)
         if last_taps is not None:
             taps.append(last_taps)
         all_taps = mx.concatenate(taps, axis=0) if taps else None
         return logits[-1], all_taps
+
+    @property
+    def context_window(self) -> int | None:
+        """The model's own context length (max_position_embeddings), when its config says."""
+        cfg = self.config
+        native = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get(
+            "max_position_embeddings"
+        )
+        return int(native) if native else None
 
     # -- shared embedding / head (for drafters that bind the target's) ------------------------
     def embed(self, ids: mx.array) -> mx.array:

@@ -172,10 +172,7 @@ class Engine:
         limit = self.window_limit
         if pipe is None:
             return limit
-        cfg = pipe.target.config
-        native = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get(
-            "max_position_embeddings"
-        )
+        native = pipe.target.context_window
         if limit and native:
             return min(int(limit), int(native))
         return int(limit or native) if (limit or native) else None
