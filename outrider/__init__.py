@@ -1,27 +1,41 @@
-"""outrider: lossless speculative decoding on MLX."""
+"""outrider: lossless speculative decoding on MLX.
 
+The public names load on first use (PEP 562), so `outrider --version` and a Ctrl-C during
+start-up do not wait for MLX, mlx-lm and transformers to import.
+"""
+
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-
-from .api import Chunk, Pipeline, load, load_pair, pipeline_from_parts, speculative_generate
-from .core.errors import OutriderError
-from .core.events import Result, Round
-from .core.sampling import SamplingParams
+from typing import Any
 
 try:
     __version__ = version("outrider")
 except PackageNotFoundError:  # a source checkout on PYTHONPATH
     __version__ = "0.1.0"
 
-__all__ = [
-    "Chunk",
-    "OutriderError",
-    "Pipeline",
-    "Result",
-    "Round",
-    "SamplingParams",
-    "load",
-    "load_pair",
-    "pipeline_from_parts",
-    "speculative_generate",
-    "__version__",
-]
+_WHERE = {
+    "Chunk": ".api",
+    "Pipeline": ".api",
+    "load": ".api",
+    "load_pair": ".api",
+    "pipeline_from_parts": ".api",
+    "speculative_generate": ".api",
+    "OutriderError": ".core.errors",
+    "Result": ".core.events",
+    "Round": ".core.events",
+    "SamplingParams": ".core.sampling",
+}
+
+__all__ = [*_WHERE, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(import_module(_WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'outrider' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

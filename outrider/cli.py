@@ -456,7 +456,11 @@ def add_plugin_commands(cli: typer.Typer = app) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry (`outrider`, `python -m outrider`)."""
+    """The CLI (`outrider`, `python -m outrider`, through `outrider.__main__.run`)."""
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--version"]:  # no plugin needs loading to say this
+        typer.echo(f"outrider {_version()}")
+        return
     add_plugin_commands(app)
     try:
         app(args=argv, prog_name="outrider")

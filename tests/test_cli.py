@@ -468,3 +468,35 @@ def test_the_live_view_shows_prefill_progress(models, monkeypatch):
     pipe.generate(ids, max_tokens=2, prefill_progress=heard)
     assert seen[0] == f"prefill 8/{len(ids)} prompt tokens ({800 // len(ids)}%) · Ctrl-C stops"
     assert len(seen) == (len(ids) - 2) // 8 + 1  # every chunk but the last token's forward
+
+
+def test_version_loads_no_model_library():
+    """`outrider --version` answers without importing mlx-lm or transformers (seconds)."""
+    code = (
+        "import sys; sys.argv = ['outrider', '--version']\n"
+        "from outrider.__main__ import run\n"
+        "run()\n"
+        "print(sorted(m for m in ('mlx_lm', 'transformers', 'torch') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    version, loaded = done.stdout.splitlines()
+    assert version.startswith("outrider ") and loaded == "[]"
+
+
+def test_ctrl_c_while_starting_up_is_one_line():
+    """An interrupt inside the imports of the first seconds: exit 130, no traceback."""
+    code = (
+        "import sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'outrider.cli':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "sys.argv = ['outrider', 'generate', '-p', 'hi']\n"
+        "from outrider.__main__ import run\n"
+        "run()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 130
+    assert done.stderr.strip() == "interrupted"
