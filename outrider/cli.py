@@ -21,10 +21,11 @@ import typer
 
 from .benchmark.command import benchmark as benchmark_command
 from .core.device import split_attention
-from .core.errors import OutriderError
+from .core.errors import Interrupted, OutriderError
 from .core.plugins import Plugins
 
-USER_ERRORS = (OutriderError, ValueError, FileNotFoundError)
+# OSError: unreadable files, a file where a folder should be, a full disk: one line each.
+USER_ERRORS = (OutriderError, ValueError, OSError)
 BUILTIN_MODES = "auto|dspark|dflash|lookup|baseline"
 MAX_ERROR = 400
 Opt = typer.Option
@@ -60,6 +61,11 @@ def user_errors() -> Iterator[None]:
     (tracebacks: OUTRIDER_DEBUG=1)."""
     try:
         yield
+    except Interrupted as e:
+        if _debug():
+            raise
+        typer.echo(f"\ninterrupted {e}", err=True)
+        raise typer.Exit(130) from None
     except USER_ERRORS as e:
         if _debug():
             raise
@@ -133,7 +139,16 @@ def read_prompt(prompt: str | None) -> str:
     if prompt is None:
         if sys.stdin is None or sys.stdin.isatty():
             raise OutriderError("no prompt: pass --prompt or pipe text on standard input")
-        prompt = sys.stdin.read()
+        try:
+            prompt = sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise OutriderError(
+                f"standard input is not UTF-8 text (byte {e.object[e.start]:#04x} at {e.start})"
+            ) from None
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # argv bytes that were not UTF-8 arrive as lone surrogates
+        raise OutriderError("the prompt is not valid UTF-8 text") from None
     if not prompt.strip():
         raise OutriderError("the prompt is empty")
     return prompt

@@ -500,3 +500,27 @@ def test_ctrl_c_while_starting_up_is_one_line():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 130
     assert done.stderr.strip() == "interrupted"
+
+
+def test_unreadable_input_is_one_line(models, tmp_path):
+    """Non-UTF-8 standard input, an unreadable config.json, an interrupted command."""
+    result = CliRunner().invoke(
+        cli.app, ["generate", "--model", models["target"]], input=b"def f(\xff\xfe):"
+    )
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: standard input is not UTF-8 text (byte 0xff at 6)"
+    result = invoke("generate", "--model", models["target"], "-p", "def f(\udcff):")
+    assert result.exit_code == 2 and "not valid UTF-8" in result.stderr
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "config.json").mkdir()  # unreadable as a file, whoever runs the test (root too)
+    result = invoke("generate", "--model", str(locked), "-p", "hi")
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "config.json" in result.stderr
+
+    from outrider.core.errors import Interrupted
+
+    with pytest.raises(typer.Exit) as e:
+        with cli.user_errors():
+            raise Interrupted("after step 4: checkpoint saved")
+    assert e.value.exit_code == 130

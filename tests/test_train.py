@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import outrider
 from outrider import cli
 from outrider.api import load_drafter
-from outrider.core.errors import OutriderError
+from outrider.core.errors import Interrupted, OutriderError
 from outrider.core.plugins import Plugins
 from outrider.plugins.strategies.block_drafter import BlockDrafter
 from outrider.testing import make_toy_training_set
@@ -142,7 +142,7 @@ def test_an_interrupted_run_resumes_exactly(toy, tmp_path):
         if event["event"] == "step" and event["step"] == 4:
             raise KeyboardInterrupt
 
-    with pytest.raises(OutriderError, match="interrupted after step 4: checkpoint saved"):
+    with pytest.raises(Interrupted, match="after step 4: checkpoint saved"):
         train_drafter(config(toy, tmp_path / "resumed", **small), on_event=interrupt_after_4)
     with pytest.raises(OutriderError, match="--resume"):
         train_drafter(config(toy, tmp_path / "resumed", **small))

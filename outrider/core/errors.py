@@ -17,5 +17,9 @@ class UnsupportedTargetError(OutriderError):
     """No target-family plugin can run this model with taps."""
 
 
+class Interrupted(OutriderError):
+    """The user pressed Ctrl-C; what could be kept was (the message says what). Exit 130."""
+
+
 class Cancelled(Exception):
     """The caller asked to stop (a client went away) between two pieces of work."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..api import load_drafter, load_target
 from ..core.checkpoint import read_config
-from ..core.errors import OutriderError
+from ..core.errors import Interrupted, OutriderError
 from ..core.hub import resolve_model
 from ..core.plugins import Plugins
 from ..core.target import Target
@@ -177,9 +177,7 @@ def _steps(
         mx.eval(run.master, run.optimizer.state)
         done = int(run.optimizer.state["step"].item())  # updates applied so far
         checkpoint(done)
-        raise OutriderError(
-            f"interrupted after step {done}: checkpoint saved; run again with --resume"
-        ) from None
+        raise Interrupted(f"after step {done}: checkpoint saved; run again with --resume") from None
     return loss_value, time.perf_counter() - started, tokens
 
 
