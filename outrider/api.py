@@ -306,6 +306,10 @@ def load(
         raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
     if max_draft is not None and max_draft < 0:
         raise OutriderError(f"--max-draft must be >= 0, got {max_draft}")
+    if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
+        raise OutriderError(
+            f"--confidence-threshold must be in [0, 1], got {confidence_threshold}"
+        )
     plugins = plugins or Plugins()
     requested = mode
     mode, drafter, pair = resolve_mode(plugins, model, mode, drafter)
@@ -328,6 +332,7 @@ def load(
     strategy = plugins.strategy(mode)
     if spec is not None and strategy.needs_drafter:
         _check_pair(target, spec)
+    requested_threshold = confidence_threshold
     if confidence_threshold is None:
         confidence_threshold = pair.confidence_threshold if pair else 0.0
     options = {"drafter_bits": drafter_bits, "confidence_threshold": confidence_threshold}
@@ -336,7 +341,14 @@ def load(
         target.install_taps(tuple(proposer.tap_layer_ids))  # the one-time load probe
     if max_draft is None:
         max_draft = pair.cap if pair and pair.mode == mode and pair.cap else strategy.default_cap
+    elif max_draft > proposer.max_draft:
+        notes.append(
+            f"--max-draft {max_draft} is more than {mode} can draft a round; "
+            f"running at cap {proposer.max_draft}"
+        )
     cap = min(max_draft, proposer.max_draft)
+    if requested_threshold is not None and mode != "dspark":
+        notes.append(f"--confidence-threshold does nothing in {mode} mode (DSpark only)")
     ref = drafter if spec is not None and strategy.needs_drafter else None
     return Pipeline(target, proposer, mode, cap, spec, pair, options, notes, ref)
 

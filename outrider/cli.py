@@ -212,6 +212,8 @@ def generate(
             confidence_threshold=confidence_threshold,
             plugins=plugins(),
         )
+        for note in pipe.notes:
+            _warn(note)
         ids = pipe.encode(text, system=system, raw=raw, thinking=False if no_thinking else None)
         check_context(len(ids), pipe.target.context_window)
         kwargs = dict(

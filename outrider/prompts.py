@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .core.errors import OutriderError
+
 
 def encode_messages(
     tokenizer: Any, messages: list[dict], thinking: bool | None = None, **template_kwargs: Any
@@ -31,6 +33,8 @@ def encode_prompt(
     """A single user turn (chat-templated unless raw); a list of ints passes through."""
     if isinstance(prompt, list):
         return [int(t) for t in prompt]
+    if not prompt.strip():  # one rule for the CLI, the Python API and the server's completions
+        raise OutriderError("the prompt is empty")
     if raw:
         return list(tokenizer.encode(prompt))
     messages = ([{"role": "system", "content": system}] if system else []) + [

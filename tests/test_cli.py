@@ -524,3 +524,22 @@ def test_unreadable_input_is_one_line(models, tmp_path):
         with cli.user_errors():
             raise Interrupted("after step 4: checkpoint saved")
     assert e.value.exit_code == 130
+
+
+def test_out_of_range_settings_are_refused_or_named(models):
+    base = ["generate", "--model", models["target"], "-p", "hi", "-n", "2"]
+    for bad in ("1.5", "-1"):
+        result = invoke(*base, "--mode", "lookup", "--confidence-threshold", bad)
+        assert result.exit_code == 2 and "--confidence-threshold must be in [0, 1]" in result.stderr
+    result = invoke(
+        *base, "--mode", "lookup", "--confidence-threshold", "0.5", "--max-draft", "1000"
+    )
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: --max-draft 1000 is more than lookup can draft a round; running at cap 16",
+        "warning: --confidence-threshold does nothing in lookup mode (DSpark only)",
+    ]
+    pipe = load(models["target"], mode="lookup")
+    with pytest.raises(cli.OutriderError, match="the prompt is empty"):
+        pipe.generate("  ")
