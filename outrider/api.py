@@ -10,6 +10,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from .core import gguf
 from .core.checkpoint import open_checkpoint, read_config
 from .core.drafter_spec import DrafterSpec
 from .core.errors import CheckpointError, ModelNotFoundError, OutriderError, UnsupportedTargetError
@@ -223,7 +224,7 @@ def load_drafter(plugins: Plugins, drafter: str, download: bool = True) -> Draft
 
 def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
     path = resolve_model(model, "model", download)
-    config = read_config(path)
+    config = gguf.read_config(path) if gguf.is_gguf(path) else read_config(path)
     archs = [str(a) for a in config.get("architectures") or []]
     if any(a.endswith(("DSparkModel", "DraftModel", "Speculator")) for a in archs):
         raise CheckpointError(f"{model} is a drafter checkpoint ({archs[0]}); pass it as --drafter")
@@ -307,9 +308,7 @@ def load(
     if max_draft is not None and max_draft < 0:
         raise OutriderError(f"--max-draft must be >= 0, got {max_draft}")
     if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
-        raise OutriderError(
-            f"--confidence-threshold must be in [0, 1], got {confidence_threshold}"
-        )
+        raise OutriderError(f"--confidence-threshold must be in [0, 1], got {confidence_threshold}")
     plugins = plugins or Plugins()
     requested = mode
     mode, drafter, pair = resolve_mode(plugins, model, mode, drafter)

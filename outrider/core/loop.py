@@ -76,9 +76,7 @@ def decode(
     t0 = time.perf_counter()
     with mx.stream(target.stream):
         try:
-            last_logits, taps = target.prefill(
-                prompt, cache, tap_ids, cancelled, prefill_progress
-            )
+            last_logits, taps = target.prefill(prompt, cache, tap_ids, cancelled, prefill_progress)
         except Cancelled:
             yield Step("prefill", [], 0, [], time.perf_counter() - t0, "cancelled")
             return

