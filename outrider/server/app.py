@@ -12,11 +12,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 
 from .. import __version__
-from . import admin, anthropic_api, openai_api
+from . import admin, anthropic_api, openai_api, race, web
 from .engine import Engine
 from .errors import ApiError, error_response
 from .generation import Limits
@@ -83,14 +82,12 @@ def create_app(
         err = ApiError(500, f"internal error: {type(exc).__name__}", "server_error")
         return error_response(request.url.path, err)
 
-    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    def root() -> Response:
-        return Response("outrider\n", media_type="text/plain")
-
     for prefix, visible in (("/v1", True), ("", False)):
         app.include_router(openai_api.router(state), prefix=prefix, include_in_schema=visible)
         app.include_router(anthropic_api.router(state), prefix=prefix, include_in_schema=visible)
     app.include_router(admin.router(state))
+    app.include_router(race.router(state))
+    app.include_router(web.router(state))  # the page at /, its files at /ui/
     describe_server(app)
     # add_middleware wraps what is there: the last added runs first.
     app.add_middleware(BodyLimit, max_bytes=state.limits.max_body_bytes)

@@ -214,8 +214,10 @@ class LocalAdmin:
 
 
 class ApiKey:
-    """Every route needs the key (Bearer or x-api-key), compared in constant time, except the
-    `/` probe (Claude Code sends `HEAD /` before its first request) and CORS preflights."""
+    """Every route needs the key (Bearer or x-api-key), compared in constant time, except
+    reading `/` (Claude Code probes it with `HEAD /`; a browser gets the web page there), the
+    page's files under `/ui/` (they hold no secrets: the page asks its user for the key) and
+    CORS preflights."""
 
     def __init__(self, app: Any, key: str) -> None:
         self.app, self.key = app, key.encode()
@@ -224,7 +226,10 @@ class ApiKey:
         if (
             scope["type"] != "http"
             or scope["method"] == "OPTIONS"
-            or (scope["path"] == "/" and scope["method"] in ("GET", "HEAD"))
+            or (
+                scope["method"] in ("GET", "HEAD")
+                and (scope["path"] == "/" or scope["path"].startswith("/ui/"))
+            )
         ):
             return await self.app(scope, receive, send)
         headers = _headers(scope)

@@ -150,12 +150,13 @@ def _chat_logprobs(tokenizer: Any, lps: list[TokenLogprob]) -> list[dict]:
     ]
 
 
-def _usage(prompt: int, completion: int) -> dict:
+def _usage(prompt: int, completion: int, result: Any = None) -> dict:
+    """OpenAI usage; `cached_tokens` counts the prompt tokens the prefix cache supplied."""
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": getattr(result, "cached_tokens", 0)},
     }
 
 
@@ -271,7 +272,7 @@ def router(state: Any) -> APIRouter:
             "created": created,
             "model": model,
             "choices": [choice],
-            "usage": _usage(len(prompt), len(result.tokens)),
+            "usage": _usage(len(prompt), len(result.tokens), result),
             "x_outrider": x_outrider(pipe, result),
         }
 
@@ -333,7 +334,7 @@ def router(state: Any) -> APIRouter:
             "created": created,
             "model": model,
             "choices": [choice],
-            "usage": _usage(len(prompt), len(result.tokens)),
+            "usage": _usage(len(prompt), len(result.tokens), result),
             "x_outrider": x_outrider(pipe, result),
         }
 
@@ -365,7 +366,32 @@ def _completion_logprobs(tokenizer: Any, lps: list[TokenLogprob]) -> dict:
     }
 
 
+class _StepReport:
+    """Outrider's per-frame telemetry for the chat stream (clients ignore unknown fields):
+    `x_outrider.tokens`, the tokens generated since the last report, and `x_outrider.ribbon`,
+    one [drafted, accepted] pair per speculative round since then. Text the stream holds back
+    (a possible tool call, a split think marker) carries its report forward to the next frame;
+    chunks that queued up behind a slow client arrive merged, with their last round only."""
+
+    def __init__(self) -> None:
+        self.tokens, self.ribbon = 0, []
+
+    def add(self, value: Any) -> None:
+        self.tokens += len(value.tokens)
+        if value.step.source == "draft":
+            self.ribbon.append([len(value.step.drafted), value.step.accepted])
+
+    def take(self) -> dict[str, Any] | None:
+        if not self.tokens and not self.ribbon:
+            return None
+        out = {"tokens": self.tokens, "ribbon": self.ribbon}
+        self.tokens, self.ribbon = 0, []
+        return out
+
+
 async def _chat_stream(state, pipe, job, shaper, rid, created, model, include_usage, top):
+    report = _StepReport()
+
     def chunk(delta: dict, finish: str | None = None, lp: Any = None, **extra: Any) -> str:
         body = {
             "id": rid,
@@ -375,6 +401,8 @@ async def _chat_stream(state, pipe, job, shaper, rid, created, model, include_us
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}],
         }
         body.update(extra)
+        if (delta or finish) and (steps := report.take()) is not None:
+            body["x_outrider"] = {**steps, **body.get("x_outrider", {})}
         return _sse(body)
 
     yield chunk({"role": "assistant", "content": ""})
@@ -386,6 +414,7 @@ async def _chat_stream(state, pipe, job, shaper, rid, created, model, include_us
             lp = None
             if top is not None and value.step.logprobs:
                 lp = {"content": _chat_logprobs(pipe.tokenizer, value.step.logprobs)}
+            report.add(value)
             pieces = shaper.feed(value.text)
             for i, (k, text) in enumerate(pieces):  # logprobs ride on the chunk's last frame
                 key = "reasoning_content" if k == "reasoning" else "content"
@@ -418,7 +447,7 @@ async def _chat_stream(state, pipe, job, shaper, rid, created, model, include_us
             "created": created,
             "model": model,
             "choices": [],
-            "usage": _usage(len(result.prompt_tokens), len(result.tokens)),
+            "usage": _usage(len(result.prompt_tokens), len(result.tokens), result),
         }
         yield _sse(body)
     yield "data: [DONE]\n\n"
@@ -468,7 +497,7 @@ async def _completion_stream(state, pipe, job, rid, created, model, include_usag
                 "created": created,
                 "model": model,
                 "choices": [],
-                "usage": _usage(n_prompt, len(result.tokens)),
+                "usage": _usage(n_prompt, len(result.tokens), result),
             }
         )
     yield "data: [DONE]\n\n"

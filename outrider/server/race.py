@@ -1,0 +1,185 @@
+"""`POST /admin/race`: the same prompt through plain decoding and the loaded speculative mode,
+one arm after the other on the engine thread (greedy both), streamed as server-sent events so
+the page can show the two texts side by side and the speed-up as it happens.
+
+The plain arm is the loaded pipeline with `max_draft=0` (one target forward a token, no second
+model: baseline's pipelined loop in lookup mode; in drafter modes the round loop with empty
+drafts, hidden-state taps still on); the speculative arm is the pipeline as loaded. Arms queue
+through the engine like any request, so there is still one MLX thread. Token times are measured
+from each arm's first token, so queueing and prefill (the same prompt in both arms) do not
+count: the race compares decoding. Events:
+
+    start     {model, mode, max_draft, prompt_tokens, max_tokens}
+    arm_start {arm: "plain" | "spec", mode, max_draft}
+    token     {arm, index (tokens so far), text, t_ms, round?: {drafted, accepted}}
+    arm_done  {arm, tokens, seconds, prefill_seconds, tokens_per_sec, accept_len, rounds,
+               finish_reason}
+    verdict   {identical, first_difference, speedup}
+    done      {}
+    error     {message}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+from pydantic import ConfigDict, Field
+
+from .checks import CheckedRequest
+from .engine import Job, model_id
+from .errors import ApiError
+from .generation import GenParams, check_context, failure, options, prompt_ids, ready_pipeline
+from .generation import submit as submit_job
+from .prompting import render_chat
+
+DEFAULT_MAX_TOKENS = 256
+
+
+class RaceRequest(CheckedRequest):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=200_000)
+    system: str | None = Field(default=None, max_length=200_000)
+    max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=1)
+    enable_thinking: bool | None = None
+
+
+def _event(kind: str, data: dict[str, Any]) -> str:
+    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first token index where two outputs differ (None when they are identical)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+async def _arm(
+    state: Any, arm: str, prompt: list[int], opts: dict[str, Any], out: dict[str, Any]
+) -> AsyncIterator[str]:
+    """Run one arm to its end, yielding its SSE frames; its Result lands in `out["result"]`."""
+    job: Job = submit_job(state.engine, prompt, opts)
+    first: float | None = None
+    index = 0
+    try:
+        while True:
+            try:
+                kind, value = await asyncio.wait_for(job.events.get(), state.limits.keepalive_s)
+            except asyncio.TimeoutError:
+                yield ": keepalive\n\n"
+                continue
+            if kind == "error":
+                raise ApiError(500, failure(value), "server_error")
+            if kind == "end":
+                out["result"] = value
+                return
+            now = time.perf_counter()
+            first = now if first is None else first
+            index += len(value.tokens)
+            data: dict[str, Any] = {
+                "arm": arm,
+                "index": index,
+                "text": value.text,
+                "t_ms": round((now - first) * 1000, 3),
+            }
+            if value.step.source == "draft":
+                data["round"] = {
+                    "drafted": len(value.step.drafted),
+                    "accepted": value.step.accepted,
+                }
+            yield _event("token", data)
+    finally:
+        job.cancel.set()  # a client that leaves stops the arm at its next round
+
+
+def _summary(arm: str, result: Any) -> dict[str, Any]:
+    return {
+        "arm": arm,
+        "tokens": len(result.tokens),
+        "seconds": round(result.decode_seconds, 6),
+        "prefill_seconds": round(result.prefill_seconds, 6),
+        "tokens_per_sec": round(result.decode_tps, 2),
+        "accept_len": round(result.mean_accept_len, 4),
+        "rounds": len(result.rounds),
+        "finish_reason": result.finish_reason,
+    }
+
+
+async def race_events(
+    state: Any, pipe: Any, prompt: list[int], opts: dict[str, Any]
+) -> AsyncIterator[str]:
+    """The race's frames: plain arm, speculative arm, then whether their tokens agree."""
+    yield _event(
+        "start",
+        {
+            "model": model_id(pipe),
+            "mode": pipe.mode,
+            "max_draft": pipe.max_draft,
+            "prompt_tokens": len(prompt),
+            "max_tokens": opts["max_tokens"],
+        },
+    )
+    results: dict[str, Any] = {}
+    arms = (("plain", {**opts, "max_draft": 0}, 0), ("spec", opts, pipe.max_draft))
+    try:
+        for arm, arm_opts, cap in arms:
+            if state.engine.pipeline is not pipe:
+                raise ApiError(409, "the model changed during the race; run it again")
+            yield _event("arm_start", {"arm": arm, "mode": pipe.mode, "max_draft": cap})
+            out: dict[str, Any] = {}
+            async for frame in _arm(state, arm, prompt, arm_opts, out):
+                yield frame
+            if out.get("result") is None:
+                return  # cancelled: the client or the server went away
+            results[arm] = out["result"]
+            yield _event("arm_done", _summary(arm, out["result"]))
+    except ApiError as e:
+        yield _event("error", {"message": e.message})
+        return
+    plain, spec = results["plain"], results["spec"]
+    diff = first_difference(plain.tokens, spec.tokens)
+    speedup = spec.decode_tps / plain.decode_tps if plain.decode_tps > 0 else None
+    yield _event(
+        "verdict",
+        {
+            "identical": diff is None,
+            "first_difference": diff,
+            "speedup": round(speedup, 3) if speedup is not None else None,
+        },
+    )
+    yield _event("done", {})
+
+
+def router(state: Any) -> APIRouter:
+    r = APIRouter()
+
+    events = {"content": {"text/event-stream": {"schema": {"type": "string"}}}}
+
+    @r.post("/admin/race", response_class=StreamingResponse, responses={200: events})
+    async def race(body: RaceRequest) -> StreamingResponse:
+        engine = state.engine
+        pipe = ready_pipeline(engine)
+        messages = [{"role": "user", "content": body.prompt}]
+        if body.system:
+            messages.insert(0, {"role": "system", "content": body.system})
+        thinking = body.enable_thinking
+        if thinking is None:
+            thinking = state.limits.thinking
+        prompt, _ = await prompt_ids(
+            engine, False, render_chat, pipe.tokenizer, messages, None, thinking
+        )
+        check_context(engine, len(prompt), anthropic=False)
+        opts = options(engine, state.limits, len(prompt), GenParams(max_tokens=body.max_tokens))
+        stream = race_events(state, pipe, prompt, opts)
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+
+    return r
