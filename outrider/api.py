@@ -19,6 +19,7 @@ from .core.hub import resolve_model
 from .core.logits import Penalties
 from .core.loop import Step, decode
 from .core.plugins import Plugins
+from .core.prefix_cache import GB, PrefixCache
 from .core.proposer import Proposer
 from .core.sampling import SamplingParams
 from .core.stopping import Stopper
@@ -96,6 +97,15 @@ class Pipeline:
     options: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     drafter_ref: str | None = None  # the drafter's folder or repo id, as given or as resolved
+    prefix_cache: PrefixCache | None = None  # kept caches of earlier calls (opt-in)
+
+    def enable_prefix_cache(
+        self, gb: float = 2.0, directory: str | Path | None = None, **options: Any
+    ) -> PrefixCache:
+        """Keep target caches between calls (up to `gb` of memory; `directory` adds a disk tier),
+        so a prompt that starts like an earlier one prefills only what is new."""
+        self.prefix_cache = PrefixCache(int(gb * GB), directory, **options)
+        return self.prefix_cache
 
     @property
     def tokenizer(self) -> Any:
@@ -161,9 +171,15 @@ class Pipeline:
             result.finish_reason = "length"
             yield Chunk("", [], Step("prefill", [], 0, [], 0.0, "length"), result)
             return
+        record = hit = None
+        if self.prefix_cache is not None:
+            tap_ids = tuple(self.proposer.tap_layer_ids)
+            record = self.prefix_cache.record(self.target, tap_ids)
+            if record is not None:
+                hit = self.prefix_cache.lookup(self.target, ids, tap_ids)
+        result.cached_tokens = hit.length if hit is not None else 0  # prompt tokens not prefilled
         mx.reset_peak_memory()
         text = TextAssembler(tokenizer, stopper)
-        decode_start = None
         steps = decode(
             self.target,
             self.proposer,
@@ -175,7 +191,25 @@ class Pipeline:
             logprobs=logprobs,
             cancelled=cancelled,
             prefill_progress=prefill_progress,
+            start=hit,
+            record=record,
         )
+        failed = False
+        try:
+            yield from self._chunks(steps, result, text)
+        except GeneratorExit:  # the consumer stopped early: the cache is as of the last step
+            raise
+        except BaseException:
+            failed = True  # the cache may be mid-round: never keep it
+            raise
+        finally:
+            steps.close()
+            if record is not None and not failed:
+                self.prefix_cache.put(self.target, record)
+
+    @staticmethod
+    def _chunks(steps: Iterator[Step], result: Result, text: TextAssembler) -> Iterator[Chunk]:
+        decode_start = time.perf_counter()
         for step in steps:
             if step.source == "prefill":
                 result.prefill_seconds = step.seconds
@@ -294,10 +328,12 @@ def load(
     download: bool = True,
     plugins: Plugins | None = None,
     target: Target | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> Pipeline:
     """Load a target (local folder or Hugging Face repo id) and its drafting strategy.
 
     `target` reuses an already-loaded target for `model` (a benchmark builds every mode on one).
+    `prefix_cache` keeps target caches between calls (see `Pipeline.enable_prefix_cache`).
 
     The target loads first, so a missing target is reported as such. With mode "auto" a
     registry drafter that cannot be had (offline, say) falls back to drafter-free lookup and
@@ -349,7 +385,7 @@ def load(
     if requested_threshold is not None and mode != "dspark":
         notes.append(f"--confidence-threshold does nothing in {mode} mode (DSpark only)")
     ref = drafter if spec is not None and strategy.needs_drafter else None
-    return Pipeline(target, proposer, mode, cap, spec, pair, options, notes, ref)
+    return Pipeline(target, proposer, mode, cap, spec, pair, options, notes, ref, prefix_cache)
 
 
 def load_pair(

@@ -25,6 +25,7 @@ class Result:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     peak_memory_gb: float = 0.0
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied (not prefilled)
 
     @property
     def mean_accept_len(self) -> float:
@@ -58,6 +59,7 @@ class Result:
             "finish_reason": self.finish_reason,
             "prefill_seconds": round(self.prefill_seconds, 6),
             "decode_seconds": round(self.decode_seconds, 6),
+            "cached_tokens": self.cached_tokens,
         }
 
 

@@ -17,6 +17,7 @@ import mlx.core as mx
 from .acceptance import accept_greedy, accept_sampled
 from .errors import Cancelled
 from .logits import Penalties, TokenLogprob, logprob_arrays, process_rows, read_logprobs
+from .prefix_cache import PrefixHit, Record
 from .proposer import DraftContext, Proposal, Proposer
 from .sampling import KeyStream, SamplingParams, greedy, probabilities, sample
 from .stopping import Stopper
@@ -53,6 +54,8 @@ def decode(
     logprobs: int | None = None,
     cancelled: Callable[[], bool] | None = None,
     prefill_progress: Callable[[int, int], None] | None = None,
+    start: PrefixHit | None = None,
+    record: Record | None = None,
 ) -> Iterator[Step]:
     """Generate from `prompt` until `stopper` says stop, yielding each step as it lands.
 
@@ -61,6 +64,11 @@ def decode(
     token's log-probability to its step. `cancelled` is asked between prefill chunks and
     before each round; a yes ends generation with finish reason "cancelled".
     `prefill_progress(done, total)` hears after each prefill chunk (long prompts take a while).
+
+    `start` (a prefix-cache hit) hands over a cache already holding the first `start.length`
+    prompt tokens and their taps: only the rest is prefilled, and the proposer still starts on
+    the whole prompt. `record`, when given, is kept equal to what the cache holds at every
+    yield (tokens, cache, taps, prefill checkpoints) so the prefix cache can store it after.
     """
     if not prompt:
         raise ValueError("the prompt is empty")
@@ -69,14 +77,27 @@ def decode(
     tap_ids = tuple(proposer.tap_layer_ids)
     if tap_ids:
         target.install_taps(tap_ids)
-    cache = target.make_cache()
+    done = 0 if start is None else start.length
+    if not 0 <= done < len(prompt):
+        raise ValueError(f"a prefix hit of {done} tokens leaves nothing of the prompt to forward")
+    cache = target.make_cache() if start is None else start.cache
+    progress = prefill_progress
+    if done and prefill_progress is not None:
+        progress = lambda n, total: prefill_progress(done + n, done + total)  # noqa: E731
+    stops, at_stop = (), None
+    if record is not None:
+        stops, at_stop = record.prefill_stops(target, cache, done, len(prompt))
     procs = penalties.processors() if penalties is not None and penalties.active else []
     window = penalties.window if procs else 0
 
     t0 = time.perf_counter()
     with mx.stream(target.stream):
         try:
-            last_logits, taps = target.prefill(prompt, cache, tap_ids, cancelled, prefill_progress)
+            last_logits, taps = target.prefill(
+                prompt[done:], cache, tap_ids, cancelled, progress, stops, at_stop
+            )
+            if done and taps is not None:
+                taps = mx.concatenate([start.taps, taps], axis=0)
         except Cancelled:
             yield Step("prefill", [], 0, [], time.perf_counter() - t0, "cancelled")
             return
@@ -84,12 +105,17 @@ def decode(
         first = _choose(last_logits, sampling, keys)
         lp = None if logprobs is None else logprob_arrays(last_logits[None], first, logprobs)
     if cap_limit <= 0 and not tap_ids and not procs and logprobs is None:
-        yield from _plain_steps(target, cache, first, stopper, sampling, keys, t0, cancelled)
+        fed = list(prompt)
+        if record is not None:
+            record.track(cache, fed)
+        yield from _plain_steps(target, cache, first, stopper, sampling, keys, t0, cancelled, fed)
         return
     proposer.start(prompt, taps)
     mx.eval(first, lp)
     anchor = first.item()
     history = list(prompt) + [anchor]
+    if record is not None:  # the cache holds history but its last token (the anchor)
+        record.track(cache, history, len(prompt), taps)
     kept = stopper.feed([anchor])
     step_lp = None if lp is None else read_logprobs(lp, kept)
     yield Step("prefill", [], 0, kept, time.perf_counter() - t0, stopper.finish_reason, step_lp)
@@ -131,6 +157,8 @@ def decode(
         target.rollback(cache, proposal.k - a)
         proposer.observe(a, None if taps is None else taps[: a + 1])
         history.extend(committed)
+        if record is not None:
+            record.grow(a + 1, None if taps is None else taps[: a + 1])
         anchor = committed[-1]
         kept = stopper.feed(committed)
         step_lp = None if lp is None else read_logprobs(lp, kept)
@@ -147,8 +175,11 @@ def _plain_steps(
     keys: KeyStream | None,
     t0: float,
     cancelled: Callable[[], bool] | None = None,
+    fed: list[int] | None = None,
 ) -> Iterator[Step]:
-    """Pipelined plain decoding: the next forward is queued before the current token is read."""
+    """Pipelined plain decoding: the next forward is queued before the current token is read.
+
+    `fed` (when given) gets every token forwarded into the cache, for the prefix cache."""
     y = first
     mx.async_eval(y)
     source = "prefill"
@@ -161,7 +192,10 @@ def _plain_steps(
             logits, _ = target.forward(y.reshape(1).astype(mx.uint32), cache)
             next_y = _choose(logits[-1], sampling, keys)
         mx.async_eval(next_y)
-        kept = stopper.feed([y.item()])
+        token = y.item()
+        if fed is not None:
+            fed.append(token)
+        kept = stopper.feed([token])
         start = t0 if source == "prefill" else t
         yield Step(source, [], 0, kept, time.perf_counter() - start, stopper.finish_reason)
         if stopper.finish_reason is not None:

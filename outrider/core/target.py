@@ -9,14 +9,14 @@ layer j, id -1 = the embedding output, i.e. the input of layer 0).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .errors import Cancelled, UnsupportedTargetError
-from .family import TargetFamily
+from .family import LayerSnapshot, TargetFamily, default_restore, default_snapshot
 from .wrapper import PassThrough
 
 # Rows per prefill forward. Small enough that a cancel (a client that went away, Ctrl-C) is
@@ -110,6 +110,21 @@ class Target:
         if n > 0:
             with mx.stream(self.stream):  # a recurrent family's rollback queues device work
                 self.family.rollback(cache, n)
+
+    def snapshot(self, cache: list) -> list[LayerSnapshot]:
+        """A copy of every layer's cache (prefix cache); raises NotSnapshottable if a layer's
+        kind has no snapshot."""
+        take = getattr(self.family, "snapshot", None) or default_snapshot
+        with mx.stream(self.stream):
+            return take(cache)
+
+    def restore(self, snapshots: list[LayerSnapshot], n: int) -> list:
+        """A fresh cache holding the first n positions of `snapshots` (see family.py)."""
+        cache = self.make_cache()
+        put = getattr(self.family, "restore", None) or default_restore
+        with mx.stream(self.stream):
+            put(cache, snapshots, n)
+        return cache
 
     # -- taps ------------------------------------------------------------------------------
     def install_taps(self, layer_ids: tuple[int, ...]) -> None:
@@ -214,6 +229,8 @@ class Target:
         tap_ids: tuple[int, ...] = (),
         cancelled: Callable[[], bool] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        stops: Collection[int] = (),
+        at_stop: Callable[[int], None] | None = None,
     ) -> tuple[mx.array, mx.array | None]:
         """Process the prompt as mlx-lm does (chunks, then the last token alone).
 
@@ -221,6 +238,9 @@ class Target:
         Non-final chunks never evaluate the output head (only caches and taps are evaluated).
         `cancelled` is asked before each chunk; when it says yes, `Cancelled` is raised and the
         rest of the prompt is never computed. `progress(done, total)` hears after each chunk.
+        A chunk also ends at each position in `stops` (before the last token), where
+        `at_stop(done)` hears with the cache evaluated: the prefix cache snapshots it there.
+        `cache` may already hold earlier positions (a prefix-cache hit): `prompt` is the rest.
         """
         ids = mx.array(prompt, dtype=mx.uint32)
         taps: list[mx.array] = []
@@ -229,6 +249,8 @@ class Target:
             if cancelled is not None and cancelled():
                 raise Cancelled(f"cancelled after {done} of {len(prompt)} prompt tokens")
             n = min(PREFILL_CHUNK, len(prompt) - done - 1)
+            ahead = [p - done for p in stops if done < p < done + n]
+            n = min([n, *ahead])
             self._run(ids[done : done + n], cache, tap_ids)
             chunk_taps = self._collect(tap_ids)
             state = [c.state for c in cache]
@@ -238,6 +260,8 @@ class Target:
             done += n
             if progress is not None:
                 progress(done, len(prompt))
+            if at_stop is not None and done in stops:
+                at_stop(done)
         logits, last_taps = self.forward(ids[done:], cache, tap_ids)
         if last_taps is not None:
             taps.append(last_taps)

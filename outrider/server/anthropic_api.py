@@ -220,6 +220,18 @@ def _stop_reason(finish: str, calls: list, stop_seq: str | None) -> str:
     return "stop_sequence" if stop_seq else "end_turn"
 
 
+def _usage(n_prompt: int, result: Any) -> dict:
+    """Anthropic usage: prompt tokens the prefix cache supplied are `cache_read_input_tokens`,
+    the rest `input_tokens` (their sum is the prompt, as Anthropic counts it)."""
+    cached = result.cached_tokens if result is not None else 0
+    return {
+        "input_tokens": n_prompt - cached,
+        "output_tokens": len(result.tokens),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
+
+
 def router(state: Any) -> APIRouter:
     r = APIRouter()
 
@@ -292,7 +304,7 @@ def router(state: Any) -> APIRouter:
             "content": content,
             "stop_reason": _stop_reason(result.finish_reason, calls, stop_seq),
             "stop_sequence": stop_seq,
-            "usage": {"input_tokens": len(prompt), "output_tokens": len(result.tokens)},
+            "usage": _usage(len(prompt), result),
             "x_outrider": x_outrider(pipe, result),
         }
 
@@ -408,7 +420,7 @@ async def _stream(state, pipe, job, shaper, mid, model, n_prompt, keep_thinking,
         "stop_reason": _stop_reason(result.finish_reason, calls, stop_seq),
         "stop_sequence": stop_seq,
     }
-    usage = {"input_tokens": n_prompt, "output_tokens": len(result.tokens)}
+    usage = _usage(n_prompt, result)
     yield _sse(
         "message_delta",
         {

@@ -53,6 +53,12 @@ def serve(
     log_level: str = Opt(
         "warning", "--log-level", help="debug|info|warning|error; info logs every request."
     ),
+    prefix_cache_gb: float = Opt(
+        2.0, "--prefix-cache-gb", help="Memory for reusing prompt prefixes (0: off)."
+    ),
+    prefix_cache_dir: str | None = Opt(
+        None, "--prefix-cache-dir", help="Keep prefix caches on disk here too (survive restarts)."
+    ),
 ) -> None:
     """Serve OpenAI- and Anthropic-compatible APIs; speculation is invisible to clients."""
     from ..cli import check_options, plugins, user_errors
@@ -66,6 +72,8 @@ def serve(
             raise OutriderError(f"--context-window must be >= 16, got {context_window}")
         if keepalive <= 0:
             raise OutriderError(f"--keepalive must be > 0, got {keepalive}")
+        if prefix_cache_gb < 0:
+            raise OutriderError(f"--prefix-cache-gb must be >= 0, got {prefix_cache_gb}")
         if no_model and model:
             raise OutriderError("--no-model and --model contradict each other")
         if not 0 < max_request_mb <= 1024:
@@ -89,7 +97,10 @@ def serve(
 
         # The port first: a busy one is one line now, not an abort after the model loaded.
         sock = _listen(host, port)
-        engine = Engine().start()
+        from ..core.prefix_cache import PrefixCache
+
+        store = PrefixCache.from_gb(prefix_cache_gb, prefix_cache_dir) if prefix_cache_gb else None
+        engine = Engine(prefix_cache=store).start()
         limits = Limits(
             default_max_tokens,
             max_tokens_cap,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api import Pipeline
+from ..core.prefix_cache import PrefixCache
 from .metrics import Metrics
 
 
@@ -61,6 +62,11 @@ class _Unload:
     pass
 
 
+@dataclass
+class _SetPrefixCache:
+    store: PrefixCache | None
+
+
 _STOP = object()
 
 
@@ -88,7 +94,10 @@ class Engine:
         self,
         loader: Callable[[LoadSpec], Pipeline] = default_loader,
         metrics: Metrics | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
+        """`prefix_cache` keeps target caches between requests (the worker thread owns it;
+        it is emptied whenever the model changes)."""
         self._loader = loader
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="outrider-engine", daemon=True)
@@ -105,6 +114,9 @@ class Engine:
         self._serving: LoadSpec | None = None  # what the current pipeline was loaded from
         self.window_limit: int | None = None  # sticky across loads; 0 in a LoadSpec clears it
         self._current: Job | None = None
+        self.prefix_cache = prefix_cache
+        self.metrics.prefix_cache = self._prefix_stats
+        self._prefix_seen: dict[str, int] | None = None  # stats as of the last generation
 
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -159,6 +171,13 @@ class Engine:
     def unload(self) -> None:
         self._jobs.put(_Unload())
 
+    def set_prefix_cache(self, store: PrefixCache | None) -> None:
+        """Swap the prefix cache (None: off); takes effect before the next queued job."""
+        self._jobs.put(_SetPrefixCache(store))
+
+    def _prefix_stats(self) -> dict[str, int] | None:
+        return self._prefix_seen
+
     def submit(self, job: Job) -> None:
         if self.pipeline is None or self.state != "ready":
             raise NotReady(self.state)
@@ -210,6 +229,9 @@ class Engine:
     def _handle(self, item: Any) -> None:
         if isinstance(item, _Load):
             self._do_load(item)
+        elif isinstance(item, _SetPrefixCache):
+            self.prefix_cache = item.store
+            self._prefix_seen = None if item.store is None else item.store.snapshot_stats()
         elif isinstance(item, _Unload):
             self._release()
             with self._lock:
@@ -226,6 +248,9 @@ class Engine:
 
     def _release(self) -> None:
         self.pipeline = None
+        if self.prefix_cache is not None:  # its caches belong to the model going away
+            self.prefix_cache.clear()
+            self._prefix_seen = self.prefix_cache.snapshot_stats()
         gc.collect()
         try:
             import mlx.core as mx
@@ -290,6 +315,7 @@ class Engine:
         if job.cancel.is_set() or pipe is None:
             post("end", None)
             return
+        pipe.prefix_cache = self.prefix_cache
         stream = pipe.stream(job.prompt, cancelled=job.cancel.is_set, **job.options)
         result = None
         accepts: list[int] = []
@@ -305,6 +331,10 @@ class Engine:
             self.metrics.error("generation")
             post("error", e)
             return
+        finally:
+            stream.close()  # keeps the final cache (the prefix cache) before "end" is posted
+            if self.prefix_cache is not None:
+                self._prefix_seen = self.prefix_cache.snapshot_stats()
         if result is not None and result.finish_reason == "cancelled":
             with self._lock:
                 self.metrics.cancelled += 1

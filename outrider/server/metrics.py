@@ -7,6 +7,17 @@ import threading
 from collections import Counter
 
 ACCEPT_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+PREFIX_METRICS = (  # (prefix-cache stat, Prometheus kind, help)
+    ("hits", "counter", "Requests that reused a cached prompt prefix."),
+    ("misses", "counter", "Requests that found no cached prefix."),
+    ("hit_tokens", "counter", "Prompt tokens reused from the prefix cache (not prefilled)."),
+    ("evictions", "counter", "Prefix-cache entries evicted to fit the memory budget."),
+    ("bytes", "gauge", "Bytes held by the prefix cache in memory."),
+    ("entries", "gauge", "Sequences held by the prefix cache in memory."),
+    ("disk_hits", "counter", "Prefix-cache entries loaded from the disk tier."),
+    ("disk_writes", "counter", "Prefix-cache entries written to the disk tier."),
+    ("disk_refused", "counter", "Disk-tier files refused (damaged or made for another model)."),
+)
 
 
 class Metrics:
@@ -21,6 +32,7 @@ class Metrics:
         self.decode_tps = 0.0
         self.queue_depth = lambda: 0
         self.in_flight = 0
+        self.prefix_cache = lambda: None  # the prefix cache's counters (engine), or None
 
     def request(self, route: str, status: int) -> None:
         with self._lock:
@@ -99,6 +111,11 @@ class Metrics:
                 "Generations running or queued.",
                 [("", self.in_flight)],
             )
+            cached = self.prefix_cache()
+            if cached is not None:
+                for key, kind, help_ in PREFIX_METRICS:
+                    name = f"outrider_prefix_cache_{key}" + ("_total" if kind == "counter" else "")
+                    metric(name, kind, help_, [("", cached.get(key, 0))])
             total = sum(self.accept_counts.values())
             tokens = sum(k * n for k, n in self.accept_counts.items())
             name = "outrider_accept_length"

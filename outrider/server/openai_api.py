@@ -156,7 +156,9 @@ def _usage(prompt: int, completion: int, result: Any = None) -> dict:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": getattr(result, "cached_tokens", 0)},
+        "prompt_tokens_details": {
+            "cached_tokens": (result.cached_tokens if result is not None else 0)
+        },
     }
 
 

@@ -25,9 +25,10 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import ArraysCache, QuantizedKVCache
 
 from ...core.errors import UnsupportedTargetError
+from ...core.family import LayerSnapshot, NotSnapshottable, restore_kv, snapshot_kv
 from ...core.wrapper import PassThrough
 
 
@@ -137,3 +138,74 @@ def rollback_cache(c: Any, n: int) -> None:
 def rollback_all(caches: list, n: int) -> None:
     for c in caches:
         rollback_cache(c, n)
+
+
+# -- prefix-cache snapshots (core/family.py: LayerSnapshot) ---------------------------------------
+# A KV cache is trimmable: one snapshot (views of its rows) serves every shorter prefix. A rotating
+# window and a recurrent state are not (the rows or inputs they dropped are gone), so the prefix
+# cache snapshots them at checkpoints and resumes from the last one at or before a divergence.
+# Copies are new array objects: mlx-lm updates KV and rotating buffers in place (slice
+# assignment), which would otherwise reach into a stored snapshot.
+
+
+def snapshot_layer(c: Any) -> LayerSnapshot:
+    """One layer's cache as a `LayerSnapshot`, whatever its kind."""
+    if isinstance(c, ArraysCache):
+        return LayerSnapshot("arrays", [None if a is None else mx.array(a) for a in c.cache])
+    if is_rotating(c):
+        if c.keys is None:
+            return LayerSnapshot("rotating", [None, None], {"offset": 0})
+        meta = {"offset": c.offset, "keep": c.keep, "max_size": c.max_size, "idx": c._idx}
+        return LayerSnapshot("rotating", [mx.array(c.keys), mx.array(c.values)], meta)
+    if isinstance(c, QuantizedKVCache):
+        n = c.offset
+        meta = {"offset": n, "group_size": c.group_size, "bits": c.bits}
+        if c.keys is None:
+            return LayerSnapshot("quantized_kv", [None] * 6, meta, True)
+        arrays = [a[..., :n, :] for a in (*c.keys, *c.values)]
+        return LayerSnapshot("quantized_kv", arrays, meta, True)
+    return snapshot_kv(c)
+
+
+def restore_layer(c: Any, snap: LayerSnapshot, n: int) -> None:
+    """Fill a fresh cache of the same kind so it holds the first n positions of `snap`."""
+    if snap.kind == "kv":
+        restore_kv(c, snap, n)
+        return
+    if snap.kind == "quantized_kv":
+        if n > snap.meta["offset"]:
+            raise NotSnapshottable(f"cannot restore {n} positions from {snap.meta['offset']}")
+        if n and snap.arrays[0] is not None:
+            parts = [a[..., :n, :] for a in snap.arrays]
+            c.keys, c.values, c.offset = tuple(parts[:3]), tuple(parts[3:]), n
+        return
+    if n != snap.meta.get("offset", n):
+        raise NotSnapshottable(f"a {snap.kind} snapshot holds exactly {snap.meta['offset']}")
+    if snap.kind == "rotating":
+        if snap.arrays[0] is not None:
+            c.keys, c.values = mx.array(snap.arrays[0]), mx.array(snap.arrays[1])
+            c.offset, c.keep = snap.meta["offset"], snap.meta["keep"]
+            c.max_size, c._idx = snap.meta["max_size"], snap.meta["idx"]
+    elif snap.kind == "arrays":
+        c.cache = list(snap.arrays)  # rebound by the mixers, never written in place
+    else:
+        raise NotSnapshottable(f"unknown snapshot kind {snap.kind!r}")
+
+
+def snapshot_all(cache: list) -> list[LayerSnapshot]:
+    return [snapshot_layer(c) for c in cache]
+
+
+def restore_all(cache: list, snapshots: list[LayerSnapshot], n: int) -> None:
+    for c, snap in zip(cache, snapshots, strict=True):
+        restore_layer(c, snap, n)
+
+
+class Snapshots:
+    """The prefix-cache members of a family whose caches are any of the kinds above."""
+
+    def snapshot(self, cache: list) -> list[LayerSnapshot]:
+        return snapshot_all(cache)
+
+    def restore(self, cache: list, snapshots: list[LayerSnapshot], n: int) -> None:
+        restore_all(cache, snapshots, n)

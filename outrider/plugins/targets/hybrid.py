@@ -9,10 +9,10 @@ import mlx.nn as nn
 
 from ...core.hookspecs import hookimpl
 from .base import MlxLmFamily
-from .caches import wrap_mixers
+from .caches import Snapshots, wrap_mixers
 
 
-class GatedDeltaFamily(MlxLmFamily):
+class GatedDeltaFamily(Snapshots, MlxLmFamily):
     name = "gated_delta"
     description = (
         "gated-delta-net hybrids with recurrent state (qwen3_5, qwen3_5_moe, qwen3_next, "
@@ -26,7 +26,7 @@ class GatedDeltaFamily(MlxLmFamily):
         )
 
 
-class NemotronHFamily(MlxLmFamily):
+class NemotronHFamily(Snapshots, MlxLmFamily):
     name = "nemotron_h"
     description = "Mamba-2 + attention + MoE hybrids with recurrent state (nemotron_h)"
     model_types = frozenset({"nemotron_h"})

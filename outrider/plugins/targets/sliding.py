@@ -15,6 +15,7 @@ import mlx.nn as nn
 from ...core.errors import UnsupportedTargetError
 from ...core.hookspecs import hookimpl
 from .base import MlxLmFamily, decoder, head_owner
+from .caches import Snapshots
 
 
 class LanguageTower(nn.Module):
@@ -54,7 +55,7 @@ def _arg(owner: nn.Module, name: str) -> Any:
     return getattr(getattr(owner, "args", None), name, None) if value is None else value
 
 
-class SlidingWindowFamily(MlxLmFamily):
+class SlidingWindowFamily(Snapshots, MlxLmFamily):
     """mlx-lm text models with rotating caches; multimodal checkpoints via mlx-vlm."""
 
     def load(self, path: Path, config: dict) -> tuple[nn.Module, Any]:

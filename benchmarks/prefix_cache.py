@@ -1,0 +1,125 @@
+"""Time to first token with the prefix cache off and on: turn N of a chat, and an exact repeat.
+
+A conversation of random token ids (any model): a system prompt of `--system-tokens`, then
+turns of `--user-tokens` user ids each followed by the model's own greedy answer of
+`--answer-tokens`. TTFT is wall time from `Pipeline.stream` to the first chunk (prefix lookup,
+restore and suffix prefill included). With the cache on, turns 1..N-1 run first, so turn N
+reuses the whole conversation so far; the repeat then sends turn N's prompt again. Outputs are
+checked equal to the cache-off run's.
+
+    python benchmarks/prefix_cache.py                       # a tiny random qwen3, on any machine
+    python benchmarks/prefix_cache.py --model mlx-community/Qwen3-4B-4bit --system-tokens 4096
+
+The H200 targets of issue 12: TTFT ratio >= 20x at turn 5 with a 4k-token system prompt, and
+>= 50x on an exact repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import outrider
+from outrider.core.prefix_cache import PrefixCache
+
+
+def ttft(pipe, ids: list[int], max_tokens: int, mode_cap: int | None) -> tuple[float, list[int]]:
+    """(seconds to the first chunk, the greedy answer)."""
+    t0 = time.perf_counter()
+    first = None
+    result = None
+    for chunk in pipe.stream(ids, max_tokens=max_tokens, stop_tokens=set(), max_draft=mode_cap):
+        if first is None:
+            first = time.perf_counter() - t0
+        if chunk.result is not None:
+            result = chunk.result
+    return first, result.tokens
+
+
+def conversation(vocab: int, args: argparse.Namespace, seed: int = 0) -> tuple[list, list]:
+    rng = random.Random(seed)
+    ids = lambda n: [rng.randrange(10, vocab - 10) for _ in range(n)]  # noqa: E731
+    return ids(args.system_tokens), [ids(args.user_tokens) for _ in range(args.turns)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="target folder or repo id (default: a tiny random qwen3)")
+    ap.add_argument("--drafter")
+    ap.add_argument("--mode", default="baseline")
+    ap.add_argument("--max-draft", type=int)
+    ap.add_argument("--system-tokens", type=int, default=4096)
+    ap.add_argument("--user-tokens", type=int, default=64)
+    ap.add_argument("--answer-tokens", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--gb", type=float, default=4.0)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median)")
+    ap.add_argument("--json", help="also write the numbers here")
+    args = ap.parse_args()
+
+    model = args.model
+    if model is None:
+        from outrider.testing import make_tiny_target
+
+        model = str(make_tiny_target(Path(tempfile.mkdtemp()) / "qwen3", family="qwen3"))
+    pipe = outrider.load(model, args.drafter, mode=args.mode)
+    vocab = int(pipe.target.config.get("vocab_size") or 32000)
+    system, users = conversation(vocab, args)
+
+    # the conversation's prompts, built from the model's own answers (cache off)
+    prompts, history = [], list(system)
+    for user in users:
+        history += user
+        prompts.append(list(history))
+        _, answer = ttft(pipe, history, args.answer_tokens, args.max_draft)
+        history += answer
+    last = prompts[-1]
+
+    def median(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    off, off_answer = [], None
+    for _ in range(args.repeats):
+        s, off_answer = ttft(pipe, last, args.answer_tokens, args.max_draft)
+        off.append(s)
+
+    turn_on, repeat_on, same = [], [], True
+    for _ in range(args.repeats):
+        pipe.prefix_cache = PrefixCache.from_gb(args.gb)
+        for p in prompts[:-1]:
+            ttft(pipe, p, args.answer_tokens, args.max_draft)
+        s, answer = ttft(pipe, last, args.answer_tokens, args.max_draft)
+        turn_on.append(s)
+        r, again = ttft(pipe, last, args.answer_tokens, args.max_draft)
+        repeat_on.append(r)
+        same &= answer == off_answer == again
+    pipe.prefix_cache = None
+
+    rows = [
+        (f"turn {args.turns}", median(off), median(turn_on)),
+        ("exact repeat", median(off), median(repeat_on)),
+    ]
+    print(f"model {model}  mode {pipe.mode}  prompt {len(last)} tokens")
+    print(f"{'scenario':<14} {'TTFT off (ms)':>14} {'TTFT on (ms)':>13} {'ratio':>8}")
+    for name, a, b in rows:
+        print(f"{name:<14} {a * 1e3:>14.2f} {b * 1e3:>13.2f} {a / b:>7.1f}x")
+    print("outputs identical with the cache on:", same)
+    if args.json:
+        out = {
+            "model": model,
+            "mode": pipe.mode,
+            "prompt_tokens": len(last),
+            "identical": same,
+            "rows": [{"scenario": n, "ttft_off_s": a, "ttft_on_s": b} for n, a, b in rows],
+        }
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    if not same:
+        raise SystemExit("outputs differ with the prefix cache on")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,504 @@
+"""The prefix cache: target caches (and drafter taps) kept between requests, keyed by token ids.
+
+A request whose prompt starts like an earlier sequence gets a cache already holding the longest
+usable shared prefix, and prefills only the rest (`decode(start=...)`). Layers whose cache can
+be trimmed (KV) are stored once per sequence and cut to the shared prefix; layers that cannot
+(recurrent state, rotating windows) are snapshotted at checkpoints (every `interval` tokens of a
+prefill, at the prompt's last-but-one token, and at the end of the generation), and a hit
+resumes from the last checkpoint at or before the divergence. Because a hit holds exactly what a
+fresh prefill of those tokens leaves, greedy output stays that of plain decoding.
+
+Memory is bounded by bytes with LRU eviction; a budget of 0 caches nothing. An optional disk
+tier (safetensors files + a JSON sidecar each, bounded in size, oldest deleted first) survives
+restarts; a file made for another model or outrider version, or one that does not match its
+checksum, is refused and deleted (the next request rebuilds it). A disk that fails to write
+turns the disk tier off with a warning, never an error. One thread owns a store (the server's
+engine worker); it is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from .family import LayerSnapshot, NotSnapshottable
+
+DEFAULT_INTERVAL = 512  # tokens between recurrent / sliding-window checkpoints in a prefill
+GB = 1 << 30
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def target_identity(target: Any) -> str:
+    """What a cache is only valid for: the model (path, family, config) and outrider's version."""
+    config = json.dumps(target.config, sort_keys=True, default=str)
+    digest = hashlib.sha256(config.encode()).hexdigest()[:16]
+    return f"{target.name}|{target.family.name}|{digest}"
+
+
+@dataclass
+class PrefixHit:
+    """A cache holding the first `length` prompt tokens, and their taps (when tapped)."""
+
+    length: int
+    cache: list
+    taps: mx.array | None = None
+
+
+class Record:
+    """What one generation leaves behind; `decode` keeps it equal to what its cache holds."""
+
+    def __init__(self, trimmable: list[bool], interval: int, tap_ids: tuple[int, ...]) -> None:
+        self.trimmable = trimmable
+        self.interval = interval
+        self.tap_ids = tap_ids
+        self.cache: list | None = None
+        self.tokens: list[int] = []
+        self.length: int | None = None  # None: all of `tokens` (plain decoding)
+        self.taps: list[mx.array] = []
+        self.checkpoints: dict[int, list[LayerSnapshot | None]] = {}
+
+    def prefill_stops(self, target: Any, cache: list, done: int, total: int):
+        """Positions (relative to the prefill's start) where the prefill snapshots the layers
+        that cannot be trimmed, and the callback that does it."""
+        if all(self.trimmable):
+            return (), None
+        every = range((done // self.interval + 1) * self.interval, total - 1, self.interval)
+        stops = {p - done for p in [*every, total - 1] if p > done}
+
+        def at_stop(n: int) -> None:
+            snaps = target.snapshot(cache)
+            keep = [None if t else s for s, t in zip(snaps, self.trimmable, strict=True)]
+            mx.eval([s.arrays for s in keep if s is not None])
+            self.checkpoints[done + n] = keep
+
+        return stops, at_stop
+
+    def track(
+        self, cache: list, tokens: list[int], length: int | None = None, taps: Any = None
+    ) -> None:
+        self.cache, self.tokens, self.length = cache, tokens, length
+        if taps is not None:
+            self.taps = [taps]
+
+    def grow(self, n: int, taps: mx.array | None) -> None:
+        self.length += n
+        if taps is not None and self.taps:
+            self.taps.append(taps)
+
+    @property
+    def held(self) -> list[int]:
+        """The token ids the cache holds."""
+        return self.tokens if self.length is None else self.tokens[: self.length]
+
+
+@dataclass
+class _Entry:
+    tokens: np.ndarray
+    final: list[LayerSnapshot]
+    checkpoints: dict[int, list[LayerSnapshot | None]] = field(default_factory=dict)
+    taps: mx.array | None = None
+    tap_ids: tuple[int, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        n = sum(s.nbytes for s in self.final)
+        n += sum(s.nbytes for ck in self.checkpoints.values() for s in ck if s is not None)
+        return n + (self.taps.nbytes if self.taps is not None else 0)
+
+    @property
+    def all_trimmable(self) -> bool:
+        return all(s.trimmable for s in self.final)
+
+    def usable(self, shared: int) -> int:
+        """The longest restorable prefix of at most `shared` tokens."""
+        if self.all_trimmable:
+            return shared
+        positions = [p for p in (*self.checkpoints, len(self.tokens)) if p <= shared]
+        return max(positions, default=0)
+
+    def layers(self, n: int) -> list[LayerSnapshot]:
+        if self.all_trimmable or n == len(self.tokens):
+            return self.final
+        ck = self.checkpoints[n]
+        return [f if c is None else c for c, f in zip(ck, self.final, strict=True)]
+
+
+def _shared(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+def _key(identity: str, tokens: np.ndarray) -> str:
+    h = hashlib.sha256(identity.encode())
+    h.update(tokens.astype(np.int64).tobytes())
+    return h.hexdigest()[:40]
+
+
+class PrefixCache:
+    """Longest-prefix store of target caches: memory (LRU by bytes), optionally disk."""
+
+    def __init__(
+        self,
+        max_bytes: int = 2 * GB,
+        directory: str | Path | None = None,
+        disk_bytes: int = 20 * GB,
+        interval: int = DEFAULT_INTERVAL,
+    ) -> None:
+        self.max_bytes = max(0, int(max_bytes))
+        self.interval = max(1, int(interval))
+        self.directory = Path(directory) if directory else None
+        self.disk_bytes = int(disk_bytes)
+        self.identity: str | None = None
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._next = 0
+        self._trimmable: list[bool] | None = None
+        self._disabled: str | None = None
+        self._disk_index: dict[str, np.ndarray] = {}  # file stem -> tokens
+        self.stats = {
+            "hits": 0,
+            "misses": 0,
+            "hit_tokens": 0,
+            "evictions": 0,
+            "disk_hits": 0,
+            "disk_writes": 0,
+            "disk_refused": 0,
+        }
+
+    @classmethod
+    def from_gb(cls, gb: float, directory: str | Path | None = None, **kw: Any) -> PrefixCache:
+        return cls(int(gb * GB), directory, **kw)
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def bytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0 and self._disabled is None
+
+    def snapshot_stats(self) -> dict[str, int]:
+        return {**self.stats, "bytes": self.bytes, "entries": self.entries}
+
+    def clear(self) -> None:
+        """Forget every in-memory entry (the disk tier stays)."""
+        self._entries.clear()
+        self._trimmable = None
+        self._disabled = None
+
+    def bind(self, target: Any) -> None:
+        """Serve `target`: entries made for another model are dropped; the disk index is read."""
+        identity = target_identity(target)
+        if identity == self.identity:
+            return
+        self.clear()
+        self.identity = identity
+        self._scan_disk()
+
+    # -- one request -------------------------------------------------------------------------
+    def record(self, target: Any, tap_ids: tuple[int, ...]) -> Record | None:
+        """A record for the next generation on `target` (None when caching is off)."""
+        if not self.enabled:
+            return None
+        self.bind(target)
+        if self._trimmable is None:
+            try:
+                self._trimmable = [s.trimmable for s in target.snapshot(target.make_cache())]
+            except NotSnapshottable as e:
+                self._disabled = str(e)
+                warnings.warn(f"prefix cache off for this model: {e}", stacklevel=2)
+                return None
+        return Record(self._trimmable, self.interval, tuple(tap_ids))
+
+    def lookup(self, target: Any, prompt: list[int], tap_ids: tuple[int, ...] = ()) -> PrefixHit:
+        """The longest usable cached prefix of `prompt` (always leaving its last token to
+        forward), or None."""
+        if not self.enabled or len(prompt) < 2:
+            return None
+        self.bind(target)
+        ids = np.asarray(prompt, dtype=np.int64)
+        want = len(prompt) - 1
+        best, best_n = self._best(ids, want, tuple(tap_ids))
+        disk = self._best_on_disk(ids, want) if self.directory else None
+        if disk is not None and disk[1] > best_n and self._load_disk(disk[0]):
+            self.stats["disk_hits"] += 1
+            best, best_n = self._best(ids, want, tuple(tap_ids))
+        if best is None or best_n == 0:
+            self.stats["misses"] += 1
+            return None
+        entry = self._entries[best]
+        self._entries.move_to_end(best)
+        cache = target.restore(entry.layers(best_n), best_n)
+        taps = entry.taps[:best_n] if tap_ids and entry.taps is not None else None
+        self.stats["hits"] += 1
+        self.stats["hit_tokens"] += best_n
+        return PrefixHit(best_n, cache, taps)
+
+    def _best(self, ids: np.ndarray, want: int, tap_ids: tuple[int, ...]):
+        best, best_n = None, 0
+        for key, e in self._entries.items():
+            if tap_ids and (e.tap_ids != tap_ids or e.taps is None):
+                continue
+            n = e.usable(min(_shared(e.tokens, ids), want))
+            if n >= best_n and n > 0:
+                best, best_n = key, n
+        return best, best_n
+
+    def put(self, target: Any, record: Record | None) -> None:
+        """Keep what `record` holds; merge it with entries it extends or that extend it."""
+        if record is None or record.cache is None or not self.enabled:
+            return
+        held = record.held
+        if not held:
+            return
+        try:
+            final = target.snapshot(record.cache)
+        except NotSnapshottable as e:
+            self._disabled = str(e)
+            return
+        n = len(held)
+        taps = None
+        if record.tap_ids and record.taps:
+            taps = mx.concatenate(record.taps, axis=0)[:n]
+            if taps.shape[0] != n:
+                taps = None
+        mx.eval([s.arrays for s in final], taps)
+        tokens = np.asarray(held, dtype=np.int64)
+        checkpoints = {p: ck for p, ck in record.checkpoints.items() if p <= n}
+        entry = _Entry(tokens, final, checkpoints, taps, record.tap_ids if taps is not None else ())
+        if entry.all_trimmable:
+            entry.checkpoints = {}
+        for key, old in list(self._entries.items()):
+            shared = _shared(old.tokens, tokens)
+            if shared == len(old.tokens) and (old.tap_ids == entry.tap_ids or not old.tap_ids):
+                self._absorb(entry, old)  # the new sequence extends the old one
+                del self._entries[key]
+                self._delete_disk(_key(self.identity, old.tokens))
+            elif shared == n and (entry.tap_ids == old.tap_ids or not entry.tap_ids):
+                self._absorb(old, entry)  # already held by a longer sequence
+                self._entries.move_to_end(key)
+                self._fit(key)
+                return
+        if entry.nbytes > self.max_bytes:
+            return
+        key = self._next
+        self._next += 1
+        self._entries[key] = entry
+        self._fit(key)
+        if key in self._entries and self.directory is not None:
+            self._write_disk(entry)
+
+    @staticmethod
+    def _absorb(into: _Entry, other: _Entry) -> None:
+        """Add `other`'s checkpoints (a prefix of `into`'s tokens) to `into`."""
+        if into.all_trimmable:
+            return
+        for p, ck in other.checkpoints.items():
+            into.checkpoints.setdefault(p, ck)
+        end = len(other.tokens)
+        if end < len(into.tokens):
+            keep = [None if s.trimmable else s for s in other.final]
+            into.checkpoints.setdefault(end, keep)
+
+    def _fit(self, protect: int) -> None:
+        """Evict least recently used entries until the budget holds."""
+        total = self.bytes
+        for key in list(self._entries):
+            if total <= self.max_bytes:
+                break
+            if key == protect and len(self._entries) > 1:
+                continue
+            total -= self._entries.pop(key).nbytes
+            self.stats["evictions"] += 1
+
+    # -- disk tier ---------------------------------------------------------------------------
+    def _scan_disk(self) -> None:
+        self._disk_index = {}
+        if self.directory is None:
+            return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            sidecars = list(self.directory.glob("*.json"))
+        except OSError as e:
+            self._disk_off(e)
+            return
+        for side in sidecars:
+            try:
+                meta = json.loads(side.read_text())
+                if meta.get("identity") == self.identity and meta.get("version") == _version():
+                    self._disk_index[side.stem] = np.asarray(meta["tokens"], dtype=np.int64)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # unreadable sidecars are refused when their file is asked for
+
+    def _best_on_disk(self, ids: np.ndarray, want: int) -> tuple[str, int] | None:
+        best = None
+        for stem, tokens in self._disk_index.items():
+            n = min(_shared(tokens, ids), want)
+            if n > 0 and (best is None or n > best[1]):
+                best = (stem, n)
+        return best
+
+    def _disk_off(self, e: BaseException) -> None:
+        warnings.warn(f"prefix cache disk tier off: {e}", stacklevel=3)
+        self.directory = None
+        self._disk_index = {}
+
+    def _delete_disk(self, stem: str) -> None:
+        if self.directory is None:
+            return
+        self._disk_index.pop(stem, None)
+        for suffix in (".safetensors", ".json"):
+            try:
+                (self.directory / (stem + suffix)).unlink(missing_ok=True)
+            except OSError:
+                pass
+
+    def _write_disk(self, entry: _Entry) -> None:
+        stem = _key(self.identity, entry.tokens)
+        arrays: dict[str, mx.array] = {"tokens": mx.array(entry.tokens.astype(np.int32))}
+        if entry.taps is not None:
+            arrays["taps"] = entry.taps
+
+        def layout(snaps: list[LayerSnapshot | None], prefix: str) -> list:
+            out = []
+            for i, s in enumerate(snaps):
+                if s is None:
+                    out.append(None)
+                    continue
+                for j, a in enumerate(s.arrays):
+                    if a is not None:
+                        arrays[f"{prefix}.{i}.{j}"] = a
+                present = [a is not None for a in s.arrays]
+                out.append([s.kind, s.meta, s.trimmable, present])
+            return out
+
+        plan = {
+            "final": layout(entry.final, "final"),
+            "checkpoints": {str(p): layout(ck, f"ck{p}") for p, ck in entry.checkpoints.items()},
+            "tap_ids": list(entry.tap_ids),
+        }
+        metadata = {
+            "identity": self.identity,
+            "version": _version(),
+            "tokens_sha": _key("", entry.tokens),
+            "layout": json.dumps(plan),
+        }
+        path = self.directory / f"{stem}.safetensors"
+        tmp = self.directory / f".{stem}.tmp.safetensors"
+        try:
+            mx.save_safetensors(str(tmp), arrays, metadata)
+            digest = _file_sha(tmp)
+            os.replace(tmp, path)
+            side = {
+                "identity": self.identity,
+                "version": _version(),
+                "sha256": digest,
+                "tokens": entry.tokens.tolist(),
+            }
+            (self.directory / f"{stem}.json").write_text(json.dumps(side))
+        except (OSError, RuntimeError, ValueError) as e:  # full or read-only disk
+            for p in (tmp, path):
+                try:
+                    p.unlink(missing_ok=True)
+                except OSError:
+                    pass
+            self._disk_off(e)
+            return
+        self._disk_index[stem] = entry.tokens
+        self.stats["disk_writes"] += 1
+        self._bound_disk(keep=stem)
+
+    def _bound_disk(self, keep: str) -> None:
+        """Delete the least recently used files until the folder fits its size bound."""
+        try:
+            files = sorted(self.directory.glob("*.safetensors"), key=lambda p: p.stat().st_mtime)
+            total = sum(p.stat().st_size for p in files)
+        except OSError:
+            return
+        for p in files:
+            if total <= self.disk_bytes:
+                break
+            if p.stem == keep:
+                continue
+            try:
+                size = p.stat().st_size
+            except OSError:
+                continue
+            self._delete_disk(p.stem)
+            total -= size
+
+    def _load_disk(self, stem: str) -> bool:
+        """Load one disk entry into memory; a damaged or foreign file is refused and deleted."""
+        path = self.directory / f"{stem}.safetensors"
+        try:
+            side = json.loads((self.directory / f"{stem}.json").read_text())
+            if side.get("sha256") != _file_sha(path):
+                raise ValueError("checksum mismatch (damaged file)")
+            arrays, metadata = mx.load(str(path), return_metadata=True)
+            if metadata.get("identity") != self.identity or metadata.get("version") != _version():
+                raise ValueError("made for another model or outrider version")
+            tokens = np.asarray(arrays["tokens"], dtype=np.int64)
+            if metadata.get("tokens_sha") != _key("", tokens):
+                raise ValueError("token ids do not match the file's own record")
+            plan = json.loads(metadata["layout"])
+
+            def build(items: list, prefix: str) -> list:
+                out = []
+                for i, item in enumerate(items):
+                    if item is None:
+                        out.append(None)
+                        continue
+                    kind, meta, trimmable, present = item
+                    layer = [
+                        arrays[f"{prefix}.{i}.{j}"] if p else None for j, p in enumerate(present)
+                    ]
+                    out.append(LayerSnapshot(kind, layer, dict(meta), bool(trimmable)))
+                return out
+
+            entry = _Entry(
+                tokens,
+                build(plan["final"], "final"),
+                {int(p): build(ck, f"ck{p}") for p, ck in plan["checkpoints"].items()},
+                arrays.get("taps"),
+                tuple(plan["tap_ids"]),
+            )
+            os.utime(path)  # recently used: last to be deleted
+        except Exception as e:  # noqa: BLE001 - anything wrong with a file means: refuse it
+            warnings.warn(f"prefix cache refused {path.name}: {e}", stacklevel=3)
+            self.stats["disk_refused"] += 1
+            self._delete_disk(stem)
+            return False
+        if entry.nbytes > self.max_bytes:
+            return False
+        key = self._next
+        self._next += 1
+        self._entries[key] = entry
+        self._fit(key)
+        return True
+
+
+def _file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,218 @@
+"""The prefix cache: a hit of every kind, on every cache kind, gives exactly the fresh output.
+
+Tiny float32 models on the CPU: a cached prefix plus a suffix prefill computes the same rows as
+one fresh prefill (the same kernels on the same rows, chunked differently), so greedy outputs
+are compared token for token, with no tie rule. Checkpoints every 8 tokens and sliding windows
+of 8 make a divergence at token 21 fall inside a snapshot interval of a wrapped window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import anthropic
+import mlx.core as mx
+import openai
+import pytest
+import requests
+from conftest import plain_greedy
+from live_server import live_server
+from test_families import built
+
+import outrider
+from outrider.core.prefix_cache import PrefixCache
+from outrider.server.engine import LoadSpec
+
+FAMILIES = {  # family -> whether every layer's cache trims (else: checkpoints)
+    "qwen3": True,
+    "qwen3_5": False,  # gated-delta
+    "nemotron_h": False,  # Mamba-2
+    "gemma4_text": False,  # sliding window
+}
+INTERVAL = 8
+N = 10
+SYSTEM = list(range(30, 70))  # a 40-token "system prompt"
+FIRST = SYSTEM + [100, 101, 102]
+DIVERGE = 21  # inside the checkpoint interval [16, 24)
+
+
+def run(pipe, ids, n=N):
+    return pipe.generate(ids, max_tokens=n, max_draft=4, stop_tokens=set())
+
+
+def pipes(models_dir, family, mode):
+    target, drafter = built(models_dir, family)
+    cached = outrider.load(str(target), str(drafter) if mode == "dspark" else None, mode=mode)
+    fresh = outrider.load(
+        str(target), str(drafter) if mode == "dspark" else None, mode=mode, target=cached.target
+    )
+    cached.enable_prefix_cache(gb=1, interval=INTERVAL)
+    return target, cached, fresh
+
+
+@pytest.mark.parametrize(
+    "family,mode",
+    [(f, "baseline") for f in FAMILIES] + [("qwen3", "dspark"), ("qwen3_5", "dspark")],
+)
+def test_every_hit_kind_equals_a_fresh_run(models_dir, family, mode):
+    target, pipe, fresh = pipes(models_dir, family, mode)
+    first = run(pipe, FIRST)
+    assert first.cached_tokens == 0
+    repeat = run(pipe, FIRST)  # exact repeat: all but the last prompt token reused
+    turn = FIRST + first.tokens + [110, 111, 112, 113]  # the conversation goes on
+    extended = run(pipe, turn)
+    diverged_ids = SYSTEM[:DIVERGE] + [200, 201, 202]
+    diverged = run(pipe, diverged_ids)
+
+    assert repeat.cached_tokens == len(FIRST) - 1
+    # the whole first exchange is held (its last token was never forwarded in drafting modes)
+    assert extended.cached_tokens >= len(FIRST) + N - 1
+    trims = FAMILIES[family]
+    assert diverged.cached_tokens == (DIVERGE if trims else DIVERGE // INTERVAL * INTERVAL)
+    for ids, got in ((FIRST, first), (FIRST, repeat), (turn, extended), (diverged_ids, diverged)):
+        want = run(fresh, ids).tokens
+        assert got.tokens == want, f"{family}/{mode}: a hit of {got.cached_tokens} diverged"
+        assert want == plain_greedy(target, ids, N)
+    stats = pipe.prefix_cache.snapshot_stats()
+    assert stats["hits"] == 3 and stats["misses"] == 1
+    assert stats["bytes"] > 0
+
+
+def test_lru_budget_evicts_and_zero_caches_nothing(models_dir):
+    target, pipe, fresh = pipes(models_dir, "qwen3", "baseline")
+    run(pipe, FIRST)
+    one = pipe.prefix_cache.bytes
+    assert one > 0
+    pipe.enable_prefix_cache(gb=1.5 * one / (1 << 30))  # room for one sequence, not two
+    store = pipe.prefix_cache
+    run(pipe, FIRST)
+    other = [7, 8, 9] + SYSTEM[::-1]
+    run(pipe, other)  # unrelated: the first one goes
+    assert store.stats["evictions"] == 1 and store.entries == 1
+    assert 0 < store.bytes <= store.max_bytes
+    assert run(pipe, FIRST).cached_tokens == 0  # evicted
+    assert run(pipe, other).cached_tokens == 0  # evicted in turn by FIRST
+
+    pipe.enable_prefix_cache(gb=0)
+    for _ in range(2):
+        got = run(pipe, FIRST)
+        assert got.cached_tokens == 0 and got.tokens == run(fresh, FIRST).tokens
+    assert pipe.prefix_cache.entries == 0 and pipe.prefix_cache.bytes == 0
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_disk_tier_survives_and_refuses_bad_files(models_dir, tmp_path, family):
+    target, pipe, fresh = pipes(models_dir, family, "baseline")
+    want = run(fresh, FIRST).tokens
+    pipe.enable_prefix_cache(gb=1, directory=tmp_path, interval=INTERVAL)
+    run(pipe, FIRST)
+    files = list(tmp_path.glob("*.safetensors"))
+    assert len(files) == 1 and pipe.prefix_cache.stats["disk_writes"] == 1
+
+    def new_store_run():
+        pipe.enable_prefix_cache(gb=1, directory=tmp_path, interval=INTERVAL)  # a "restart"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = run(pipe, FIRST)
+        assert got.tokens == want
+        return got, pipe.prefix_cache.stats, [str(w.message) for w in caught]
+
+    got, stats, _ = new_store_run()
+    assert got.cached_tokens == len(FIRST) - 1 and stats["disk_hits"] == 1
+
+    # damaged: a byte flipped in the data is refused, deleted, and rebuilt by the request
+    data = bytearray(files[0].read_bytes())
+    data[-5] ^= 0xFF
+    files[0].write_bytes(bytes(data))
+    got, stats, said = new_store_run()
+    assert got.cached_tokens == 0 and stats["disk_refused"] == 1 and stats["disk_hits"] == 0
+    assert any("checksum" in s for s in said)
+    assert files[0].exists() and files[0].read_bytes() != bytes(data)  # rebuilt
+
+    # foreign: a consistent file whose metadata names another model is refused too
+    arrays, meta = mx.load(str(files[0]), return_metadata=True)
+    mx.save_safetensors(str(files[0]), arrays, {**meta, "identity": "another-model"})
+    side = files[0].with_suffix(".json")
+    record = json.loads(side.read_text())
+    from outrider.core.prefix_cache import _file_sha
+
+    side.write_text(json.dumps({**record, "sha256": _file_sha(files[0])}))
+    got, stats, said = new_store_run()
+    assert got.cached_tokens == 0 and stats["disk_refused"] == 1
+    assert any("another model" in s for s in said)
+    assert json.loads(side.read_text())["sha256"] == _file_sha(files[0])  # rebuilt, ours again
+    got, stats, _ = new_store_run()
+    assert got.cached_tokens == len(FIRST) - 1 and stats["disk_hits"] == 1
+
+
+def test_unusable_or_full_disk_degrades_to_memory_only(models_dir, tmp_path):
+    target, pipe, fresh = pipes(models_dir, "qwen3", "baseline")
+    want = run(fresh, FIRST).tokens
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    full = tmp_path / "full"
+    full.mkdir()
+    good = tmp_path / "good"
+    pipe.enable_prefix_cache(gb=1, directory=good)
+    run(pipe, FIRST)
+    stem = next(good.glob("*.safetensors")).stem
+    # every write of that entry lands on /dev/full: no space left
+    os.symlink("/dev/full", full / f".{stem}.tmp.safetensors")
+    for where in (not_a_dir, full):
+        pipe.enable_prefix_cache(gb=1, directory=where)
+        with pytest.warns(UserWarning, match="disk tier off"):
+            assert run(pipe, FIRST).tokens == want
+        assert pipe.prefix_cache.directory is None  # memory only from here on
+        again = run(pipe, FIRST)
+        assert again.tokens == want and again.cached_tokens == len(FIRST) - 1
+    assert not list(full.glob("*.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def server(models_dir):
+    target, _ = built(models_dir, "qwen3")
+    with live_server(LoadSpec(str(target), mode="lookup")) as (url, engine):
+        engine.set_prefix_cache(PrefixCache(1 << 30))
+        yield url, engine
+
+
+def test_openai_and_anthropic_sdks_report_cached_tokens(server):
+    url, _ = server
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    messages = [
+        {"role": "system", "content": "You are terse. " * 8},
+        {"role": "user", "content": "Say something about the sea."},
+    ]
+    answers = []
+    for _ in range(2):
+        r = oai.chat.completions.create(
+            model="fam-qwen3", messages=messages, max_tokens=12, temperature=0
+        )
+        answers.append((r.choices[0].message.content, r.usage))
+    (first, u1), (second, u2) = answers
+    assert first == second
+    assert u1.prompt_tokens_details.cached_tokens == 0
+    assert 0 < u2.prompt_tokens_details.cached_tokens < u2.prompt_tokens
+
+    claude = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    said = []
+    for _ in range(2):
+        m = claude.messages.create(
+            model="fam-qwen3",
+            system="You are terse. " * 8,
+            messages=[{"role": "user", "content": "Say something about the sea."}],
+            max_tokens=12,
+        )
+        said.append((m.content[0].text if m.content else "", m.usage))
+    (first, u1), (second, u2) = said
+    assert first == second
+    assert u2.cache_read_input_tokens > 0
+    assert u2.input_tokens + u2.cache_read_input_tokens == u1.input_tokens + (
+        u1.cache_read_input_tokens or 0
+    )
+    metrics = requests.get(url + "/metrics").text
+    hits = [ln for ln in metrics.splitlines() if ln.startswith("outrider_prefix_cache_hits_total")]
+    assert hits and float(hits[0].split()[-1]) >= 2
+    assert "outrider_prefix_cache_bytes" in metrics
