@@ -173,22 +173,46 @@ def generate(
     ),
     drafter: str | None = Opt(None, "--drafter", "-d", help="Drafter folder or repo id."),
     mode: str = Opt("auto", "--mode", help=f"{BUILTIN_MODES}, or a plugin's strategy."),
-    max_draft: int | None = Opt(None, "--max-draft", help="Draft cap per round (>= 0)."),
+    max_draft: int | None = Opt(
+        None, "--max-draft", help="Draft cap per round; 0 = the drafter's full block."
+    ),
     confidence_threshold: float | None = Opt(
         None, "--confidence-threshold", help="DSpark: stop drafting below this confidence."
     ),
-    max_tokens: int = Opt(256, "--max-tokens", "-n", help="Tokens to generate."),
-    temperature: float = Opt(0.0, "--temperature", "-t", help="0 is greedy."),
+    max_tokens: int = Opt(
+        256, "--max-tokens", "-n", "--max-new-tokens", help="Tokens to generate."
+    ),
+    temperature: float = Opt(0.0, "--temperature", "-t", "--temp", help="0 is greedy."),
     top_p: float = Opt(1.0, "--top-p"),
     top_k: int = Opt(0, "--top-k", help="0 keeps every token."),
+    min_p: float | None = Opt(None, "--min-p", hidden=True),  # refused unless 0: not lossless
     seed: int | None = Opt(None, "--seed"),
-    prompt: str | None = Opt(None, "--prompt", "-p", help="Prompt (default: standard input)."),
-    system: str | None = Opt(None, "--system", help="System message."),
-    raw: bool = Opt(False, "--raw", help="Feed the prompt as is, no chat template."),
-    no_thinking: bool = Opt(False, "--no-thinking", help="Turn the model's thinking off."),
+    prompt: str | None = Opt(
+        None, "--prompt", "-p", help="Prompt; - or none reads standard input."
+    ),
+    system: str | None = Opt(None, "--system", "--system-prompt", help="System message."),
+    raw: bool = Opt(
+        False,
+        "--raw",
+        "--ignore-chat-template",
+        metavar="",
+        help="Feed the prompt as is, no chat template.",
+    ),
+    no_thinking: bool = Opt(
+        False, "--no-thinking", metavar="", help="Turn the model's thinking off."
+    ),
     drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
     stop: list[str] | None = Opt(None, "--stop", help="Stop string (repeatable)."),
-    as_json: bool = Opt(False, "--json", help="Print one JSON result object only."),
+    max_kv_size: int | None = Opt(
+        None, "--max-kv-size", hidden=True
+    ),  # accepted only when the cache never has to rotate
+    verbose: str | None = Opt(
+        None,
+        "--verbose",
+        metavar="true|false",
+        help="mlx_lm's spelling: false prints only the text; true (the default) adds a summary.",
+    ),
+    as_json: bool = Opt(False, "--json", metavar="", help="Print one JSON result object only."),
 ) -> None:
     """Generate text with speculative decoding; the output equals the target's own."""
     from .api import load
@@ -199,7 +223,15 @@ def generate(
     with user_errors():
         check_options(max_tokens, max_draft, drafter_bits, mode)
         SamplingParams(temperature, top_p, top_k, seed)  # bad sampling fails before loading
-        text = read_prompt(prompt)
+        if min_p:  # mlx_lm's --min-p 0 is its default and changes nothing
+            raise OutriderError(
+                "--min-p is not supported (outrider samples losslessly with --temperature, "
+                "--top-p and --top-k)"
+            )
+        if verbose is not None and verbose.lower() not in ("true", "t", "false", "f"):
+            raise OutriderError(f"--verbose takes true or false, got {verbose!r}")
+        quiet = verbose is not None and verbose.lower() in ("false", "f")
+        text = read_prompt(None if prompt == "-" else prompt)
         if model is None:
             model = demo_target()
             typer.echo(f"note: no --model given; using the demo pair in {pair_dir()}", err=True)
@@ -214,8 +246,21 @@ def generate(
         )
         for note in pipe.notes:
             _warn(note)
+        if max_draft == 0:  # mlx-dspark's spelling of the full block; baseline is --mode baseline
+            pipe.max_draft = pipe.proposer.max_draft
+            typer.echo(
+                f"note: --max-draft 0 now means the drafter's full block (cap {pipe.max_draft}), "
+                "as in mlx-dspark; --mode baseline decodes without drafts",
+                err=True,
+            )
         ids = pipe.encode(text, system=system, raw=raw, thinking=False if no_thinking else None)
         check_context(len(ids), pipe.target.context_window)
+        if max_kv_size is not None and max_kv_size < len(ids) + max_tokens:
+            raise OutriderError(
+                f"--max-kv-size {max_kv_size} would rotate the KV cache and change the output; "
+                f"outrider keeps the full cache (this run needs {len(ids) + max_tokens} "
+                "positions): drop the flag, or lower --max-tokens"
+            )
         kwargs = dict(
             max_tokens=max_tokens,
             temperature=temperature,
@@ -226,6 +271,11 @@ def generate(
         )
         if as_json:
             _print_json(pipe.generate(ids, **kwargs).to_json())
+        elif quiet:  # mlx_lm's --verbose false: the text only
+            for chunk in pipe.stream(ids, **kwargs):
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
         elif sys.stdout.isatty():
             stream_live(pipe, ids, kwargs, _console())
         else:
@@ -252,13 +302,20 @@ _register_server(app)
 
 
 @app.command("plugins")
-def list_plugins(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
+def list_plugins(
+    as_json: bool = Opt(False, "--json", metavar="", help="Print JSON."),
+) -> None:
     """Every installed plugin and what it provides."""
     from rich.table import Table
 
     rows = [vars(p) for p in plugins().info()]
     if as_json:
         _print_json(rows)
+        return
+    if not sys.stdout.isatty():  # pipes and files get whole names, one plugin a line
+        for row in rows:
+            provides = ", ".join(row["provides"]) or "—"
+            typer.echo(f"{row['name']}\t{row['version']}\t{provides}")
         return
     table = Table("plugin", "version", "provides")
     for row in rows:
@@ -295,8 +352,17 @@ def _repo_lines(row: dict) -> list[tuple[str, str, str]]:
     return [("✓" if local else "", role, repo) for role, repo, local in lines]
 
 
+def _default_cap(plug: Plugins, mode: str) -> str:
+    """The cap a row without one runs at: its strategy's default ("—" when none applies)."""
+    strategy = plug.strategies.get(mode)
+    cap = getattr(strategy, "default_cap", None)
+    return str(cap) if cap else "—"
+
+
 @app.command()
-def models(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
+def models(
+    as_json: bool = Opt(False, "--json", metavar="", help="Print JSON."),
+) -> None:
     """Known target/drafter pairs; ✓ marks repos already downloaded."""
     from rich import box
     from rich.table import Table
@@ -316,7 +382,7 @@ def models(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
                 r["id"],
                 r["family"],
                 r["mode"],
-                str(r["cap"] or "—"),
+                str(r["cap"] or _default_cap(plug, r["mode"])),
                 r["speedup"] or "—",
                 r["source"].split(":", 1)[0] or "—",
             )

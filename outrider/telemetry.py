@@ -17,6 +17,7 @@ from .core.events import Result
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 SHADES = ("red", "dark_orange", "yellow", "chartreuse3", "green")
+RIBBON_LEGEND = "one block a round: taller and greener = more of the draft kept; · = no draft"
 
 
 def accept_block(drafted: int, accepted: int) -> Text:
@@ -136,6 +137,7 @@ def final_render(result: Result) -> Group:
     parts = [Text(result.text), Text("")]
     if rounds:
         parts.append(ribbon(rounds))
+        parts.append(Text(RIBBON_LEGEND, style="dim"))
     parts.append(summary_table(result))
     return Group(*parts)
 

@@ -18,11 +18,14 @@ Writes OUT/target, OUT/dspark, OUT/dflash and OUT/recipe.json (sizes, losses, ti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -72,10 +75,34 @@ def main(argv: list[str] | None = None) -> dict:
             "error: `outrider train` is not in this checkout; pass --skip-drafters to build the "
             "target alone"
         )
-    if args.work is not None:
-        return build(args, p, args.work.resolve())
-    with tempfile.TemporaryDirectory(prefix="outrider-demo-") as work:
-        return build(args, p, Path(work))
+    with exit_on_signals():
+        if args.work is not None:
+            return build(args, p, args.work.resolve())
+        with tempfile.TemporaryDirectory(prefix="outrider-demo-") as work:
+            return build(args, p, Path(work))
+
+
+@contextlib.contextmanager
+def exit_on_signals(signums=(signal.SIGTERM, signal.SIGHUP)):
+    """SIGTERM and SIGHUP end the recipe the way Ctrl-C does: as an exception, so that every
+    `finally` runs (the drafter workers are stopped, the scratch folder removed) before it exits
+    with 128 + the signal's number. A second signal during that cleanup is ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        for s in signums:
+            signal.signal(s, signal.SIG_IGN)
+        print(f"[make_demo_pair] {signal.Signals(signum).name}: cleaning up", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, stop) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def build(args: argparse.Namespace, p: Preset, work: Path) -> dict:

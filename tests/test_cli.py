@@ -543,3 +543,110 @@ def test_out_of_range_settings_are_refused_or_named(models):
     pipe = load(models["target"], mode="lookup")
     with pytest.raises(cli.OutriderError, match="the prompt is empty"):
         pipe.generate("  ")
+
+
+# --- reference spellings (mlx-dspark, mlx_lm.generate) -----------------------------------------
+
+
+def test_alias_spellings_match_outrider_spellings(models):
+    base = ["generate", "--model", models["target"], "--mode", "lookup", "--json", "--seed", "1"]
+    ours = invoke(*base, "-p", PROMPT, "-n", "12", "--temperature", "0.8", "--system", "be brief")
+    theirs = invoke(
+        *base,
+        "-p",
+        PROMPT,
+        "--max-new-tokens",
+        "12",
+        "--temp",
+        "0.8",
+        "--system-prompt",
+        "be brief",
+    )
+    assert ours.exit_code == 0 and theirs.exit_code == 0, theirs.output
+    assert json.loads(theirs.stdout)["tokens"] == json.loads(ours.stdout)["tokens"]
+    assert len(json.loads(theirs.stdout)["tokens"]) == 12
+    raw = invoke(*base, "-p", PROMPT, "--raw")
+    ignore = invoke(*base, "-p", PROMPT, "--ignore-chat-template")
+    assert json.loads(ignore.stdout)["prompt_tokens"] == json.loads(raw.stdout)["prompt_tokens"]
+    assert json.loads(ignore.stdout)["prompt_tokens"] != json.loads(ours.stdout)["prompt_tokens"]
+
+
+def test_prompt_dash_reads_standard_input(models, json_runs):
+    args = [a for a in generate_args(models, "baseline", "--json") if a not in ("--prompt", PROMPT)]
+    result = invoke(*args, "-p", "-", input=PROMPT)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["tokens"] == json_runs["baseline"]["tokens"]
+
+
+def test_max_draft_zero_is_the_full_block_with_a_note(models):
+    result = invoke(*generate_args(models, "dflash", "--json", "--max-draft", "0"))
+    assert result.exit_code == 0, result.output
+    full = load(models["target"], models["dflash"], "dflash").proposer.max_draft
+    assert json.loads(result.stdout)["max_draft"] == full > 0
+    notes = [line for line in result.stderr.splitlines() if "--max-draft 0" in line]
+    assert len(notes) == 1 and f"cap {full}" in notes[0]
+
+
+@pytest.mark.parametrize(
+    "extra, expect",
+    [
+        (["--min-p", "0.05"], "--min-p is not supported"),
+        (["--max-kv-size", "8"], "--max-kv-size 8 would rotate"),
+        (["--verbose", "maybe"], "--verbose takes true or false"),
+    ],
+)
+def test_unsupported_mlx_lm_flags_are_one_error_line(models, extra, expect):
+    result = invoke("generate", "--model", models["target"], "--prompt", "hi", *extra)
+    assert expect in assert_one_error_line(result)
+
+
+def test_harmless_mlx_lm_flags_are_accepted(models, json_runs):
+    extra = ("--json", "--min-p", "0", "--max-kv-size", "100000")
+    result = invoke(*generate_args(models, "baseline", *extra))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["tokens"] == json_runs["baseline"]["tokens"]
+
+
+def test_verbose_false_prints_only_the_text(models):
+    loud = invoke(*generate_args(models, "lookup", "--verbose", "true"))
+    quiet = invoke(*generate_args(models, "lookup", "--verbose", "false"))
+    assert loud.exit_code == 0 and quiet.exit_code == 0, quiet.output
+    assert "tok/s" in loud.stderr and "tok/s" not in quiet.stderr
+    assert quiet.stdout.strip() == loud.stdout.strip() != ""
+
+
+def test_flags_are_not_shown_as_taking_values():
+    for command in (["generate"], ["plugins"], ["models"]):
+        shown = invoke(*command, "--help").stdout
+        for line in shown.splitlines():
+            if "--json" in line or "--raw" in line or "--no-thinking" in line:
+                assert "<bool>" not in line, line
+    assert invoke("generate", "--json", "true", "--prompt", "x").exit_code != 0  # a flag, no value
+
+
+def test_plugins_piped_prints_whole_names():
+    result = invoke("plugins")
+    names = [line.split("\t")[0] for line in result.stdout.splitlines()]
+    assert "outrider.plugins.strategies.baseline" in names
+    assert "outrider.plugins.targets.hybrid" in names and "…" not in result.stdout
+
+
+def test_models_shows_the_cap_that_runs():
+    table = invoke("models", "--json")
+    demo = next(r for r in json.loads(table.stdout)["pairs"] if r["id"] == "outrider-demo")
+    assert demo["cap"] in (None, 0)  # the row leaves the cap to the strategy
+    cap = cli.plugins().strategy(demo["mode"]).default_cap
+    line = next(ln for ln in invoke("models").stdout.splitlines() if "outrider-demo " in ln)
+    assert f" {cap} " in line and "—" not in line.split("dspark")[1].split("x")[0]
+
+
+def test_final_render_has_a_ribbon_legend():
+    from outrider.core.events import Result, Round
+
+    result = Result("hi", [1], [2, 3], rounds=[Round([5, 6], 1, [3], 0.1)], mode="dspark")
+    buffer = io.StringIO()
+    Console(file=buffer, width=100).print(telemetry.final_render(result))
+    assert "· = no draft" in buffer.getvalue() and "more of the draft kept" in buffer.getvalue()
+    empty = io.StringIO()
+    Console(file=empty, width=100).print(telemetry.final_render(Result("hi", [1], [2])))
+    assert "no draft" not in empty.getvalue()  # no ribbon, no legend

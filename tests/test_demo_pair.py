@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,16 +29,66 @@ HAS_TRAIN = importlib.util.find_spec("outrider.train") is not None
 PROMPT = "def parse("
 
 
+def start_recipe(*args: str, env: dict | None = None, **popen) -> subprocess.Popen:
+    """scripts/make_demo_pair.py in a process group of its own, so `end_group` can reach every
+    process it starts (its drafter workers included)."""
+    cmd = [sys.executable, "scripts/make_demo_pair.py", *args]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+    return subprocess.Popen(cmd, cwd=ROOT, text=True, env=env, start_new_session=True, **popen)
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """Whatever way a test ends (a failure, Ctrl-C), nothing the recipe started outlives it:
+    SIGTERM to the whole group (the recipe cleans up on it), SIGKILL to whatever remains."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break  # the group is empty
+        if sig == signal.SIGTERM:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+    proc.wait()
+
+
+def run_recipe(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The recipe to its end, however long it takes (no wall-clock limit), then its group ended."""
+    proc = start_recipe(*args, env=env)
+    try:
+        stdout, stderr = proc.communicate()
+    finally:
+        end_group(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def group_workers(pgid: int) -> list[int]:
+    """Drafter workers (multiprocessing spawn children) still alive in process group `pgid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue  # it ended meanwhile
+        if int(fields[2]) == pgid and b"spawn_main" in cmdline and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory) -> Path:
     """The real recipe at --preset tiny (drafters too once `outrider train` is present)."""
     out = tmp_path_factory.mktemp("recipe") / "pair"
-    cmd = [sys.executable, "scripts/make_demo_pair.py", "--preset", "tiny", "--out", str(out)]
+    scratch = tmp_path_factory.mktemp("recipe-tmp")
+    args = ["--preset", "tiny", "--out", str(out)]
     if not HAS_TRAIN:
-        cmd.append("--skip-drafters")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+        args.append("--skip-drafters")
+    proc = run_recipe(*args, env={"TMPDIR": str(scratch)})
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not list(scratch.glob("outrider-demo-*"))  # its scratch folder went with it
     assert "total" in proc.stdout and "hardware" in proc.stdout  # the summary was printed
     return out
 
@@ -81,23 +132,42 @@ def test_recipe_output_loads_with_mlx_lm_and_generates_losslessly(recipe):
 def test_recipe_reuses_a_built_target_with_target_flag(recipe, tmp_path):
     """--target skips stages 1-4: the target folder is copied as is, and the recipe says so."""
     out = tmp_path / "again"
-    cmd = [sys.executable, "scripts/make_demo_pair.py", "--preset", "tiny", "--out", str(out)]
-    cmd += ["--target", str(recipe / "target"), "--skip-drafters"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    args = ["--preset", "tiny", "--out", str(out)]
+    proc = run_recipe(*args, "--target", str(recipe / "target"), "--skip-drafters")
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "recipe.json").read_text())
     assert summary["target_reused"] == str((recipe / "target").resolve())
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
         assert (out / "target" / name).read_bytes() == (recipe / "target" / name).read_bytes()
     assert "reused from" in proc.stdout
-    bad = subprocess.run(
-        [*cmd[:-3], "--target", str(tmp_path), "--skip-drafters"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = run_recipe(*args, "--target", str(tmp_path), "--skip-drafters")
     assert bad.returncode != 0 and "not a model folder" in bad.stderr
+
+
+@pytest.mark.skipif(not HAS_TRAIN, reason="the drafter stage needs `outrider train`")
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="lists processes via /proc")
+def test_sigterm_during_drafter_training_stops_workers_and_removes_scratch(recipe, tmp_path):
+    """SIGTERM while both drafter workers train: the recipe stops them, removes its scratch
+    folder and exits 128 + 15; no worker is left in its process group."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    args = ["--preset", "tiny", "--out", str(tmp_path / "pair"), "--target", str(recipe / "target")]
+    proc = start_recipe(*args, env={"TMPDIR": str(scratch)}, stderr=subprocess.STDOUT)
+    try:
+        seen = []
+        for line in proc.stdout:  # no clock: a worker announces its training, or EOF ends this
+            seen.append(line)
+            if "outrider train --kind" in line:
+                break
+        assert list(scratch.glob("outrider-demo-*")), "".join(seen)  # its scratch folder
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stdout.read()
+        assert proc.wait() == 128 + signal.SIGTERM, "".join(seen) + rest
+        assert "SIGTERM: cleaning up" in rest
+        assert group_workers(proc.pid) == []
+        assert not list(scratch.glob("outrider-demo-*"))
+    finally:
+        end_group(proc)
 
 
 def test_quantised_drafter_checkpoint_loads_and_stays_lossless(tmp_path, qwen3_target):

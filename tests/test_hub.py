@@ -24,10 +24,25 @@ def test_lmstudio_folder_is_reused(qwen3_target, tmp_path, monkeypatch):
 def test_missing_repo_offline_names_repo_and_remedy(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(
-        ModelNotFoundError, match=r"nobody/nothing .*huggingface-cli download nobody/nothing"
-    ):
+    with pytest.raises(ModelNotFoundError, match=r"nobody/nothing .*`hf download nobody/nothing`"):
         resolve_model("nobody/nothing")
+
+
+def test_offline_remedy_is_the_hf_command(tmp_path, monkeypatch):
+    """huggingface-hub 1.x has no `huggingface-cli`; the message leads with its `hf download`,
+    and names the old command only for releases before 0.34, which lack `hf`."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for spec, args in (
+        ("nobody/nothing", "nobody/nothing"),
+        ("gguf:someone/repo/x.gguf", "someone/repo x.gguf"),
+    ):
+        with pytest.raises(ModelNotFoundError) as caught:
+            resolve_model(spec)
+        message = str(caught.value)
+        assert f"run `hf download {args}` on a connected machine" in message
+        assert message.count("huggingface-cli") == 1
+        assert f"huggingface-hub before 0.34: `huggingface-cli download {args}`" in message
 
 
 def test_file_and_bad_ids_are_refused(qwen3_target):

@@ -99,7 +99,8 @@ def resolve_gguf(spec: str, what: str = "model", download: bool = True) -> Path:
         if offline or not download:
             raise ModelNotFoundError(
                 f"{what} {spec} is not in the Hugging Face cache and downloads are off; run "
-                f"`huggingface-cli download {repo} {filename}` on a connected machine"
+                f"`hf download {repo} {filename}` on a connected machine (huggingface-hub before "
+                f"0.34: `huggingface-cli download {repo} {filename}`)"
             ) from None
     try:
         return Path(hf_hub_download(repo, filename))
@@ -145,8 +146,8 @@ def resolve_model(spec: str, what: str = "model", download: bool = True) -> Path
     if offline or not download:
         raise ModelNotFoundError(
             f"{what} {spec} is not in the Hugging Face cache and downloads are off; run "
-            f"`huggingface-cli download {spec}` on a connected machine, or pass a local folder"
-            + _how_to_get(spec)
+            f"`hf download {spec}` on a connected machine (huggingface-hub before 0.34: "
+            f"`huggingface-cli download {spec}`), or pass a local folder" + _how_to_get(spec)
         )
     from huggingface_hub import snapshot_download
 

@@ -24,7 +24,11 @@ def serve(
     drafter: str | None = Opt(None, "--drafter", "-d", help="Drafter folder or repo id."),
     mode: str = Opt("auto", "--mode", help="auto|dspark|dflash|lookup|baseline, or a plugin's."),
     max_draft: int | None = Opt(None, "--max-draft", help="Draft cap per round (>= 0)."),
-    confidence_threshold: float | None = Opt(None, "--confidence-threshold"),
+    confidence_threshold: float | None = Opt(
+        None,
+        "--confidence-threshold",
+        help="DSpark: stop drafting below this confidence, 0..1 (default: the pair's, else 0).",
+    ),
     drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
     no_model: bool = Opt(False, "--no-model", help="Start empty; load with POST /admin/load."),
     host: str = Opt("127.0.0.1", "--host"),

@@ -1,6 +1,7 @@
 """DeepSpec's block-drafter objective, batched: anchors, the block forward, and the losses.
 
-Per training window (drafter-formats.md §13.3-13.4): sample anchors among supervised positions;
+Per training window (deepseek-ai/DeepSpec, `deepspec/modeling/dspark/common.py` and `loss.py`;
+the DSpark paper §3.3): sample anchors among supervised positions;
 each anchor a gets a block [token at a, mask x (B-1)] at positions a..a+B-1 that sees the
 target's tapped rows strictly before a and its own whole block. Slot k predicts the token at
 a+k+1 (DeepSpec semantics, `logits_start` 0). Losses, weighted by exp(-k/gamma) over the

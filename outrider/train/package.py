@@ -1,6 +1,8 @@
 """A new drafter for a target, and writing it in DeepSpec's packaging.
 
-The config is a copy of the target's with DeepSpec's drafter fields (drafter-formats.md §3.1);
+The config is a copy of the target's with DeepSpec's drafter fields (deepseek-ai/DeepSpec,
+`deepspec/modeling/dspark/qwen3/config.py`: `num_target_layers`, `block_size`, `mask_token_id`,
+`target_layer_ids`, the Markov and confidence-head fields, `tie_word_embeddings` false);
 the weights are DeepSpec's tensor names, with frozen copies of the target's embedding and output
 head. The DeepSpec format plugin reads both back, so a trained drafter loads with `--drafter`.
 """

@@ -56,15 +56,92 @@ def train_drafter(kind: str, target: Path, data: list[Path], out: Path, p: Prese
 
 def train_drafters(target: Path, data: list[Path], out: Path, p: Preset, seed: int) -> dict:
     """DSpark and DFlash side by side, one process each: a small drafter's training is bound
-    by the host's kernel launches, so two runs share one GPU (or CPU) well."""
+    by the host's kernel launches, so two runs share one GPU (or CPU) well.
+
+    The workers never outlive this call: on any way out (a worker's failure, an exception or
+    KeyboardInterrupt here, SIGTERM turned into SystemExit by the recipe) the ones still running
+    are terminated, then killed if they linger, and joined. Each worker also exits by itself if
+    this process dies without that chance (SIGKILL)."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing.connection import wait
 
     ctx = multiprocessing.get_context("spawn")  # a fresh MLX per child, no forked device state
-    kinds = ("dspark", "dflash")
-    with ProcessPoolExecutor(len(kinds), mp_context=ctx) as pool:
-        jobs = {k: pool.submit(drafter_job, k, target, data, out / k, p, seed) for k in kinds}
-        return {k: job.result() for k, job in jobs.items()}
+    workers: dict[str, tuple] = {}
+    try:
+        for kind in ("dspark", "dflash"):
+            receive, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_worker,
+                args=(send, kind, target, data, out / kind, p, seed),
+                name=f"outrider-demo-{kind}",
+            )
+            proc.start()
+            send.close()  # the child holds the only sending end: EOF if it dies
+            workers[kind] = (proc, receive)
+        results: dict[str, dict] = {}
+        pending = {receive: kind for kind, (_, receive) in workers.items()}
+        while pending:
+            for receive in wait(list(pending)):
+                kind = pending.pop(receive)
+                try:
+                    status, value = receive.recv()
+                except EOFError:
+                    proc = workers[kind][0]
+                    proc.join()
+                    raise RuntimeError(
+                        f"{kind} drafter worker died (exit code {proc.exitcode})"
+                    ) from None
+                if status != "ok":
+                    raise RuntimeError(f"{kind} drafter training failed:\n{value}")
+                results[kind] = value
+        return {kind: results[kind] for kind in workers}
+    finally:
+        stop_workers([proc for proc, _ in workers.values()])
+        for _, receive in workers.values():
+            receive.close()
+
+
+def stop_workers(procs, grace: float = 10.0) -> None:
+    """Terminate whatever is still running, kill what ignores that, and reap every one."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(grace)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def _worker(send, kind: str, target: Path, data: list[Path], out: Path, p: Preset, seed: int):
+    """A drafter process: the result (or the traceback) goes back through `send`."""
+    import traceback
+
+    _exit_with_parent()
+    try:
+        result = ("ok", drafter_job(kind, target, data, out, p, seed))
+    except BaseException:  # KeyboardInterrupt and SystemExit too: the parent must hear of it
+        result = ("error", traceback.format_exc())
+    send.send(result)
+    send.close()
+
+
+def _exit_with_parent() -> None:
+    """End this worker at once if the recipe's process goes away without stopping it."""
+    import multiprocessing
+    import os
+    import threading
+    from multiprocessing.connection import wait
+
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def drafter_job(kind: str, target: Path, data: list[Path], out: Path, p: Preset, seed: int):

@@ -16,7 +16,11 @@ from ...core.hookspecs import hookimpl
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """z-lab's rule when a config lists no taps (drafter-formats.md §2.4)."""
+    """z-lab's rule when a config lists no taps (z-lab/dflash, `dflash/model.py`).
+
+    One draft layer taps the middle target layer; otherwise round(1 + i (L - 4) / (Ld - 1)) for
+    i = 0..Ld-1, e.g. [1, 9, 17, 25, 33] for a 36-layer target and 5 draft layers.
+    """
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     span = num_target_layers - 4

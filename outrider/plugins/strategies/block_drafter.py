@@ -1,7 +1,8 @@
 """The block drafter shared by DSpark and DFlash: a small Qwen3-style stack that attends, from a
 block [anchor, mask, ...], to the target's tapped hidden states projected into its own K/V.
 
-Per draft call (drafter-formats.md §3.3): context rows C = hidden_norm(fc(taps)) are appended to
+Per draft call (deepseek-ai/DeepSpec, `deepspec/modeling/dspark/qwen3/modeling.py`; the DSpark
+paper, Eqs. 2-3): context rows C = hidden_norm(fc(taps)) are appended to
 each layer's context cache as K/V (roped at their absolute positions; the context skips
 input_layernorm); the block attends bidirectionally to every cached context row and to the whole
 block; block slot k sits at position anchor + k. Block K/V are never cached.
@@ -118,7 +119,12 @@ class DraftLayer(nn.Module):
 
 
 class MarkovHead(nn.Module):
-    """DSpark's sequential head: a low-rank bigram bias on each slot's logits (§3.4)."""
+    """DSpark's sequential head: a low-rank bigram bias on each slot's logits.
+
+    `vanilla`: b_k = W2 W1[x_{k-1}], with x_{-1} the anchor; `gated` scales W1[x_{k-1}] by a
+    sigmoid gate of [h_k ; W1[x_{k-1}]]; `rnn` carries a rank-r state (deepseek-ai/DeepSpec,
+    `deepspec/modeling/dspark/markov_head.py`; the DSpark paper §3.1, Eqs. 5-6).
+    """
 
     def __init__(self, spec: DrafterSpec):
         super().__init__()
