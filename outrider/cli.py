@@ -126,7 +126,9 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = Opt(False, "--version", callback=_version_callback, is_eager=True),
+    version: bool = Opt(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
+    ),
 ) -> None:
     """Lossless speculative decoding on MLX: DSpark, DFlash and n-gram lookup drafters."""
 

@@ -175,7 +175,7 @@ def test_paths_and_gguf_specs_resolve(tmp_path, tiny_gguf):
         resolve_model(str(folder))
     with pytest.raises(ModelNotFoundError, match="gguf:<owner>/<repo>/<file>.gguf"):
         resolve_model("gguf:nothing-here.gguf")
-    with pytest.raises(ModelNotFoundError, match="huggingface-cli download someone/repo x.gguf"):
+    with pytest.raises(ModelNotFoundError, match="hf download someone/repo x.gguf"):
         resolve_model("gguf:someone/repo/x.gguf")  # offline in tests: never the network
 
 
