@@ -82,6 +82,7 @@ class Chunk:
     tokens: list[int]
     step: Step
     result: Result | None = None  # set on the last chunk
+    earlier: tuple[Step, ...] = ()  # steps merged into this chunk before `step` (the server)
 
 
 @dataclass

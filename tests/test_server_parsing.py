@@ -111,3 +111,22 @@ def test_reasoning_effort_falls_back_to_the_nearest_word_the_template_knows():
     assert "".join(map(chr, ids)) == "<medium>" and tok.seen == ["high", "medium"]
     with pytest.raises(ApiError, match="could not apply chat template"):
         render_chat(Template(set()), [{"role": "user", "content": "hi"}], reasoning_effort="low")
+
+
+def test_merged_chunks_keep_every_round_for_the_ribbon():
+    """Chunks that pile up behind a slow client go out as one frame; its telemetry still lists
+    each round (it used to keep the last one only)."""
+    from outrider.api import Chunk
+    from outrider.core.loop import Step
+    from outrider.server.generation import merge
+    from outrider.server.openai_api import _StepReport
+
+    def chunk(drafted: list[int], accepted: int) -> Chunk:
+        kept = drafted[:accepted] + [9]
+        return Chunk("x", kept, Step("draft", drafted, accepted, kept, 0.01))
+
+    merged = merge(merge(chunk([1, 2, 3], 1), chunk([4, 5], 2)), chunk([6, 7, 8, 9], 0))
+    assert merged.text == "xxx" and merged.tokens == [1, 9, 4, 5, 9, 9]
+    report = _StepReport()
+    report.add(merged)
+    assert report.take() == {"tokens": 6, "ribbon": [[3, 1], [2, 2], [4, 0]]}

@@ -216,7 +216,8 @@ def merge(a: Chunk, b: Chunk) -> Chunk:
     if a.step.logprobs is not None or b.step.logprobs is not None:
         lps = (a.step.logprobs or []) + (b.step.logprobs or [])
     step = replace(b.step, committed=a.step.committed + b.step.committed, logprobs=lps)
-    return Chunk(a.text + b.text, a.tokens + b.tokens, step, b.result)
+    earlier = (*a.earlier, a.step, *b.earlier)  # every round stays countable (the ribbon)
+    return Chunk(a.text + b.text, a.tokens + b.tokens, step, b.result, earlier)
 
 
 class Shaper:

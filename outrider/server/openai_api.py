@@ -373,15 +373,16 @@ class _StepReport:
     `x_outrider.tokens`, the tokens generated since the last report, and `x_outrider.ribbon`,
     one [drafted, accepted] pair per speculative round since then. Text the stream holds back
     (a possible tool call, a split think marker) carries its report forward to the next frame;
-    chunks that queued up behind a slow client arrive merged, with their last round only."""
+    chunks that queued up behind a slow client arrive merged, every round still listed."""
 
     def __init__(self) -> None:
         self.tokens, self.ribbon = 0, []
 
     def add(self, value: Any) -> None:
         self.tokens += len(value.tokens)
-        if value.step.source == "draft":
-            self.ribbon.append([len(value.step.drafted), value.step.accepted])
+        for step in (*value.earlier, value.step):
+            if step.source == "draft":
+                self.ribbon.append([len(step.drafted), step.accepted])
 
     def take(self) -> dict[str, Any] | None:
         if not self.tokens and not self.ribbon:
