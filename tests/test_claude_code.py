@@ -245,6 +245,8 @@ def check_session(
     counts = request_counts(url)
     refused = {k: n for k, n in counts.items() if k[1] >= 400}
     assert not refused, f"refused: {refused}\n{said}"
+    logged = [line for line in access.splitlines() if re.search(r'" [45]\d\d ', line)]
+    assert access and not logged, f"the server's access log has 4xx/5xx: {logged}\n{said}"
     assert counts.get(("/v1/messages", 200), 0) >= 2, f"{counts}\n{said}"  # call, then answer
     assert proxy.close() == [], said
 
