@@ -425,6 +425,8 @@ def test_stop_lists_and_tool_schemas_are_checked(server, claude):
         claude.messages.create(model=MODEL, max_tokens=4, messages=ASK, stop_sequences=stops)
     r = requests.post(url + "/v1/chat/completions", json={"messages": ASK, "stop": stops})
     assert r.status_code == 400
+    long_stop = {"messages": ASK, "max_tokens": 4, "stop": "x" * 40}  # one string: any length
+    assert requests.post(url + "/v1/chat/completions", json=long_stop).status_code == 200
     for schema in ({"type": "string"}, {"type": "object", "properties": {"a": {"type": 3}}}):
         tool = {"name": "t", "input_schema": schema}
         with pytest.raises(anthropic.BadRequestError, match="input_schema"):

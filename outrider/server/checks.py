@@ -1,6 +1,7 @@
 """Request checks both APIs share, so each rule is stated once: text must be valid Unicode,
-tool schemas must be JSON Schemas of an object, stop lists are bounded, seeds fit the sampler,
-and content the target cannot read is refused by name instead of being dropped."""
+tool schemas must be JSON Schemas of an object, stop lists and seeds are bounded (in the
+request models' fields, so the OpenAPI document shows the bounds), and content the target
+cannot read is refused by name instead of being dropped."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from .errors import ApiError
 
-MAX_STOPS = 16  # OpenAI's limit for `stop`; Anthropic's `stop_sequences` gets the same
+MAX_STOPS = 16  # OpenAI's limit for `stop` lists; Anthropic's `stop_sequences` gets the same
 SEED_RANGE = (0, 2**64)  # mx.random.key takes an unsigned 64-bit seed
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -79,14 +80,6 @@ def _default_validator():
     from jsonschema import Draft202012Validator
 
     return Draft202012Validator
-
-
-def check_stops(stops: list[str], param: str) -> list[str]:
-    if len(stops) > MAX_STOPS:
-        raise ApiError(
-            400, f"at most {MAX_STOPS} stop sequences are supported, got {len(stops)}", param=param
-        )
-    return stops
 
 
 def unreadable(kind: str, where: str) -> ApiError:

@@ -16,7 +16,6 @@ from fastapi.concurrency import run_in_threadpool
 from ..api import Chunk, Pipeline
 from ..core.events import Result
 from ..core.logits import Penalties
-from .checks import check_stops
 from .engine import Engine, Job, NotReady
 from .errors import ApiError
 from .prompting import PromptTooLong
@@ -134,7 +133,6 @@ def options(engine: Engine, limits: Limits, n_prompt: int, p: GenParams) -> dict
             f"max_tokens is {max_tokens}, above this server's limit of {limits.max_tokens_cap}",
             param="max_tokens",
         )
-    check_stops(p.stop, "stop")
     window = engine.context_window
     if window is not None:
         max_tokens = max(1, min(max_tokens, window - n_prompt))

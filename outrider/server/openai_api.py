@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..core.logits import Penalties, TokenLogprob
-from .checks import MAX_STOPS, SEED_RANGE, CheckedRequest, check_stops, check_tool_schema
+from .checks import MAX_STOPS, SEED_RANGE, CheckedRequest, check_tool_schema
 from .engine import model_id
 from .errors import ApiError
 from .generation import (
@@ -79,7 +79,8 @@ class Sampling(CheckedRequest):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
-    stop: str | list[str] | None = Field(default=None, max_length=MAX_STOPS)
+    # The bound is on the list: one stop string may be any length.
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     seed: int | None = Field(default=None, ge=SEED_RANGE[0], lt=SEED_RANGE[1])
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -93,9 +94,7 @@ class Sampling(CheckedRequest):
             raise ApiError(
                 400, f"n={self.n} is not supported: this server returns one choice (n=1)", param="n"
             )
-        stops = check_stops(
-            [self.stop] if isinstance(self.stop, str) else list(self.stop or []), "stop"
-        )
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         pen = None
         if self.presence_penalty or self.frequency_penalty:
             pen = Penalties(self.presence_penalty or 0.0, self.frequency_penalty or 0.0)
