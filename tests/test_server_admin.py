@@ -71,7 +71,10 @@ def test_no_model_then_load_unload_and_cancel(server, scripted):
     # whether or not the path exists, and a long name is not echoed back.
     empty = scripted.parent / "empty-model"
     empty.mkdir(exist_ok=True)
-    tail = " is not a model folder (with config.json) on this server, nor a Hugging Face repo id"
+    tail = (
+        " is not a model folder (with config.json) or GGUF on this server, nor a Hugging Face "
+        "repo id"
+    )
 
     def refused(ref: str) -> str:
         r = requests.post(url + "/admin/load", json={"model": ref}, headers=H)
@@ -96,6 +99,15 @@ def test_no_model_then_load_unload_and_cancel(server, scripted):
     assert h["model"] == "scripted-admin" and h["mode"] == "lookup"
     assert "could not load" in h["load"]["error"] and "still serving" in h["load"]["error"]
     assert h["context_window"] == 300
+    assert chat(url).status_code == 200
+    # A GGUF file is a model reference too (outrider.core.gguf), not refused up front.
+    from outrider.testing import make_tiny_gguf
+
+    gguf_file = make_tiny_gguf(scripted.parent / "tiny.gguf", family="llama", seed=3)
+    r = requests.post(url + "/admin/load", json={"model": str(gguf_file)}, headers=H)
+    assert r.status_code == 202
+    h = wait_health(url, "ok")
+    assert h["model"] == "tiny.gguf" and not h["load"]["error"], h
     assert chat(url).status_code == 200
     # Reload, then unload.
     requests.post(url + "/admin/load", json={"model": str(scripted), "mode": "baseline"}, headers=H)

@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 from pydantic import ConfigDict, Field
 
+from ..core.hub import looks_like_repo_id
 from .checks import CheckedRequest
 from .engine import LoadSpec, model_id
 from .errors import ApiError
@@ -27,18 +28,23 @@ class LoadRequest(CheckedRequest):
 
 
 def check_reference(ref: str, param: str) -> None:
-    """A model reference must be a local model folder (with config.json) or a well-formed
-    Hugging Face repo id. One message for every other case, so the answer never tells whether
-    some path exists on this machine, and long input is not echoed back."""
+    """A model reference must be what `outrider.core.hub.resolve_model` can load: a local model
+    folder (config.json, or LM Studio's one GGUF), a .gguf file, a `gguf:` spec, or a
+    well-formed Hugging Face repo id. One message for every other case, so the answer never
+    tells whether some path exists on this machine, and long input is not echoed back."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    if ref.startswith("gguf:"):
+        return  # resolved (or refused, the running model kept) by the load itself
     try:
-        folder = Path(ref).expanduser()
-        if (folder / "config.json").is_file():
+        path = Path(ref).expanduser()
+        if (path / "config.json").is_file() or path.suffix.lower() == ".gguf" and path.is_file():
+            return
+        if path.is_dir() and any(path.glob("*.gguf")):
             return
     except (OSError, ValueError):  # a name too long for the file system, a NUL byte
         pass
-    if not ref.startswith((".", "/", "~")) and ref.count("/") == 1:
+    if looks_like_repo_id(ref):
         try:
             validate_repo_id(ref)
             return
@@ -47,8 +53,8 @@ def check_reference(ref: str, param: str) -> None:
     shown = ref if len(ref) <= 80 else ref[:77] + "..."
     raise ApiError(
         400,
-        f"{param} {shown!r} is not a model folder (with config.json) on this server, nor a "
-        "Hugging Face repo id",
+        f"{param} {shown!r} is not a model folder (with config.json) or GGUF on this server, "
+        "nor a Hugging Face repo id",
         param=param,
     )
 
