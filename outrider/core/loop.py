@@ -105,8 +105,9 @@ def decode(
         first = _choose(last_logits, sampling, keys)
         lp = None if logprobs is None else logprob_arrays(last_logits[None], first, logprobs)
     if cap_limit <= 0 and not tap_ids and not procs and logprobs is None:
-        fed = list(prompt)
+        fed = None  # what the cache holds, kept only for the prefix cache
         if record is not None:
+            fed = list(prompt)
             record.track(cache, fed)
         yield from _plain_steps(target, cache, first, stopper, sampling, keys, t0, cancelled, fed)
         return
