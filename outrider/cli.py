@@ -274,10 +274,7 @@ def generate(
         if as_json:
             _print_json(pipe.generate(ids, **kwargs).to_json())
         elif quiet:  # mlx_lm's --verbose false: the text only
-            for chunk in pipe.stream(ids, **kwargs):
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
-            sys.stdout.write("\n")
+            stream_plain(pipe, ids, kwargs, summary=False)
         elif sys.stdout.isatty():
             stream_live(pipe, ids, kwargs, _console())
         else:

@@ -151,8 +151,11 @@ def summary_line(result: Result) -> str:
     )
 
 
-def stream_plain(pipe, prompt: str | list[int], kwargs: dict) -> Result | None:
-    """Text to stdout as it lands, one summary line to stderr (pipes, files, CI logs)."""
+def stream_plain(
+    pipe, prompt: str | list[int], kwargs: dict, summary: bool = True
+) -> Result | None:
+    """Text to stdout as it lands, one summary line to stderr unless `summary` is off (pipes,
+    files, CI logs; mlx_lm's `--verbose false`)."""
     result = None
     for chunk in pipe.stream(prompt, **kwargs):
         if chunk.text:
@@ -162,7 +165,8 @@ def stream_plain(pipe, prompt: str | list[int], kwargs: dict) -> Result | None:
     if result is not None:
         sys.stdout.write("" if result.text.endswith("\n") else "\n")
         sys.stdout.flush()
-        print(summary_line(result), file=sys.stderr, flush=True)
+        if summary:
+            print(summary_line(result), file=sys.stderr, flush=True)
     return result
 
 
