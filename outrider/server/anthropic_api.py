@@ -4,7 +4,6 @@ shape chat templates know); the model's `<think>` output becomes thinking blocks
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any, Literal
 
@@ -26,6 +25,7 @@ from .generation import (
     options,
     prompt_ids,
     ready_pipeline,
+    sse_event,
     submit,
     x_outrider,
 )
@@ -208,10 +208,6 @@ def _render(
     return prompt, in_thinking, thinking is not False
 
 
-def _sse(event: str, data: dict) -> str:
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
 def _stop_reason(finish: str, calls: list, stop_seq: str | None) -> str:
     if calls:
         return "tool_use"
@@ -324,8 +320,8 @@ async def _stream(state, pipe, job, shaper, mid, model, n_prompt, keep_thinking,
         "stop_sequence": None,
         "usage": {"input_tokens": n_prompt, "output_tokens": 0},
     }
-    yield _sse("message_start", {"type": "message_start", "message": start})
-    yield _sse("ping", {"type": "ping"})
+    yield sse_event("message_start", {"type": "message_start", "message": start})
+    yield sse_event("ping", {"type": "ping"})
     index, open_kind = -1, None
 
     def close() -> list[str]:
@@ -333,13 +329,15 @@ async def _stream(state, pipe, job, shaper, mid, model, n_prompt, keep_thinking,
         if open_kind == "reasoning":
             sig = {"type": "signature_delta", "signature": SIGNATURE}
             out.append(
-                _sse(
+                sse_event(
                     "content_block_delta",
                     {"type": "content_block_delta", "index": index, "delta": sig},
                 )
             )
         if open_kind is not None:
-            out.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+            out.append(
+                sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
+            )
         return out
 
     def emit(kind: str, text: str) -> list[str]:
@@ -357,7 +355,7 @@ async def _stream(state, pipe, job, shaper, mid, model, n_prompt, keep_thinking,
                 else {"type": "text", "text": ""}
             )
             out.append(
-                _sse(
+                sse_event(
                     "content_block_start",
                     {"type": "content_block_start", "index": index, "content_block": block},
                 )
@@ -368,7 +366,7 @@ async def _stream(state, pipe, job, shaper, mid, model, n_prompt, keep_thinking,
             else {"type": "text_delta", "text": text}
         )
         out.append(
-            _sse(
+            sse_event(
                 "content_block_delta",
                 {"type": "content_block_delta", "index": index, "delta": delta},
             )
@@ -378,7 +376,7 @@ async def _stream(state, pipe, job, shaper, mid, model, n_prompt, keep_thinking,
     result = None
     async for kind, value in events(job, state.limits.keepalive_s):
         if kind == "keepalive":
-            yield _sse("ping", {"type": "ping"})
+            yield sse_event("ping", {"type": "ping"})
         elif kind == "chunk":
             for k, text in shaper.feed(value.text):
                 for frame in emit(k, text):
@@ -388,7 +386,7 @@ async def _stream(state, pipe, job, shaper, mid, model, n_prompt, keep_thinking,
                 "type": "api_error",
                 "message": failure(value),
             }
-            yield _sse("error", {"type": "error", "error": err})
+            yield sse_event("error", {"type": "error", "error": err})
             return
         elif kind == "end":
             result = value
@@ -406,22 +404,22 @@ async def _stream(state, pipe, job, shaper, mid, model, n_prompt, keep_thinking,
     for c in calls:
         index += 1
         block = {"type": "tool_use", "id": "toolu_" + c.id[5:], "name": c.name, "input": {}}
-        yield _sse(
+        yield sse_event(
             "content_block_start",
             {"type": "content_block_start", "index": index, "content_block": block},
         )
         delta = {"type": "input_json_delta", "partial_json": c.arguments_json}
-        yield _sse(
+        yield sse_event(
             "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
         )
-        yield _sse("content_block_stop", {"type": "content_block_stop", "index": index})
+        yield sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
     stop_seq = matched_stop(pipe, result, stops)
     delta = {
         "stop_reason": _stop_reason(result.finish_reason, calls, stop_seq),
         "stop_sequence": stop_seq,
     }
     usage = _usage(n_prompt, result)
-    yield _sse(
+    yield sse_event(
         "message_delta",
         {
             "type": "message_delta",
@@ -430,4 +428,4 @@ async def _stream(state, pipe, job, shaper, mid, model, n_prompt, keep_thinking,
             "x_outrider": x_outrider(pipe, result),
         },
     )
-    yield _sse("message_stop", {"type": "message_stop"})
+    yield sse_event("message_stop", {"type": "message_stop"})

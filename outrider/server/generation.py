@@ -5,6 +5,7 @@ calls."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -255,6 +256,11 @@ class Shaper:
             if text:
                 out.append((kind, text))
         return out
+
+
+def sse_event(event: str, data: dict) -> str:
+    """One server-sent event with a name (Anthropic's stream, the race)."""
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 def failure(exc: BaseException) -> str:

@@ -22,7 +22,6 @@ count: the race compares decoding. Events:
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,7 +33,15 @@ from pydantic import ConfigDict, Field
 from .checks import CheckedRequest
 from .engine import Job, model_id
 from .errors import ApiError
-from .generation import GenParams, check_context, failure, options, prompt_ids, ready_pipeline
+from .generation import (
+    GenParams,
+    check_context,
+    failure,
+    options,
+    prompt_ids,
+    ready_pipeline,
+    sse_event,
+)
 from .generation import submit as submit_job
 from .prompting import render_chat
 
@@ -48,10 +55,6 @@ class RaceRequest(CheckedRequest):
     system: str | None = Field(default=None, max_length=200_000)
     max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=1)
     enable_thinking: bool | None = None
-
-
-def _event(kind: str, data: dict[str, Any]) -> str:
-    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -95,7 +98,7 @@ async def _arm(
                     "drafted": len(value.step.drafted),
                     "accepted": value.step.accepted,
                 }
-            yield _event("token", data)
+            yield sse_event("token", data)
     finally:
         job.cancel.set()  # a client that leaves stops the arm at its next round
 
@@ -117,7 +120,7 @@ async def race_events(
     state: Any, pipe: Any, prompt: list[int], opts: dict[str, Any]
 ) -> AsyncIterator[str]:
     """The race's frames: plain arm, speculative arm, then whether their tokens agree."""
-    yield _event(
+    yield sse_event(
         "start",
         {
             "model": model_id(pipe),
@@ -133,21 +136,21 @@ async def race_events(
         for arm, arm_opts, cap in arms:
             if state.engine.pipeline is not pipe:
                 raise ApiError(409, "the model changed during the race; run it again")
-            yield _event("arm_start", {"arm": arm, "mode": pipe.mode, "max_draft": cap})
+            yield sse_event("arm_start", {"arm": arm, "mode": pipe.mode, "max_draft": cap})
             out: dict[str, Any] = {}
             async for frame in _arm(state, arm, prompt, arm_opts, out):
                 yield frame
             if out.get("result") is None:
                 return  # cancelled: the client or the server went away
             results[arm] = out["result"]
-            yield _event("arm_done", _summary(arm, out["result"]))
+            yield sse_event("arm_done", _summary(arm, out["result"]))
     except ApiError as e:
-        yield _event("error", {"message": e.message})
+        yield sse_event("error", {"message": e.message})
         return
     plain, spec = results["plain"], results["spec"]
     diff = first_difference(plain.tokens, spec.tokens)
     speedup = spec.decode_tps / plain.decode_tps if plain.decode_tps > 0 else None
-    yield _event(
+    yield sse_event(
         "verdict",
         {
             "identical": diff is None,
@@ -155,7 +158,7 @@ async def race_events(
             "speedup": round(speedup, 3) if speedup is not None else None,
         },
     )
-    yield _event("done", {})
+    yield sse_event("done", {})
 
 
 def router(state: Any) -> APIRouter:
