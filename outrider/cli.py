@@ -8,26 +8,33 @@ import os
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-import contextlib
-import functools
-import json
 import platform
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from .benchmark.command import benchmark as benchmark_command
+from .cli_common import (
+    USER_ERRORS,
+    cache_root,
+    check_context,
+    check_options,
+    plugins,
+    read_prompt,
+    user_errors,
+)
+from .cli_common import console as _console
+from .cli_common import debug as _debug
+from .cli_common import fail as _fail
+from .cli_common import print_json as _print_json
+from .cli_common import warn as _warn
 from .core.device import split_attention
-from .core.errors import Interrupted, OutriderError
+from .core.errors import OutriderError
 from .core.plugins import Plugins
 
-# OSError: unreadable files, a file where a folder should be, a full disk: one line each.
-USER_ERRORS = (OutriderError, ValueError, OSError)
 BUILTIN_MODES = "auto|dspark|dflash|lookup|baseline"
-MAX_ERROR = 400
 Opt = typer.Option
 
 app = typer.Typer(
@@ -38,78 +45,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-
-# --- errors and shared helpers ---------------------------------------------------------------
-
-
-def _debug() -> bool:
-    return os.environ.get("OUTRIDER_DEBUG", "").lower() in ("1", "true", "yes")
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    """Print the one-line error the user acts on; callers raise what this returns."""
-    line = " ".join(str(message).split()) or "unknown error"
-    if len(line) > MAX_ERROR:  # e.g. mlx-lm listing every unexpected weight
-        line = line[:MAX_ERROR].rstrip() + " … (OUTRIDER_DEBUG=1 shows all)"
-    typer.echo(f"error: {line}", err=True)
-    return typer.Exit(code)
+__all__ = [
+    "app",
+    "cache_root",
+    "check_context",
+    "check_options",
+    "main",
+    "plugins",
+    "read_prompt",
+    "user_errors",
+]
 
 
-@contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn errors a user can act on into one stderr line and exit 2, and Ctrl-C into exit 130
-    (tracebacks: OUTRIDER_DEBUG=1)."""
-    try:
-        yield
-    except Interrupted as e:
-        if _debug():
-            raise
-        typer.echo(f"\ninterrupted {e}", err=True)
-        raise typer.Exit(130) from None
-    except USER_ERRORS as e:
-        if _debug():
-            raise
-        raise _fail(str(e)) from None
-    except KeyboardInterrupt:
-        # Prefill runs in chunks and decoding in rounds, so Ctrl-C lands within one of them.
-        if _debug():
-            raise
-        typer.echo("\ninterrupted", err=True)
-        raise typer.Exit(130) from None
-
-
-def _warn(message: str) -> None:
-    typer.echo(f"warning: {' '.join(message.split())}", err=True)
-
-
-@functools.lru_cache(maxsize=1)
-def plugins() -> Plugins:
-    """The plugin catalogue; a third-party plugin that fails to load costs a warning, not the run."""
-    try:
-        return Plugins()
-    except Exception as e:
-        if _debug():
-            raise
-        _warn(
-            f"a third-party plugin failed to load ({type(e).__name__}: {e}); using built-ins only"
-        )
-        return Plugins(load_entrypoints=False)
-
-
-def cache_root() -> Path:
-    """Where outrider keeps its own files: $OUTRIDER_CACHE, else ~/.cache/outrider."""
-    env = os.environ.get("OUTRIDER_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "outrider"
-
-
-def _console(stderr: bool = False, width: int | None = None):
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False, width=width)
-
-
-def _print_json(obj: Any) -> None:
-    typer.echo(json.dumps(obj, indent=2, ensure_ascii=False))
+# --- version ---------------------------------------------------------------------------------
 
 
 def _version() -> str:
@@ -134,38 +82,6 @@ def _root(
 
 
 # --- generate --------------------------------------------------------------------------------
-
-
-def read_prompt(prompt: str | None) -> str:
-    """--prompt, else standard input when it is piped; never an empty prompt."""
-    if prompt is None:
-        if sys.stdin is None or sys.stdin.isatty():
-            raise OutriderError("no prompt: pass --prompt or pipe text on standard input")
-        try:
-            prompt = sys.stdin.read()
-        except UnicodeDecodeError as e:
-            raise OutriderError(
-                f"standard input is not UTF-8 text (byte {e.object[e.start]:#04x} at {e.start})"
-            ) from None
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:  # argv bytes that were not UTF-8 arrive as lone surrogates
-        raise OutriderError("the prompt is not valid UTF-8 text") from None
-    if not prompt.strip():
-        raise OutriderError("the prompt is empty")
-    return prompt
-
-
-def check_options(max_tokens: int, max_draft: int | None, drafter_bits: int, mode: str) -> None:
-    """Reject bad numbers and unknown modes before any model is loaded or built."""
-    if max_tokens < 0:
-        raise OutriderError(f"--max-tokens must be >= 0, got {max_tokens}")
-    if max_draft is not None and max_draft < 0:
-        raise OutriderError(f"--max-draft must be >= 0, got {max_draft}")
-    if drafter_bits not in (16, 8, 4):
-        raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
-    if mode != "auto":
-        plugins().strategy(mode)
 
 
 @app.command()
@@ -279,15 +195,6 @@ def generate(
             stream_live(pipe, ids, kwargs, _console())
         else:
             stream_plain(pipe, ids, kwargs)
-
-
-def check_context(n_prompt: int, window: int | None) -> None:
-    """The server's rule: a prompt must leave the context window room for one token."""
-    if window is not None and n_prompt >= window:
-        raise OutriderError(
-            f"the prompt is {n_prompt} tokens; this model's context window is {window} "
-            "(max_position_embeddings): shorten the prompt"
-        )
 
 
 # --- serve and claude (outrider/server/command.py) ------------------------------------------

@@ -1,4 +1,4 @@
-"""The `outrider benchmark` command (registered in outrider/cli.py)."""
+"""The `outrider benchmark` command (registered in outrider/cli.py; helpers from cli_common)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def benchmark(
 ) -> None:
     """Measure every mode against plain decoding and mlx-lm on fixed prompt suites; every
     run's tokens must equal plain decoding's."""
-    from .. import cli
+    from .. import cli_common as cli
     from ..core.errors import OutriderError
     from ..demo import demo_target
     from .receipt import build_receipt, write_receipt
@@ -109,7 +109,7 @@ def benchmark(
         config.check()
         if model is None:
             config.model = demo_target()
-            cli._warn(f"no --model given; benchmarking the demo model at {config.model}")
+            cli.warn(f"no --model given; benchmarking the demo model at {config.model}")
         line = command_line(
             {
                 "--model": config.model,
@@ -129,7 +129,7 @@ def benchmark(
                 "--json": json_path,
             }
         )
-        err = cli._console(stderr=True)
+        err = cli.console(stderr=True)
         with err.status("loading") as status:
 
             def progress(arm: str, prompt, trial: int) -> None:
@@ -138,9 +138,9 @@ def benchmark(
             try:
                 report = run_benchmark(config, cli.plugins(), progress)
             except LosslessError as e:
-                raise cli._fail(str(e), code=1) from None
+                raise cli.fail(str(e), code=1) from None
         wide = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
-        out = cli._console(width=wide)
+        out = cli.console(width=wide)
         out.print(report_table(report, title=f"outrider benchmark · {config.model}"))
         out.print(lossless_line(report))
         if json_path:

@@ -65,7 +65,7 @@ def serve(
     ),
 ) -> None:
     """Serve OpenAI- and Anthropic-compatible APIs; speculation is invisible to clients."""
-    from ..cli import check_options, plugins, user_errors
+    from ..cli_common import check_options, plugins, user_errors
     from ..core.errors import OutriderError
 
     with user_errors():
@@ -235,7 +235,7 @@ def claude(
     print_env: bool = Opt(False, "--print-env", help="Print shell exports instead of launching."),
 ) -> None:
     """Launch Claude Code against a running `outrider serve` (arguments after -- go to it)."""
-    from ..cli import user_errors
+    from ..cli_common import user_errors
     from ..core.errors import OutriderError
     from .claude import claude_env, probe, shell_exports
 

@@ -45,7 +45,8 @@ def train(
     as_json: bool = Opt(False, "--json", help="Progress and report as JSON lines."),
 ) -> None:
     """Train a DSpark or DFlash drafter for a target, online (the target runs alongside)."""
-    from ..cli import _console, user_errors
+    from ..cli_common import console as _console
+    from ..cli_common import user_errors
     from .progress import JsonLines, PlainLines, RichProgress
     from .trainer import TrainConfig, train_drafter
 

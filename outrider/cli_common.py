@@ -1,0 +1,137 @@
+"""What every `outrider` command shares: one-line errors, Ctrl-C handling, the plugin
+catalogue, consoles, and the option checks run before any model is loaded.
+
+The command modules (`cli.py`, `benchmark/command.py`, `server/command.py`,
+`train/command.py`) import from here and never from each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .core.errors import Interrupted, OutriderError
+from .core.plugins import Plugins
+
+# OSError: unreadable files, a file where a folder should be, a full disk: one line each.
+USER_ERRORS = (OutriderError, ValueError, OSError)
+MAX_ERROR = 400
+
+
+def debug() -> bool:
+    """OUTRIDER_DEBUG=1: show tracebacks instead of one-line errors."""
+    return os.environ.get("OUTRIDER_DEBUG", "").lower() in ("1", "true", "yes")
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print the one-line error the user acts on; callers raise what this returns."""
+    line = " ".join(str(message).split()) or "unknown error"
+    if len(line) > MAX_ERROR:  # e.g. mlx-lm listing every unexpected weight
+        line = line[:MAX_ERROR].rstrip() + " … (OUTRIDER_DEBUG=1 shows all)"
+    typer.echo(f"error: {line}", err=True)
+    return typer.Exit(code)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn errors a user can act on into one stderr line and exit 2, and Ctrl-C into exit 130
+    (tracebacks: OUTRIDER_DEBUG=1)."""
+    try:
+        yield
+    except Interrupted as e:
+        if debug():
+            raise
+        typer.echo(f"\ninterrupted {e}", err=True)
+        raise typer.Exit(130) from None
+    except USER_ERRORS as e:
+        if debug():
+            raise
+        raise fail(str(e)) from None
+    except KeyboardInterrupt:
+        # Prefill runs in chunks and decoding in rounds, so Ctrl-C lands within one of them.
+        if debug():
+            raise
+        typer.echo("\ninterrupted", err=True)
+        raise typer.Exit(130) from None
+
+
+def warn(message: str) -> None:
+    typer.echo(f"warning: {' '.join(message.split())}", err=True)
+
+
+@functools.lru_cache(maxsize=1)
+def plugins() -> Plugins:
+    """The plugin catalogue; a third-party plugin that fails to load costs a warning, not the run."""
+    try:
+        return Plugins()
+    except Exception as e:
+        if debug():
+            raise
+        warn(f"a third-party plugin failed to load ({type(e).__name__}: {e}); using built-ins only")
+        return Plugins(load_entrypoints=False)
+
+
+def cache_root() -> Path:
+    """Where outrider keeps its own files: $OUTRIDER_CACHE, else ~/.cache/outrider."""
+    env = os.environ.get("OUTRIDER_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "outrider"
+
+
+def console(stderr: bool = False, width: int | None = None):
+    """A rich console (imported lazily: `outrider --version` stays fast)."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, width=width)
+
+
+def print_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+def read_prompt(prompt: str | None) -> str:
+    """--prompt, else standard input when it is piped; never an empty prompt."""
+    if prompt is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise OutriderError("no prompt: pass --prompt or pipe text on standard input")
+        try:
+            prompt = sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise OutriderError(
+                f"standard input is not UTF-8 text (byte {e.object[e.start]:#04x} at {e.start})"
+            ) from None
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # argv bytes that were not UTF-8 arrive as lone surrogates
+        raise OutriderError("the prompt is not valid UTF-8 text") from None
+    if not prompt.strip():
+        raise OutriderError("the prompt is empty")
+    return prompt
+
+
+def check_options(max_tokens: int, max_draft: int | None, drafter_bits: int, mode: str) -> None:
+    """Reject bad numbers and unknown modes before any model is loaded or built."""
+    if max_tokens < 0:
+        raise OutriderError(f"--max-tokens must be >= 0, got {max_tokens}")
+    if max_draft is not None and max_draft < 0:
+        raise OutriderError(f"--max-draft must be >= 0, got {max_draft}")
+    if drafter_bits not in (16, 8, 4):
+        raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
+    if mode != "auto":
+        plugins().strategy(mode)
+
+
+def check_context(n_prompt: int, window: int | None) -> None:
+    """The server's rule: a prompt must leave the context window room for one token."""
+    if window is not None and n_prompt >= window:
+        raise OutriderError(
+            f"the prompt is {n_prompt} tokens; this model's context window is {window} "
+            "(max_position_embeddings): shorten the prompt"
+        )
