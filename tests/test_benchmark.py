@@ -90,6 +90,27 @@ def test_receipt_has_every_field_and_every_arm_is_lossless(
         )
         if arm in ("baseline", "mlx-lm"):
             assert cell["accept_len"] == 1.0
+            assert cell["accept_counts"] == []  # plain decoding: no speculative rounds
+        else:  # rounds by accept length: one trial, so the mean is the cell's accept length
+            counts = cell["accept_counts"]
+            assert counts and all(c >= 0 for c in counts) and counts[-1] > 0
+            rounds = sum(counts)
+            assert rounds >= 2  # at least one round per prompt
+            mean = sum((k + 1) * c for k, c in enumerate(counts)) / rounds
+            assert mean == pytest.approx(cell["accept_len"], abs=1e-4)
+            # the rounds made every token after each prompt's first (the last round's accept
+            # length may run past --max-tokens, where the stopper cuts it)
+            assert sum((k + 1) * c for k, c in enumerate(counts)) >= cell["tokens"] - 2
+            if arm != "mlx-lm-spec":
+                assert len(counts) - 1 <= settings["caps"][arm]
+    # every timed run, in run order, on one clock: 3 suites x 2 prompts per arm
+    timeline = receipt["timeline"]
+    assert set(timeline) == set(ARMS)
+    starts = sorted(t for points in timeline.values() for t, _ in points)
+    assert len(starts) == 36 and len(set(starts)) == 36 and starts[0] >= 0
+    for arm, points in timeline.items():
+        assert len(points) == 6 and [t for t, _ in points] == sorted(t for t, _ in points)
+        assert all(tps > 0 for _, tps in points), arm
 
 
 def test_benchmark_reference_is_mlx_lm_plain_greedy(qwen3_target, drafters):

@@ -66,18 +66,60 @@ def benchmark(
     drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
     no_thinking: bool = Opt(False, "--no-thinking", help="Turn the model's thinking off."),
     json_path: str | None = Opt(None, "--json", help="Write the receipt (JSON) to this file."),
+    plot_path: str | None = Opt(
+        None,
+        "--plot",
+        help="Write charts to this .png or .svg: speed-up per suite and mode, acceptance per "
+        "draft position, tok/s over time (needs `pip install 'outrider[plot]'`).",
+    ),
+    html_path: str | None = Opt(
+        None, "--html", help="Write one self-contained HTML report (charts and table) here."
+    ),
+    from_receipt: str | None = Opt(
+        None,
+        "--from-receipt",
+        help="Run nothing: print the table of this receipt (a --json file) and write its "
+        "--plot / --html.",
+    ),
 ) -> None:
     """Measure every mode against plain decoding and mlx-lm on fixed prompt suites; every
     run's tokens must equal plain decoding's."""
     from .. import cli_common as cli
     from ..core.errors import OutriderError
-    from ..demo import demo_target
-    from .receipt import build_receipt, write_receipt
-    from .runner import BenchConfig, LosslessError, run_benchmark
-    from .suites import parse_suites, read_user_prompts
-    from .table import lossless_line, report_table
 
     with cli.user_errors():
+        if plot_path is not None or html_path is not None:
+            from .report import plot_format, require_matplotlib
+
+            if plot_path is not None:
+                plot_format(plot_path)  # a bad extension fails before anything runs
+            require_matplotlib()
+        if from_receipt is not None:
+            run_flags = {
+                "--model": model,
+                "--drafter": drafter,
+                "--dspark-drafter": dspark_drafter,
+                "--dflash-drafter": dflash_drafter,
+                "--modes": modes,
+                "--suites": suites,
+                "--prompts": prompts,
+                "--peer-draft-model": peer_draft_model,
+                "--json": json_path,
+            }
+            given = [flag for flag, value in run_flags.items() if value]
+            if given:
+                raise OutriderError(
+                    f"--from-receipt runs nothing, so {', '.join(given)} would do nothing; "
+                    "leave it out"
+                )
+            _render_receipt(from_receipt, plot_path, html_path)
+            return
+        from ..demo import demo_target
+        from .receipt import build_receipt, write_receipt
+        from .runner import BenchConfig, LosslessError, run_benchmark
+        from .suites import parse_suites, read_user_prompts
+        from .table import lossless_line, report_table
+
         if drafter_bits not in (16, 8, 4):
             raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
         mode_list = None if modes is None else [m.strip() for m in modes.split(",") if m.strip()]
@@ -127,6 +169,8 @@ def benchmark(
                 "--drafter-bits": drafter_bits,
                 "--no-thinking": no_thinking,
                 "--json": json_path,
+                "--plot": plot_path,
+                "--html": html_path,
             }
         )
         err = cli.console(stderr=True)
@@ -143,6 +187,36 @@ def benchmark(
         out = cli.console(width=wide)
         out.print(report_table(report, title=f"outrider benchmark · {config.model}"))
         out.print(lossless_line(report))
+        receipt = build_receipt(report, config, line)
         if json_path:
-            receipt = build_receipt(report, config, line)
             out.print(f"receipt: {write_receipt(receipt, json_path)}")
+        _write_reports(out, receipt, plot_path, html_path)
+
+
+def _write_reports(out, receipt: dict, plot_path: str | None, html_path: str | None) -> None:
+    if plot_path is None and html_path is None:
+        return
+    from .report import write_html, write_plot
+
+    if plot_path is not None:
+        out.print(f"plot: {write_plot(receipt, plot_path)}")
+    if html_path is not None:
+        out.print(f"html: {write_html(receipt, html_path)}")
+
+
+def _render_receipt(path: str, plot_path: str | None, html_path: str | None) -> None:
+    """`--from-receipt`: the table and charts of a receipt written earlier, nothing run."""
+    from .. import cli_common as cli
+    from .report import load_receipt
+    from .table import receipt_table, summary_line
+
+    receipt = load_receipt(path)
+    wide = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
+    out = cli.console(width=wide)
+    model = (receipt.get("model") or {}).get("id") or "?"
+    chip = (receipt.get("device") or {}).get("chip")
+    title = f"outrider benchmark · {model}" + (f" · {chip}" if chip else "")
+    out.print(receipt_table(receipt, title=title))
+    if isinstance(receipt.get("lossless"), dict):
+        out.print(summary_line(receipt["lossless"]))
+    _write_reports(out, receipt, plot_path, html_path)

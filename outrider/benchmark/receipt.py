@@ -96,6 +96,7 @@ def build_receipt(report: Report, config: BenchConfig, command: str) -> dict:
         },
         "arms": report.arms,
         "results": [c.to_json() for c in report.cells],
+        "timeline": report.timeline,
         "lossless": summary(report),
     }
 

@@ -37,6 +37,21 @@ class Run:
         )
 
 
+def accept_counts(accepts: list[int]) -> list[int]:
+    """Rounds by accept length: element k counts the rounds that committed k + 1 tokens (k drafts
+    accepted). Empty when there were no rounds (plain decoding)."""
+    counts = [0] * max(accepts, default=0)
+    for a in accepts:
+        counts[a - 1] += 1
+    return counts
+
+
+def add_counts(a: list[int], b: list[int]) -> list[int]:
+    """Two accept histograms, element by element (the shorter padded with zeros)."""
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+
 @dataclass
 class TrialStats:
     """One arm over one suite's prompts in one trial: decode speed is pooled over prompts."""
@@ -46,6 +61,7 @@ class TrialStats:
     ttft_s: float
     peak_memory_gb: float
     tokens: int
+    accept_counts: list[int] = field(default_factory=list)  # rounds by accept length (above)
 
     @classmethod
     def of(cls, runs: list[Run]) -> TrialStats:
@@ -59,6 +75,7 @@ class TrialStats:
             ttft_s=statistics.fmean(r.ttft_s for r in runs) if runs else 0.0,
             peak_memory_gb=max((r.peak_memory_gb for r in runs), default=0.0),
             tokens=sum(len(r.tokens) for r in runs),
+            accept_counts=accept_counts(accepts),
         )
 
 
@@ -91,6 +108,14 @@ class Cell:
     def tokens(self) -> int:
         return self.trials[0].tokens if self.trials else 0
 
+    @property
+    def accept_counts(self) -> list[int]:
+        """Rounds by accept length over every trial (element k: rounds that accepted k drafts)."""
+        counts: list[int] = []
+        for t in self.trials:
+            counts = add_counts(counts, t.accept_counts)
+        return counts
+
     def to_json(self) -> dict:
         return {
             "suite": self.suite,
@@ -102,4 +127,5 @@ class Cell:
             "peak_memory_gb": round(self.peak_memory_gb, 4),
             "tokens": self.tokens,
             "trials_decode_tps": [round(t.decode_tps, 3) for t in self.trials],
+            "accept_counts": self.accept_counts,
         }

@@ -11,6 +11,7 @@ logits, which is recorded as such (bf16 models on GPUs; the tests use fp32 model
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,8 @@ class Report:
     divergences: list[dict]
     checked: int
     outputs: dict[str, dict] = field(default_factory=dict)  # prompt -> its ids and plain tokens
+    # arm -> [seconds since the first timed run began, decode tok/s] per timed run, in run order
+    timeline: dict[str, list[list[float]]] = field(default_factory=dict)
 
 
 # --- building the arms -------------------------------------------------------------------------
@@ -285,6 +288,8 @@ def run_benchmark(
     reference: dict[tuple, list[int]] = {}
     divergences: list[dict] = []
     checked = 0
+    timeline: dict[str, list[list[float]]] = {arm.name: [] for arm in arms}
+    t0 = time.perf_counter()
     for trial in range(config.trials):
         for suite, prompts in suites.items():
             for p in prompts:
@@ -292,7 +297,10 @@ def run_benchmark(
                 for arm in arms:
                     if progress is not None:
                         progress(arm.name, p, trial)
+                    start = time.perf_counter() - t0
                     run = arm.generate(ids[key], config.max_tokens)
+                    tps = run.decode_tokens / run.decode_s if run.decode_s > 0 else 0.0
+                    timeline[arm.name].append([round(start, 4), round(tps, 2)])
                     reference.setdefault(key, run.tokens)  # baseline runs first
                     where = {
                         "mode": arm.name,
@@ -324,6 +332,7 @@ def run_benchmark(
         divergences=divergences,
         checked=checked,
         outputs={f"{k[0]}/{k[1]}#{k[2]}": {"prompt": ids[k], "tokens": reference[k]} for k in ids},
+        timeline=timeline,
     )
 
 
