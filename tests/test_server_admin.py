@@ -305,3 +305,110 @@ def test_serve_on_a_busy_port_is_one_line_before_listening():
         done.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port}: the port is in use "
         "(another server is listening there)"
     )
+
+
+def _until(check, timeout: float = 10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+def test_a_cancelled_download_stops_and_the_running_model_keeps_serving(scripted, monkeypatch):
+    """The download runs before the running model is released: /health shows its bytes and
+    the fit warning, a cancel stops it at its next chunk, and the model that was serving is
+    still loaded (never released, never loaded again). huggingface_hub is not touched."""
+    from types import SimpleNamespace
+
+    from live_server import wait_ready
+
+    from outrider.core import fit, hub
+    from outrider.server.admin import health
+    from outrider.server.engine import Engine, LoadSpec, default_prefetch
+
+    monkeypatch.setattr(fit, "download_warning", lambda repo, window=None: f"{repo}: {window}")
+    seen = {"chunks": 0}
+
+    def fetch(tqdm_class):  # a 1 GB file, 10 s at this pace
+        bar = tqdm_class(desc="Reconstructing", total=10**9, unit="B")
+        try:
+            for _ in range(2000):
+                bar.update(5 * 10**5)
+                seen["chunks"] += 1
+                time.sleep(0.005)
+        except hub.DownloadCancelled:
+            seen["stopped"] = True
+            raise
+        return "/nonexistent"
+
+    def prefetch(spec):
+        if spec.model == "someone/big":
+            hub.fetch_with_progress(spec.model, "model", fetch)
+        else:
+            default_prefetch(spec)
+
+    engine = Engine(prefetch=prefetch).start()
+    try:
+        engine.load(LoadSpec(str(scripted), mode="lookup", context_window=300))
+        wait_ready(engine)
+        serving = engine.pipeline
+        engine.load(LoadSpec("someone/big"))
+        state = SimpleNamespace(engine=engine, limits=Limits())
+        h = _until(lambda: (h := health(state))["load"].get("download", {}).get("bytes_done") and h)
+        assert h["status"] == "loading" and h["load"]["phase"] == "downloading"
+        download = h["load"]["download"]
+        assert download["repo"] == "someone/big" and download["bytes_total"] == 10**9
+        assert 0 < download["bytes_done"] < 10**9 and 0 < download["fraction"] < 1
+        assert h["load"]["warning"] == "someone/big: 300"  # the fit check saw the window
+        assert engine.cancel_load() is True and engine.cancel_load() is False
+        h = health(state)
+        assert h["status"] == "ok" and h["model"] == "scripted-admin" and h["mode"] == "lookup"
+        assert "download" not in h["load"] and h["context_window"] == 300
+        assert h["load"]["error"] == (
+            f"loading someone/big was cancelled; still serving {scripted}"
+        )
+        _until(lambda: seen.get("stopped"))
+        assert seen["chunks"] < 2000 and engine.pipeline is serving
+        time.sleep(0.2)  # the worker has wound the load up: nothing changed
+        assert engine.state == "ready" and engine.pipeline is serving and engine.download is None
+    finally:
+        engine.stop()
+
+
+def test_a_cancel_after_the_download_loads_the_previous_model_again(scripted):
+    """Past the download the running model is gone; a cancel then brings it back."""
+    import threading
+
+    from live_server import wait_ready
+
+    from outrider.server.engine import Engine, LoadSpec, default_loader
+
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def loader(spec):
+        if spec.mode == "baseline":
+            entered.set()
+            gate.wait(10)
+        return default_loader(spec)
+
+    engine = Engine(loader, prefetch=lambda spec: None).start()
+    try:
+        engine.load(LoadSpec(str(scripted), mode="lookup"))
+        wait_ready(engine)
+        engine.load(LoadSpec(str(scripted), mode="baseline"))
+        assert entered.wait(10)
+        assert engine.cancel_load() is True
+        assert engine.state == "loading" and engine.phase == "cancelling"
+        gate.set()
+        wait_ready(engine)
+        assert engine.state == "ready" and engine.pipeline.mode == "lookup"
+        assert (
+            engine.error.startswith("loading ") and "was cancelled; still serving" in engine.error
+        )
+    finally:
+        gate.set()
+        engine.stop()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api import Pipeline
+from ..core import hub
 from ..core.prefix_cache import PrefixCache
 from .metrics import Metrics
 
@@ -56,6 +57,8 @@ class _Load:
     spec: LoadSpec
     cancel: threading.Event = field(default_factory=threading.Event)
     window_before: int | None = None  # the context-window limit to restore if the load fails
+    previous: LoadSpec | None = None  # what was serving when the worker took the load
+    released: bool = False  # the previous model was let go (past the download)
 
 
 class _Unload:
@@ -72,6 +75,56 @@ _STOP = object()
 
 class NotReady(Exception):
     """No model is loaded (or one is loading)."""
+
+
+def default_prefetch(spec: LoadSpec) -> None:
+    """Download what `default_loader` will read (the target, and the drafter it will use)
+    before the running model is released, so a cancelled or failed download leaves it loaded
+    and serving. An explicit drafter that cannot be had fails the load; a missing registry
+    drafter is left to `load`, which falls back to lookup and says so."""
+    from ..core.errors import ModelNotFoundError
+    from ..registry import find_pair
+
+    hub.resolve_model(spec.model, "model")
+    drafter = spec.drafter
+    if spec.mode in ("lookup", "baseline"):
+        return
+    if drafter is None:
+        pair = find_pair(spec.model)
+        drafter = (
+            pair.drafters.get(pair.mode if spec.mode == "auto" else spec.mode) if pair else None
+        )
+    if drafter is None:
+        return
+    try:
+        hub.resolve_model(drafter, "drafter")
+    except ModelNotFoundError:
+        if spec.drafter is not None:
+            raise
+
+
+class _LoadWatcher(hub.DownloadWatcher):
+    """A load's downloads, seen from `/health`; its cancel flag stops them."""
+
+    def __init__(self, engine: Engine, job: _Load) -> None:
+        self._engine, self._job = engine, job
+        self.context_window = engine.window_limit
+
+    def begin(self, state: hub.DownloadState) -> None:
+        self._engine.download = state.as_dict()
+
+    def update(self, state: hub.DownloadState) -> None:
+        self._engine.download = state.as_dict()
+
+    def end(self, state: hub.DownloadState, ok: bool) -> None:
+        self._engine.download = None
+
+    def warn(self, message: str) -> None:
+        self._engine.warning = " ".join(message.split())
+        print(f"warning: {self._engine.warning}", file=sys.stderr, flush=True)
+
+    def cancelled(self) -> bool:
+        return self._job.cancel.is_set()
 
 
 def default_loader(spec: LoadSpec) -> Pipeline:
@@ -95,10 +148,16 @@ class Engine:
         loader: Callable[[LoadSpec], Pipeline] = default_loader,
         metrics: Metrics | None = None,
         prefix_cache: PrefixCache | None = None,
+        prefetch: Callable[[LoadSpec], None] | None = None,
     ) -> None:
         """`prefix_cache` keeps target caches between requests (the worker thread owns it;
-        it is emptied whenever the model changes)."""
+        it is emptied whenever the model changes). `prefetch` downloads what a load needs
+        before the running model is released (default: `default_prefetch` with the default
+        loader, nothing with another)."""
         self._loader = loader
+        if prefetch is None and loader is default_loader:
+            prefetch = default_prefetch
+        self._prefetch = prefetch
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="outrider-engine", daemon=True)
         self._lock = threading.Lock()
@@ -110,6 +169,8 @@ class Engine:
         self.phase: str | None = None
         self.error: str | None = None
         self.load_started: float | None = None
+        self.download: dict[str, Any] | None = None  # the running download (DownloadState)
+        self.warning: str | None = None  # the fit check's warning for the running load
         self._pending_load: _Load | None = None
         self._serving: LoadSpec | None = None  # what the current pipeline was loaded from
         self.window_limit: int | None = None  # sticky across loads; 0 in a LoadSpec clears it
@@ -136,6 +197,9 @@ class Engine:
         current = self._current
         if current is not None:
             current.cancel.set()
+        pending = self._pending_load
+        if pending is not None:  # a download in progress stops at its next chunk
+            pending.cancel.set()
         self._jobs.put(_STOP)
         self._thread.join(timeout=30)
 
@@ -148,6 +212,7 @@ class Engine:
                 self._pending_load.cancel.set()
             self._pending_load = job
             self.state, self.phase, self.error = "loading", "queued", None
+            self.warning = None
             self.load_started = time.time()
             self.spec = spec
             if spec.context_window is not None:
@@ -155,17 +220,25 @@ class Engine:
         self._jobs.put(job)
 
     def cancel_load(self) -> bool:
-        """Cancel a queued or running load; a running one is discarded when it returns."""
+        """Cancel a queued or running load. A download stops at its next chunk and the running
+        model, never released, keeps serving; past the download the load is discarded when it
+        returns and the previous model loaded again (`/health` says `loading` meanwhile)."""
         with self._lock:
             job = self._pending_load
             if job is None or job.cancel.is_set():
                 return False
             job.cancel.set()
+            self.window_limit = job.window_before
+            self.error = f"loading {job.spec.model} was cancelled"
+            if job.released and job.previous is not None:  # the worker loads it again
+                self.phase = "cancelling"
+                return True
             self._pending_load = None
             self.state = "ready" if self.pipeline is not None else "no_model"
-            self.phase = None
-            if self.pipeline is None:
-                self.spec = None
+            self.phase, self.download = None, None
+            self.spec = self._serving if self.pipeline is not None else None
+            if self.pipeline is not None:
+                self.error += f"; still serving {self._serving_name()}"
             return True
 
     def unload(self) -> None:
@@ -204,7 +277,11 @@ class Engine:
             "error": self.error,
             "elapsed_s": round(time.time() - self.load_started, 3) if self.load_started else None,
             "requested": asdict(self.spec) if self.spec else None,
+            "warning": self.warning,
         }
+        download = self.download
+        if download is not None and self.state == "loading":
+            out["download"] = download
         if pipe is not None:
             out.update(
                 model=model_id(pipe),
@@ -260,12 +337,29 @@ class Engine:
             pass
 
     def _do_load(self, job: _Load) -> None:
-        """Release the running model (peak memory stays one model), load the new one; if that
-        fails, load the previous one again, so a bad load never leaves the server empty."""
-        if job.cancel.is_set():
-            return
-        previous = self._serving if self.pipeline is not None else None
+        """Download first, while the running model stays loaded (a cancelled or failed
+        download leaves it serving); then release it (peak memory stays one model) and load
+        the new one; if that fails or is cancelled, load the previous one again, so a bad load
+        never leaves the server empty."""
         with self._lock:
+            if job.cancel.is_set():
+                return
+            previous = job.previous = self._serving if self.pipeline is not None else None
+            self.phase = "downloading" if self._prefetch is not None else self.phase
+        if self._prefetch is not None:
+            try:
+                with hub.watch_downloads(_LoadWatcher(self, job)):
+                    self._prefetch(job.spec)
+            except Exception as e:
+                if not job.cancel.is_set():  # else cancel_load has said so already
+                    self._keep_serving(job, f"could not load {job.spec.model}: {e}")
+                return
+            finally:
+                self.download = None
+        with self._lock:
+            if job.cancel.is_set():
+                return
+            job.released = True
             self.phase = "releasing"
         self._release()
         with self._lock:
@@ -274,17 +368,20 @@ class Engine:
             pipe, spec, error = self._loader(job.spec), job.spec, None
         except Exception as e:
             pipe, spec, error = None, previous, f"could not load {job.spec.model}: {e}"
-            if previous is not None:
-                with self._lock:
-                    self.phase = "restoring"
-                try:
-                    pipe = self._loader(previous)
-                    error += f"; still serving {previous.model}"
-                except Exception as again:
-                    pipe, spec = None, None
-                    error += f"; restoring {previous.model} failed too: {again}"
+        if pipe is not None and job.cancel.is_set():  # cancelled while it loaded
+            pipe, spec, error = None, previous, f"loading {job.spec.model} was cancelled"
+            self._release()
+        if pipe is None and previous is not None and self._pending_load is job:
+            with self._lock:
+                self.phase = "restoring"
+            try:
+                pipe = self._loader(previous)
+                error = f"{error}; still serving {previous.model}"
+            except Exception as again:
+                pipe, spec = None, None
+                error = f"{error}; restoring {previous.model} failed too: {again}"
         with self._lock:
-            if job.cancel.is_set() or self._pending_load is not job:  # cancelled meanwhile
+            if self._pending_load is not job:  # cancelled (nothing to restore) or superseded
                 keep = False
             else:
                 keep = pipe is not None
@@ -299,6 +396,23 @@ class Engine:
         if not keep:
             pipe = None
             self._release()
+
+    def _serving_name(self) -> str:
+        return self._serving.model if self._serving is not None else "the previous model"
+
+    def _keep_serving(self, job: _Load, error: str) -> None:
+        """A load that failed before anything was released: the running model stays."""
+        with self._lock:
+            if self._pending_load is not job:
+                return
+            self._pending_load = None
+            self.phase = None
+            self.window_limit = job.window_before
+            if self.pipeline is not None:
+                self.state, self.spec = "ready", self._serving
+                self.error = f"{error}; still serving {self._serving_name()}"
+            else:
+                self.state, self.spec, self.error = "error", None, error
 
     @staticmethod
     def _post(job: Job, kind: str, value: Any) -> None:

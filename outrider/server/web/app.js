@@ -544,9 +544,33 @@ async function loadModels() {
   }
 }
 
+function gigabytes(n) {
+  return n >= 1e9 ? `${(n / 1e9).toFixed(1)} GB` : `${(n / 1e6).toFixed(1)} MB`;
+}
+
+// " · 3.2 of 16.4 GB (19%) · 2 of 9 files" while /health reports a download, else "".
+function downloadText(d) {
+  if (!d) return "";
+  let text = d.bytes_total
+    ? ` · ${gigabytes(d.bytes_done)} of ${gigabytes(d.bytes_total)} (${Math.floor(100 * d.fraction)}%)`
+    : ` · ${gigabytes(d.bytes_done)}`;
+  if (d.files_total) text += ` · ${d.files_done} of ${d.files_total} files`;
+  return d.what === "drafter" ? ` · drafter${text}` : text;
+}
+
+// The determinate bar while a download's size is known; the sliding one otherwise.
+function showDownload(d) {
+  const known = Boolean(d && d.bytes_total);
+  const bar = $("load-download");
+  bar.hidden = !known;
+  $("load-spinner").hidden = known;
+  if (known) bar.value = d.fraction || 0;
+}
+
 async function loadModel(ref, mode) {
   const error = $("load-error");
   error.hidden = true;
+  $("load-warning").hidden = true;
   try {
     await api("/admin/load", { method: "POST", body: { model: ref, mode } });
   } catch (err) {
@@ -574,9 +598,16 @@ async function loadModel(ref, mode) {
       break;
     }
     const elapsed = load.elapsed_s ? ` · ${load.elapsed_s.toFixed(1)} s` : "";
-    $("load-phase").textContent = `loading ${ref} · ${load.phase || "queued"}${elapsed}`;
+    $("load-phase").textContent =
+      `loading ${ref} · ${load.phase || "queued"}${downloadText(load.download)}${elapsed}`;
+    showDownload(load.download);
+    if (load.warning) {
+      $("load-warning").textContent = `warning: ${load.warning}`;
+      $("load-warning").hidden = false;
+    }
     await new Promise((r) => setTimeout(r, 300));
   }
+  showDownload(null);
   $("load-progress").hidden = true;
   $("load-cancel").hidden = true;
   await refreshHealth();
