@@ -9,6 +9,7 @@ checked equal to the cache-off run's.
 
     python benchmarks/prefix_cache.py                       # a tiny random qwen3, on any machine
     python benchmarks/prefix_cache.py --model mlx-community/Qwen3-4B-4bit --system-tokens 4096
+    python benchmarks/prefix_cache.py --shape 8b --dtype bf16  # random weights, Qwen3-8B's shape
 
 The H200 targets of issue 12: TTFT ratio >= 20x at turn 5 with a 4k-token system prompt, and
 >= 50x on an exact repeat.
@@ -49,6 +50,10 @@ def conversation(vocab: int, args: argparse.Namespace, seed: int = 0) -> tuple[l
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="target folder or repo id (default: a tiny random qwen3)")
+    ap.add_argument(
+        "--shape", help="a random-weight qwen3 of this shape instead (0.6b, 8b; in memory)"
+    )
+    ap.add_argument("--dtype", default="bf16", help="with --shape: bf16, 4bit or fp32")
     ap.add_argument("--drafter")
     ap.add_argument("--mode", default="baseline")
     ap.add_argument("--max-draft", type=int)
@@ -62,11 +67,20 @@ def main() -> None:
     args = ap.parse_args()
 
     model = args.model
-    if model is None:
-        from outrider.testing import make_tiny_target
+    if args.shape:  # the random-weight shapes of loop_efficiency.py, built in memory
+        from loop_efficiency import make_target
 
-        model = str(make_tiny_target(Path(tempfile.mkdtemp()) / "qwen3", family="qwen3"))
-    pipe = outrider.load(model, args.drafter, mode=args.mode)
+        from outrider.plugins.strategies.baseline import PlainProposer
+
+        target = make_target(args.shape, args.dtype)
+        model = target.name
+        pipe = outrider.Pipeline(target, PlainProposer(), "baseline", 0)
+    else:
+        if model is None:
+            from outrider.testing import make_tiny_target
+
+            model = str(make_tiny_target(Path(tempfile.mkdtemp()) / "qwen3", family="qwen3"))
+        pipe = outrider.load(model, args.drafter, mode=args.mode)
     vocab = int(pipe.target.config.get("vocab_size") or 32000)
     system, users = conversation(vocab, args)
 

@@ -11,17 +11,24 @@ from typing import Any
 import mlx.core as mx
 
 from .core import gguf
+from .core.batch import Batch, fork
 from .core.checkpoint import open_checkpoint, read_config
 from .core.drafter_spec import DrafterSpec
-from .core.errors import CheckpointError, ModelNotFoundError, OutriderError, UnsupportedTargetError
+from .core.errors import (
+    Cancelled,
+    CheckpointError,
+    ModelNotFoundError,
+    OutriderError,
+    UnsupportedTargetError,
+)
 from .core.events import Result, Round
 from .core.hub import resolve_model
 from .core.logits import Penalties
-from .core.loop import Step, decode
+from .core.loop import Row, Step, begin_row, decode, prefill
 from .core.plugins import Plugins
 from .core.prefix_cache import GB, PrefixCache
 from .core.proposer import Proposer
-from .core.sampling import SamplingParams
+from .core.sampling import KeyStream, SamplingParams
 from .core.stopping import Stopper
 from .core.target import Target
 from .prompts import encode_prompt
@@ -74,6 +81,12 @@ class TextAssembler:
         return delta
 
 
+def _stop_only(step: Step) -> bool:
+    """A step that only says generation was cancelled: no forward ran, nothing was drafted or
+    kept, so it is no round (a partial result's rounds and accept length stay those run)."""
+    return step.finish_reason == "cancelled" and not step.committed and not step.drafted
+
+
 @dataclass
 class Chunk:
     """A piece of streamed output: new text, the tokens behind it, and the step it came from."""
@@ -83,6 +96,43 @@ class Chunk:
     step: Step
     result: Result | None = None  # set on the last chunk
     earlier: tuple[Step, ...] = ()  # steps merged into this chunk before `step` (the server)
+
+
+class Collector:
+    """Turns one generation's steps into chunks, and its last step into the Result."""
+
+    def __init__(self, result: Result, text: TextAssembler) -> None:
+        self.result, self.text = result, text
+        self.decode_start = time.perf_counter()
+
+    def add(self, step: Step) -> Chunk:
+        result = self.result
+        if step.source == "prefill":
+            result.prefill_seconds = step.seconds
+            self.decode_start = time.perf_counter()
+        elif step.source == "draft" and not _stop_only(step):
+            result.rounds.append(Round(step.drafted, step.accepted, step.committed, step.seconds))
+        result.tokens.extend(step.committed)
+        done = step.finish_reason is not None
+        delta = self.text.add(step.committed, done)
+        if not done:
+            return Chunk(delta, step.committed, step)
+        result.finish_reason = step.finish_reason
+        result.text = self.text.text
+        result.decode_seconds = time.perf_counter() - self.decode_start
+        result.peak_memory_gb = mx.get_peak_memory() / 1e9
+        return Chunk(delta, step.committed, step, result)
+
+
+@dataclass
+class RowStart:
+    """A generation prefilled alone, ready to join a batch: `row` is None when its first
+    token already ended it (`first.result` is then set)."""
+
+    row: Row | None
+    cache: list
+    collector: Collector
+    first: Chunk
 
 
 @dataclass
@@ -157,14 +207,7 @@ class Pipeline:
         if not ids:
             raise OutriderError("the prompt is empty")
         tokenizer = self.tokenizer
-        if stop and tokenizer is None:
-            raise OutriderError("stop strings need a tokenizer")
-        stopper = Stopper(
-            max_tokens,
-            self.target.eos_token_ids if stop_tokens is None else set(stop_tokens),
-            stop,
-            decode=(lambda t: tokenizer.decode(t)) if stop else None,
-        )
+        stopper = self._stopper(max_tokens, stop, stop_tokens)
         result = Result(text="", prompt_tokens=ids, tokens=[], mode=self.mode)
         cap_ceiling = self.proposer.max_draft
         result.max_draft = self.max_draft if max_draft is None else min(max_draft, cap_ceiling)
@@ -210,26 +253,12 @@ class Pipeline:
 
     @staticmethod
     def _chunks(steps: Iterator[Step], result: Result, text: TextAssembler) -> Iterator[Chunk]:
-        decode_start = time.perf_counter()
+        collector = Collector(result, text)
         for step in steps:
-            if step.source == "prefill":
-                result.prefill_seconds = step.seconds
-                decode_start = time.perf_counter()
-            elif step.source == "draft":
-                result.rounds.append(
-                    Round(step.drafted, step.accepted, step.committed, step.seconds)
-                )
-            result.tokens.extend(step.committed)
-            done = step.finish_reason is not None
-            delta = text.add(step.committed, done)
-            if done:
-                result.finish_reason = step.finish_reason
-                result.text = text.text
-                result.decode_seconds = time.perf_counter() - decode_start
-                result.peak_memory_gb = mx.get_peak_memory() / 1e9
-                yield Chunk(delta, step.committed, step, result)
+            chunk = collector.add(step)
+            yield chunk
+            if chunk.result is not None:
                 return
-            yield Chunk(delta, step.committed, step)
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> Result:
         """Generate to completion; same keywords as `stream`."""
@@ -237,6 +266,105 @@ class Pipeline:
             if chunk.result is not None:
                 return chunk.result
         raise RuntimeError("generation ended without a result")  # pragma: no cover
+
+    def generate_batch(
+        self, prompts: Sequence[str | list[int]], *, system: str | None = None,
+        raw: bool = False, thinking: bool | None = None, **kwargs: Any,
+    ) -> list[Result]:  # fmt: skip
+        """Generate for several prompts together: their rows share every target forward, and
+        each result is what `generate` gives for that prompt alone (the keywords of
+        `start_row`; `seed` seeds every row alike). Needs a target family that batches."""
+        batch = Batch(self.target)
+        starts = []
+        for prompt in prompts:
+            ids = self.encode(prompt, system=system, raw=raw, thinking=thinking)
+            start = self.start_row(ids, **kwargs)
+            starts.append(start)
+            if start.row is not None:
+                batch.join(start.row, start.cache)
+        collectors = {id(s.row): s.collector for s in starts if s.row is not None}
+        while len(batch):
+            for row, step in batch.round():
+                collectors[id(row)].add(step)
+        for start in starts:
+            start.collector.result.decode_seconds = sum(
+                r.seconds for r in start.collector.result.rounds
+            )
+        return [start.collector.result for start in starts]
+
+    def start_row(
+        self,
+        ids: list[int],
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        stop_tokens: set[int] | None = None,
+        max_draft: int | None = None,
+        penalties: Penalties | None = None,
+        logprobs: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
+        prefill_progress: Callable[[int, int], None] | None = None,
+    ) -> RowStart:
+        """Prefill one generation alone (its prompt ids; the keywords of `stream`) and make
+        the row a `Batch` advances. The prompt's cache goes into the prefix cache (when on)
+        before the row joins, and a prefix hit shortens the prefill."""
+        if max_tokens < 0:
+            raise OutriderError(f"max_tokens must be >= 0, got {max_tokens}")
+        if not ids:
+            raise OutriderError("the prompt is empty")
+        sampling = SamplingParams(temperature, top_p, top_k, seed)
+        stopper = self._stopper(max_tokens, stop, stop_tokens)
+        cap = self.max_draft if max_draft is None else min(max_draft, self.proposer.max_draft)
+        result = Result(text="", prompt_tokens=ids, tokens=[], mode=self.mode, max_draft=cap)
+        collector = Collector(result, TextAssembler(self.tokenizer, stopper))
+        if max_tokens == 0:
+            stopper.finish_reason = "length"
+            return RowStart(
+                None, [], collector, collector.add(Step("prefill", [], 0, [], 0.0, "length"))
+            )
+        procs = penalties.processors() if penalties is not None and penalties.active else []
+        window = penalties.window if procs else 0
+        keys = None if sampling.greedy else KeyStream(sampling.seed)
+        proposer = fork(self.proposer)
+        record = hit = None
+        if self.prefix_cache is not None:
+            tap_ids = tuple(proposer.tap_layer_ids)
+            record = self.prefix_cache.record(self.target, tap_ids)
+            if record is not None:
+                hit = self.prefix_cache.lookup(self.target, ids, tap_ids)
+        result.cached_tokens = hit.length if hit is not None else 0
+        try:
+            started = prefill(
+                self.target, proposer, ids, sampling, keys, procs, window, logprobs, cancelled,
+                prefill_progress, hit, record,
+            )  # fmt: skip
+        except Cancelled:
+            step = Step("prefill", [], 0, [], 0.0, "cancelled")
+            return RowStart(None, [], collector, collector.add(step))
+        row, step = begin_row(
+            started, proposer, ids, stopper, sampling, keys, cap, procs, window, logprobs,
+            record, cancelled,
+        )  # fmt: skip
+        if record is not None:
+            self.prefix_cache.put(self.target, record)
+            row.record = None  # a batched row's cache is not one the prefix cache can keep
+        first = collector.add(step)
+        return RowStart(None if row.done else row, started.cache, collector, first)
+
+    def _stopper(self, max_tokens: int, stop: Sequence[str], stop_tokens: set[int] | None):
+        tokenizer = self.tokenizer
+        if stop and tokenizer is None:
+            raise OutriderError("stop strings need a tokenizer")
+        return Stopper(
+            max_tokens,
+            self.target.eos_token_ids if stop_tokens is None else set(stop_tokens),
+            stop,
+            decode=(lambda t: tokenizer.decode(t)) if stop else None,
+        )
 
 
 def _detect_format(plugins: Plugins, path: Path):
@@ -330,11 +458,13 @@ def load(
     plugins: Plugins | None = None,
     target: Target | None = None,
     prefix_cache: PrefixCache | None = None,
+    kv_bits: int | None = None,
 ) -> Pipeline:
     """Load a target (local folder or Hugging Face repo id) and its drafting strategy.
 
     `target` reuses an already-loaded target for `model` (a benchmark builds every mode on one).
     `prefix_cache` keeps target caches between calls (see `Pipeline.enable_prefix_cache`).
+    `kv_bits` (8 or 4) quantizes the target's KV cache (see `Target.quantize_kv`).
 
     The target loads first, so a missing target is reported as such. With mode "auto" a
     registry drafter that cannot be had (offline, say) falls back to drafter-free lookup and
@@ -351,8 +481,11 @@ def load(
     mode, drafter, pair = resolve_mode(plugins, model, mode, drafter)
     if drafter is not None and mode in ("lookup", "baseline") and requested != "auto":
         raise OutriderError(f"--mode {mode} uses no drafter; drop --drafter or pick a drafter mode")
+    if kv_bits not in (None, 4, 8):
+        raise OutriderError(f"--kv-bits must be 8 or 4, got {kv_bits}")
     if target is None:
         target = load_target(plugins, model, download)
+    target.quantize_kv(kv_bits)
     notes: list[str] = []
     spec = None
     if drafter is not None and mode not in ("lookup", "baseline"):

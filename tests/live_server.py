@@ -35,9 +35,12 @@ def live_server(
     api_key: str | None = None,
     loader=None,
     cors_origins: tuple[str, ...] = (),
+    max_batch: int = 1,
 ):
     """Yields (base_url, engine); the server and engine stop afterwards."""
-    engine = (Engine(loader) if loader else Engine()).start()
+    engine = (
+        Engine(loader, max_batch=max_batch) if loader else Engine(max_batch=max_batch)
+    ).start()
     if spec is not None:
         engine.load(spec)
         wait_ready(engine)

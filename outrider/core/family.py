@@ -29,6 +29,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 
+class BatchedCache(list):
+    """A cache holding several rows (one entry per layer), made by a family that batches.
+
+    Families that batch add `merge_rows`, `extend_rows`, `filter_rows`, `extract_row` and
+    `rollback_rows` (see plugins/targets/batched.py); a family without them decodes one
+    row at a time."""
+
+
 @runtime_checkable
 class TargetFamily(Protocol):
     name: str

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
@@ -43,6 +43,124 @@ def _choose(logits: mx.array, sampling: SamplingParams, keys: KeyStream | None) 
     return sample(probabilities(logits, sampling), keys.next())
 
 
+@dataclass
+class Row:
+    """One generation between rounds: what the round needs of it, and what it has made.
+
+    A batch holds several; `decode` holds one. `history` is the prompt plus every committed
+    token and ends with `anchor`, the one token the target has not yet seen.
+    """
+
+    proposer: Proposer
+    stopper: Stopper
+    sampling: SamplingParams
+    keys: KeyStream | None
+    history: list[int]
+    anchor: int
+    cap_limit: int
+    procs: list = field(default_factory=list)
+    window: int = 0
+    logprobs: int | None = None
+    record: Record | None = None
+    cancelled: Callable[[], bool] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.stopper.finish_reason is not None
+
+    def wants_cancel(self) -> bool:
+        return self.cancelled is not None and self.cancelled()
+
+
+@dataclass
+class Started:
+    """A prefilled generation: its cache and its first token, not yet read back (so plain
+    decoding can queue the next forward behind it)."""
+
+    cache: list
+    first: mx.array
+    first_logprobs: tuple | None
+    taps: mx.array | None
+    t0: float
+
+
+def prefill(
+    target: Target,
+    proposer: Proposer,
+    prompt: list[int],
+    sampling: SamplingParams,
+    keys: KeyStream | None,
+    procs: list,
+    window: int,
+    logprobs: int | None,
+    cancelled: Callable[[], bool] | None = None,
+    prefill_progress: Callable[[int, int], None] | None = None,
+    start: PrefixHit | None = None,
+    record: Record | None = None,
+) -> Started:
+    """Forward the prompt (all of it, or what a prefix hit leaves) into a one-row cache and
+    choose the first token. Raises `Cancelled` when `cancelled` says so between chunks."""
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    tap_ids = tuple(proposer.tap_layer_ids)
+    if tap_ids:
+        target.install_taps(tap_ids)
+    done = 0 if start is None else start.length
+    if not 0 <= done < len(prompt):
+        raise ValueError(f"a prefix hit of {done} tokens leaves nothing of the prompt to forward")
+    cache = target.make_cache() if start is None else start.cache
+    progress = prefill_progress
+    if done and prefill_progress is not None:
+        progress = lambda n, total: prefill_progress(done + n, done + total)  # noqa: E731
+    stops, at_stop = (), None
+    if record is not None:
+        stops, at_stop = record.prefill_stops(target, cache, done, len(prompt))
+    t0 = time.perf_counter()
+    with mx.stream(target.stream):
+        last_logits, taps = target.prefill(
+            prompt[done:], cache, tap_ids, cancelled, progress, stops, at_stop
+        )
+        if done and taps is not None:
+            taps = mx.concatenate([start.taps, taps], axis=0)
+        last_logits = process_rows(procs, prompt, window, last_logits[None])[0]
+        first = _choose(last_logits, sampling, keys)
+        lp = None if logprobs is None else logprob_arrays(last_logits[None], first, logprobs)
+    return Started(cache, first, lp, taps, t0)
+
+
+def begin_row(
+    started: Started,
+    proposer: Proposer,
+    prompt: list[int],
+    stopper: Stopper,
+    sampling: SamplingParams,
+    keys: KeyStream | None,
+    cap_limit: int,
+    procs: list,
+    window: int,
+    logprobs: int | None,
+    record: Record | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> tuple[Row, Step]:
+    """Read the first token back, start the proposer on the prompt, and make the row that
+    speculative rounds advance; the step reports the first token."""
+    proposer.start(prompt, started.taps)
+    mx.eval(started.first, started.first_logprobs)
+    anchor = started.first.item()
+    history = list(prompt) + [anchor]
+    if record is not None:  # the cache holds history but its last token (the anchor)
+        record.track(started.cache, history, len(prompt), started.taps)
+    row = Row(
+        proposer, stopper, sampling, keys, history, anchor, cap_limit, procs, window, logprobs,
+        record, cancelled,
+    )  # fmt: skip
+    kept = stopper.feed([anchor])
+    lp = started.first_logprobs
+    step_lp = None if lp is None else read_logprobs(lp, kept)
+    seconds = time.perf_counter() - started.t0
+    return row, Step("prefill", [], 0, kept, seconds, stopper.finish_reason, step_lp)
+
+
 def decode(
     target: Target,
     proposer: Proposer,
@@ -69,119 +187,145 @@ def decode(
     prompt tokens and their taps: only the rest is prefilled, and the proposer still starts on
     the whole prompt. `record`, when given, is kept equal to what the cache holds at every
     yield (tokens, cache, taps, prefill checkpoints) so the prefix cache can store it after.
+
+    This is a batch of one row: the rounds are `verify_round`'s, as for a `Batch` of many.
     """
-    if not prompt:
-        raise ValueError("the prompt is empty")
     keys = None if sampling.greedy else KeyStream(sampling.seed)
     cap_limit = proposer.max_draft if max_draft is None else min(max_draft, proposer.max_draft)
-    tap_ids = tuple(proposer.tap_layer_ids)
-    if tap_ids:
-        target.install_taps(tap_ids)
-    done = 0 if start is None else start.length
-    if not 0 <= done < len(prompt):
-        raise ValueError(f"a prefix hit of {done} tokens leaves nothing of the prompt to forward")
-    cache = target.make_cache() if start is None else start.cache
-    progress = prefill_progress
-    if done and prefill_progress is not None:
-        progress = lambda n, total: prefill_progress(done + n, done + total)  # noqa: E731
-    stops, at_stop = (), None
-    if record is not None:
-        stops, at_stop = record.prefill_stops(target, cache, done, len(prompt))
     procs = penalties.processors() if penalties is not None and penalties.active else []
     window = penalties.window if procs else 0
-
-    t0 = time.perf_counter()
-    with mx.stream(target.stream):
-        try:
-            last_logits, taps = target.prefill(
-                prompt[done:], cache, tap_ids, cancelled, progress, stops, at_stop
-            )
-            if done and taps is not None:
-                taps = mx.concatenate([start.taps, taps], axis=0)
-        except Cancelled:
-            yield Step("prefill", [], 0, [], time.perf_counter() - t0, "cancelled")
-            return
-        last_logits = process_rows(procs, prompt, window, last_logits[None])[0]
-        first = _choose(last_logits, sampling, keys)
-        lp = None if logprobs is None else logprob_arrays(last_logits[None], first, logprobs)
-    if cap_limit <= 0 and not tap_ids and not procs and logprobs is None:
+    try:
+        started = prefill(
+            target, proposer, prompt, sampling, keys, procs, window, logprobs, cancelled,
+            prefill_progress, start, record,
+        )  # fmt: skip
+    except Cancelled:
+        yield Step("prefill", [], 0, [], 0.0, "cancelled")
+        return
+    if cap_limit <= 0 and not proposer.tap_layer_ids and not procs and logprobs is None:
         fed = None  # what the cache holds, kept only for the prefix cache
         if record is not None:
             fed = list(prompt)
-            record.track(cache, fed)
-        yield from _plain_steps(target, cache, first, stopper, sampling, keys, t0, cancelled, fed)
+            record.track(started.cache, fed)
+        yield from _plain_steps(target, started, stopper, sampling, keys, cancelled, fed)
         return
-    proposer.start(prompt, taps)
-    mx.eval(first, lp)
-    anchor = first.item()
-    history = list(prompt) + [anchor]
-    if record is not None:  # the cache holds history but its last token (the anchor)
-        record.track(cache, history, len(prompt), taps)
-    kept = stopper.feed([anchor])
-    step_lp = None if lp is None else read_logprobs(lp, kept)
-    yield Step("prefill", [], 0, kept, time.perf_counter() - t0, stopper.finish_reason, step_lp)
-
-    while stopper.finish_reason is None:
-        t = time.perf_counter()
-        if cancelled is not None and cancelled():
+    row, step = begin_row(
+        started, proposer, prompt, stopper, sampling, keys, cap_limit, procs, window, logprobs,
+        record, cancelled,
+    )  # fmt: skip
+    yield step
+    rows, cache = [row], started.cache
+    while not row.done:
+        if row.wants_cancel():
             yield Step("draft", [], 0, [], 0.0, "cancelled")
             return
-        cap = max(0, min(cap_limit, stopper.remaining - 1))
-        ctx = DraftContext(history, cap, sampling, keys.next() if keys else None)
-        with mx.stream(target.stream):
-            proposal = proposer.propose(ctx) if cap > 0 else Proposal.empty()
-            drafts = proposal.tokens
-            if drafts.dtype != mx.uint32:
-                drafts = drafts.astype(mx.uint32)
-            if proposal.host is not None:  # host-made drafts: one copy up, no concatenation
-                inputs = mx.array([anchor, *proposal.host], dtype=mx.uint32)
-            else:
-                inputs = mx.concatenate([mx.array([anchor], dtype=mx.uint32), drafts])
-            logits, taps = target.forward(inputs, cache, tap_ids)
-            if procs:
-                row_drafts = proposal.host if proposal.host is not None else drafts
-                logits = process_rows(procs, history, window, logits, row_drafts)
-            if sampling.greedy:
+        (step,) = verify_round(target, rows, cache)
+        yield step
+
+
+def _row_inputs(anchor: int, proposal: Proposal, drafts: mx.array, width: int) -> mx.array:
+    if proposal.host is not None:  # host-made drafts: one copy up, no concatenation
+        ids = [anchor, *proposal.host]
+        return mx.array(ids + [0] * (width - len(ids)), dtype=mx.uint32)
+    parts = [mx.array([anchor], dtype=mx.uint32), drafts]
+    if width > proposal.k + 1:  # a shorter row of a batch: padding the round rolls back
+        parts.append(mx.zeros((width - proposal.k - 1,), dtype=mx.uint32))
+    return mx.concatenate(parts)
+
+
+def verify_round(target: Target, rows: list[Row], cache: list) -> list[Step]:
+    """One speculative round for every row: each proposes, one target forward verifies all
+    drafts of all rows, each accepts its own, and each row's cache rolls back by what it
+    rejected. `cache` is one row's cache, or a batched cache whose rows are `rows`.
+
+    Rows draft different numbers of tokens; shorter rows are padded to the widest, and the
+    padding is rejected like any draft. On the greedy path a round costs one host-device sync
+    whatever the batch width.
+    """
+    t = time.perf_counter()
+    batched = target.is_batched(cache)
+    if not batched and len(rows) != 1:
+        raise ValueError("a one-row cache verifies one row")
+    tap_ids = tuple(rows[0].proposer.tap_layer_ids)
+    proposals, drafts, pending, per_row = [], [], [], []
+    with mx.stream(target.stream):
+        for row in rows:
+            cap = max(0, min(row.cap_limit, row.stopper.remaining - 1))
+            key = row.keys.next() if row.keys is not None and cap > 0 else None
+            ctx = DraftContext(row.history, cap, row.sampling, key)
+            proposal = row.proposer.propose(ctx) if cap > 0 else Proposal.empty()
+            tokens = proposal.tokens
+            drafts.append(tokens if tokens.dtype == mx.uint32 else tokens.astype(mx.uint32))
+            proposals.append(proposal)
+        width = 1 + max(p.k for p in proposals)
+        inputs = [_row_inputs(r.anchor, p, d, width) for r, p, d in zip(rows, proposals, drafts)]
+        if batched:
+            all_logits, all_taps = target.forward_rows(mx.stack(inputs), cache, tap_ids)
+        else:
+            logits, taps = target.forward(inputs[0], cache, tap_ids)
+            all_logits, all_taps = logits[None], None if taps is None else taps[None]
+        for i, (row, proposal, row_drafts) in enumerate(zip(rows, proposals, drafts)):
+            logits = all_logits[i, : proposal.k + 1]
+            if row.procs:
+                shown = proposal.host if proposal.host is not None else row_drafts
+                logits = process_rows(row.procs, row.history, row.window, logits, shown)
+            accepted = None
+            if row.sampling.greedy:
                 tokens = greedy(logits)
+            elif proposal.k == 0:  # a plain step, drawn as plain decoding draws it
+                tokens = _choose(logits[0], row.sampling, row.keys).reshape(1)
+                accepted = mx.array(0)
             else:
-                key = keys.next()
-                accepted, tokens = accept_sampled(logits, drafts, proposal.probs, sampling, key)
-            lp = None if logprobs is None else logprob_arrays(logits, tokens, logprobs)
-        pending = [tokens] if proposal.host is not None else [tokens, drafts]
-        if not sampling.greedy:
-            pending.append(accepted)
-        mx.eval(*pending, lp)  # the round's one sync
-        drafted = proposal.host if proposal.host is not None else drafts.tolist()
+                accepted, tokens = accept_sampled(
+                    logits, row_drafts, proposal.probs, row.sampling, row.keys.next()
+                )
+            lp = None if row.logprobs is None else logprob_arrays(logits, tokens, row.logprobs)
+            pending += [tokens] if proposal.host is not None else [tokens, row_drafts]
+            pending += [x for x in (accepted, lp) if x is not None]
+            per_row.append((tokens, accepted, lp))
+    mx.eval(*pending)  # the round's one sync
+    steps, rejected = [], []
+    for i, (row, proposal, (tokens, accepted, lp)) in enumerate(zip(rows, proposals, per_row)):
+        drafted = proposal.host if proposal.host is not None else drafts[i].tolist()
         target_tokens = tokens.tolist()
-        a = accept_greedy(target_tokens, drafted) if sampling.greedy else accepted.item()
+        if row.sampling.greedy:
+            a = accept_greedy(target_tokens, drafted)
+        else:
+            a = accepted.item()
         committed = target_tokens[: a + 1]
-        target.rollback(cache, proposal.k - a)
-        proposer.observe(a, None if taps is None else taps[: a + 1])
-        history.extend(committed)
-        if record is not None:
-            record.grow(a + 1, None if taps is None else taps[: a + 1])
-        anchor = committed[-1]
-        kept = stopper.feed(committed)
+        rejected.append(width - 1 - a)
+        row_taps = None if all_taps is None else all_taps[i, : a + 1]
+        row.proposer.observe(a, row_taps)
+        row.history.extend(committed)
+        if row.record is not None:
+            row.record.grow(a + 1, row_taps)
+        row.anchor = committed[-1]
+        kept = row.stopper.feed(committed)
         step_lp = None if lp is None else read_logprobs(lp, kept)
-        seconds = time.perf_counter() - t
-        yield Step("draft", drafted, a, kept, seconds, stopper.finish_reason, step_lp)
+        steps.append(Step("draft", drafted, a, kept, 0.0, row.stopper.finish_reason, step_lp))
+    if batched:
+        target.rollback_rows(cache, rejected)
+    else:
+        target.rollback(cache, rejected[0])
+    seconds = time.perf_counter() - t
+    for step in steps:
+        step.seconds = seconds
+    return steps
 
 
 def _plain_steps(
     target: Target,
-    cache: list,
-    first: mx.array,
+    started: Started,
     stopper: Stopper,
     sampling: SamplingParams,
     keys: KeyStream | None,
-    t0: float,
     cancelled: Callable[[], bool] | None = None,
     fed: list[int] | None = None,
 ) -> Iterator[Step]:
     """Pipelined plain decoding: the next forward is queued before the current token is read.
 
     `fed` (when given) gets every token forwarded into the cache, for the prefix cache."""
-    y = first
+    cache, y, t0 = started.cache, started.first, started.t0
     mx.async_eval(y)
     source = "prefill"
     while True:

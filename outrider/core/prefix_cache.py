@@ -46,7 +46,8 @@ def target_identity(target: Any) -> str:
     """What a cache is only valid for: the model (path, family, config) and outrider's version."""
     config = json.dumps(target.config, sort_keys=True, default=str)
     digest = hashlib.sha256(config.encode()).hexdigest()[:16]
-    return f"{target.name}|{target.family.name}|{digest}"
+    kv = getattr(target, "kv_bits", None)
+    return f"{target.name}|{target.family.name}|{digest}" + (f"|kv{kv}" if kv else "")
 
 
 @dataclass

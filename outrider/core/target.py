@@ -14,15 +14,30 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from .errors import Cancelled, UnsupportedTargetError
-from .family import LayerSnapshot, TargetFamily, default_restore, default_snapshot
+from .errors import Cancelled, OutriderError, UnsupportedTargetError
+from .family import (
+    BatchedCache,
+    LayerSnapshot,
+    TargetFamily,
+    default_restore,
+    default_snapshot,
+)
 from .wrapper import PassThrough
 
 # Rows per prefill forward. Small enough that a cancel (a client that went away, Ctrl-C) is
 # seen within one chunk of a long prompt; large enough that each chunk's matmuls stay
 # compute-bound on a GPU.
 PREFILL_CHUNK = 512
+KV_GROUP_SIZE = 64  # mlx-lm's default for quantized KV caches
+
+
+def quantized_kv(cache: Any, bits: int) -> Any:
+    """An empty quantized cache in place of an empty plain KV cache; other kinds as they are."""
+    return (
+        QuantizedKVCache(group_size=KV_GROUP_SIZE, bits=bits) if type(cache) is KVCache else cache
+    )
 
 
 class _TapSink:
@@ -74,6 +89,7 @@ class Target:
         self._local = threading.local()
         self._tapped: set[int] = set()
         self._probed: set[int] = set()
+        self.kv_bits: int | None = None  # quantize the KV cache (`quantize_kv`)
 
     @property
     def stream(self) -> mx.Stream:
@@ -104,7 +120,40 @@ class Target:
         return set(int(i) for i in ids)
 
     def make_cache(self) -> list:
-        return self.family.make_cache(self.model)
+        cache = self.family.make_cache(self.model)
+        if self.kv_bits:
+            cache = [quantized_kv(c, self.kv_bits) for c in cache]
+        return cache
+
+    def quantize_kv(self, bits: int | None) -> None:
+        """Keep keys and values at `bits` (8 or 4; None: the model's dtype) from the first
+        prompt token on, in mlx-lm's `QuantizedKVCache` (groups of 64 along the head dim).
+
+        Every position is quantized on its own, so dropping rejected positions is exact and
+        a verify forward reads the same quantized keys one-row decoding would. Only plain KV
+        layers change: sliding windows and recurrent state keep their own caches."""
+        if bits not in (None, 4, 8):
+            raise OutriderError(f"--kv-bits must be 8 or 4, got {bits}")
+        if bits:
+            if not any(type(c) is KVCache for c in self.family.make_cache(self.model)):
+                raise UnsupportedTargetError(
+                    f"--kv-bits: {self.name or 'this model'} has no plain KV cache to quantize"
+                )
+            head_dim = self.head_dim
+            if head_dim is None or head_dim % KV_GROUP_SIZE:
+                raise UnsupportedTargetError(
+                    f"--kv-bits needs a head dimension divisible by {KV_GROUP_SIZE} (mlx-lm's "
+                    f"quantization group); this model's is {head_dim}"
+                )
+        self.kv_bits = bits
+
+    @property
+    def head_dim(self) -> int | None:
+        text = self.config.get("text_config", self.config)
+        if text.get("head_dim"):
+            return int(text["head_dim"])
+        heads = text.get("num_attention_heads")
+        return self.hidden_size // int(heads) if heads else None
 
     def rollback(self, cache: list, n: int) -> None:
         if n > 0:
@@ -125,6 +174,57 @@ class Target:
         with mx.stream(self.stream):
             put(cache, snapshots, n)
         return cache
+
+    # -- batches of rows (continuous batching) ----------------------------------------------
+    @property
+    def batches(self) -> bool:
+        """Whether this target's family can hold several rows in one cache."""
+        return hasattr(self.family, "merge_rows")
+
+    @staticmethod
+    def is_batched(cache: list) -> bool:
+        return isinstance(cache, BatchedCache)
+
+    def merge_rows(self, caches: list[list]) -> BatchedCache:
+        """One batched cache from one-row caches, rows in the order given."""
+        with mx.stream(self.stream):
+            return self.family.merge_rows(caches)
+
+    def extend_rows(self, cache: BatchedCache, rows: BatchedCache) -> None:
+        with mx.stream(self.stream):
+            self.family.extend_rows(cache, rows)
+
+    def filter_rows(self, cache: BatchedCache, keep: list[int]) -> None:
+        with mx.stream(self.stream):
+            self.family.filter_rows(cache, keep)
+
+    def extract_row(self, cache: BatchedCache, row: int) -> list:
+        with mx.stream(self.stream):
+            return self.family.extract_row(cache, row)
+
+    def rollback_rows(self, cache: BatchedCache, n: list[int]) -> None:
+        """Drop the last n[i] positions of row i of a batched cache."""
+        if any(n):
+            with mx.stream(self.stream):
+                self.family.rollback_rows(cache, n)
+
+    def forward_rows(
+        self, ids: mx.array, cache: BatchedCache, tap_ids: tuple[int, ...] = ()
+    ) -> tuple[mx.array, mx.array | None]:
+        """The verify forward of a batch: ids [B, W] -> (logits [B, W, V], taps [B, W, ·])."""
+        self._sink.active = bool(tap_ids)
+        self._sink.store = {}
+        try:
+            logits = self.model(ids, cache=cache)
+        finally:
+            self._sink.active = False
+        if not tap_ids:
+            return logits, None
+        try:
+            taps = mx.concatenate([self._sink.store[j] for j in tap_ids], axis=-1)
+        finally:
+            self._sink.store = {}
+        return logits, taps
 
     # -- taps ------------------------------------------------------------------------------
     def install_taps(self, layer_ids: tuple[int, ...]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
@@ -25,6 +25,7 @@ class LoadRequest(CheckedRequest):
     max_draft: int | None = Field(default=None, ge=0, le=64)
     context_window: int | None = Field(default=None, ge=0)  # 0: back to the model's own
     confidence_threshold: float | None = Field(default=None, ge=0, le=1)
+    kv_bits: Literal[4, 8] | None = None
 
 
 def check_reference(ref: str, param: str) -> None:
@@ -123,6 +124,7 @@ def router(state: Any) -> APIRouter:
             body.max_draft,
             window,
             body.confidence_threshold,
+            kv_bits=body.kv_bits,
         )
         state.engine.load(spec)
         return health(state)

@@ -63,6 +63,10 @@ def serve(
     prefix_cache_dir: str | None = Opt(
         None, "--prefix-cache-dir", help="Keep prefix caches on disk here too (survive restarts)."
     ),
+    max_batch: int = Opt(
+        1, "--max-batch", help="Decode up to this many requests together (dense models)."
+    ),
+    kv_bits: int | None = Opt(None, "--kv-bits", help="Quantize the KV cache: 8 or 4 bits."),
 ) -> None:
     """Serve OpenAI- and Anthropic-compatible APIs; speculation is invisible to clients."""
     from ..cli_common import check_options, plugins, user_errors
@@ -76,6 +80,10 @@ def serve(
             raise OutriderError(f"--context-window must be >= 16, got {context_window}")
         if keepalive <= 0:
             raise OutriderError(f"--keepalive must be > 0, got {keepalive}")
+        if max_batch < 1:
+            raise OutriderError(f"--max-batch must be >= 1, got {max_batch}")
+        if kv_bits not in (None, 4, 8):
+            raise OutriderError(f"--kv-bits must be 8 or 4, got {kv_bits}")
         if prefix_cache_gb < 0:
             raise OutriderError(f"--prefix-cache-gb must be >= 0, got {prefix_cache_gb}")
         if no_model and model:
@@ -104,7 +112,7 @@ def serve(
         from ..core.prefix_cache import PrefixCache
 
         store = PrefixCache.from_gb(prefix_cache_gb, prefix_cache_dir) if prefix_cache_gb else None
-        engine = Engine(prefix_cache=store).start()
+        engine = Engine(prefix_cache=store, max_batch=max_batch).start()
         limits = Limits(
             default_max_tokens,
             max_tokens_cap,
@@ -121,8 +129,9 @@ def serve(
                 model, note = default_model()
                 typer.echo(f"note: no --model given; {note}", err=True)
             spec = LoadSpec(
-                model, drafter, mode, max_draft, context_window, confidence_threshold, drafter_bits
-            )
+                model, drafter, mode, max_draft, context_window, confidence_threshold, drafter_bits,
+                kv_bits,
+            )  # fmt: skip
             _load_with_progress(engine, spec)
         elif context_window:
             engine.window_limit = context_window

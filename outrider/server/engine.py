@@ -38,6 +38,7 @@ class LoadSpec:
     context_window: int | None = None
     confidence_threshold: float | None = None
     drafter_bits: int = 4
+    kv_bits: int | None = None
 
 
 @dataclass
@@ -137,6 +138,7 @@ def default_loader(spec: LoadSpec) -> Pipeline:
         max_draft=spec.max_draft,
         confidence_threshold=spec.confidence_threshold,
         drafter_bits=spec.drafter_bits,
+        kv_bits=spec.kv_bits,
     )
 
 
@@ -149,11 +151,19 @@ class Engine:
         metrics: Metrics | None = None,
         prefix_cache: PrefixCache | None = None,
         prefetch: Callable[[LoadSpec], None] | None = None,
+        max_batch: int = 1,
     ) -> None:
         """`prefix_cache` keeps target caches between requests (the worker thread owns it;
         it is emptied whenever the model changes). `prefetch` downloads what a load needs
         before the running model is released (default: `default_prefetch` with the default
-        loader, nothing with another)."""
+        loader, nothing with another). `max_batch` > 1 decodes up to that many requests
+        together (continuous batching) on targets whose family batches; others serve one at
+        a time."""
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.max_batch = max_batch
+        self._deferred: list = []  # items taken from the queue while a batch ran
+        self._running: dict[int, _Running] = {}  # the batch's requests, by row
         self._loader = loader
         if prefetch is None and loader is default_loader:
             prefetch = default_prefetch
@@ -197,6 +207,8 @@ class Engine:
         current = self._current
         if current is not None:
             current.cancel.set()
+        for run in list(self._running.values()):  # a batch's requests
+            run.job.cancel.set()
         pending = self._pending_load
         if pending is not None:  # a download in progress stops at its next chunk
             pending.cancel.set()
@@ -294,7 +306,7 @@ class Engine:
     # -- the worker ----------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            item = self._jobs.get()
+            item = self._deferred.pop(0) if self._deferred else self._jobs.get()
             if item is _STOP:
                 return
             try:
@@ -314,6 +326,8 @@ class Engine:
             with self._lock:
                 if self._pending_load is None:
                     self.state, self.spec, self.phase = "no_model", None, None
+        elif self._batches():
+            self._generate_batched(item)
         else:
             self._current = item
             try:
@@ -322,6 +336,10 @@ class Engine:
                 self._current = None
                 with self._lock:
                     self.metrics.in_flight -= 1
+
+    def _batches(self) -> bool:
+        pipe = self.pipeline
+        return self.max_batch > 1 and pipe is not None and pipe.target.batches
 
     def _release(self) -> None:
         self.pipeline = None
@@ -456,6 +474,110 @@ class Engine:
         tps = result.decode_tps if result is not None else 0.0
         self.metrics.generation(len(job.prompt), job.tokens, accepts, tps)
         post("end", result)
+
+    # -- continuous batching -------------------------------------------------------------------
+    def _generate_batched(self, first: Job) -> None:
+        """Decode `first` and every request that arrives while it runs, up to `max_batch` at
+        once: each joins after its own prefill, at a round boundary, and ends the moment it
+        finishes. A load or unload that arrives waits until the batch drains."""
+        from ..core.batch import Batch
+
+        pipe = self.pipeline
+        pipe.prefix_cache = self.prefix_cache
+        batch = Batch(pipe.target)
+        running = self._running = {}
+        waiting = [first]
+        try:
+            while waiting or len(batch):
+                for job in waiting:
+                    self._admit(pipe, batch, job, running)
+                waiting = self._arrivals(self.max_batch - len(batch))
+                if not len(batch):
+                    continue
+                self.metrics.batch_round(len(batch))
+                for row, step in batch.round():
+                    run = running[id(row)]
+                    chunk = run.collector.add(step)
+                    run.add(chunk)
+                    if chunk.result is not None:
+                        del running[id(row)]
+                        self._finish(run, chunk.result)
+        except Exception as e:  # a failed round fails every request in it
+            traceback.print_exc(file=sys.stderr)
+            for run in list(running.values()) + [_Running(j) for j in waiting]:
+                self.metrics.error("generation")
+                self._post(run.job, "error", e)
+                self._done(run.job)
+        finally:
+            if self.prefix_cache is not None:
+                self._prefix_seen = self.prefix_cache.snapshot_stats()
+
+    def _arrivals(self, room: int) -> list[Job]:
+        """Jobs queued since the last round (up to `room`); anything else waits its turn."""
+        out: list[Job] = []
+        while len(out) < room and not self._deferred:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Job):
+                out.append(item)
+            else:
+                self._deferred.append(item)
+        return out
+
+    def _admit(self, pipe: Pipeline, batch: Any, job: Job, running: dict) -> None:
+        """Prefill `job` alone and add its row to the batch (or finish it, if that was all)."""
+        run = _Running(job)
+        if job.cancel.is_set():
+            self._post(job, "end", None)
+            self._done(job)
+            return
+        try:
+            start = pipe.start_row(job.prompt, cancelled=job.cancel.is_set, **job.options)
+        except Exception as e:
+            traceback.print_exc(file=sys.stderr)
+            self.metrics.error("generation")
+            self._post(job, "error", e)
+            self._done(job)
+            return
+        run.collector = start.collector
+        run.add(start.first)
+        if start.row is None:
+            self._finish(run, start.first.result)
+            return
+        running[id(start.row)] = run
+        batch.join(start.row, start.cache)
+
+    def _finish(self, run: _Running, result: Any) -> None:
+        job = run.job
+        if result is not None and result.finish_reason == "cancelled":
+            with self._lock:
+                self.metrics.cancelled += 1
+            result = None
+        tps = result.decode_tps if result is not None else 0.0
+        self.metrics.generation(len(job.prompt), job.tokens, run.accepts, tps)
+        self._post(job, "end", result)
+        self._done(job)
+
+    def _done(self, job: Job) -> None:
+        with self._lock:
+            self.metrics.in_flight -= 1
+
+
+@dataclass
+class _Running:
+    """A request inside a batch: its job, its chunk collector, and its acceptance so far."""
+
+    job: Job
+    collector: Any = None
+    accepts: list[int] = field(default_factory=list)
+
+    def add(self, chunk: Any) -> None:
+        self.job.tokens += len(chunk.tokens)
+        if chunk.step.source == "draft":
+            self.accepts.append(chunk.step.accepted + 1)
+        Engine._post(self.job, "chunk", chunk)
 
 
 def model_id(pipe: Pipeline) -> str:

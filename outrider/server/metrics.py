@@ -32,6 +32,7 @@ class Metrics:
         self.decode_tps = 0.0
         self.queue_depth = lambda: 0
         self.in_flight = 0
+        self.batch_rows: Counter = Counter()  # rows in a batched round -> rounds
         self.prefix_cache = lambda: None  # the prefix cache's counters (engine), or None
 
     def request(self, route: str, status: int) -> None:
@@ -49,6 +50,10 @@ class Metrics:
             self.accept_counts.update(accepts)
             if tps:
                 self.decode_tps = tps
+
+    def batch_round(self, rows: int) -> None:
+        with self._lock:
+            self.batch_rows[rows] += 1
 
     def render(self, labels: dict[str, str]) -> str:
         base = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
@@ -110,6 +115,25 @@ class Metrics:
                 "gauge",
                 "Generations running or queued.",
                 [("", self.in_flight)],
+            )
+            rounds = sum(self.batch_rows.values())
+            metric(
+                "outrider_batch_rounds_total",
+                "counter",
+                "Batched decode rounds (continuous batching, --max-batch).",
+                [("", rounds)],
+            )
+            metric(
+                "outrider_batch_rows_mean",
+                "gauge",
+                "Requests per batched round, on average.",
+                [("", sum(k * n for k, n in self.batch_rows.items()) / rounds if rounds else 0)],
+            )
+            metric(
+                "outrider_batch_rows_max",
+                "gauge",
+                "The most requests one batched round has decoded together.",
+                [("", max(self.batch_rows, default=0))],
             )
             cached = self.prefix_cache()
             if cached is not None:

@@ -1,0 +1,223 @@
+"""Rows decoding together give each row exactly what it gives alone.
+
+Batched rounds (core/batch.py) share one target forward across rows of different lengths,
+different draft counts and different finishing rounds; each row's cache is rolled back by its
+own rejections (plugins/targets/batched.py). Every check here compares a batched row with the
+same prompt generated alone, which the lossless suites compare with plain decoding.
+"""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import pytest
+from conftest import PROMPTS, plain_greedy
+
+import outrider
+from outrider.core.batch import Batch, fork
+from outrider.core.errors import UnsupportedTargetError
+from outrider.core.logits import Penalties
+from outrider.core.loop import begin_row, prefill
+from outrider.core.proposer import DraftContext, Proposal
+from outrider.core.sampling import SamplingParams
+from outrider.core.stopping import Stopper
+from outrider.testing import make_tiny_target
+
+MODES = [("dspark", "dspark"), ("dflash", "dflash-zlab"), ("lookup", None), ("baseline", None)]
+
+
+@pytest.fixture(scope="module")
+def pipes(qwen3_target, drafters):
+    return {
+        mode: outrider.load(str(qwen3_target), name and str(drafters[name]), mode=mode)
+        for mode, name in MODES
+    }
+
+
+def prompts(pipe) -> list[list[int]]:
+    """Four rows of different lengths, one of them repetitive (lookup drafts long there)."""
+    ids = [pipe.encode(p) for p in PROMPTS]
+    return [*ids, ids[0] + ids[0][1:] * 3]
+
+
+def alone(pipe, rows: list[list[int]], **kwargs) -> list:
+    return [pipe.generate(ids, **kwargs) for ids in rows]
+
+
+@pytest.mark.parametrize(
+    "mode", ["dspark", pytest.param("dflash", marks=pytest.mark.slow), "lookup", "baseline"]
+)
+def test_greedy_rows_match_each_row_alone(pipes, qwen3_target, mode):
+    pipe = pipes[mode]
+    rows = prompts(pipe)
+    kwargs = dict(max_tokens=24, stop_tokens=set())
+    batch = pipe.generate_batch(rows, **kwargs)
+    singles = alone(pipe, rows, **kwargs)
+    assert [r.tokens for r in batch] == [r.tokens for r in singles]
+    assert batch[1].tokens == plain_greedy(qwen3_target, rows[1], 24)
+
+
+class RowOracle:
+    """Drafts each row's known greedy continuation, a random number of tokens a round with a
+    wrong token now and then (seeded by the row's prompt, so a row drafts the same alone and
+    batched): rows of one round draft and accept different counts."""
+
+    name = "oracle"
+    tap_layer_ids: tuple[int, ...] = ()
+    max_draft = 6
+
+    def __init__(self, references: dict[tuple, list[int]], vocab: int) -> None:
+        self.references, self.vocab = references, vocab
+
+    def start(self, prompt: list[int], taps) -> None:
+        self.reference = self.references[tuple(prompt)]
+        self.rng = random.Random(len(prompt))
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        m = len(ctx.tokens)
+        k = self.rng.randint(0, ctx.cap)
+        truth = self.reference[m : m + k]
+        drafts = [t if self.rng.random() < 0.75 else (t + 1) % self.vocab for t in truth]
+        return Proposal(mx.array(drafts, dtype=mx.uint32), len(drafts))  # drafts on the device
+
+    def observe(self, accepted: int, taps) -> None:
+        pass
+
+
+def test_rows_accepting_different_counts_match_each_row_alone(pipes, qwen3_target):
+    """Rows draft 0..6 tokens and accept different counts in the same rounds: padding and
+    per-row rollback are exercised every round."""
+    plain = pipes["baseline"]
+    rows = prompts(plain)
+    refs = {tuple(ids): ids + plain_greedy(qwen3_target, ids, 48) for ids in rows}
+    oracle = RowOracle(refs, plain.target.config["vocab_size"])
+    pipe = outrider.Pipeline(plain.target, oracle, "oracle", 6)
+    batch = pipe.generate_batch(rows, max_tokens=48, stop_tokens=set())
+    for ids, result in zip(rows, batch):
+        assert result.tokens == refs[tuple(ids)][len(ids) :]
+    accepted = [[r.accepted for r in result.rounds] for result in batch]
+    assert len({tuple(a[:5]) for a in accepted}) == len(rows)  # rows differ round by round
+    assert any(r.accepted >= 3 for result in batch for r in result.rounds)
+
+
+def test_rows_finish_at_different_rounds(pipes):
+    """A row that stops early leaves; the others go on unchanged."""
+    pipe = pipes["lookup"]
+    rows = prompts(pipe)
+    first = pipe.generate(rows[0], max_tokens=30, stop_tokens=set()).tokens
+    kwargs = dict(max_tokens=30, stop_tokens={first[7]})  # row 0 stops at its 8th token
+    batch = pipe.generate_batch(rows, **kwargs)
+    singles = alone(pipe, rows, **kwargs)
+    assert [(r.tokens, r.finish_reason) for r in batch] == [
+        (r.tokens, r.finish_reason) for r in singles
+    ]
+    assert batch[0].finish_reason == "stop" and len(batch[0].tokens) < 30
+
+
+@pytest.mark.parametrize("mode", ["dspark", "lookup", "baseline"])
+def test_sampled_rows_match_each_row_alone(pipes, mode):
+    """Each row draws from its own key stream, as it would alone: the same seed gives the
+    same tokens, penalties and log-probabilities included."""
+    pipe = pipes[mode]
+    rows = prompts(pipe)[:3]
+    kwargs = dict(
+        max_tokens=24,
+        stop_tokens=set(),
+        temperature=0.9,
+        top_p=0.95,
+        seed=11,
+        penalties=Penalties(presence=0.5, frequency=0.2),
+        logprobs=2,
+    )
+    batch = pipe.generate_batch(rows, **kwargs)
+    singles = alone(pipe, rows, **kwargs)
+    assert [r.tokens for r in batch] == [r.tokens for r in singles]
+
+
+def _row(pipe, ids, max_tokens, cancelled=None):
+    sampling = SamplingParams()
+    proposer = fork(pipe.proposer)
+    started = prefill(pipe.target, proposer, ids, sampling, None, [], 0, None)
+    stopper = Stopper(max_tokens, set())
+    row, step = begin_row(
+        started, proposer, ids, stopper, sampling, None, pipe.max_draft, [], 0, None,
+        cancelled=cancelled,
+    )  # fmt: skip
+    return row, started.cache, list(step.committed)
+
+
+def test_rows_join_and_leave_between_rounds(pipes):
+    """Continuous batching: rows join a running batch at round boundaries, one is cancelled
+    mid-flight, and every other row still gets exactly its own output."""
+    pipe = pipes["dspark"]
+    rows = prompts(pipe)
+    want = [r.tokens for r in alone(pipe, rows, max_tokens=36, stop_tokens=set())]
+    stop_row_2 = []
+    got: dict[int, list[int]] = {}
+    batch = Batch(pipe.target)
+    made = {}
+
+    def join(i: int) -> None:
+        row, cache, first = _row(pipe, rows[i], 36, (lambda: bool(stop_row_2)) if i == 2 else None)
+        made[id(row)] = i
+        got[i] = first
+        batch.join(row, cache)
+
+    join(0)
+    rounds = 0
+    while len(batch) or len(made) < len(rows):
+        if rounds == 2:
+            join(1)
+            join(2)
+        if rounds == 4:
+            join(3)
+        if rounds == 5:
+            stop_row_2.append(True)
+        for row, step in batch.round():
+            got[made[id(row)]] += step.committed
+        rounds += 1
+    assert got[0] == want[0] and got[1] == want[1] and got[3] == want[3]
+    assert got[2] == want[2][: len(got[2])] and len(got[2]) < 36  # cancelled, a prefix
+
+
+def test_rolled_back_rows_hold_exactly_their_own_positions(qwen3_target):
+    """After a shared forward, row i dropping n[i] positions leaves keys and values equal to a
+    one-row cache fed only that row's kept tokens."""
+    pipe = outrider.load(str(qwen3_target), mode="baseline")
+    target = pipe.target
+    a, b = [3, 4, 5, 6, 7, 8, 9], [10, 11, 12]
+    caches = []
+    for ids in (a, b):
+        cache = target.make_cache()
+        target.forward(mx.array(ids, dtype=mx.uint32), cache)
+        caches.append(cache)
+    batched = target.merge_rows(caches)
+    block = [[20, 21, 22, 23], [30, 31, 32, 33]]
+    target.forward_rows(mx.array(block, dtype=mx.uint32), batched)
+    target.rollback_rows(batched, [3, 1])  # row 0 keeps 1 of 4, row 1 keeps 3
+    target.forward_rows(mx.array([[40], [41]], dtype=mx.uint32), batched)
+    for i, kept in enumerate([a + [20, 40], b + [30, 31, 32, 41]]):
+        alone_cache = target.make_cache()
+        target.forward(mx.array(kept, dtype=mx.uint32), alone_cache)
+        row = target.extract_row(batched, i)
+        for mine, theirs in zip(row, alone_cache):
+            assert mine.offset == theirs.offset == len(kept)
+            k1, k2 = mine.state[0], theirs.state[0][..., : len(kept), :]
+            assert mx.allclose(k1, k2, atol=1e-5).item()
+
+
+def test_llama_rows_match_each_row_alone(llama_target):
+    pipe = outrider.load(str(llama_target), mode="lookup")
+    rows = prompts(pipe)[:3]
+    batch = pipe.generate_batch(rows, max_tokens=24, stop_tokens=set())
+    assert [r.tokens for r in batch] == [
+        r.tokens for r in alone(pipe, rows, max_tokens=24, stop_tokens=set())
+    ]
+
+
+def test_a_family_without_batched_caches_is_refused(tmp_path):
+    path = make_tiny_target(tmp_path / "hybrid", family="qwen3_5")
+    pipe = outrider.load(str(path), mode="baseline")
+    with pytest.raises(UnsupportedTargetError, match="one row at a time"):
+        pipe.generate_batch([[1, 2, 3]], max_tokens=4)

@@ -1,0 +1,69 @@
+"""A quantized KV cache (`kv_bits`) changes what the target computes, never what speculation
+adds: every mode's greedy output equals mlx-lm's plain decoding over the same quantized cache.
+
+The reference is mlx-lm's `generate_step` given `QuantizedKVCache`s from the first prompt token
+on (what outrider keeps). Verify forwards read the same quantized keys one-row decoding reads,
+so on the CPU the tokens are compared exactly; a batched or GPU run may part from it only at an
+fp tie, which benchmarks check with their tie rule.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from conftest import PROMPTS, _load_plain, plain_greedy
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import QuantizedKVCache
+
+import outrider
+from outrider.core.errors import OutriderError, UnsupportedTargetError
+from outrider.testing import make_tiny_drafter, make_tiny_target
+
+
+def quantized_plain(model_path, ids: list[int], n: int, bits: int) -> list[int]:
+    model = _load_plain(str(model_path))
+    cache = [QuantizedKVCache(group_size=64, bits=bits) for _ in model.layers]
+    out = []
+    for tok, _ in generate_step(mx.array(ids), model, max_tokens=n, prompt_cache=cache):
+        out.append(int(tok))
+    return out
+
+
+@pytest.fixture(scope="module")
+def wide_heads(tmp_path_factory):
+    """A tiny qwen3 whose head dimension (64) mlx-lm can quantize, and a DSpark drafter."""
+    d = tmp_path_factory.mktemp("kv")
+    target = make_tiny_target(d / "t", family="qwen3", hidden_size=128, num_attention_heads=2,
+                              num_key_value_heads=1, head_dim=64)  # fmt: skip
+    return target, make_tiny_drafter(d / "dspark", target, "dspark", block_size=8)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("mode", ["dspark", "lookup", "baseline"])
+def test_every_mode_matches_plain_decoding_over_the_same_quantized_cache(wide_heads, bits, mode):
+    target, drafter = wide_heads
+    pipe = outrider.load(str(target), str(drafter) if mode == "dspark" else None, mode=mode,
+                         kv_bits=bits)  # fmt: skip
+    assert sum(isinstance(c, QuantizedKVCache) for c in pipe.target.make_cache()) > 0
+    for prompt in PROMPTS[:2]:
+        ids = pipe.encode(prompt)
+        got = pipe.generate(ids, max_tokens=32, stop_tokens=set()).tokens
+        assert got == quantized_plain(target, ids, 32, bits)
+
+
+def test_quantized_kv_changes_the_target_computation(wide_heads):
+    """The flag takes effect: 4-bit keys change a random-weight model's greedy path, and the
+    pipeline follows the quantized one."""
+    target, _ = wide_heads
+    pipe = outrider.load(str(target), mode="baseline", kv_bits=4)
+    ids = pipe.encode(PROMPTS[0])
+    quantized = quantized_plain(target, ids, 48, 4)
+    assert quantized != plain_greedy(target, ids, 48)
+    assert pipe.generate(ids, max_tokens=48, stop_tokens=set()).tokens == quantized
+
+
+def test_bad_kv_bits_are_refused(qwen3_target):
+    with pytest.raises(OutriderError, match="--kv-bits must be 8 or 4"):
+        outrider.load(str(qwen3_target), mode="baseline", kv_bits=3)
+    with pytest.raises(UnsupportedTargetError, match="head dimension divisible by 64"):
+        outrider.load(str(qwen3_target), mode="baseline", kv_bits=8)  # head dim 16

@@ -1,0 +1,117 @@
+"""Continuous batching (`--max-batch`): concurrent requests through the real `openai` and
+`anthropic` SDKs share target forwards, and every response equals the same request served
+alone (plain greedy decoding of its prompt)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anthropic
+import openai
+import pytest
+import requests
+from conftest import plain_greedy
+from live_server import live_server
+
+from outrider.prompts import encode_messages
+from outrider.server.engine import LoadSpec
+from outrider.server.generation import Limits
+
+
+@pytest.fixture(scope="module")
+def server(qwen3_target, drafters):
+    spec = LoadSpec(str(qwen3_target), str(drafters["dspark"]), "dspark")
+    limits = Limits(default_max_tokens=16, max_tokens_cap=4096, keepalive_s=0.25)
+    with live_server(spec, limits, max_batch=4) as (url, engine):
+        yield url, engine
+
+
+def detok(tok, tokens: list[int]) -> str:
+    d = tok.detokenizer
+    d.reset()
+    for t in tokens:
+        d.add_token(t)
+    d.finalize()
+    return d.text
+
+
+def metric(url: str, name: str) -> float:
+    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_concurrent_streams_are_batched_and_each_equals_plain_greedy(server, qwen3_target):
+    url, engine = server
+    tok = engine.pipeline.tokenizer
+    asks = [(f"Count to {i}, then stop.", 6 + 3 * i) for i in range(7)]
+    want = {}
+    for text, n in asks:
+        ids = encode_messages(tok, [{"role": "user", "content": text}])
+        want[text] = detok(tok, plain_greedy(qwen3_target, ids, n))
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+
+    async def one(text: str, n: int) -> str:
+        stream = await client.chat.completions.create(
+            model="qwen3",
+            messages=[{"role": "user", "content": text}],
+            max_tokens=n,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def all_of_them():
+        return await asyncio.gather(*(one(t, n) for t, n in asks))
+
+    got = asyncio.run(all_of_them())
+    assert dict(zip([t for t, _ in asks], got)) == want
+    assert metric(url, "outrider_batch_rows_max") > 1  # requests really shared rounds
+    assert metric(url, "outrider_in_flight") == 0
+
+
+@pytest.mark.slow
+def test_anthropic_and_openai_clients_share_a_batch_and_a_leaver_harms_none(server, qwen3_target):
+    """One client leaves mid-stream; the others (both APIs) still get their own output."""
+    url, engine = server
+    tok = engine.pipeline.tokenizer
+    texts = [f"Say {w}." for w in ("red", "green", "blue")]
+    want = {
+        t: detok(tok, plain_greedy(qwen3_target, encode_messages(tok, [{"role": "user", "content": t}]), 20))
+        for t in texts
+    }  # fmt: skip
+    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    claude = anthropic.AsyncAnthropic(base_url=url, api_key="x", max_retries=0)
+    msgs = lambda t: [{"role": "user", "content": t}]  # noqa: E731
+
+    async def leaver() -> None:
+        stream = await oai.chat.completions.create(
+            model="qwen3", messages=msgs("Talk at length."), max_tokens=400, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        async for _ in stream:
+            break
+        await stream.close()
+
+    async def via_openai(t: str) -> str:
+        r = await oai.chat.completions.create(
+            model="qwen3", messages=msgs(t), max_tokens=20, extra_body={"ignore_eos": True}
+        )
+        return r.choices[0].message.content
+
+    async def via_anthropic(t: str) -> str:
+        r = await claude.messages.create(
+            model="qwen3", messages=msgs(t), max_tokens=20, extra_body={"ignore_eos": True}
+        )
+        return r.content[0].text
+
+    async def all_of_them():
+        return await asyncio.gather(
+            leaver(), via_openai(texts[0]), via_anthropic(texts[1]), via_openai(texts[2])
+        )
+
+    _, a, b, c = asyncio.run(all_of_them())
+    assert {texts[0]: a, texts[1]: b, texts[2]: c} == want
+    assert metric(url, "outrider_in_flight") == 0
+    assert metric(url, "outrider_cancelled_total") >= 1
