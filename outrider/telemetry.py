@@ -5,7 +5,9 @@ Kept apart from the CLI so the rendering can be tested (and reused) without a te
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -16,6 +18,7 @@ from rich.text import Text
 from .core.events import Result
 
 BLOCKS = "▁▂▃▄▅▆▇█"
+INTERRUPTED = "interrupted"  # the finish reason of a run Ctrl-C stopped (exit 130)
 SHADES = ("red", "dark_orange", "yellow", "chartreuse3", "green")
 RIBBON_LEGEND = "one block a round: taller and greener = more of the draft kept; · = no draft"
 
@@ -75,7 +78,9 @@ class LiveView:
         step = chunk.step
         if step.source == "prefill":
             self.decode_start = time.perf_counter()
-        elif step.source == "draft":
+        elif step.source == "draft" and (
+            chunk.tokens or getattr(step, "finish_reason", None) != "cancelled"
+        ):  # a cancelled loop's last step ran no round
             self.rounds.append((len(step.drafted), step.accepted))
 
     def tokens_per_second(self) -> float:
@@ -151,17 +156,72 @@ def summary_line(result: Result) -> str:
     )
 
 
+class CtrlC:
+    """Ctrl-C as a request to stop, for `with CtrlC() as stop: pipe.stream(..., cancelled=stop)`.
+
+    The first press only sets a flag, which the decoding loop asks between prefill chunks and
+    rounds, so generation ends at the next one with what was made kept (finish reason
+    "cancelled", which `finish` turns into "interrupted"); no KeyboardInterrupt lands inside an
+    MLX call. It also puts the earlier handler back, so a second press interrupts at once. On
+    leaving, the earlier handler is back in any case. Off the main thread (where no signal
+    handler can be set) or where SIGINT is ignored, it changes nothing and never says stop.
+    """
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._previous: object = None
+        self._installed = False
+
+    def __call__(self) -> bool:
+        return self.pressed
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.pressed = True
+        signal.signal(signal.SIGINT, self._previous)
+
+    def __enter__(self) -> CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if previous is not signal.SIG_IGN:  # `nohup`, `cmd &`: Ctrl-C is not ours to take
+                # None: a handler set outside Python; Python's own is the nearest equivalent
+                self._previous = signal.default_int_handler if previous is None else previous
+                signal.signal(signal.SIGINT, self._handle)
+                self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
+
+    def finish(self, result: Result | None) -> Result | None:
+        """`result`, its finish reason "interrupted" when Ctrl-C is what cut it short."""
+        if result is not None and self.pressed and result.finish_reason == "cancelled":
+            result.finish_reason = INTERRUPTED
+        return result
+
+
+def generate_until_ctrl_c(pipe, prompt: str | list[int], kwargs: dict) -> Result:
+    """`pipe.generate`, with Ctrl-C ending it early with the partial result (`--json`)."""
+    with CtrlC() as stop:
+        result = pipe.generate(prompt, cancelled=stop, **kwargs)
+    return stop.finish(result)
+
+
 def stream_plain(
     pipe, prompt: str | list[int], kwargs: dict, summary: bool = True
 ) -> Result | None:
     """Text to stdout as it lands, one summary line to stderr unless `summary` is off (pipes,
-    files, CI logs; mlx_lm's `--verbose false`)."""
+    files, CI logs; mlx_lm's `--verbose false`). Ctrl-C ends the text where it got to, and the
+    summary is of what was generated (finish reason "interrupted")."""
     result = None
-    for chunk in pipe.stream(prompt, **kwargs):
-        if chunk.text:
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
-        result = chunk.result or result
+    with CtrlC() as stop:
+        for chunk in pipe.stream(prompt, cancelled=stop, **kwargs):
+            if chunk.text:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+            result = chunk.result or result
+    result = stop.finish(result)
     if result is not None:
         sys.stdout.write("" if result.text.endswith("\n") else "\n")
         sys.stdout.flush()
@@ -173,16 +233,18 @@ def stream_plain(
 def stream_live(
     pipe, prompt: str | list[int], kwargs: dict, console: Console | None = None
 ) -> Result | None:
-    """Live telemetry on a terminal; afterwards the full text, the ribbon and a summary table."""
+    """Live telemetry on a terminal; afterwards the full text, the ribbon and a summary table
+    (after Ctrl-C too: of what was generated, finish reason "interrupted")."""
     from rich.live import Live
 
     console = console or Console(highlight=False)
     view = LiveView(pipe.mode, pipe.max_draft)
     result = None
-    with Live(view, console=console, refresh_per_second=12, transient=True):
-        for chunk in pipe.stream(prompt, prefill_progress=view.prefill, **kwargs):
+    with CtrlC() as stop, Live(view, console=console, refresh_per_second=12, transient=True):
+        for chunk in pipe.stream(prompt, prefill_progress=view.prefill, cancelled=stop, **kwargs):
             view.add(chunk)
             result = chunk.result or result
+    result = stop.finish(result)
     if result is not None:
         console.print(final_render(result))
     return result

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from pathlib import Path
 
 import typer
 
@@ -47,6 +49,7 @@ def train(
     """Train a DSpark or DFlash drafter for a target, online (the target runs alongside)."""
     from ..cli_common import console as _console
     from ..cli_common import user_errors
+    from ..core.errors import Interrupted
     from .progress import JsonLines, PlainLines, RichProgress
     from .trainer import TrainConfig, train_drafter
 
@@ -90,5 +93,28 @@ def train(
             view = PlainLines()
         try:
             train_drafter(cfg, on_event=view)
+        except (KeyboardInterrupt, Interrupted) as e:  # one line that says what is kept
+            raise interrupted(cfg, view, e) from None
         finally:
             view.close()
+
+
+def interrupted(cfg, view, error: BaseException) -> Exception:
+    """The Interrupted to report for Ctrl-C (exit 130): where the last checkpoint is, if any.
+
+    The trainer saves one at the last applied step when Ctrl-C lands in a step (its message says
+    so); elsewhere (loading, self-distillation, the final evaluation, or a second Ctrl-C while it
+    saves) the newest checkpoint already on disk is the one --resume continues from. The
+    progress view hears an "interrupted" event too (a JSON line with --json)."""
+    from ..core.errors import Interrupted
+    from .run import latest_checkpoint
+
+    latest = latest_checkpoint(Path(cfg.out) / "checkpoints")
+    with contextlib.suppress(Exception):  # the view must not hide the interrupt
+        view({"event": "interrupted", "checkpoint": None if latest is None else str(latest)})
+    if isinstance(error, Interrupted):
+        return error
+    if latest is None:
+        # --resume starts at step 0 and reuses whatever data was already prepared
+        return Interrupted("before the first checkpoint; run again with --resume to start over")
+    return Interrupted(f"after the last checkpoint ({latest}); run again with --resume")

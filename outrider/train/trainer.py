@@ -126,12 +126,12 @@ def _steps(
     start_step: int,
     emit: Callable[[Event], None],
     evaluate: Callable[[int], None] | None,
-    checkpoint: Callable[[int], None],
+    checkpoint: Callable[[int], Path],
 ) -> tuple[float, float, int]:
     """Optimizer steps start_step..cfg.steps -> (last loss, seconds, window tokens seen).
 
     The next batch's target forward is queued while the current step runs. Ctrl-C saves a
-    checkpoint at the last applied update and says how to resume.
+    checkpoint at the last applied update and says where it is and how to resume.
     """
     save_every = cfg.save_every or max(1, cfg.steps // 10)
     started = window_t0 = time.perf_counter()
@@ -176,8 +176,10 @@ def _steps(
     except KeyboardInterrupt:
         mx.eval(run.master, run.optimizer.state)
         done = int(run.optimizer.state["step"].item())  # updates applied so far
-        checkpoint(done)
-        raise Interrupted(f"after step {done}: checkpoint saved; run again with --resume") from None
+        saved = checkpoint(done)
+        raise Interrupted(
+            f"after step {done}: checkpoint saved in {saved}; run again with --resume"
+        ) from None
     return loss_value, time.perf_counter() - started, tokens
 
 
@@ -226,9 +228,11 @@ def train_drafter(cfg: TrainConfig, on_event: Callable[[Event], None] | None = N
         evals.append({"step": done, **acc})
         emit({"event": "eval", "step": done, "which": "trained", **acc})
 
-    def checkpoint(done: int) -> None:
-        run.save_checkpoint(root / f"step_{done:07d}", done, {"init": init_acc, "evals": evals})
+    def checkpoint(done: int) -> Path:
+        folder = root / f"step_{done:07d}"
+        run.save_checkpoint(folder, done, {"init": init_acc, "evals": evals})
         prune_checkpoints(root)
+        return folder
 
     loss_value, seconds, tokens = _steps(
         cfg, run, wins, start_step, emit, evaluate if prompts else None, checkpoint
