@@ -120,6 +120,7 @@ def generate(
         False, "--no-thinking", metavar="", help="Turn the model's thinking off."
     ),
     drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
+    kv_bits: int | None = Opt(None, "--kv-bits", help="Quantize the KV cache: 8 or 4 bits."),
     stop: list[str] | None = Opt(None, "--stop", help="Stop string (repeatable)."),
     max_kv_size: int | None = Opt(
         None, "--max-kv-size", hidden=True
@@ -159,6 +160,7 @@ def generate(
             mode,
             max_draft=max_draft,
             drafter_bits=drafter_bits,
+            kv_bits=kv_bits,
             confidence_threshold=confidence_threshold,
             plugins=plugins(),
         )

@@ -362,3 +362,33 @@ def test_real_ctrl_c_train(toy, tmp_path):
     saved = Path(line.split("checkpoint saved in ")[1].split(";")[0])
     assert saved.parent == out_dir / "checkpoints" and (saved / "state.json").is_file()
     assert json.loads(out.wait_closed().splitlines()[-1])["checkpoint"] == str(saved)
+
+
+@pytest.mark.slow
+def test_serve_ctrl_c_after_a_request_exits_130(models):
+    """Once a request has run on the engine's thread, a plain interpreter exit could abort in
+    MLX's threads (SIGABRT, rc -6); serve must shut down and exit 130."""
+    import socket
+
+    import requests
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "outrider", "serve", "-m", models["target"], "--mode", "lookup",
+           "--port", str(port)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:  # wait for the server to say it listens (no fixed sleep)
+            if "listening on" in line:
+                break
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        body = {"model": "target", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        assert requests.post(url, json=body, timeout=120).status_code == 200
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait() == 130, rest
+        assert "interrupted" in rest and "terminate called" not in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()

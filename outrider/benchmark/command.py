@@ -70,7 +70,7 @@ def benchmark(
         None,
         "--plot",
         help="Write charts to this .png or .svg: speed-up per suite and mode, acceptance per "
-        "draft position, tok/s over time (needs `pip install 'outrider[plot]'`).",
+        "draft position, tok/s over time (needs `pip install 'outrider\\[plot]'`).",
     ),
     html_path: str | None = Opt(
         None, "--html", help="Write one self-contained HTML report (charts and table) here."

@@ -324,26 +324,37 @@ def _plain_steps(
 ) -> Iterator[Step]:
     """Pipelined plain decoding: the next forward is queued before the current token is read.
 
+    The first token is read before anything else is queued, so time to first token is the
+    prefill alone (a GPU may not hand back one token while a later forward is queued).
     `fed` (when given) gets every token forwarded into the cache, for the prefix cache."""
     cache, y, t0 = started.cache, started.first, started.t0
-    mx.async_eval(y)
-    source = "prefill"
-    while True:
-        t = time.perf_counter()
-        if source == "plain" and cancelled is not None and cancelled():
-            yield Step("plain", [], 0, [], 0.0, "cancelled")
-            return
+
+    def step(y: mx.array) -> mx.array:
         with mx.stream(target.stream):
             logits, _ = target.forward(y.reshape(1).astype(mx.uint32), cache)
-            next_y = _choose(logits[-1], sampling, keys)
-        mx.async_eval(next_y)
+            nxt = _choose(logits[-1], sampling, keys)
+        mx.async_eval(nxt)
+        return nxt
+
+    token = y.item()
+    kept = stopper.feed([token])
+    yield Step("prefill", [], 0, kept, time.perf_counter() - t0, stopper.finish_reason)
+    if stopper.finish_reason is not None:
+        return
+    y = step(y)
+    if fed is not None:
+        fed.append(token)
+    while True:
+        t = time.perf_counter()
+        if cancelled is not None and cancelled():
+            yield Step("plain", [], 0, [], 0.0, "cancelled")
+            return
+        next_y = step(y)  # queued before y is read: the device never waits for the host
         token = y.item()
         if fed is not None:
             fed.append(token)
         kept = stopper.feed([token])
-        start = t0 if source == "prefill" else t
-        yield Step(source, [], 0, kept, time.perf_counter() - start, stopper.finish_reason)
+        yield Step("plain", [], 0, kept, time.perf_counter() - t, stopper.finish_reason)
         if stopper.finish_reason is not None:
             return
-        source = "plain"
         y = next_y

@@ -153,11 +153,26 @@ def serve(
             access_log=False,  # outrider.access writes one line per request, with tokens
             timeout_graceful_shutdown=2,
         )
+        interrupted = False
         try:
             uvicorn.Server(config).run(sockets=[sock])
+        except KeyboardInterrupt:  # uvicorn shuts down gracefully, then re-raises Ctrl-C
+            interrupted = True
         finally:
             engine.stop()
             sock.close()
+        if interrupted:
+            typer.echo("\ninterrupted", err=True)
+        _leave(130 if interrupted else 0)
+
+
+def _leave(code: int) -> None:
+    """Exit without the interpreter's final teardown: once a request has run on the engine's
+    thread, MLX's own threads can abort it ("terminate called without an active exception",
+    SIGABRT; ml-explore/mlx#3126). Everything of ours is closed by now."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
