@@ -149,6 +149,7 @@ class Pipeline:
     notes: list[str] = field(default_factory=list)
     drafter_ref: str | None = None  # the drafter's folder or repo id, as given or as resolved
     prefix_cache: PrefixCache | None = None  # kept caches of earlier calls (opt-in)
+    auto_cap: bool = False  # max_draft "auto": each round's cap measured (core/schedule.py)
 
     def enable_prefix_cache(
         self, gb: float = 2.0, directory: str | Path | None = None, **options: Any
@@ -185,7 +186,7 @@ class Pipeline:
         system: str | None = None,
         raw: bool = False,
         thinking: bool | None = None,
-        max_draft: int | None = None,
+        max_draft: int | str | None = None,
         penalties: Penalties | None = None,
         logprobs: int | None = None,
         cancelled: Callable[[], bool] | None = None,
@@ -210,7 +211,12 @@ class Pipeline:
         stopper = self._stopper(max_tokens, stop, stop_tokens)
         result = Result(text="", prompt_tokens=ids, tokens=[], mode=self.mode)
         cap_ceiling = self.proposer.max_draft
-        result.max_draft = self.max_draft if max_draft is None else min(max_draft, cap_ceiling)
+        if max_draft is None and self.auto_cap:
+            max_draft = "auto"
+        if max_draft == "auto":
+            result.max_draft, result.auto_cap = cap_ceiling, True  # the most any round drafts
+        else:
+            result.max_draft = self.max_draft if max_draft is None else min(max_draft, cap_ceiling)
         if max_tokens == 0:
             result.finish_reason = "length"
             yield Chunk("", [], Step("prefill", [], 0, [], 0.0, "length"), result)
@@ -230,7 +236,7 @@ class Pipeline:
             ids,
             stopper,
             sampling,
-            result.max_draft,
+            "auto" if max_draft == "auto" else result.max_draft,
             penalties=penalties,
             logprobs=logprobs,
             cancelled=cancelled,
@@ -303,7 +309,7 @@ class Pipeline:
         seed: int | None = None,
         stop: Sequence[str] = (),
         stop_tokens: set[int] | None = None,
-        max_draft: int | None = None,
+        max_draft: int | str | None = None,
         penalties: Penalties | None = None,
         logprobs: int | None = None,
         cancelled: Callable[[], bool] | None = None,
@@ -318,7 +324,10 @@ class Pipeline:
             raise OutriderError("the prompt is empty")
         sampling = SamplingParams(temperature, top_p, top_k, seed)
         stopper = self._stopper(max_tokens, stop, stop_tokens)
-        cap = self.max_draft if max_draft is None else min(max_draft, self.proposer.max_draft)
+        if max_draft is None or max_draft == "auto":  # a batch's rounds share one width
+            cap = self.max_draft
+        else:
+            cap = min(max_draft, self.proposer.max_draft)
         result = Result(text="", prompt_tokens=ids, tokens=[], mode=self.mode, max_draft=cap)
         collector = Collector(result, TextAssembler(self.tokenizer, stopper))
         if max_tokens == 0:
@@ -451,7 +460,7 @@ def load(
     drafter: str | None = None,
     mode: str = "auto",
     *,
-    max_draft: int | None = None,
+    max_draft: int | str | None = None,
     confidence_threshold: float | None = None,
     drafter_bits: int = 4,
     download: bool = True,
@@ -465,6 +474,8 @@ def load(
     `target` reuses an already-loaded target for `model` (a benchmark builds every mode on one).
     `prefix_cache` keeps target caches between calls (see `Pipeline.enable_prefix_cache`).
     `kv_bits` (8 or 4) quantizes the target's KV cache (see `Target.quantize_kv`).
+    `max_draft="auto"` lets each round pick its cap from measured costs and acceptance, and
+    decode plainly while speculation does not pay (`core/schedule.py`).
 
     The target loads first, so a missing target is reported as such. With mode "auto" a
     registry drafter that cannot be had (offline, say) falls back to drafter-free lookup and
@@ -472,8 +483,11 @@ def load(
     """
     if drafter_bits not in (4, 8, 16):
         raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
-    if max_draft is not None and max_draft < 0:
-        raise OutriderError(f"--max-draft must be >= 0, got {max_draft}")
+    auto_cap = max_draft == "auto"
+    if auto_cap:
+        max_draft = None
+    elif max_draft is not None and (not isinstance(max_draft, int) or max_draft < 0):
+        raise OutriderError(f"--max-draft must be >= 0 or auto, got {max_draft!r}")
     if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
         raise OutriderError(f"--confidence-threshold must be in [0, 1], got {confidence_threshold}")
     plugins = plugins or Plugins()
@@ -519,7 +533,9 @@ def load(
     if requested_threshold is not None and mode != "dspark":
         notes.append(f"--confidence-threshold does nothing in {mode} mode (DSpark only)")
     ref = drafter if spec is not None and strategy.needs_drafter else None
-    return Pipeline(target, proposer, mode, cap, spec, pair, options, notes, ref, prefix_cache)
+    pipe = Pipeline(target, proposer, mode, cap, spec, pair, options, notes, ref, prefix_cache)
+    pipe.auto_cap = auto_cap and proposer.max_draft > 0
+    return pipe
 
 
 def load_pair(

@@ -21,6 +21,7 @@ from .cli_common import (
     cache_root,
     check_context,
     check_options,
+    parse_max_draft,
     plugins,
     read_prompt,
     user_errors,
@@ -91,8 +92,11 @@ def generate(
     ),
     drafter: str | None = Opt(None, "--drafter", "-d", help="Drafter folder or repo id."),
     mode: str = Opt("auto", "--mode", help=f"{BUILTIN_MODES}, or a plugin's strategy."),
-    max_draft: int | None = Opt(
-        None, "--max-draft", help="Draft cap per round; 0 = the drafter's full block."
+    max_draft_text: str | None = Opt(
+        None,
+        "--max-draft",
+        metavar="N|auto",
+        help="Draft cap per round; 0 = the drafter's full block; auto = measured each round.",
     ),
     confidence_threshold: float | None = Opt(
         None, "--confidence-threshold", help="DSpark: stop drafting below this confidence."
@@ -140,6 +144,7 @@ def generate(
     from .telemetry import INTERRUPTED, generate_until_ctrl_c, stream_live, stream_plain
 
     with user_errors():
+        max_draft = parse_max_draft(max_draft_text)
         check_options(max_tokens, max_draft, drafter_bits, mode)
         SamplingParams(temperature, top_p, top_k, seed)  # bad sampling fails before loading
         if min_p:  # mlx_lm's --min-p 0 is its default and changes nothing

@@ -116,11 +116,23 @@ def read_prompt(prompt: str | None) -> str:
     return prompt
 
 
-def check_options(max_tokens: int, max_draft: int | None, drafter_bits: int, mode: str) -> None:
+def parse_max_draft(value: str | None) -> int | str | None:
+    """--max-draft: a number of drafts a round, or "auto" (measured each round)."""
+    if value is None or value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise OutriderError(f"--max-draft takes a number or auto, got {value!r}") from None
+
+
+def check_options(
+    max_tokens: int, max_draft: int | str | None, drafter_bits: int, mode: str
+) -> None:
     """Reject bad numbers and unknown modes before any model is loaded or built."""
     if max_tokens < 0:
         raise OutriderError(f"--max-tokens must be >= 0, got {max_tokens}")
-    if max_draft is not None and max_draft < 0:
+    if isinstance(max_draft, int) and max_draft < 0:
         raise OutriderError(f"--max-draft must be >= 0, got {max_draft}")
     if drafter_bits not in (16, 8, 4):
         raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")

@@ -58,7 +58,7 @@ def fmt_memory(gb: float) -> str:
 class LiveView:
     """The live panel: the tail of the streamed text, a speed line, and the ribbon."""
 
-    def __init__(self, mode: str, cap: int) -> None:
+    def __init__(self, mode: str, cap: int | str) -> None:
         self.mode = mode
         self.cap = cap
         self.text = ""
@@ -127,7 +127,7 @@ def summary_table(result: Result) -> Table:
         ("mean accept length", fmt_accept(result.mean_accept_len)),
         ("rounds", str(len(result.rounds))),
         ("mode", result.mode),
-        ("cap", str(result.max_draft)),
+        ("cap", result.cap_label),
         ("peak memory", fmt_memory(result.peak_memory_gb)),
         ("finish", result.finish_reason),
     ]
@@ -152,7 +152,7 @@ def summary_line(result: Result) -> str:
     return (
         f"{len(result.tokens)} tokens · prefill {result.prefill_tps:.1f} tok/s"
         f" · decode {result.decode_tps:.1f} tok/s · accept {fmt_accept(result.mean_accept_len)}"
-        f" · mode {result.mode} · cap {result.max_draft}"
+        f" · mode {result.mode} · cap {result.cap_label}"
     )
 
 
@@ -238,7 +238,7 @@ def stream_live(
     from rich.live import Live
 
     console = console or Console(highlight=False)
-    view = LiveView(pipe.mode, pipe.max_draft)
+    view = LiveView(pipe.mode, "auto" if pipe.auto_cap else pipe.max_draft)
     result = None
     with CtrlC() as stop, Live(view, console=console, refresh_per_second=12, transient=True):
         for chunk in pipe.stream(prompt, prefill_progress=view.prefill, cancelled=stop, **kwargs):

@@ -97,6 +97,7 @@ def recipe(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # the whole recipe, training included (~20 s on two cores)
 def test_recipe_trains_a_small_quantised_model(recipe):
     summary = json.loads((recipe / "recipe.json").read_text())
     assert summary["val_loss_float"] < summary["val_loss_start"] - 0.5  # it learned
@@ -110,6 +111,7 @@ def test_recipe_trains_a_small_quantised_model(recipe):
     assert "<|im_start|>" in tok_config["chat_template"]
 
 
+@pytest.mark.slow  # uses the recipe's output
 def test_recipe_output_loads_with_mlx_lm_and_generates_losslessly(recipe):
     from mlx_lm.utils import load as mlx_load
 
@@ -133,6 +135,7 @@ def test_recipe_output_loads_with_mlx_lm_and_generates_losslessly(recipe):
         assert result.tokens == plain_greedy(recipe / "target", ids, 32), mode
 
 
+@pytest.mark.slow  # uses the recipe's output
 def test_recipe_reuses_a_built_target_with_target_flag(recipe, tmp_path):
     """--target skips stages 1-4: the target folder is copied as is, and the recipe says so."""
     out = tmp_path / "again"
@@ -148,6 +151,7 @@ def test_recipe_reuses_a_built_target_with_target_flag(recipe, tmp_path):
     assert bad.returncode != 0 and "not a model folder" in bad.stderr
 
 
+@pytest.mark.slow  # uses the recipe's output
 @pytest.mark.skipif(not HAS_TRAIN, reason="the drafter stage needs `outrider train`")
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="lists processes via /proc")
 def test_sigterm_during_drafter_training_stops_workers_and_removes_scratch(recipe, tmp_path):

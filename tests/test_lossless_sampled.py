@@ -65,7 +65,15 @@ PARAMS = SamplingParams(temperature=0.8, top_p=0.9, top_k=5)
 N = 600
 
 
-@pytest.mark.parametrize("mode", ["dspark", "lookup", "dflash"])
+# dspark in the quick tier; the other two modes share its acceptance code and run in the full suite
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "dspark",
+        pytest.param("lookup", marks=pytest.mark.slow),
+        pytest.param("dflash", marks=pytest.mark.slow),
+    ],
+)
 def test_speculative_sampling_matches_target_distribution(qwen3_target, drafters, mode):
     drafter = {"dspark": drafters["dspark"], "dflash": drafters["dflash-zlab"]}.get(mode)
     pipe = outrider.load(str(qwen3_target), None if drafter is None else str(drafter), mode=mode)
@@ -171,6 +179,7 @@ class TargetLikeProposer:
         return Proposal(mx.array(tokens, dtype=mx.uint32), len(tokens), probs=mx.stack(probs))
 
 
+@pytest.mark.slow  # ~13 s; the mismatched-distribution test covers rejection in the quick tier
 def test_sampling_with_overlapping_draft_distribution(qwen3_target):
     pipe = outrider.load(str(qwen3_target), mode="baseline")
     draft_params = SamplingParams(temperature=1.6, top_k=5)

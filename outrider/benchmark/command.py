@@ -57,8 +57,11 @@ def benchmark(
     prompts_per_suite: int | None = Opt(
         None, "--prompts-per-suite", help="Use the first N prompts of each suite (default all)."
     ),
-    max_draft: int | None = Opt(
-        None, "--max-draft", help="Draft cap for every drafting mode and the mlx-lm peer."
+    max_draft_text: str | None = Opt(
+        None,
+        "--max-draft",
+        metavar="N|auto",
+        help="Draft cap for every drafting mode and the mlx-lm peer; auto: measured each round.",
     ),
     peer_draft_model: str | None = Opt(
         None, "--peer-draft-model", help="Also run mlx-lm's speculative decoding with this."
@@ -88,6 +91,7 @@ def benchmark(
     from ..core.errors import OutriderError
 
     with cli.user_errors():
+        max_draft = cli.parse_max_draft(max_draft_text)
         if plot_path is not None or html_path is not None:
             from .report import plot_format, require_matplotlib
 

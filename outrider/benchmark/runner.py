@@ -51,7 +51,7 @@ class BenchConfig:
     drafter: str | None = None  # goes to the mode of its own kind
     drafters: dict[str, str] = field(default_factory=dict)  # mode -> drafter, explicit
     peer_draft_model: str | None = None
-    max_draft: int | None = None
+    max_draft: int | str | None = None  # a cap, or "auto" (core/schedule.py)
     drafter_bits: int = 4
     thinking: bool | None = None
     prompt_files: list[str] = field(default_factory=list)  # each file is one more suite
@@ -63,8 +63,12 @@ class BenchConfig:
             raise OutriderError(f"--max-tokens must be >= 1, got {self.max_tokens}")
         if self.prompts_per_suite is not None and self.prompts_per_suite < 1:
             raise OutriderError(f"--prompts-per-suite must be >= 1, got {self.prompts_per_suite}")
-        if self.max_draft is not None and self.max_draft < 1:
-            raise OutriderError(f"--max-draft must be >= 1, got {self.max_draft}")
+        if self.max_draft == "auto":
+            return
+        if self.max_draft is not None and (
+            not isinstance(self.max_draft, int) or self.max_draft < 1
+        ):
+            raise OutriderError(f"--max-draft must be >= 1 or auto, got {self.max_draft!r}")
 
 
 @dataclass
@@ -99,7 +103,8 @@ def _pipeline_arm(pipe: Pipeline, drafter: str | None) -> Arm:
         result = pipe.generate(prompt, max_tokens=max_tokens, stop_tokens=stop)
         return Run.from_result(result)
 
-    return Arm(pipe.mode, generate, "outrider", pipe.max_draft, drafter)
+    cap = "auto" if pipe.auto_cap else pipe.max_draft
+    return Arm(pipe.mode, generate, "outrider", cap, drafter)
 
 
 def _assign_drafters(config: BenchConfig, plugins: Plugins, modes: list[str] | None) -> dict:
@@ -157,7 +162,7 @@ def build_arms(config: BenchConfig, plugins: Plugins) -> tuple[Target, list[Arm]
     )
     if config.peer_draft_model is not None:
         draft = load_draft_model(config.peer_draft_model, target.config.get("vocab_size"))
-        k = config.max_draft or MLX_LM_DRAFT_DEFAULT
+        k = config.max_draft if isinstance(config.max_draft, int) else MLX_LM_DRAFT_DEFAULT
         arms.append(
             Arm(
                 "mlx-lm-spec",

@@ -26,6 +26,11 @@ class Result:
     decode_seconds: float = 0.0
     peak_memory_gb: float = 0.0
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied (not prefilled)
+    auto_cap: bool = False  # the cap was chosen each round (max_draft is then its ceiling)
+
+    @property
+    def cap_label(self) -> str:
+        return f"auto (≤{self.max_draft})" if self.auto_cap else str(self.max_draft)
 
     @property
     def mean_accept_len(self) -> float:
@@ -55,7 +60,7 @@ class Result:
             "decode_tps": round(self.decode_tps, 2),
             "peak_memory_gb": round(self.peak_memory_gb, 4),
             "mode": self.mode,
-            "max_draft": self.max_draft,
+            "max_draft": "auto" if self.auto_cap else self.max_draft,
             "finish_reason": self.finish_reason,
             "prefill_seconds": round(self.prefill_seconds, 6),
             "decode_seconds": round(self.decode_seconds, 6),

@@ -20,6 +20,7 @@ from .logits import Penalties, TokenLogprob, logprob_arrays, process_rows, read_
 from .prefix_cache import PrefixHit, Record
 from .proposer import DraftContext, Proposal, Proposer
 from .sampling import KeyStream, SamplingParams, greedy, probabilities, sample
+from .schedule import AutoCap
 from .stopping import Stopper
 from .target import Target
 
@@ -63,6 +64,7 @@ class Row:
     logprobs: int | None = None
     record: Record | None = None
     cancelled: Callable[[], bool] | None = None
+    policy: AutoCap | None = None  # --max-draft auto: the cap of each round
 
     @property
     def done(self) -> bool:
@@ -167,7 +169,7 @@ def decode(
     prompt: list[int],
     stopper: Stopper,
     sampling: SamplingParams = SamplingParams(),
-    max_draft: int | None = None,
+    max_draft: int | str | None = None,
     penalties: Penalties | None = None,
     logprobs: int | None = None,
     cancelled: Callable[[], bool] | None = None,
@@ -187,11 +189,17 @@ def decode(
     prompt tokens and their taps: only the rest is prefilled, and the proposer still starts on
     the whole prompt. `record`, when given, is kept equal to what the cache holds at every
     yield (tokens, cache, taps, prefill checkpoints) so the prefix cache can store it after.
+    `max_draft="auto"` picks each round's cap from measured costs and acceptance
+    (`core/schedule.py`), drafting nothing while plain decoding is faster.
 
     This is a batch of one row: the rounds are `verify_round`'s, as for a `Batch` of many.
     """
     keys = None if sampling.greedy else KeyStream(sampling.seed)
-    cap_limit = proposer.max_draft if max_draft is None else min(max_draft, proposer.max_draft)
+    policy = AutoCap(proposer.max_draft) if max_draft == "auto" and proposer.max_draft else None
+    if max_draft == "auto" or max_draft is None:
+        cap_limit = proposer.max_draft
+    else:
+        cap_limit = min(max_draft, proposer.max_draft)
     procs = penalties.processors() if penalties is not None and penalties.active else []
     window = penalties.window if procs else 0
     try:
@@ -213,6 +221,7 @@ def decode(
         started, proposer, prompt, stopper, sampling, keys, cap_limit, procs, window, logprobs,
         record, cancelled,
     )  # fmt: skip
+    row.policy = policy
     yield step
     rows, cache = [row], started.cache
     while not row.done:
@@ -251,6 +260,8 @@ def verify_round(target: Target, rows: list[Row], cache: list) -> list[Step]:
     with mx.stream(target.stream):
         for row in rows:
             cap = max(0, min(row.cap_limit, row.stopper.remaining - 1))
+            if row.policy is not None:
+                cap = row.policy.choose(cap)
             key = row.keys.next() if row.keys is not None and cap > 0 else None
             ctx = DraftContext(row.history, cap, row.sampling, key)
             proposal = row.proposer.propose(ctx) if cap > 0 else Proposal.empty()
@@ -308,8 +319,10 @@ def verify_round(target: Target, rows: list[Row], cache: list) -> list[Step]:
     else:
         target.rollback(cache, rejected[0])
     seconds = time.perf_counter() - t
-    for step in steps:
+    for row, proposal, step in zip(rows, proposals, steps):
         step.seconds = seconds
+        if row.policy is not None:
+            row.policy.observe(proposal.k, step.accepted, seconds)
     return steps
 
 

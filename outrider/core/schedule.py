@@ -1,0 +1,96 @@
+"""`--max-draft auto`: each round's cap from what this machine and this generation measure.
+
+A round that drafts k tokens costs c(k) seconds (drafter + a verify forward of k+1 rows + the
+sync) and commits E(k) = 1 + s_1 + ... + s_k tokens on average, where s_j is the chance that the
+first j drafts are all accepted. The policy picks the k that maximises E(k) / c(k), and drafts
+nothing (a plain step, k = 0) when no k beats plain decoding's 1 / c(0): speculation is parked,
+then probed again every `probe_every` steps, because acceptance changes with the text.
+
+Both halves are measured on the fly: c(k) is a running mean of this row's round times at each
+k (a straight line through the measured ks estimates the others), and s_j comes from running
+per-position acceptance (the chance that draft j is accepted once drafts 1..j-1 were). The cap
+only decides how many drafts are verified, never which token is committed, so every choice is
+lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+EMA = 0.25  # weight of the newest measurement
+MARGIN = 1.03  # a cap must beat plain decoding by 3% to be worth its variance
+
+
+@dataclass
+class AutoCap:
+    """The cap policy of one generation (one row)."""
+
+    ceiling: int  # the most the proposer drafts a round
+    probe_every: int = 16  # plain steps between probes while parked
+    warmup: int = 2  # first rounds at each k: compile and cache warm-up, not timed
+    costs: dict[int, float] = field(default_factory=dict)  # k drafted -> seconds a round
+    rounds: dict[int, int] = field(default_factory=dict)  # k drafted -> rounds seen
+    drafting: int = 0  # rounds that drafted something
+    accept: list[float] = field(default_factory=list)  # per position: P(accept | reached)
+    parked: int = 0  # plain steps since speculation was parked (0: not parked)
+
+    def __post_init__(self) -> None:
+        self.accept = [0.7] * self.ceiling  # a prior the first rounds overwrite
+
+    def choose(self, limit: int) -> int:
+        """The cap for the next round, at most `limit` (tokens left to generate, minus one)."""
+        limit = min(limit, self.ceiling)
+        if limit <= 0:
+            return 0
+        if self.drafting < self.warmup + 4:
+            return limit  # learn acceptance and a drafting round's cost first
+        if self.rounds.get(0, 0) < self.warmup + 2:
+            return 0  # and plain decoding's
+        best = self.best(limit)
+        if best == 0:
+            self.parked += 1
+            if self.parked % self.probe_every == 0:
+                return limit  # a probe: does speculation pay again?
+            return 0
+        self.parked = 0
+        return best
+
+    def best(self, limit: int) -> int:
+        """argmax_k E(k) / c(k) over 0..limit (0 unless some k beats plain by MARGIN)."""
+        plain = 1.0 / self.cost(0)
+        best_k, best_rate = 0, plain * MARGIN
+        survive, expected = 1.0, 1.0
+        for k in range(1, limit + 1):
+            survive *= self.accept[k - 1]
+            expected += survive
+            rate = expected / self.cost(k)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def cost(self, k: int) -> float:
+        """Seconds a round at cap k: measured, else on the line through the measured caps."""
+        measured = {j: c for j, c in self.costs.items() if self.rounds.get(j, 0) > self.warmup}
+        if k in measured:
+            return measured[k]
+        if not measured:
+            return 1.0
+        if len(measured) == 1:
+            return next(iter(measured.values()))
+        xs, ys = list(measured), list(measured.values())
+        mx_, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        var = sum((x - mx_) ** 2 for x in xs)
+        slope = sum((x - mx_) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+        return max(my + slope * (k - mx_), min(ys) * 0.5)
+
+    def observe(self, k: int, accepted: int, seconds: float) -> None:
+        """What a round at cap k did: `accepted` drafts kept, in `seconds`."""
+        seen = self.rounds.get(k, 0)
+        self.rounds[k] = seen + 1
+        self.drafting += k > 0
+        if seen >= self.warmup:
+            old = self.costs.get(k)
+            self.costs[k] = seconds if old is None else old + EMA * (seconds - old)
+        for j in range(min(accepted + 1, k)):  # positions reached: 1..accepted+1
+            hit = 1.0 if j < accepted else 0.0
+            self.accept[j] += EMA * (hit - self.accept[j])

@@ -1,0 +1,90 @@
+"""`--max-draft auto`: the cap policy picks what measured costs and acceptance say is fastest,
+parks speculation when plain decoding is faster, and never changes a token."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import PROMPTS, plain_greedy
+
+import outrider
+from outrider.core import loop
+from outrider.core.schedule import AutoCap
+from outrider.testing import OracleProposer
+
+
+def trained(ceiling: int, cost, accept: float) -> AutoCap:
+    """A policy that has seen rounds at every cap with these costs and this acceptance."""
+    policy = AutoCap(ceiling)
+    for _ in range(20):
+        for k in range(ceiling + 1):
+            accepted = 0
+            while accepted < k and (accepted + 1) / (k + 1) <= accept:
+                accepted += 1
+            policy.observe(k, accepted, cost(k))
+    policy.accept = [accept] * ceiling
+    return policy
+
+
+def test_cheap_verify_and_good_drafts_take_the_whole_block():
+    policy = trained(6, lambda k: 1.0 + 0.02 * k, 0.9)
+    assert policy.choose(100) == 6
+
+
+def test_verify_cost_growing_per_row_parks_speculation_and_probes_again():
+    """Each verify row costing as much as a plain step (a compute-bound CPU) and acceptance of
+    one half: no cap beats plain decoding, so the rounds are plain steps, with a probe every
+    `probe_every` of them."""
+    policy = trained(6, lambda k: 1.0 + 1.0 * k, 0.5)
+    caps = [policy.choose(100) for _ in range(3 * policy.probe_every)]
+    assert caps.count(0) == len(caps) - 3
+    assert [i for i, c in enumerate(caps) if c] == [15, 31, 47]
+
+
+def test_an_intermediate_cost_picks_an_intermediate_cap():
+    policy = trained(8, lambda k: 1.0 + 0.25 * k, 0.7)
+    # E(k) / c(k) with s_j = 0.7^j: best at k = 2 (1.19 tokens per unit, vs 1.0 plain)
+    assert policy.choose(100) == 2
+    assert policy.choose(1) == 1  # never more than the tokens left
+
+
+def test_unmeasured_caps_are_read_off_the_line_through_measured_ones():
+    policy = AutoCap(8)
+    for _ in range(10):
+        policy.observe(0, 0, 1.0)
+        policy.observe(4, 2, 3.0)
+    assert policy.cost(2) == pytest.approx(2.0)
+    assert policy.cost(8) == pytest.approx(5.0)
+
+
+def test_the_first_rounds_draft_then_measure_plain_steps():
+    policy = AutoCap(4)
+    first = []
+    for _ in range(12):
+        k = policy.choose(100)
+        first.append(k)
+        policy.observe(k, min(k, 1), 1.0 + k)
+    assert first[:6] == [4] * 6 and 0 in first[6:]
+
+
+@pytest.mark.parametrize("accept_rate", [1.0, 0.6])
+def test_auto_output_equals_plain_greedy(qwen3_target, monkeypatch, accept_rate):
+    """Whatever caps the policy picks round by round (here: parked, probing, then drafting,
+    forced by a policy whose costs flip halfway), the tokens are plain greedy decoding's."""
+    pipe = outrider.load(str(qwen3_target), mode="baseline")
+    ids = pipe.encode(PROMPTS[1])
+    want = plain_greedy(qwen3_target, ids, 60)
+    vocab = pipe.target.config["vocab_size"]
+    oracle = OracleProposer(ids + want, accept_rate, vocab, max_draft=6, seed=1)
+    seen: list[int] = []
+
+    class Flipping(AutoCap):
+        def observe(self, k: int, accepted: int, seconds: float) -> None:
+            seen.append(k)
+            slow_verify = len(seen) < 30  # first parked, then drafting pays
+            super().observe(k, accepted, 1.0 + (1.0 if slow_verify else 0.01) * k)
+
+    monkeypatch.setattr(loop, "AutoCap", Flipping)
+    auto = outrider.Pipeline(pipe.target, oracle, "oracle", 6, auto_cap=True)
+    got = auto.generate(ids, max_tokens=60, stop_tokens=set())
+    assert got.tokens == want
+    assert 0 in seen and max(seen) > 1  # it parked and it drafted
