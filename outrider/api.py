@@ -10,7 +10,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .core import gguf
+from .core import gguf, loop
 from .core.batch import Batch, fork
 from .core.checkpoint import open_checkpoint, read_config
 from .core.drafter_spec import DrafterSpec
@@ -29,6 +29,7 @@ from .core.plugins import Plugins
 from .core.prefix_cache import GB, PrefixCache
 from .core.proposer import Proposer
 from .core.sampling import KeyStream, SamplingParams
+from .core.schedule import AutoCap
 from .core.stopping import Stopper
 from .core.target import Target
 from .prompts import encode_prompt
@@ -150,6 +151,7 @@ class Pipeline:
     drafter_ref: str | None = None  # the drafter's folder or repo id, as given or as resolved
     prefix_cache: PrefixCache | None = None  # kept caches of earlier calls (opt-in)
     auto_cap: bool = False  # max_draft "auto": each round's cap measured (core/schedule.py)
+    cap_policy: AutoCap | None = None  # what "auto" has measured so far (kept across calls)
 
     def enable_prefix_cache(
         self, gb: float = 2.0, directory: str | Path | None = None, **options: Any
@@ -243,6 +245,7 @@ class Pipeline:
             prefill_progress=prefill_progress,
             start=hit,
             record=record,
+            policy=self._cap_policy() if max_draft == "auto" else None,
         )
         failed = False
         try:
@@ -363,6 +366,11 @@ class Pipeline:
             row.record = None  # a batched row's cache is not one the prefix cache can keep
         first = collector.add(step)
         return RowStart(None if row.done else row, started.cache, collector, first)
+
+    def _cap_policy(self) -> AutoCap:
+        if self.cap_policy is None:
+            self.cap_policy = loop.AutoCap(self.proposer.max_draft, start=self.max_draft or 4)
+        return self.cap_policy
 
     def _stopper(self, max_tokens: int, stop: Sequence[str], stop_tokens: set[int] | None):
         tokenizer = self.tokenizer

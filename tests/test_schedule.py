@@ -32,12 +32,17 @@ def test_cheap_verify_and_good_drafts_take_the_whole_block():
 
 def test_verify_cost_growing_per_row_parks_speculation_and_probes_again():
     """Each verify row costing as much as a plain step (a compute-bound CPU) and acceptance of
-    one half: no cap beats plain decoding, so the rounds are plain steps, with a probe every
-    `probe_every` of them."""
+    one half: no cap beats plain decoding, so the generation takes runs of plain steps, with a
+    one-draft probe after each run, the runs doubling while the probes say no."""
     policy = trained(6, lambda k: 1.0 + 1.0 * k, 0.5)
-    caps = [policy.choose(100) for _ in range(3 * policy.probe_every)]
-    assert caps.count(0) == len(caps) - 3
-    assert [i for i, c in enumerate(caps) if c] == [15, 31, 47]
+    plan = []
+    while len(plan) < 300:
+        k = policy.choose(100)
+        plan += [k] if k else [0] * policy.plain_run(100)
+    probes = [i for i, k in enumerate(plan) if k]
+    assert probes and all(plan[i] == 1 for i in probes)
+    gaps = [b - a - 1 for a, b in zip(probes, probes[1:])]
+    assert gaps == [32, 64, 128][: len(gaps)] and len(gaps) >= 2
 
 
 def test_an_intermediate_cost_picks_an_intermediate_cap():
@@ -56,14 +61,16 @@ def test_unmeasured_caps_are_read_off_the_line_through_measured_ones():
     assert policy.cost(8) == pytest.approx(5.0)
 
 
-def test_the_first_rounds_draft_then_measure_plain_steps():
-    policy = AutoCap(4)
+def test_the_first_rounds_draft_at_the_start_cap_then_measure_plain_steps():
+    policy = AutoCap(8, start=4)
     first = []
     for _ in range(12):
         k = policy.choose(100)
         first.append(k)
         policy.observe(k, min(k, 1), 1.0 + k)
-    assert first[:6] == [4] * 6 and 0 in first[6:]
+        if k == 0:
+            policy.plain_run(1)
+    assert first[:4] == [4] * 4 and 0 in first[4:]
 
 
 @pytest.mark.parametrize("accept_rate", [1.0, 0.6])
@@ -88,3 +95,33 @@ def test_auto_output_equals_plain_greedy(qwen3_target, monkeypatch, accept_rate)
     got = auto.generate(ids, max_tokens=60, stop_tokens=set())
     assert got.tokens == want
     assert 0 in seen and max(seen) > 1  # it parked and it drafted
+
+
+def test_parked_steps_keep_the_drafter_and_the_prefix_cache_in_step(
+    qwen3_target, drafters, monkeypatch
+):
+    """DSpark rounds resume after pipelined plain steps with the drafter's context complete
+    (every plain token's taps were observed), the generation stops exactly at max_tokens, and
+    the prefix cache stores what the cache holds: the repeat hits and is still plain greedy."""
+    pipe = outrider.load(
+        str(qwen3_target), str(drafters["dspark"]), mode="dspark", max_draft="auto"
+    )
+    assert pipe.auto_cap
+    pipe.enable_prefix_cache(gb=0.1)
+    ids = pipe.encode(PROMPTS[0])
+    want = plain_greedy(qwen3_target, ids, 45)
+    kinds: list[int] = []
+
+    class Alternating(AutoCap):
+        def observe(self, k: int, accepted: int, seconds: float) -> None:
+            kinds.append(k)
+            slow_verify = (len(kinds) // 12) % 2 == 0  # park, draft, park, ...
+            super().observe(k, accepted, 1.0 + (1.0 if slow_verify else 0.01) * k)
+
+    monkeypatch.setattr(loop, "AutoCap", Alternating)
+    first = pipe.generate(ids, max_tokens=45, stop_tokens=set())
+    again = pipe.generate(ids, max_tokens=45, stop_tokens=set())
+    assert first.tokens == want == again.tokens
+    assert again.cached_tokens > 0
+    assert 0 in kinds and max(kinds) > 0
+    assert first.to_json()["max_draft"] == "auto"

@@ -55,7 +55,9 @@ def test_no_model_then_load_unload_and_cancel(server, scripted):
     r = requests.post(url + "/v1/messages", json={"messages": [], "max_tokens": 1}, headers=H)
     assert r.status_code == 400  # validation comes first; the shape is Anthropic's
     assert r.json()["type"] == "error"
-    for bad in ({}, {"model": ""}, {"model": "x", "max_draft": -1}, {"model": "x", "mode": "nope"}):
+    bad_caps = ({"model": "x", "max_draft": -1}, {"model": "x", "max_draft": 65},
+                {"model": "x", "max_draft": "fast"})  # fmt: skip
+    for bad in ({}, {"model": ""}, *bad_caps, {"model": "x", "mode": "nope"}):
         assert requests.post(url + "/admin/load", json=bad, headers=H).status_code == 400
     assert requests.post(url + "/admin/load", json={"model": "x"}).status_code == 401
     body = {"model": str(scripted), "mode": "lookup", "max_draft": 3, "context_window": 300}

@@ -176,6 +176,7 @@ def decode(
     prefill_progress: Callable[[int, int], None] | None = None,
     start: PrefixHit | None = None,
     record: Record | None = None,
+    policy: AutoCap | None = None,
 ) -> Iterator[Step]:
     """Generate from `prompt` until `stopper` says stop, yielding each step as it lands.
 
@@ -190,12 +191,16 @@ def decode(
     the whole prompt. `record`, when given, is kept equal to what the cache holds at every
     yield (tokens, cache, taps, prefill checkpoints) so the prefix cache can store it after.
     `max_draft="auto"` picks each round's cap from measured costs and acceptance
-    (`core/schedule.py`), drafting nothing while plain decoding is faster.
+    (`core/schedule.py`), drafting nothing while plain decoding is faster; `policy` is the
+    one to use (a pipeline keeps one across generations), else a fresh one.
 
     This is a batch of one row: the rounds are `verify_round`'s, as for a `Batch` of many.
     """
     keys = None if sampling.greedy else KeyStream(sampling.seed)
-    policy = AutoCap(proposer.max_draft) if max_draft == "auto" and proposer.max_draft else None
+    if max_draft != "auto" or not proposer.max_draft:
+        policy = None
+    elif policy is None:
+        policy = AutoCap(proposer.max_draft)
     if max_draft == "auto" or max_draft is None:
         cap_limit = proposer.max_draft
     else:
@@ -224,12 +229,64 @@ def decode(
     row.policy = policy
     yield step
     rows, cache = [row], started.cache
+    pipelinable = not procs and logprobs is None
     while not row.done:
         if row.wants_cancel():
             yield Step("draft", [], 0, [], 0.0, "cancelled")
             return
-        (step,) = verify_round(target, rows, cache)
+        caps = None
+        if policy is not None:
+            k = policy.choose(max(0, min(cap_limit, stopper.remaining - 1)))
+            if k == 0 and pipelinable:  # parked: pipelined plain steps until the next probe
+                yield from _plain_run(target, row, cache, policy.plain_run(stopper.remaining))
+                continue
+            if k == 0:
+                policy.plain_run(1)
+            caps = [k]
+        (step,) = verify_round(target, rows, cache, caps)
         yield step
+
+
+def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
+    """Up to n plain steps inside a speculative generation, pipelined as `_plain_steps` (the
+    next forward is queued before the current token is read). Each forwarded token's taps go
+    to the proposer and the record, and the cache ends holding the history but its anchor,
+    as after a round, so drafting resumes where these steps stop."""
+    tap_ids = tuple(row.proposer.tap_layer_ids)
+
+    def step(y: mx.array) -> tuple[mx.array, mx.array | None]:
+        with mx.stream(target.stream):
+            logits, taps = target.forward(y.reshape(1).astype(mx.uint32), cache, tap_ids)
+            nxt = _choose(logits[-1], row.sampling, row.keys)
+        mx.async_eval(nxt)
+        return nxt, taps
+
+    cur, cur_taps = step(mx.array([row.anchor], dtype=mx.uint32))
+    for i in range(n):
+        t = time.perf_counter()
+        last = i == n - 1
+        if i and row.wants_cancel():
+            row.stopper.finish_reason = "cancelled"
+            yield Step("plain", [], 0, [], 0.0, "cancelled")
+            return
+        if not last:
+            following = step(cur)  # queued before cur is read
+        token = cur.item()
+        row.proposer.observe(0, cur_taps)
+        if row.record is not None:
+            row.record.grow(1, cur_taps)
+        row.history.append(token)
+        row.anchor = token
+        kept = row.stopper.feed([token])
+        seconds = time.perf_counter() - t
+        if row.policy is not None:
+            row.policy.observe(0, 0, seconds)
+        if row.done and not last:
+            target.rollback(cache, 1)  # the forward queued past the end
+        yield Step("plain", [], 0, kept, seconds, row.stopper.finish_reason)
+        if row.done or last:
+            return
+        cur, cur_taps = following
 
 
 def _row_inputs(anchor: int, proposal: Proposal, drafts: mx.array, width: int) -> mx.array:
@@ -242,14 +299,16 @@ def _row_inputs(anchor: int, proposal: Proposal, drafts: mx.array, width: int) -
     return mx.concatenate(parts)
 
 
-def verify_round(target: Target, rows: list[Row], cache: list) -> list[Step]:
+def verify_round(
+    target: Target, rows: list[Row], cache: list, caps: list[int] | None = None
+) -> list[Step]:
     """One speculative round for every row: each proposes, one target forward verifies all
     drafts of all rows, each accepts its own, and each row's cache rolls back by what it
     rejected. `cache` is one row's cache, or a batched cache whose rows are `rows`.
 
     Rows draft different numbers of tokens; shorter rows are padded to the widest, and the
     padding is rejected like any draft. On the greedy path a round costs one host-device sync
-    whatever the batch width.
+    whatever the batch width. `caps` (one per row) overrides the rows' own caps this round.
     """
     t = time.perf_counter()
     batched = target.is_batched(cache)
@@ -260,8 +319,8 @@ def verify_round(target: Target, rows: list[Row], cache: list) -> list[Step]:
     with mx.stream(target.stream):
         for row in rows:
             cap = max(0, min(row.cap_limit, row.stopper.remaining - 1))
-            if row.policy is not None:
-                cap = row.policy.choose(cap)
+            if caps is not None:
+                cap = caps[len(proposals)]
             key = row.keys.next() if row.keys is not None and cap > 0 else None
             ctx = DraftContext(row.history, cap, row.sampling, key)
             proposal = row.proposer.propose(ctx) if cap > 0 else Proposal.empty()

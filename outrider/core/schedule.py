@@ -4,7 +4,9 @@ A round that drafts k tokens costs c(k) seconds (drafter + a verify forward of k
 sync) and commits E(k) = 1 + s_1 + ... + s_k tokens on average, where s_j is the chance that the
 first j drafts are all accepted. The policy picks the k that maximises E(k) / c(k), and drafts
 nothing (a plain step, k = 0) when no k beats plain decoding's 1 / c(0): speculation is parked,
-then probed again every `probe_every` steps, because acceptance changes with the text.
+then probed again with one draft after `probe_every` plain steps (an interval that doubles,
+up to `MAX_INTERVAL`, while probes keep saying no), because acceptance changes with the text.
+One policy serves every generation of a pipeline, so what it measured carries over.
 
 Both halves are measured on the fly: c(k) is a running mean of this row's round times at each
 k (a straight line through the measured ks estimates the others), and s_j comes from running
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 EMA = 0.25  # weight of the newest measurement
 MARGIN = 1.03  # a cap must beat plain decoding by 3% to be worth its variance
+MAX_INTERVAL = 256  # plain steps between probes, at most
 
 
 @dataclass
@@ -26,34 +29,46 @@ class AutoCap:
     """The cap policy of one generation (one row)."""
 
     ceiling: int  # the most the proposer drafts a round
-    probe_every: int = 16  # plain steps between probes while parked
+    start: int = 4  # the cap of the first rounds (while nothing is measured)
+    probe_every: int = 16  # plain steps before the first probe once parked
     warmup: int = 2  # first rounds at each k: compile and cache warm-up, not timed
     costs: dict[int, float] = field(default_factory=dict)  # k drafted -> seconds a round
     rounds: dict[int, int] = field(default_factory=dict)  # k drafted -> rounds seen
     drafting: int = 0  # rounds that drafted something
     accept: list[float] = field(default_factory=list)  # per position: P(accept | reached)
-    parked: int = 0  # plain steps since speculation was parked (0: not parked)
+    parked: int = 0  # plain steps since the last probe (or since parking)
+    interval: int = 0  # plain steps between probes now
 
     def __post_init__(self) -> None:
         self.accept = [0.7] * self.ceiling  # a prior the first rounds overwrite
+        self.start = max(1, min(self.start, self.ceiling))
+        self.interval = self.probe_every
 
     def choose(self, limit: int) -> int:
-        """The cap for the next round, at most `limit` (tokens left to generate, minus one)."""
+        """The cap for the next round, at most `limit` (tokens left to generate, minus one);
+        0 means plain steps (`plain_run` says how many)."""
         limit = min(limit, self.ceiling)
         if limit <= 0:
             return 0
-        if self.drafting < self.warmup + 4:
-            return limit  # learn acceptance and a drafting round's cost first
+        if self.drafting < self.warmup + 2:
+            return min(limit, self.start)  # learn acceptance and a drafting round's cost first
         if self.rounds.get(0, 0) < self.warmup + 2:
             return 0  # and plain decoding's
         best = self.best(limit)
-        if best == 0:
-            self.parked += 1
-            if self.parked % self.probe_every == 0:
-                return limit  # a probe: does speculation pay again?
-            return 0
-        self.parked = 0
-        return best
+        if best:
+            self.parked, self.interval = 0, self.probe_every
+            return best
+        if self.parked >= self.interval:  # a probe: one draft, does speculation pay again?
+            self.parked = 0
+            self.interval = min(2 * self.interval, MAX_INTERVAL)
+            return 1
+        return 0
+
+    def plain_run(self, remaining: int) -> int:
+        """How many plain steps to take now: up to the next probe (at least one)."""
+        n = max(1, min(self.interval - self.parked, remaining))
+        self.parked += n
+        return n
 
     def best(self, limit: int) -> int:
         """argmax_k E(k) / c(k) over 0..limit (0 unless some k beats plain by MARGIN)."""

@@ -22,7 +22,7 @@ class LoadRequest(CheckedRequest):
     model: str = Field(min_length=1, max_length=4096)
     drafter: str | None = Field(default=None, min_length=1, max_length=4096)
     mode: str = "auto"
-    max_draft: int | None = Field(default=None, ge=0, le=64)
+    max_draft: int | Literal["auto"] | None = Field(default=None)
     context_window: int | None = Field(default=None, ge=0)  # 0: back to the model's own
     confidence_threshold: float | None = Field(default=None, ge=0, le=1)
     kv_bits: Literal[4, 8] | None = None
@@ -68,7 +68,7 @@ def health(state: Any) -> dict[str, Any]:
         "model": model_id(pipe) if pipe else None,
         "mode": pipe.mode if pipe else None,
         "drafter": pipe.drafter_ref if pipe else None,  # registry drafters included
-        "max_draft": pipe.max_draft if pipe else None,
+        "max_draft": ("auto" if pipe.auto_cap else pipe.max_draft) if pipe else None,
         "load": engine.status(),
         "context_window": engine.context_window,
         "max_output_tokens": state.limits.max_tokens_cap,
@@ -117,6 +117,8 @@ def router(state: Any) -> APIRouter:
         window = body.context_window  # sticky: None keeps the last load's limit
         if window is not None and 0 < window < 16:
             raise ApiError(400, "context_window must be 0 (the model's own) or >= 16")
+        if isinstance(body.max_draft, int) and not 0 <= body.max_draft <= 64:
+            raise ApiError(400, 'max_draft must be 0..64 or "auto"', param="max_draft")
         spec = LoadSpec(
             body.model,
             body.drafter,

@@ -23,7 +23,12 @@ def serve(
     ),
     drafter: str | None = Opt(None, "--drafter", "-d", help="Drafter folder or repo id."),
     mode: str = Opt("auto", "--mode", help="auto|dspark|dflash|lookup|baseline, or a plugin's."),
-    max_draft: int | None = Opt(None, "--max-draft", help="Draft cap per round (>= 0)."),
+    max_draft_text: str | None = Opt(
+        None,
+        "--max-draft",
+        metavar="N|auto",
+        help="Draft cap per round (>= 0); auto: measured each round (one request at a time).",
+    ),
     confidence_threshold: float | None = Opt(
         None,
         "--confidence-threshold",
@@ -69,10 +74,11 @@ def serve(
     kv_bits: int | None = Opt(None, "--kv-bits", help="Quantize the KV cache: 8 or 4 bits."),
 ) -> None:
     """Serve OpenAI- and Anthropic-compatible APIs; speculation is invisible to clients."""
-    from ..cli_common import check_options, plugins, user_errors
+    from ..cli_common import check_options, parse_max_draft, plugins, user_errors
     from ..core.errors import OutriderError
 
     with user_errors():
+        max_draft = parse_max_draft(max_draft_text)
         check_options(default_max_tokens, max_draft, drafter_bits, mode)
         if not 0 < port < 65536:
             raise OutriderError(f"--port must be in 1..65535, got {port}")
@@ -226,21 +232,45 @@ def default_model() -> tuple[str, str]:
 
 
 def _load_with_progress(engine, spec) -> None:
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    """The engine's load, shown as a spinner with its phase and, while files download, their
+    bytes (the same figures /health reports), with the fit check's warning if it has one."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TransferSpeedColumn,
+    )
 
     from ..core.errors import OutriderError
 
     engine.load(spec)
-    with Progress(
+    warned = None
+    columns = (
         SpinnerColumn(),
         TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
         TimeElapsedColumn(),
-        transient=True,
-        console=_stderr(),
-    ) as progress:
-        task = progress.add_task(f"loading {spec.model}")
+    )
+    with Progress(*columns, transient=True, console=_stderr()) as progress:
+        task = progress.add_task(f"loading {spec.model}", total=None)
         while engine.state == "loading":
-            progress.update(task, description=f"loading {spec.model} ({engine.phase or 'queued'})")
+            download = engine.download or {}
+            total = download.get("bytes_total") or None
+            phase = engine.phase or "queued"
+            progress.update(
+                task,
+                description=f"loading {spec.model} ({phase})",
+                completed=download.get("bytes_done", 0) if total else 0,
+                total=total,
+            )
+            if engine.warning and engine.warning != warned:
+                warned = engine.warning
+                progress.console.print(f"warning: {warned}")
             time.sleep(0.1)
     if engine.state != "ready":
         raise OutriderError(engine.error or f"could not load {spec.model}")

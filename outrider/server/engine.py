@@ -34,7 +34,7 @@ class LoadSpec:
     model: str
     drafter: str | None = None
     mode: str = "auto"
-    max_draft: int | None = None
+    max_draft: int | str | None = None  # a cap, or "auto"
     context_window: int | None = None
     confidence_threshold: float | None = None
     drafter_bits: int = 4
@@ -298,7 +298,7 @@ class Engine:
             out.update(
                 model=model_id(pipe),
                 mode=pipe.mode,
-                max_draft=pipe.max_draft,
+                max_draft="auto" if pipe.auto_cap else pipe.max_draft,
                 drafter=pipe.drafter_ref,
             )
         return out
