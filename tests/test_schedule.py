@@ -125,3 +125,16 @@ def test_parked_steps_keep_the_drafter_and_the_prefix_cache_in_step(
     assert again.cached_tokens > 0
     assert 0 in kinds and max(kinds) > 0
     assert first.to_json()["max_draft"] == "auto"
+
+
+def test_a_probe_drafts_the_cap_that_would_pay_and_unparks_when_it_does():
+    """Cheap verify rows (a launch-bound GPU) but hard text: parked. The probe drafts the cap
+    that would pay on easy text, and when the text turned easy, drafting resumes."""
+    policy = trained(6, lambda k: 1.0 + 0.5 * k, 0.2)
+    assert policy.choose(100) == 0
+    policy.plain_run(100)
+    probe = policy.choose(100)
+    assert probe > 1
+    for _ in range(4):  # the text got easy: every draft accepted
+        policy.observe(probe, probe, 1.0 + 0.5 * probe)
+    assert policy.choose(100) > 0 and policy.parked == 0

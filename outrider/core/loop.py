@@ -215,7 +215,7 @@ def decode(
     except Cancelled:
         yield Step("prefill", [], 0, [], 0.0, "cancelled")
         return
-    if cap_limit <= 0 and not proposer.tap_layer_ids and not procs and logprobs is None:
+    if cap_limit <= 0 and not procs and logprobs is None:  # nothing will be drafted
         fed = None  # what the cache holds, kept only for the prefix cache
         if record is not None:
             fed = list(prompt)

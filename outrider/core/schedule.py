@@ -4,8 +4,9 @@ A round that drafts k tokens costs c(k) seconds (drafter + a verify forward of k
 sync) and commits E(k) = 1 + s_1 + ... + s_k tokens on average, where s_j is the chance that the
 first j drafts are all accepted. The policy picks the k that maximises E(k) / c(k), and drafts
 nothing (a plain step, k = 0) when no k beats plain decoding's 1 / c(0): speculation is parked,
-then probed again with one draft after `probe_every` plain steps (an interval that doubles,
-up to `MAX_INTERVAL`, while probes keep saying no), because acceptance changes with the text.
+then probed again after `probe_every` plain steps (an interval that doubles, up to
+`MAX_INTERVAL`, while probes keep saying no), because acceptance changes with the text. A probe
+drafts the cap that would pay were the text easy to draft (one draft where none would).
 One policy serves every generation of a pipeline, so what it measured carries over.
 
 Both halves are measured on the fly: c(k) is a running mean of this row's round times at each
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 EMA = 0.25  # weight of the newest measurement
 MARGIN = 1.03  # a cap must beat plain decoding by 3% to be worth its variance
 MAX_INTERVAL = 256  # plain steps between probes, at most
+PROBE_ACCEPT = 0.9  # a probe drafts the cap that would pay at this acceptance (else one)
 
 
 @dataclass
@@ -58,10 +60,10 @@ class AutoCap:
         if best:
             self.parked, self.interval = 0, self.probe_every
             return best
-        if self.parked >= self.interval:  # a probe: one draft, does speculation pay again?
+        if self.parked >= self.interval:  # a probe: does speculation pay again?
             self.parked = 0
             self.interval = min(2 * self.interval, MAX_INTERVAL)
-            return 1
+            return self.best(limit, PROBE_ACCEPT) or 1
         return 0
 
     def plain_run(self, remaining: int) -> int:
@@ -70,13 +72,15 @@ class AutoCap:
         self.parked += n
         return n
 
-    def best(self, limit: int) -> int:
-        """argmax_k E(k) / c(k) over 0..limit (0 unless some k beats plain by MARGIN)."""
+    def best(self, limit: int, accept: float | None = None) -> int:
+        """argmax_k E(k) / c(k) over 0..limit (0 unless some k beats plain by MARGIN), with the
+        measured acceptance, or with `accept` at every position (a probe's optimistic view:
+        the cap that would pay if the text turned easy to draft)."""
         plain = 1.0 / self.cost(0)
         best_k, best_rate = 0, plain * MARGIN
         survive, expected = 1.0, 1.0
         for k in range(1, limit + 1):
-            survive *= self.accept[k - 1]
+            survive *= self.accept[k - 1] if accept is None else accept
             expected += survive
             rate = expected / self.cost(k)
             if rate > best_rate:

@@ -2,9 +2,9 @@
 one arm after the other on the engine thread (greedy both), streamed as server-sent events so
 the page can show the two texts side by side and the speed-up as it happens.
 
-The plain arm is the loaded pipeline with `max_draft=0` (one target forward a token, no second
-model: baseline's pipelined loop in lookup mode; in drafter modes the round loop with empty
-drafts, hidden-state taps still on); the speculative arm is the pipeline as loaded. Arms queue
+The plain arm is the loaded pipeline with `max_draft=0`: nothing is drafted, so the loop takes
+baseline's pipelined plain path (one target forward a token, the drafter idle), exactly what
+`--mode baseline` runs; the speculative arm is the pipeline as loaded. Arms queue
 through the engine like any request, so there is still one MLX thread. Token times are measured
 from each arm's first token, so queueing and prefill (the same prompt in both arms) do not
 count: the race compares decoding. Events:
