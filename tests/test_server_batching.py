@@ -115,3 +115,29 @@ def test_anthropic_and_openai_clients_share_a_batch_and_a_leaver_harms_none(serv
     assert {texts[0]: a, texts[1]: b, texts[2]: c} == want
     assert metric(url, "outrider_in_flight") == 0
     assert metric(url, "outrider_cancelled_total") >= 1
+
+
+def test_n_choices_are_generations_of_their_own(server, qwen3_target):
+    """n = 3: three choices; greedy, each is plain greedy decoding; sampled with a seed,
+    choice i samples with seed + i, so they differ and a repeat gives the same three."""
+    url, engine = server
+    tok = engine.pipeline.tokenizer
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    msgs = [{"role": "user", "content": "Name three colours."}]
+    want = detok(tok, plain_greedy(qwen3_target, encode_messages(tok, msgs), 12))
+    r = client.chat.completions.create(
+        model="qwen3", messages=msgs, n=3, max_tokens=12, extra_body={"ignore_eos": True}
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.message.content for c in r.choices] == [want] * 3
+    assert r.usage.completion_tokens == 36
+
+    def sampled() -> list[str]:
+        r = client.completions.create(
+            model="qwen3", prompt="Once upon a time", n=3, max_tokens=16, temperature=1.0,
+            seed=7, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        return [c.text for c in r.choices]
+
+    first = sampled()
+    assert len(set(first)) > 1 and sampled() == first

@@ -205,10 +205,13 @@ def test_bad_input_is_refused_and_the_server_keeps_serving(client, server):
             )
         )
         assert status == 400 and "max_tokens" in body["message"]
-    status, body = _status(
-        lambda: client.chat.completions.create(model="qwen3", messages=msgs, n=2)
-    )
-    assert status == 400 and "n=2" in body["message"]
+    for n, stream in ((2, True), (17, False), (0, False)):  # n > 1 is for whole answers
+        status, body = _status(
+            lambda n=n, stream=stream: client.chat.completions.create(
+                model="qwen3", messages=msgs, n=n, stream=stream
+            )
+        )
+        assert status == 400 and (body["param"] == "n" or " n: " in body["message"]), body
     bad_tool = [{"type": "function", "function": {"name": "has spaces!", "parameters": {}}}]
     status, _ = _status(
         lambda: client.chat.completions.create(model="qwen3", messages=msgs, tools=bad_tool)

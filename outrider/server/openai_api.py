@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
@@ -73,6 +74,16 @@ class StreamOptions(_Open):
     include_usage: bool = False
 
 
+MAX_CHOICES = 16  # n: more choices are refused (400)
+
+
+def choice_options(opts: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """Options of each of n choices: choice i samples with seed + i when a seed is given, so
+    the choices differ and the request stays reproducible."""
+    seed = opts.get("seed")
+    return [dict(opts, seed=None if seed is None else seed + i) for i in range(n)]
+
+
 class Sampling(CheckedRequest):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -84,16 +95,21 @@ class Sampling(CheckedRequest):
     seed: int | None = Field(default=None, ge=SEED_RANGE[0], lt=SEED_RANGE[1])
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    n: int | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": 1})
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
 
+    @property
+    def choices(self) -> int:
+        """How many choices to return: each is its own generation (batched together when the
+        server runs with --max-batch)."""
+        n = self.n or 1
+        if n > 1 and self.stream:
+            raise ApiError(400, "n > 1 is supported with stream: false only", param="n")
+        return n
+
     def params(self, max_tokens: int | None, logprobs: int | None) -> GenParams:
-        if self.n not in (None, 1):
-            raise ApiError(
-                400, f"n={self.n} is not supported: this server returns one choice (n=1)", param="n"
-            )
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         pen = None
         if self.presence_penalty or self.frequency_penalty:
@@ -231,50 +247,30 @@ def router(state: Any) -> APIRouter:
         opts = options(engine, limits, len(prompt), params)
         parse = body.tool_choice != "none"
         markers = markers_for(template_text(pipe.tokenizer))
-        shaper = Shaper(True, in_thinking, _tool_schemas(body.tools), parse, markers)
-        job = submit(engine, prompt, opts, request)
+        n = body.choices
+        tool_schemas = _tool_schemas(body.tools)
+        shapers = [Shaper(True, in_thinking, tool_schemas, parse, markers) for _ in range(n)]
+        jobs = [submit(engine, prompt, o, request) for o in choice_options(opts, n)]
         rid = "chatcmpl-" + secrets.token_hex(12)
         created = int(time.time())
         model = body.model or model_id(pipe)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            stream = _chat_stream(state, pipe, job, shaper, rid, created, model, usage, top)
+            stream = _chat_stream(state, pipe, jobs[0], shapers[0], rid, created, model, usage, top)
             return StreamingResponse(stream, media_type="text/event-stream", headers=_SSE)
-        content, reasoning, lps, result = [], [], [], None
-        async for kind, value in events(job, limits.keepalive_s, request):
-            if kind == "chunk":
-                for k, text in shaper.feed(value.text):
-                    (reasoning if k == "reasoning" else content).append(text)
-                lps.extend(value.step.logprobs or [])
-            elif kind == "error":
-                raise ApiError(500, failure(value), "server_error")
-            elif kind == "end":
-                result = value
-        if result is None:
-            raise ApiError(499, "client closed the request")
-        pieces, calls = shaper.finish()
-        for k, text in pieces:
-            (reasoning if k == "reasoning" else content).append(text)
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
-        if not calls and message["content"] is None:
-            message["content"] = ""
-        if reasoning:
-            message["reasoning_content"] = "".join(reasoning)
-        if calls:
-            message["tool_calls"] = [_call(c) for c in calls]
-        finish = "tool_calls" if calls else result.finish_reason
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
-        choice["logprobs"] = (
-            {"content": _chat_logprobs(pipe.tokenizer, lps)} if top is not None else None
-        )
+        made = await asyncio.gather(
+            *(_chat_choice(j, sh, pipe, limits, request, top, i) for i, (j, sh) in
+              enumerate(zip(jobs, shapers)))
+        )  # fmt: skip
+        results = [result for _, result in made]
         return {
             "id": rid,
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [choice],
-            "usage": _usage(len(prompt), len(result.tokens), result),
-            "x_outrider": x_outrider(pipe, result),
+            "choices": [choice for choice, _ in made],
+            "usage": _usage(len(prompt), sum(len(r.tokens) for r in results), results[0]),
+            "x_outrider": x_outrider(pipe, results[0]),
         }
 
     @r.post("/completions")
@@ -303,46 +299,96 @@ def router(state: Any) -> APIRouter:
         check_context(engine, len(prompt), anthropic=False)
         params = body.params(body.max_tokens, body.logprobs)
         opts = options(engine, limits, len(prompt), params)
-        job = submit(engine, prompt, opts, request)
+        n = body.choices
+        jobs = [submit(engine, prompt, o, request) for o in choice_options(opts, n)]
         rid, created = "cmpl-" + secrets.token_hex(12), int(time.time())
         model = body.model or model_id(pipe)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
-            stream = _completion_stream(state, pipe, job, rid, created, model, usage, len(prompt))
+            stream = _completion_stream(
+                state, pipe, jobs[0], rid, created, model, usage, len(prompt)
+            )
             return StreamingResponse(stream, media_type="text/event-stream", headers=_SSE)
-        text, lps, result = [], [], None
-        async for kind, value in events(job, limits.keepalive_s, request):
-            if kind == "chunk":
-                text.append(value.text)
-                lps.extend(value.step.logprobs or [])
-            elif kind == "error":
-                raise ApiError(500, failure(value), "server_error")
-            elif kind == "end":
-                result = value
-        if result is None:
-            raise ApiError(499, "client closed the request")
-        choice = {
-            "index": 0,
-            "text": "".join(text),
-            "finish_reason": result.finish_reason,
-            "logprobs": _completion_logprobs(pipe.tokenizer, lps)
-            if body.logprobs is not None
-            else None,
-        }
+        made = await asyncio.gather(
+            *(_completion_choice(j, pipe, limits, request, body.logprobs, i)
+              for i, j in enumerate(jobs))
+        )  # fmt: skip
+        results = [result for _, result in made]
         return {
             "id": rid,
             "object": "text_completion",
             "created": created,
             "model": model,
-            "choices": [choice],
-            "usage": _usage(len(prompt), len(result.tokens), result),
-            "x_outrider": x_outrider(pipe, result),
+            "choices": [choice for choice, _ in made],
+            "usage": _usage(len(prompt), sum(len(r.tokens) for r in results), results[0]),
+            "x_outrider": x_outrider(pipe, results[0]),
         }
 
     return r
 
 
 _SSE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def _finished(job, limits, request, on_chunk) -> Any:
+    """Feed each chunk of `job` to `on_chunk`; its Result (499 if the client went away)."""
+    result = None
+    async for kind, value in events(job, limits.keepalive_s, request):
+        if kind == "chunk":
+            on_chunk(value)
+        elif kind == "error":
+            raise ApiError(500, failure(value), "server_error")
+        elif kind == "end":
+            result = value
+    if result is None:
+        raise ApiError(499, "client closed the request")
+    return result
+
+
+async def _chat_choice(job, shaper, pipe, limits, request, top, index: int) -> tuple[dict, Any]:
+    """One chat choice, collected whole (non-streaming), and its Result."""
+    content, reasoning, lps = [], [], []
+
+    def take(chunk) -> None:
+        for k, text in shaper.feed(chunk.text):
+            (reasoning if k == "reasoning" else content).append(text)
+        lps.extend(chunk.step.logprobs or [])
+
+    result = await _finished(job, limits, request, take)
+    pieces, calls = shaper.finish()
+    for k, text in pieces:
+        (reasoning if k == "reasoning" else content).append(text)
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    if not calls and message["content"] is None:
+        message["content"] = ""
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = [_call(c) for c in calls]
+    finish = "tool_calls" if calls else result.finish_reason
+    choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
+    choice["logprobs"] = (
+        {"content": _chat_logprobs(pipe.tokenizer, lps)} if top is not None else None
+    )
+    return choice, result
+
+
+async def _completion_choice(job, pipe, limits, request, logprobs, index: int):
+    """One completion choice, collected whole (non-streaming), and its Result."""
+    text, lps = [], []
+
+    def take(chunk) -> None:
+        text.append(chunk.text)
+        lps.extend(chunk.step.logprobs or [])
+
+    result = await _finished(job, limits, request, take)
+    choice = {
+        "index": index,
+        "text": "".join(text),
+        "finish_reason": result.finish_reason,
+        "logprobs": _completion_logprobs(pipe.tokenizer, lps) if logprobs is not None else None,
+    }
+    return choice, result
 
 
 def _call(c) -> dict:
