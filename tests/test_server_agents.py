@@ -205,3 +205,76 @@ def test_mid_conversation_system_message_is_folded(oai):
     ]
     r = oai.chat.completions.create(model="scripted", messages=msgs, max_tokens=50)
     assert r.choices[0].message.content == "The answer is 42."
+
+
+# --- OpenAI's Responses API (/v1/responses) -------------------------------------------------
+
+TOOLS_R = [{"type": "function", **TOOLS_O[0]["function"]}]
+QUESTION = ASK[0]["content"]
+
+
+def test_responses_api_reasoning_text_and_stream(oai):
+    r = oai.responses.create(model="scripted", input=QUESTION, max_output_tokens=50)
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == "Thinking it over."
+    assert r.output_text == "The answer is 42."
+    assert r.status == "completed" and r.usage.output_tokens == 4
+    events = list(
+        oai.responses.create(model="scripted", input=QUESTION, max_output_tokens=50, stream=True)
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert (deltas, thought) == ("The answer is 42.", "Thinking it over.")
+    final = events[-1].response
+    assert final.output_text == r.output_text and [o.type for o in final.output] == [
+        "reasoning",
+        "message",
+    ]
+    assert kinds.count("response.output_item.added") == kinds.count("response.output_item.done")
+    short = oai.responses.create(model="scripted", input=QUESTION, max_output_tokens=2)
+    assert short.status == "incomplete" and short.incomplete_details.reason == "max_output_tokens"
+
+
+def test_responses_api_function_call_round_trip(oai):
+    first = oai.responses.create(
+        model="scripted", input=QUESTION, tools=TOOLS_R, max_output_tokens=60
+    )
+    (call,) = [o for o in first.output if o.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    events = list(
+        oai.responses.create(
+            model="scripted", input=QUESTION, tools=TOOLS_R, max_output_tokens=60, stream=True
+        )
+    )
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert json.loads(done.arguments) == {"city": "Paris"} and done.name == "get_weather"
+    history = [
+        {"role": "user", "content": QUESTION},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name,
+         "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+    ]  # fmt: skip
+    second = oai.responses.create(
+        model="scripted", input=history, tools=TOOLS_R, max_output_tokens=60
+    )
+    assert second.output_text == "It is sunny in Paris."
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"background": True}, "background"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
+        ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0]"),
+    ],
+)
+def test_responses_api_refuses_what_it_does_not_do(server, extra, param):
+    body = {"model": "scripted", "input": QUESTION, **extra}
+    r = requests.post(server[0] + "/v1/responses", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -15,7 +15,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException
 
 from .. import __version__
-from . import admin, anthropic_api, openai_api, race, web
+from . import admin, anthropic_api, openai_api, race, responses_api, web
 from .engine import Engine
 from .errors import ApiError, error_response
 from .generation import Limits
@@ -84,6 +84,7 @@ def create_app(
 
     for prefix, visible in (("/v1", True), ("", False)):
         app.include_router(openai_api.router(state), prefix=prefix, include_in_schema=visible)
+        app.include_router(responses_api.router(state), prefix=prefix, include_in_schema=visible)
         app.include_router(anthropic_api.router(state), prefix=prefix, include_in_schema=visible)
     app.include_router(admin.router(state))
     app.include_router(race.router(state))

@@ -255,6 +255,26 @@ def _messages_seeds(model: str, count: bool) -> list[dict]:
     return seeds
 
 
+def _responses_seeds(model: str) -> list[dict]:
+    tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+    history = [
+        {"role": "user", "content": "hi"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ]
+    return [
+        {"model": model, "input": "hi", "max_output_tokens": 4},
+        {
+            "model": model,
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+            "instructions": "Be terse.",
+            "max_output_tokens": 4,
+            "stream": True,
+        },  # fmt: skip
+        {"model": model, "input": history, "tools": [tool], "max_output_tokens": 4},
+    ]
+
+
 @dataclass(frozen=True)
 class Route:
     method: str
@@ -280,6 +300,7 @@ def _load_seeds(t: FuzzTarget) -> list[dict]:
 ROUTES = [
     Route("POST", "/v1/chat/completions", 24, lambda t: _chat_seeds(t.model), "chat"),
     Route("POST", "/v1/completions", 10, lambda t: _completion_seeds(t.model), "completions"),
+    Route("POST", "/v1/responses", 8, lambda t: _responses_seeds(t.model), "responses"),
     Route("POST", "/v1/messages", 15, lambda t: _messages_seeds(t.model, False), "messages"),
     Route(
         "POST", "/v1/messages/count_tokens", 7, lambda t: _messages_seeds(t.model, True), "count"
@@ -635,6 +656,21 @@ FIELDS: dict[str, dict[str, list[Any]]] = {
     },
 }
 FIELDS["count"] = {k: v for k, v in FIELDS["messages"].items() if k != "max_tokens"}
+FIELDS["responses"] = {
+    **COMMON,
+    "input": ["", [], [{}], [{"type": "nope"}], [{"role": "tool", "content": "x"}],
+              [{"role": "user", "content": [{"type": "input_image"}]}], [{"role": "user"}],
+              [{"type": "function_call_output", "output": [1]}], SURROGATES[0], 1, None],
+    "instructions": ["", SURROGATES[1], 1, None],
+    "max_output_tokens": [0, -1, 1, 2**31, 2**64, "4", None],
+    "tools": [[{"type": "web_search"}], [{"type": "function"}], [{"type": "function", "name": ""}],
+              [{"type": "function", "name": "f", "parameters": {"type": "string"}}], {}, None],
+    "tool_choice": ["required", "none", {"type": "function", "name": "f"}, 1],
+    "reasoning": [{"effort": "maximal"}, {"effort": "low"}, "low", None],
+    "text": [{"format": {"type": "json_object"}}, {"format": "text"}, None],
+    "previous_response_id": ["resp_x", None],
+    "background": [True, "yes"],
+}  # fmt: skip
 CONTENT_TYPES = [
     None,
     "",
