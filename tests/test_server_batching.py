@@ -5,6 +5,7 @@ alone (plain greedy decoding of its prompt)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import anthropic
 import openai
@@ -81,13 +82,13 @@ def test_anthropic_and_openai_clients_share_a_batch_and_a_leaver_harms_none(serv
         t: detok(tok, plain_greedy(qwen3_target, encode_messages(tok, [{"role": "user", "content": t}]), 20))
         for t in texts
     }  # fmt: skip
-    oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-    claude = anthropic.AsyncAnthropic(base_url=url, api_key="x", max_retries=0)
+    oai = claude = None
+    before = engine.metrics.completion_tokens
     msgs = lambda t: [{"role": "user", "content": t}]  # noqa: E731
 
     async def leaver() -> None:
         stream = await oai.chat.completions.create(
-            model="qwen3", messages=msgs("Talk at length."), max_tokens=400, stream=True,
+            model="qwen3", messages=msgs("Talk at length."), max_tokens=4000, stream=True,
             extra_body={"ignore_eos": True},
         )  # fmt: skip
         async for _ in stream:
@@ -107,14 +108,21 @@ def test_anthropic_and_openai_clients_share_a_batch_and_a_leaver_harms_none(serv
         return r.content[0].text
 
     async def all_of_them():
-        return await asyncio.gather(
-            leaver(), via_openai(texts[0]), via_anthropic(texts[1]), via_openai(texts[2])
-        )
+        nonlocal oai, claude
+        async with (
+            openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as oai,
+            anthropic.AsyncAnthropic(base_url=url, api_key="x", max_retries=0) as claude,
+        ):
+            return await asyncio.gather(
+                leaver(), via_openai(texts[0]), via_anthropic(texts[1]), via_openai(texts[2])
+            )
 
     _, a, b, c = asyncio.run(all_of_them())
     assert {texts[0]: a, texts[1]: b, texts[2]: c} == want
-    assert metric(url, "outrider_in_flight") == 0
+    while engine.metrics.in_flight:  # the leaver's 4,000 tokens end it if its cancel never did
+        time.sleep(0.02)
     assert metric(url, "outrider_cancelled_total") >= 1
+    assert engine.metrics.completion_tokens - before < 4000  # the leaver was cut short
 
 
 def test_n_choices_are_generations_of_their_own(server, qwen3_target):

@@ -445,6 +445,9 @@ class Engine:
 
         pipe = self.pipeline
         if job.cancel.is_set() or pipe is None:
+            if job.cancel.is_set():  # the client left while it waited
+                with self._lock:
+                    self.metrics.cancelled += 1
             post("end", None)
             return
         pipe.prefix_cache = self.prefix_cache
@@ -529,7 +532,9 @@ class Engine:
     def _admit(self, pipe: Pipeline, batch: Any, job: Job, running: dict) -> None:
         """Prefill `job` alone and add its row to the batch (or finish it, if that was all)."""
         run = _Running(job)
-        if job.cancel.is_set():
+        if job.cancel.is_set():  # the client left while it waited
+            with self._lock:
+                self.metrics.cancelled += 1
             self._post(job, "end", None)
             self._done(job)
             return
