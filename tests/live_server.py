@@ -77,3 +77,13 @@ def sse_frames(response) -> list[str]:
     if buf:
         frames.append("\n".join(buf))
     return frames
+
+
+def detok(tok, tokens: list[int]) -> str:
+    """Text as mlx-lm's own generation shows it (its streaming detokenizer)."""
+    d = tok.detokenizer
+    d.reset()
+    for t in tokens:
+        d.add_token(t)
+    d.finalize()
+    return d.text

@@ -12,7 +12,7 @@ import openai
 import pytest
 import requests
 from conftest import plain_greedy
-from live_server import live_server
+from live_server import detok, live_server
 
 from outrider.prompts import encode_messages
 from outrider.server.engine import LoadSpec
@@ -25,15 +25,6 @@ def server(qwen3_target, drafters):
     limits = Limits(default_max_tokens=16, max_tokens_cap=4096, keepalive_s=0.25)
     with live_server(spec, limits, max_batch=4) as (url, engine):
         yield url, engine
-
-
-def detok(tok, tokens: list[int]) -> str:
-    d = tok.detokenizer
-    d.reset()
-    for t in tokens:
-        d.add_token(t)
-    d.finalize()
-    return d.text
 
 
 def metric(url: str, name: str) -> float:

@@ -12,7 +12,7 @@ import openai
 import pytest
 import requests
 from conftest import plain_greedy
-from live_server import live_server, sse_frames
+from live_server import detok, live_server, sse_frames
 
 from outrider.prompts import encode_messages
 from outrider.server.engine import LoadSpec
@@ -43,16 +43,6 @@ def tok(server):
 def expected(target, tok, messages, n):
     ids = encode_messages(tok, messages)
     return ids, plain_greedy(target, ids, n)
-
-
-def detok(tok, tokens: list[int]) -> str:
-    """Text as mlx-lm's own generation shows it (its streaming detokenizer)."""
-    d = tok.detokenizer
-    d.reset()
-    for t in tokens:
-        d.add_token(t)
-    d.finalize()
-    return d.text
 
 
 MSGS = [

@@ -13,12 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .checks import MAX_STOPS, CheckedRequest, check_tool_schema, unreadable
 from .engine import model_id
-from .errors import ApiError
 from .generation import (
     GenParams,
     Shaper,
     check_context,
     check_model,
+    collect,
     events,
     failure,
     matched_stop,
@@ -261,27 +261,13 @@ def router(state: Any) -> APIRouter:
             gen = _stream(state, pipe, job, shaper, mid, model, len(prompt), keep_thinking, stops)
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             return StreamingResponse(gen, media_type="text/event-stream", headers=headers)
-        thinking, text, result = [], [], None
-        async for kind, value in events(job, limits.keepalive_s, request):
-            if kind == "chunk":
-                for k, piece in shaper.feed(value.text):
-                    (thinking if k == "reasoning" else text).append(piece)
-            elif kind == "error":
-                raise ApiError(500, failure(value), "api_error")
-            elif kind == "end":
-                result = value
-        if result is None:
-            raise ApiError(499, "client closed the request")
-        pieces, calls = shaper.finish()
-        for k, piece in pieces:
-            (thinking if k == "reasoning" else text).append(piece)
+        whole = await collect(job, limits.keepalive_s, request, shaper, error_type="api_error")
+        thinking, text, calls, result = whole.reasoning, whole.text, whole.calls, whole.result
         content: list[dict] = []
         if thinking and keep_thinking:
-            content.append(
-                {"type": "thinking", "thinking": "".join(thinking), "signature": SIGNATURE}
-            )
+            content.append({"type": "thinking", "thinking": thinking, "signature": SIGNATURE})
         if text or not (calls or content):
-            content.append({"type": "text", "text": "".join(text)})
+            content.append({"type": "text", "text": text})
         for c in calls:
             content.append(
                 {

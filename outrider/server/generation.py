@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -207,6 +207,47 @@ async def events(
                 return
     finally:
         job.cancel.set()
+
+
+@dataclass
+class Whole:
+    """A generation collected whole (a non-streaming answer): its shaped text and tool calls."""
+
+    reasoning: str
+    text: str
+    calls: list
+    result: Any
+
+
+async def collect(
+    job: Job,
+    keepalive_s: float,
+    request: Request | None,
+    shaper: Shaper,
+    on_chunk: Callable[[Any], None] | None = None,
+    error_type: str = "server_error",
+) -> Whole:
+    """Run `job` to its end through `shaper` (`on_chunk` sees every chunk too). An engine
+    error is a 500 of `error_type`; a client that left, 499."""
+    reasoning: list[str] = []
+    text: list[str] = []
+    result = None
+    async for kind, value in events(job, keepalive_s, request):
+        if kind == "chunk":
+            if on_chunk is not None:
+                on_chunk(value)
+            for k, piece in shaper.feed(value.text):
+                (reasoning if k == "reasoning" else text).append(piece)
+        elif kind == "error":
+            raise ApiError(500, failure(value), error_type)
+        elif kind == "end":
+            result = value
+    if result is None:
+        raise ApiError(499, "client closed the request")
+    pieces, calls = shaper.finish()
+    for k, piece in pieces:
+        (reasoning if k == "reasoning" else text).append(piece)
+    return Whole("".join(reasoning), "".join(text), calls, result)
 
 
 def merge(a: Chunk, b: Chunk) -> Chunk:

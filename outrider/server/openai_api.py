@@ -22,6 +22,7 @@ from .generation import (
     check_context,
     check_model,
     check_template,
+    collect,
     events,
     failure,
     options,
@@ -330,65 +331,41 @@ def router(state: Any) -> APIRouter:
 _SSE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def _finished(job, limits, request, on_chunk) -> Any:
-    """Feed each chunk of `job` to `on_chunk`; its Result (499 if the client went away)."""
-    result = None
-    async for kind, value in events(job, limits.keepalive_s, request):
-        if kind == "chunk":
-            on_chunk(value)
-        elif kind == "error":
-            raise ApiError(500, failure(value), "server_error")
-        elif kind == "end":
-            result = value
-    if result is None:
-        raise ApiError(499, "client closed the request")
-    return result
-
-
 async def _chat_choice(job, shaper, pipe, limits, request, top, index: int) -> tuple[dict, Any]:
     """One chat choice, collected whole (non-streaming), and its Result."""
-    content, reasoning, lps = [], [], []
-
-    def take(chunk) -> None:
-        for k, text in shaper.feed(chunk.text):
-            (reasoning if k == "reasoning" else content).append(text)
-        lps.extend(chunk.step.logprobs or [])
-
-    result = await _finished(job, limits, request, take)
-    pieces, calls = shaper.finish()
-    for k, text in pieces:
-        (reasoning if k == "reasoning" else content).append(text)
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
-    if not calls and message["content"] is None:
+    lps: list[TokenLogprob] = []
+    whole = await collect(
+        job, limits.keepalive_s, request, shaper, lambda c: lps.extend(c.step.logprobs or [])
+    )
+    message: dict[str, Any] = {"role": "assistant", "content": whole.text or None}
+    if not whole.calls and message["content"] is None:
         message["content"] = ""
-    if reasoning:
-        message["reasoning_content"] = "".join(reasoning)
-    if calls:
-        message["tool_calls"] = [_call(c) for c in calls]
-    finish = "tool_calls" if calls else result.finish_reason
+    if whole.reasoning:
+        message["reasoning_content"] = whole.reasoning
+    if whole.calls:
+        message["tool_calls"] = [_call(c) for c in whole.calls]
+    finish = "tool_calls" if whole.calls else whole.result.finish_reason
     choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
     choice["logprobs"] = (
         {"content": _chat_logprobs(pipe.tokenizer, lps)} if top is not None else None
     )
-    return choice, result
+    return choice, whole.result
 
 
 async def _completion_choice(job, pipe, limits, request, logprobs, index: int):
     """One completion choice, collected whole (non-streaming), and its Result."""
-    text, lps = [], []
-
-    def take(chunk) -> None:
-        text.append(chunk.text)
-        lps.extend(chunk.step.logprobs or [])
-
-    result = await _finished(job, limits, request, take)
+    lps: list[TokenLogprob] = []
+    whole = await collect(
+        job, limits.keepalive_s, request, Shaper(False, False, None),
+        lambda c: lps.extend(c.step.logprobs or []),
+    )  # fmt: skip
     choice = {
         "index": index,
-        "text": "".join(text),
-        "finish_reason": result.finish_reason,
+        "text": whole.text,
+        "finish_reason": whole.result.finish_reason,
         "logprobs": _completion_logprobs(pipe.tokenizer, lps) if logprobs is not None else None,
     }
-    return choice, result
+    return choice, whole.result
 
 
 def _call(c) -> dict:

@@ -29,6 +29,7 @@ from .generation import (
     Shaper,
     check_context,
     check_model,
+    collect,
     events,
     failure,
     options,
@@ -276,21 +277,11 @@ def router(state: Any) -> APIRouter:
         if body.stream:
             frames = _stream(state, body, job, shaper, output, "resp_" + rid, created, model)
             return StreamingResponse(frames, media_type="text/event-stream", headers=_SSE)
-        result = None
-        async for kind, value in events(job, limits.keepalive_s, request):
-            if kind == "chunk":
-                for k, text in shaper.feed(value.text):
-                    (output.reasoning if k == "reasoning" else output.text).append(text)
-            elif kind == "error":
-                raise ApiError(500, failure(value), "server_error")
-            elif kind == "end":
-                result = value
-        if result is None:
-            raise ApiError(499, "client closed the request")
-        pieces, calls = shaper.finish()
-        for k, text in pieces:
-            (output.reasoning if k == "reasoning" else output.text).append(text)
-        output.calls = [_call_item(c, i, rid) for i, c in enumerate(calls)]
+        whole = await collect(job, limits.keepalive_s, request, shaper)
+        output.reasoning = [whole.reasoning] if whole.reasoning else []
+        output.text = [whole.text] if whole.text else []
+        output.calls = [_call_item(c, i, rid) for i, c in enumerate(whole.calls)]
+        result = whole.result
         return response_object(body, "resp_" + rid, created, model, output, result)
 
     return r
