@@ -32,17 +32,19 @@ class BlockProposer:
         self._embed = drafter.embed_tokens if spec.own_embedding else target.embed
         self._head = drafter.lm_head if spec.own_lm_head else target.project
         self._cache = drafter.make_cache()
-        self._pending: mx.array | None = None
+        # Taps of rows verified since the last draft; joined once, when the drafter reads them
+        # (a parked run of plain steps adds one row a step).
+        self._pending: list[mx.array] = []
         self._masks = [spec.mask_token_id] * (spec.block_size - 1)
 
     def start(self, prompt: list[int], taps: mx.array | None) -> None:
         self._cache = self.drafter.make_cache()
-        self._pending = taps
+        self._pending = [] if taps is None else [taps]
 
     def observe(self, accepted: int, taps: mx.array | None) -> None:
         if taps is None:
             return
-        self._pending = taps if self._pending is None else mx.concatenate([self._pending, taps])
+        self._pending.append(taps)
 
     def propose(self, ctx: DraftContext) -> Proposal:
         cap = min(ctx.cap, self.max_draft)
@@ -50,8 +52,12 @@ class BlockProposer:
             return Proposal.empty()
         block_ids = mx.array([ctx.tokens[-1], *self._masks], dtype=mx.uint32)
         block = self._embed(block_ids)[None]
-        hidden = self.drafter.backbone(block, self._pending, self._cache)
-        self._pending = None
+        pending = self._pending
+        if len(pending) > 1:
+            pending = [mx.concatenate(pending)]
+        context = pending[0] if pending else None
+        hidden = self.drafter.backbone(block, context, self._cache)
+        self._pending = []
         start = self.spec.logits_start
         slots = hidden[start : start + cap]
         logits = self._head(slots).astype(mx.float32)  # [cap, V]
