@@ -440,43 +440,30 @@ class Engine:
             job.cancel.set()
 
     def _generate(self, job: Job) -> None:
-        def post(kind: str, value: Any) -> None:
-            self._post(job, kind, value)
-
         pipe = self.pipeline
-        if job.cancel.is_set() or pipe is None:
-            if job.cancel.is_set():  # the client left while it waited
-                with self._lock:
-                    self.metrics.cancelled += 1
-            post("end", None)
+        if job.cancel.is_set():
+            self._left_while_waiting(job)
+            return
+        if pipe is None:
+            self._post(job, "end", None)
             return
         pipe.prefix_cache = self.prefix_cache
         stream = pipe.stream(job.prompt, cancelled=job.cancel.is_set, **job.options)
-        result = None
-        accepts: list[int] = []
+        run, result = _Running(job), None
         try:
             for chunk in stream:
-                job.tokens += len(chunk.tokens)
-                if chunk.step.source == "draft":
-                    accepts.append(chunk.step.accepted + 1)
+                run.add(chunk)
                 result = chunk.result
-                post("chunk", chunk)
         except Exception as e:
             traceback.print_exc(file=sys.stderr)
             self.metrics.error("generation")
-            post("error", e)
+            self._post(job, "error", e)
             return
         finally:
             stream.close()  # keeps the final cache (the prefix cache) before "end" is posted
             if self.prefix_cache is not None:
                 self._prefix_seen = self.prefix_cache.snapshot_stats()
-        if result is not None and result.finish_reason == "cancelled":
-            with self._lock:
-                self.metrics.cancelled += 1
-            result = None  # the request is gone (or the server stopping): nothing to answer
-        tps = result.decode_tps if result is not None else 0.0
-        self.metrics.generation(len(job.prompt), job.tokens, accepts, tps)
-        post("end", result)
+        self._report(run, result)
 
     # -- continuous batching -------------------------------------------------------------------
     def _generate_batched(self, first: Job) -> None:
@@ -532,10 +519,8 @@ class Engine:
     def _admit(self, pipe: Pipeline, batch: Any, job: Job, running: dict) -> None:
         """Prefill `job` alone and add its row to the batch (or finish it, if that was all)."""
         run = _Running(job)
-        if job.cancel.is_set():  # the client left while it waited
-            with self._lock:
-                self.metrics.cancelled += 1
-            self._post(job, "end", None)
+        if job.cancel.is_set():
+            self._left_while_waiting(job)
             self._done(job)
             return
         try:
@@ -555,6 +540,13 @@ class Engine:
         batch.join(start.row, start.cache)
 
     def _finish(self, run: _Running, result: Any) -> None:
+        """A batched request is over: report it and take it out of the in-flight count."""
+        self._report(run, result)
+        self._done(run.job)
+
+    def _report(self, run: _Running, result: Any) -> None:
+        """Metrics for a finished generation, then its "end" event (no answer if cancelled:
+        the request is gone, or the server is stopping)."""
         job = run.job
         if result is not None and result.finish_reason == "cancelled":
             with self._lock:
@@ -563,7 +555,12 @@ class Engine:
         tps = result.decode_tps if result is not None else 0.0
         self.metrics.generation(len(job.prompt), job.tokens, run.accepts, tps)
         self._post(job, "end", result)
-        self._done(job)
+
+    def _left_while_waiting(self, job: Job) -> None:
+        """A request whose client went away before it started: counted as cancelled, ended."""
+        with self._lock:
+            self.metrics.cancelled += 1
+        self._post(job, "end", None)
 
     def _done(self, job: Job) -> None:
         with self._lock:
@@ -572,7 +569,7 @@ class Engine:
 
 @dataclass
 class _Running:
-    """A request inside a batch: its job, its chunk collector, and its acceptance so far."""
+    """A running request: its job, its chunk collector (in a batch), its acceptance so far."""
 
     job: Job
     collector: Any = None
