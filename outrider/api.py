@@ -26,7 +26,7 @@ from .core.hub import resolve_model
 from .core.logits import Penalties
 from .core.loop import Row, Step, begin_row, decode, prefill
 from .core.plugins import Plugins
-from .core.prefix_cache import GB, PrefixCache
+from .core.prefix_cache import GB, PrefixCache, Record
 from .core.proposer import Proposer
 from .core.sampling import KeyStream, SamplingParams
 from .core.schedule import AutoCap
@@ -223,12 +223,7 @@ class Pipeline:
             result.finish_reason = "length"
             yield Chunk("", [], Step("prefill", [], 0, [], 0.0, "length"), result)
             return
-        record = hit = None
-        if self.prefix_cache is not None:
-            tap_ids = tuple(self.proposer.tap_layer_ids)
-            record = self.prefix_cache.record(self.target, tap_ids)
-            if record is not None:
-                hit = self.prefix_cache.lookup(self.target, ids, tap_ids)
+        record, hit = self._prefix(ids, self.proposer)
         result.cached_tokens = hit.length if hit is not None else 0  # prompt tokens not prefilled
         mx.reset_peak_memory()
         text = TextAssembler(tokenizer, stopper)
@@ -342,12 +337,7 @@ class Pipeline:
         window = penalties.window if procs else 0
         keys = None if sampling.greedy else KeyStream(sampling.seed)
         proposer = fork(self.proposer)
-        record = hit = None
-        if self.prefix_cache is not None:
-            tap_ids = tuple(proposer.tap_layer_ids)
-            record = self.prefix_cache.record(self.target, tap_ids)
-            if record is not None:
-                hit = self.prefix_cache.lookup(self.target, ids, tap_ids)
+        record, hit = self._prefix(ids, proposer)
         result.cached_tokens = hit.length if hit is not None else 0
         try:
             started = prefill(
@@ -366,6 +356,16 @@ class Pipeline:
             row.record = None  # a batched row's cache is not one the prefix cache can keep
         first = collector.add(step)
         return RowStart(None if row.done else row, started.cache, collector, first)
+
+    def _prefix(self, ids: list[int], proposer: Proposer) -> tuple[Record | None, Any]:
+        """A record for the prefix cache to keep this generation, and its longest cached
+        prefix of `ids` (None, None when the cache is off)."""
+        if self.prefix_cache is None:
+            return None, None
+        tap_ids = tuple(proposer.tap_layer_ids)
+        record = self.prefix_cache.record(self.target, tap_ids)
+        hit = None if record is None else self.prefix_cache.lookup(self.target, ids, tap_ids)
+        return record, hit
 
     def _cap_policy(self) -> AutoCap:
         if self.cap_policy is None:
