@@ -16,7 +16,7 @@ import mlx.core as mx
 @dataclass
 class DrafterSpec:
     format: str  # which format plugin read it, e.g. "deepspec", "zlab"
-    kind: str  # "dspark" (sequential head) or "dflash" (parallel block only)
+    kind: str  # "dspark" (sequential head), "dflash" (parallel block), "dflash2", "eagle3"
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -39,6 +39,24 @@ class DrafterSpec:
     markov_type: str = "vanilla"  # vanilla | gated | rnn
     confidence_head: bool = False
     confidence_with_markov: bool = False
+    # Reduced draft vocabulary (speculators, SpecForge): the head has draft_vocab_size rows and
+    # weights["d2t"] maps them to target ids (core/draft_vocab.py). None: the full vocabulary.
+    draft_vocab_size: int | None = None
+    # The backbone's conventions: "qwen3" (DeepSpec / z-lab) or "gemma4" (Gemma4DSparkModel).
+    backbone: str = "qwen3"
+    layer_types: tuple[str, ...] = ()  # per draft layer: full_attention | sliding_attention
+    sliding_window: int | None = None
+    # DFlash 2 (dflash_config): grouped dynamic causal convs and the candidate path selector.
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    # EAGLE-3: sequential single-token steps per round.
+    ttt_length: int = 0
+    # Settings of one backbone or kind that no other reads (e.g. Gemma-4's conventions).
+    extra: dict = field(default_factory=dict)
     weights: dict[str, mx.array] = field(default_factory=dict, repr=False)
 
     @property

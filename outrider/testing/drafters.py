@@ -1,16 +1,75 @@
-"""Random-weight drafters for a tiny target, laid out like the published checkpoints."""
+"""Random-weight drafters for a tiny target, laid out like the published checkpoints.
+
+`make_tiny_drafter(path, target, kind, packaging)` picks the writer of that (kind, packaging)
+pair from `WRITERS`; each writer lives with the packaging it imitates. The pieces every writer
+shares (the target's text config, its embedding and head, a block drafter's canonical spec and
+random weights) live here.
+"""
 
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..core.drafter_spec import DrafterSpec
 from .configs import text_config
+
+KINDS = ("dspark", "dflash", "dflash2", "eagle3")
+PACKAGINGS = ("deepspec", "zlab", "speculators", "specforge", "gguf")
+
+# (kind, packaging) -> "module:function"; a writer is
+# writer(path: Path, target: Path, kind: str, **overrides) -> Path (the folder, or a .gguf file).
+WRITERS: dict[tuple[str, str], str] = {
+    ("dspark", "deepspec"): "outrider.testing.drafters:write_deepspec_block",
+    ("dflash", "deepspec"): "outrider.testing.drafters:write_deepspec_block",
+    ("dflash", "zlab"): "outrider.testing.drafters:write_zlab_dflash",
+}
+
+
+def make_tiny_drafter(
+    path: str | Path,
+    target: str | Path,
+    kind: str = "dspark",
+    packaging: str = "deepspec",
+    **overrides: Any,
+) -> Path:
+    """Write a random-weight `kind` drafter for `target` in `packaging`'s published layout.
+
+    Overrides reach the writer (for block drafters: num_layers, block_size, markov_rank,
+    markov_type, confidence, target_layer_ids, seed). An unknown kind or packaging, or a pair no
+    publisher ships, is refused by name.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if packaging not in PACKAGINGS:
+        raise ValueError(f"packaging must be one of {', '.join(PACKAGINGS)}, got {packaging!r}")
+    ref = WRITERS.get((kind, packaging))
+    if ref is None:
+        offered = sorted(p for k, p in WRITERS if k == kind)
+        raise ValueError(
+            f"the {packaging} packaging has no {kind} drafters"
+            + (f" ({kind} comes in: {', '.join(offered)})" if offered else "")
+        )
+    module, func = ref.split(":")
+    writer = getattr(importlib.import_module(module), func)
+    return writer(Path(path), Path(target), kind, **overrides)
+
+
+# ---- pieces shared by the writers ------------------------------------------------------------
+
+
+def target_text_config(target: Path) -> dict:
+    """The target's text config, without multimodal or quantization sections."""
+    tcfg = text_config(json.loads((target / "config.json").read_text()))
+    for key in ("text_config", "vision_config", "audio_config", "quantization", "modules"):
+        tcfg.pop(key, None)
+    return tcfg
 
 
 def _weight(weights: dict, suffixes: tuple[str, ...], default=None):
@@ -23,6 +82,13 @@ def _weight(weights: dict, suffixes: tuple[str, ...], default=None):
     return default
 
 
+def target_embedding_and_head(target: Path) -> tuple[mx.array, mx.array]:
+    """The target's input embedding and output head (the embedding when tied)."""
+    tw = mx.load(str(target / "model.safetensors"))
+    embed = _weight(tw, ("embed_tokens.weight", "embeddings.weight"))
+    return embed, _weight(tw, ("lm_head.weight",), embed)
+
+
 def default_tap_ids(num_layers: int, n: int = 3) -> list[int]:
     """Evenly spread taps below the last layer (DeepSpec never taps the final layer)."""
     n = max(1, min(n, num_layers - 1))
@@ -30,43 +96,27 @@ def default_tap_ids(num_layers: int, n: int = 3) -> list[int]:
     return sorted({int(i * step) for i in range(n)})
 
 
-def make_tiny_drafter(
-    path: str | Path,
-    target: str | Path,
-    kind: str = "dspark",
-    packaging: str = "deepspec",
+def block_spec(
+    tcfg: dict,
+    kind: str,
     *,
+    logits_start: int,
+    own_embedding: bool,
+    own_lm_head: bool,
+    format: str,
     num_layers: int = 2,
     block_size: int | None = None,
     markov_rank: int = 16,
     markov_type: str = "vanilla",
     confidence: bool = True,
     target_layer_ids: list[int] | None = None,
-    seed: int = 1,
-) -> Path:
-    """Write a random-weight drafter for `target`, laid out like the published checkpoints."""
-    from ..plugins.strategies.block_drafter import BlockDrafter
-
-    if kind not in ("dspark", "dflash"):
-        raise ValueError(f"kind must be dspark or dflash, got {kind!r}")
-    if packaging not in ("deepspec", "zlab"):
-        raise ValueError(f"packaging must be deepspec or zlab, got {packaging!r}")
-    if packaging == "zlab" and kind != "dflash":
-        raise ValueError("z-lab publishes DFlash drafters only")
-    path, target = Path(path), Path(target)
-    path.mkdir(parents=True, exist_ok=True)
-    tcfg = text_config(json.loads((target / "config.json").read_text()))
-    for key in ("text_config", "vision_config", "audio_config", "quantization", "modules"):
-        tcfg.pop(key, None)
-    L = tcfg["num_hidden_layers"]
-    ids = target_layer_ids or default_tap_ids(L)
+) -> DrafterSpec:
+    """The canonical spec of a random DSpark / DFlash block drafter for a target config."""
     hidden, heads = tcfg["hidden_size"], tcfg["num_attention_heads"]
-    mask_id = tcfg["vocab_size"] - 1  # <|mask|> is the last special token
-    deepspec = packaging == "deepspec"
     rank = markov_rank if kind == "dspark" else 0
-    block = block_size or (4 if deepspec else 8)
-    spec = DrafterSpec(
-        format=packaging,
+    ids = target_layer_ids or default_tap_ids(tcfg["num_hidden_layers"])
+    return DrafterSpec(
+        format=format,
         kind=kind,
         hidden_size=hidden,
         num_layers=num_layers,
@@ -77,65 +127,112 @@ def make_tiny_drafter(
         vocab_size=tcfg["vocab_size"],
         rms_norm_eps=tcfg.get("rms_norm_eps", 1e-6),
         rope_theta=tcfg.get("rope_theta", 10000.0),
-        block_size=block,
-        logits_start=0 if deepspec else 1,
-        mask_token_id=mask_id,
+        block_size=block_size or (4 if logits_start == 0 else 8),
+        logits_start=logits_start,
+        mask_token_id=tcfg["vocab_size"] - 1,  # <|mask|> is the last special token
         target_layer_ids=tuple(ids),
-        own_embedding=deepspec,
-        own_lm_head=deepspec,
+        own_embedding=own_embedding,
+        own_lm_head=own_lm_head,
         markov_rank=rank,
         markov_type=markov_type,
         confidence_head=kind == "dspark" and confidence,
         confidence_with_markov=kind == "dspark" and confidence and rank > 0,
     )
+
+
+def random_block_weights(spec: DrafterSpec, seed: int = 1) -> dict[str, mx.array]:
+    """Random weights of a block drafter under their canonical (DeepSpec) names."""
+    from ..plugins.strategies.block_drafter import BlockDrafter
+
     mx.random.seed(seed)
-    model = BlockDrafter(spec)
-    weights = dict(tree_flatten(model.parameters()))
-    if deepspec:  # frozen copies of the target's embedding and head
-        tw = mx.load(str(target / "model.safetensors"))
-        embed = _weight(tw, ("embed_tokens.weight", "embeddings.weight"))
-        weights["embed_tokens.weight"] = embed
-        weights["lm_head.weight"] = _weight(tw, ("lm_head.weight",), embed)
+    return dict(tree_flatten(BlockDrafter(spec).parameters()))
+
+
+def deepspec_config(tcfg: dict, spec: DrafterSpec, architecture: str = "Qwen3DSparkModel") -> dict:
+    """DeepSpec's config.json: a copy of the target's with the drafter's fields on top."""
+    cfg = copy.deepcopy(tcfg)
+    cfg.update(
+        architectures=[architecture],
+        model_type=tcfg.get("model_type", "qwen3"),
+        num_hidden_layers=spec.num_layers,
+        num_target_layers=tcfg["num_hidden_layers"],
+        layer_types=["full_attention"] * spec.num_layers,
+        block_size=spec.block_size,
+        mask_token_id=spec.mask_token_id,
+        target_layer_ids=list(spec.target_layer_ids),
+        num_anchors=512,
+        enable_confidence_head=spec.confidence_head,
+        markov_rank=spec.markov_rank,
+        tie_word_embeddings=False,
+        head_dim=spec.head_dim,
+    )
+    if spec.confidence_head:
+        cfg["confidence_head_with_markov"] = spec.confidence_with_markov
+    if spec.markov_rank > 0:
+        cfg["markov_head_type"] = spec.markov_type
+    return cfg
+
+
+# ---- the writers of the packagings outrider started with -------------------------------------
+
+
+def write_deepspec_block(path: Path, target: Path, kind: str, seed: int = 1, **overrides) -> Path:
+    """DeepSpec's Qwen3 DSpark / DFlash: flat config, frozen copies of embedding and head."""
+    tcfg = target_text_config(target)
+    spec = block_spec(
+        tcfg,
+        kind,
+        logits_start=0,
+        own_embedding=True,
+        own_lm_head=True,
+        format="deepspec",
+        **overrides,
+    )
+    weights = random_block_weights(spec, seed)
+    weights["embed_tokens.weight"], weights["lm_head.weight"] = target_embedding_and_head(target)
+    path.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(path / "model.safetensors"), weights)
-    if deepspec:
-        cfg = copy.deepcopy(tcfg)
-        cfg.update(
-            architectures=["Qwen3DSparkModel"],
-            model_type="qwen3",
-            num_hidden_layers=num_layers,
-            num_target_layers=L,
-            layer_types=["full_attention"] * num_layers,
-            block_size=block,
-            mask_token_id=mask_id,
-            target_layer_ids=ids,
-            num_anchors=512,
-            enable_confidence_head=spec.confidence_head,
-            markov_rank=rank,
-            tie_word_embeddings=False,
-            head_dim=spec.head_dim,
-        )
-        if spec.confidence_head:
-            cfg["confidence_head_with_markov"] = spec.confidence_with_markov
-        if rank > 0:
-            cfg["markov_head_type"] = markov_type
-    else:
-        cfg = {
-            "architectures": ["DFlashDraftModel"],
-            "model_type": "qwen3",
-            "block_size": block,
-            "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": ids},
-            "hidden_size": hidden,
-            "intermediate_size": tcfg["intermediate_size"],
-            "num_attention_heads": heads,
-            "num_key_value_heads": spec.num_kv_heads,
-            "head_dim": spec.head_dim,
-            "num_hidden_layers": num_layers,
-            "num_target_layers": L,
-            "rms_norm_eps": spec.rms_norm_eps,
-            "rope_theta": spec.rope_theta,
-            "vocab_size": tcfg["vocab_size"],
-            "max_position_embeddings": tcfg.get("max_position_embeddings", 4096),
-            "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},  # present on the hub; never run
-        }
+    cfg = deepspec_config(tcfg, spec)
+    cfg["model_type"] = "qwen3"
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+def write_zlab_dflash(path: Path, target: Path, kind: str, seed: int = 1, **overrides) -> Path:
+    """z-lab's DFlash: fields under dflash_config, no embedding or head (the target's)."""
+    tcfg = target_text_config(target)
+    spec = block_spec(
+        tcfg,
+        kind,
+        logits_start=1,
+        own_embedding=False,
+        own_lm_head=False,
+        format="zlab",
+        **overrides,
+    )
+    weights = random_block_weights(spec, seed)
+    path.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    cfg = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": spec.block_size,
+        "dflash_config": {
+            "mask_token_id": spec.mask_token_id,
+            "target_layer_ids": list(spec.target_layer_ids),
+        },
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "num_hidden_layers": spec.num_layers,
+        "num_target_layers": tcfg["num_hidden_layers"],
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_theta": spec.rope_theta,
+        "vocab_size": spec.vocab_size,
+        "max_position_embeddings": tcfg.get("max_position_embeddings", 4096),
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},  # present on the hub; never run
+    }
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     return path
