@@ -93,3 +93,16 @@ def _load_plain(path: str):
     from mlx_lm.utils import load
 
     return load(path)[0]
+
+
+def pip_install_example(folder, site) -> None:
+    """pip-install an example plugin into a private folder (no network, no build isolation)."""
+    import subprocess
+    import sys
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+        + ["--no-index", "--target", str(site), str(folder)],
+        check=True,
+        capture_output=True,
+    )

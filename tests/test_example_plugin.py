@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import plain_greedy
+from conftest import pip_install_example, plain_greedy
 
 import outrider
 from outrider.core.plugins import Plugins
@@ -20,25 +20,8 @@ EXAMPLE = ROOT / "examples" / "outrider-bigram"
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """pip-install the example into a private folder (no network, no build isolation)."""
     site = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(site),
-            str(EXAMPLE),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    pip_install_example(EXAMPLE, site)
     sys.path.insert(0, str(site))
     yield site
     sys.path.remove(str(site))
