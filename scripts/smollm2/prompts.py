@@ -47,7 +47,28 @@ TASKS = [
     "groups a list of words by their first letter",
     "computes the greatest common divisor of two numbers",
     "generates all subsets of a small set",
+    "counts the lines of a text file",
+    "finds the index of the first repeated character",
+    "converts a list of pairs into a dictionary",
+    "sorts a list of people by age",
+    "returns the running total of a list",
+    "checks whether brackets in a string are balanced",
+    "computes the median of a list",
+    "returns the n largest items of a list",
+    "replaces every vowel in a string with a star",
+    "computes the dot product of two vectors",
+    "builds a frequency table of characters",
+    "checks whether a year is a leap year",
+    "converts a number to Roman numerals",
+    "finds the missing number in a list from 1 to n",
+    "returns the intersection of two sets of words",
+    "computes compound interest",
+    "removes all whitespace from a string",
+    "returns every k-th element of a list",
+    "checks whether a list is sorted",
+    "computes the length of the longest increasing run in a list",
 ]
+ARGS = ["items", "text", "n", "values", "words", "numbers", "s", "data"]
 CODE_FORMS = [
     "Write a {lang} function that {task}.",
     "Show me how to write a {lang} function that {task}, with a short explanation.",
@@ -135,10 +156,28 @@ def reasoning(rng: random.Random) -> str:
     return rng.choice(forms)
 
 
+def stub(rng: random.Random) -> str:
+    """A Python function to complete: a signature and a docstring, written here."""
+    task = rng.choice(TASKS)
+    name = "_".join(w.strip(",") for w in task.split()[:4] if w.isalpha() and w != "a")
+    args = ", ".join(rng.sample(ARGS, rng.randint(1, 2)))
+    doc = f"Return the result of a function that {task}."
+    form = rng.choice(
+        [
+            "Complete this Python function:\n\ndef {name}({args}):\n    \"\"\"{doc}\"\"\"\n",
+            "def {name}({args}):\n    \"\"\"{doc}\n\n    Write the body.\n    \"\"\"\n",
+            "Finish the implementation below.\n\n```python\ndef {name}({args}):\n    # {doc}\n```",
+        ]
+    )
+    return form.format(name=name, args=args, doc=doc)
+
+
 def prompt(rng: random.Random) -> tuple[str, str]:
     """(kind, prompt text): one of code, chat or reasoning, in roughly equal parts."""
     kind = rng.choice(["code", "chat", "reasoning"])
     if kind == "code":
+        if rng.random() < 0.4:
+            return kind, stub(rng)
         return kind, rng.choice(CODE_FORMS).format(
             lang=rng.choice(LANGUAGES), task=rng.choice(TASKS)
         )
