@@ -14,6 +14,7 @@ out="${1:?usage: recipe.sh OUT}"
 model="${MODEL:-HuggingFaceTB/SmolLM2-135M-Instruct}"
 prompts="${PROMPTS:-2048}"
 steps="${STEPS:-2000}"
+layers="${LAYERS:-1}"
 train_seconds="${TRAIN_SECONDS:-0}"  # 0: no limit
 stage="${STAGE:-all}"
 py="${PYTHON:-python3}"
@@ -29,7 +30,7 @@ train() {  # kind
   local limit=()
   [ "$train_seconds" != 0 ] && limit=(timeout -s INT "$train_seconds")
   "${limit[@]}" "$py" -m outrider train --model "$model" --kind "$1" --data "$out/prompts.jsonl" \
-    --out "$out/$1" --steps "$steps" --batch-size 16 --seq-len 512 --lr 6e-4 --layers 1 \
+    --out "$out/$1" --steps "$steps" --batch-size 16 --seq-len 512 --lr 6e-4 --layers "$layers" \
     --block-size 8 --max-new-tokens 256 --held-out 16 --eval-tokens 128 --log-every 50 \
     --json "${resume[@]}" >> "$out/$1.log" 2>&1
 }
