@@ -278,3 +278,73 @@ def test_responses_api_refuses_what_it_does_not_do(server, extra, param):
     body = {"model": "scripted", "input": QUESTION, **extra}
     r = requests.post(server[0] + "/v1/responses", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+OFF = {"enable_thinking": False}  # the scripted template then answers without a call
+
+
+def test_openai_tool_choice_required_forces_a_call(oai, server):
+    free = oai.chat.completions.create(
+        model="scripted", messages=ASK, tools=TOOLS_O, max_tokens=20, extra_body=OFF
+    )
+    assert free.choices[0].message.content == "The answer is 42."  # no call unforced
+    forced = oai.chat.completions.create(
+        model="scripted", messages=ASK, tools=TOOLS_O, max_tokens=20, extra_body=OFF,
+        tool_choice="required",
+    )  # fmt: skip
+    choice = forced.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+    assert forced.usage.prompt_tokens > free.usage.prompt_tokens  # the opening is prompt
+    stream = oai.chat.completions.create(
+        model="scripted", messages=ASK, tools=TOOLS_O, max_tokens=20, extra_body=OFF,
+        tool_choice="required", stream=True,
+    )  # fmt: skip
+    calls = [tc for chunk in stream for c in chunk.choices for tc in c.delta.tool_calls or []]
+    assert [c.function.name for c in calls] == ["get_weather"]
+
+
+def test_anthropic_and_responses_tool_choice_force_a_call(claude, oai):
+    msg = claude.messages.create(
+        model="scripted", max_tokens=20, messages=ASK, tools=TOOLS_A,
+        thinking={"type": "disabled"}, tool_choice={"type": "any"},
+    )  # fmt: skip
+    assert msg.stop_reason == "tool_use"
+    assert [(b.type, b.input) for b in msg.content] == [("tool_use", {"city": "Paris"})]
+    tools = [{"type": "function", **TOOLS_O[0]["function"]}]
+    r = oai.responses.create(
+        model="scripted", input="What is the weather in Paris?", tools=tools,
+        tool_choice="required", max_output_tokens=20,
+    )  # fmt: skip
+    assert [(o.type, o.name) for o in r.output if o.type == "function_call"] == [
+        ("function_call", "get_weather")
+    ]
+
+
+@pytest.mark.parametrize(
+    "choice,tools,words",
+    [
+        ("required", None, "no tools were given"),
+        ({"type": "function", "function": {"name": "nope"}}, TOOLS_O, "'nope'"),
+        ({"type": "custom"}, TOOLS_O, "unsupported tool_choice type"),
+    ],
+)
+def test_openai_tool_choice_refusals_name_the_field(server, choice, tools, words):
+    body = {"model": "scripted", "messages": ASK, "tool_choice": choice, "max_tokens": 5}
+    if tools:
+        body["tools"] = tools
+    r = requests.post(server[0] + "/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "tool_choice" and words in err["message"]
+
+
+def test_call_openings_follow_the_templates_syntax():
+    from outrider.server.tool_choice import call_opening
+
+    assert call_opening("{{ '<tool_call>' }}", None) == "<tool_call>"
+    named = call_opening("{{ '<tool_call>' }}", "get_weather")
+    assert named == '<tool_call>\n{"name": "get_weather", "arguments": '
+    assert call_opening("<|tool_call>call:", "f") == "<|tool_call>call:f{"
+    assert call_opening("<tool_call><function=", "f") == "<tool_call>\n<function=f>"
+    assert call_opening("{{ messages }}", None) is None

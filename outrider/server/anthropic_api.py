@@ -21,6 +21,7 @@ from .generation import (
     collect,
     events,
     failure,
+    force_tool_call,
     matched_stop,
     options,
     prompt_ids,
@@ -241,6 +242,10 @@ def router(state: Any) -> APIRouter:
         engine, limits = state.engine, state.limits
         prompt, in_thinking, keep_thinking = await prompt_ids(engine, True, _render, state, body)
         pipe = engine.pipeline
+        schemas = {t.name: t.input_schema for t in client_tools(body)} or None
+        prompt, forced = force_tool_call(
+            pipe, prompt, in_thinking, body.tool_choice, list(schemas or {}), "anthropic"
+        )
         check_context(engine, len(prompt), anthropic=True)
         stops = list(body.stop_sequences or [])
         params = GenParams(
@@ -251,9 +256,8 @@ def router(state: Any) -> APIRouter:
             stop=stops,
         )
         opts = options(engine, limits, len(prompt), params)
-        schemas = {t.name: t.input_schema for t in client_tools(body)} or None
         markers = markers_for(template_text(pipe.tokenizer))
-        shaper = Shaper(True, in_thinking, schemas, markers=markers)
+        shaper = Shaper(True, in_thinking, schemas, markers=markers, forced=forced)
         job = submit(engine, prompt, opts, request)
         mid = "msg_" + secrets.token_hex(12)
         model = body.model or model_id(pipe)

@@ -19,8 +19,9 @@ from ..core.events import Result
 from ..core.logits import Penalties
 from .engine import Engine, Job, NotReady
 from .errors import ApiError
-from .prompting import PromptTooLong
-from .reasoning import THINK, ThinkSplitter
+from .prompting import PromptTooLong, template_text
+from .reasoning import THINK, ThinkSplitter, markers_for
+from .tool_choice import forced_opening
 from .tools import ToolCall, ToolGate
 
 
@@ -270,16 +271,25 @@ class Shaper:
         tools: dict[str, dict] | None,
         parse_tools: bool = True,
         markers: tuple[str, str] = THINK,
+        forced: str = "",
     ) -> None:
+        """`forced` is text the server began the answer with (a forced tool call's opening):
+        it is shaped as if the model had written it."""
         self._think = ThinkSplitter(in_thinking, markers) if split_thinking else None
         self._gate = ToolGate(tools) if tools and parse_tools else None
+        self._early = self._shape(forced) if forced else []
 
     def feed(self, text: str) -> list[tuple[str, str]]:
+        early, self._early = self._early, []
+        return early + self._shape(text)
+
+    def _shape(self, text: str) -> list[tuple[str, str]]:
         pieces = self._think.feed(text) if self._think else [("content", text)]
         return self._gate_pieces(pieces)
 
     def finish(self) -> tuple[list[tuple[str, str]], list[ToolCall]]:
-        pieces = self._gate_pieces(self._think.finish()) if self._think else []
+        early, self._early = self._early, []
+        pieces = early + (self._gate_pieces(self._think.finish()) if self._think else [])
         calls: list[ToolCall] = []
         if self._gate is not None:
             rest, calls = self._gate.finish()
@@ -297,6 +307,24 @@ class Shaper:
             if text:
                 out.append((kind, text))
         return out
+
+
+def force_tool_call(
+    pipe: Pipeline,
+    prompt: list[int],
+    in_thinking: bool,
+    choice: Any,
+    tools: list[str],
+    api: str,
+) -> tuple[list[int], str]:
+    """(prompt, forced opening): the prompt extended with the opening of the tool call that
+    `tool_choice` forces, if it forces one (see `tool_choice.py`)."""
+    template = template_text(pipe.tokenizer)
+    close = markers_for(template)[1] if in_thinking else None
+    opening = forced_opening(template, choice, tools, api, close)
+    if not opening:
+        return prompt, ""
+    return prompt + list(pipe.tokenizer.encode(opening, add_special_tokens=False)), opening
 
 
 def sse_event(event: str, data: dict) -> str:

@@ -25,6 +25,7 @@ from .generation import (
     collect,
     events,
     failure,
+    force_tool_call,
     options,
     prompt_ids,
     ready_pipeline,
@@ -244,13 +245,18 @@ def router(state: Any) -> APIRouter:
             template=template,
             continue_final=body.continue_final_message,
         )
+        tool_schemas = _tool_schemas(body.tools)
+        prompt, forced = force_tool_call(
+            pipe, prompt, in_thinking, body.tool_choice, list(tool_schemas or {}), "openai"
+        )
         check_context(engine, len(prompt), anthropic=False)
         opts = options(engine, limits, len(prompt), params)
         parse = body.tool_choice != "none"
         markers = markers_for(template_text(pipe.tokenizer))
         n = body.choices
-        tool_schemas = _tool_schemas(body.tools)
-        shapers = [Shaper(True, in_thinking, tool_schemas, parse, markers) for _ in range(n)]
+        shapers = [
+            Shaper(True, in_thinking, tool_schemas, parse, markers, forced) for _ in range(n)
+        ]
         jobs = [submit(engine, prompt, o, request) for o in choice_options(opts, n)]
         rid = "chatcmpl-" + secrets.token_hex(12)
         created = int(time.time())

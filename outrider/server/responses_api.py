@@ -32,6 +32,7 @@ from .generation import (
     collect,
     events,
     failure,
+    force_tool_call,
     options,
     prompt_ids,
     ready_pipeline,
@@ -253,6 +254,10 @@ def router(state: Any) -> APIRouter:
             engine, False, render_chat, pipe.tokenizer, messages, tool_dicts, limits.thinking,
             effort, {},
         )  # fmt: skip
+        schemas = _tool_schemas(tools)
+        prompt, forced = force_tool_call(
+            pipe, prompt, in_thinking, body.tool_choice, list(schemas or {}), "responses"
+        )
         check_context(engine, len(prompt), anthropic=False)
         params = GenParams(
             max_tokens=body.max_output_tokens,
@@ -268,7 +273,7 @@ def router(state: Any) -> APIRouter:
         opts = options(engine, limits, len(prompt), params)
         parse = body.tool_choice != "none"
         markers = markers_for(template_text(pipe.tokenizer))
-        shaper = Shaper(True, in_thinking, _tool_schemas(tools), parse, markers)
+        shaper = Shaper(True, in_thinking, schemas, parse, markers, forced)
         job = submit(engine, prompt, opts, request)
         rid = secrets.token_hex(12)
         created = int(time.time())
