@@ -1,0 +1,195 @@
+"""The soak: hundreds of mixed requests through a live server with continuous batching and the
+prefix cache on; every response must equal the same request served alone, and the process's
+resident memory must stop growing once warm.
+
+    python benchmarks/soak.py                                   # 500 requests, the demo pair
+    python benchmarks/soak.py --requests 200 --concurrency 16 --json soak.json
+
+Requests are multi-turn chats over a few shared system prompts (so the prefix cache hits at
+turn boundaries, on exact repeats, and diverges mid-prompt), with answer lengths from 4 to
+`--max-tokens`, sent by `--concurrency` clients through the real `openai` SDK. The reference
+for each distinct request is a fresh single-request run of the same pipeline (no batch, no
+cache). RSS is read from /proc after the warm-up (the first `--warmup` requests) and at the
+end. Exit status 1 on any cross-talk or an RSS growth of `--max-growth` or more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+SYSTEMS = [
+    "You are a terse assistant. Answer in one sentence. " * 6,
+    "You are a patient tutor who explains every step of a calculation. " * 5,
+    "You write Python. Reply with code only, no prose. " * 7,
+]
+ASKS = [
+    "Count from one to ten.",
+    "Name three colours of the rainbow.",
+    "What is 17 times 3?",
+    "Write a function that reverses a list.",
+    "Say hello in French.",
+    "List the days of the week.",
+    "What comes after Tuesday?",
+    "Spell the word banana backwards.",
+]
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Samples of a Prometheus text page by metric name (labels dropped; `le` buckets
+    skipped)."""
+    import requests
+
+    out = {}
+    for line in requests.get(url, timeout=30).text.splitlines():
+        if line and not line.startswith("#") and "le=" not in line:
+            name, value = line.rsplit(" ", 1)
+            out[name.split("{")[0]] = float(value)
+    return out
+
+
+def conversations(rng: random.Random, distinct: int, max_tokens: int) -> list[dict]:
+    """Distinct requests: a system prompt, 1-4 turns of earlier chat, an answer length."""
+    out, seen = [], set()
+    while len(out) < distinct:
+        system = rng.randrange(len(SYSTEMS))
+        turns = [rng.randrange(len(ASKS)) for _ in range(rng.randint(1, 4))]
+        n = rng.choice([4, 8, 16, 32, max_tokens])
+        key = (system, tuple(turns), n)
+        if key in seen:
+            continue
+        seen.add(key)
+        msgs = [{"role": "system", "content": SYSTEMS[system]}]
+        for i, t in enumerate(turns):
+            msgs.append({"role": "user", "content": ASKS[t]})
+            if i < len(turns) - 1:
+                msgs.append({"role": "assistant", "content": f"(answer {t})"})
+        out.append({"messages": msgs, "max_tokens": n})
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="outrider-demo/target")
+    parser.add_argument("--drafter", default="outrider-demo/dspark")
+    parser.add_argument("--mode", default="dspark")
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--distinct", type=int, default=60)
+    parser.add_argument("--concurrency", type=int, default=12)
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--max-growth", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    import openai
+    from live_server import live_server
+
+    import outrider
+    from outrider.core.prefix_cache import GB, PrefixCache
+    from outrider.prompts import encode_messages
+    from outrider.server.engine import LoadSpec
+    from outrider.server.generation import Limits
+
+    rng = random.Random(args.seed)
+    asks = conversations(rng, args.distinct, args.max_tokens)
+    plan = [rng.randrange(len(asks)) for _ in range(args.requests)]
+
+    single = outrider.load(args.model, args.drafter, mode=args.mode)
+    tok = single.tokenizer
+    want = []
+    for a in asks:
+        ids = encode_messages(tok, a["messages"])
+        result = single.generate(ids, max_tokens=a["max_tokens"], stop_tokens=set())
+        want.append(tok.decode(result.tokens))
+    del single
+
+    spec = LoadSpec(args.model, args.drafter, args.mode)
+    limits = Limits(max_tokens_cap=4096, keepalive_s=5)
+    samples: list[tuple[int, float]] = []
+    mismatches: list[int] = []
+    with live_server(spec, limits, max_batch=args.max_batch) as (url, engine):
+        engine.set_prefix_cache(PrefixCache(int(0.5 * GB)))
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        lock = threading.Lock()
+        done = 0
+
+        async def one(i: int, k: int, gate: asyncio.Semaphore) -> None:
+            nonlocal done
+            a = asks[k]
+            async with gate:
+                r = await client.chat.completions.create(
+                    model=args.model,
+                    messages=a["messages"],
+                    max_tokens=a["max_tokens"],
+                    extra_body={"ignore_eos": True},
+                )
+            if r.choices[0].message.content != want[k]:
+                mismatches.append(i)
+            with lock:
+                done += 1
+                if done == args.warmup or done == len(plan):
+                    samples.append((done, rss_mb()))
+
+        async def run_all() -> None:
+            gate = asyncio.Semaphore(args.concurrency)
+            await asyncio.gather(*(one(i, k, gate) for i, k in enumerate(plan)))
+
+        t0 = time.perf_counter()
+        asyncio.run(run_all())
+        elapsed = time.perf_counter() - t0
+        scraped = scrape(url + "/metrics")
+    warm, end = samples[0][1], samples[-1][1]
+    growth = (end - warm) / warm
+    report = {
+        "benchmark": "soak",
+        "model": args.model,
+        "mode": args.mode,
+        "requests": len(plan),
+        "distinct": len(asks),
+        "concurrency": args.concurrency,
+        "max_batch": args.max_batch,
+        "seconds": round(elapsed, 2),
+        "cross_talk": len(mismatches),
+        "rss_mb_after_warmup": round(warm, 1),
+        "rss_mb_end": round(end, 1),
+        "rss_growth": round(growth, 4),
+        "prefix_hits": scraped.get("outrider_prefix_cache_hits_total"),
+        "prefix_misses": scraped.get("outrider_prefix_cache_misses_total"),
+        "prefix_evictions": scraped.get("outrider_prefix_cache_evictions_total"),
+        "batch_rows_mean": scraped.get("outrider_batch_rows_mean"),
+        "batch_rows_max": scraped.get("outrider_batch_rows_max"),
+        "device": str(mx.default_device()),
+        "machine": platform.machine(),
+        "mlx": mx.__version__,
+    }
+    print(json.dumps(report, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    ok = not mismatches and growth < args.max_growth
+    print("PASS" if ok else "FAIL", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
