@@ -217,7 +217,24 @@ def test_llama_rows_match_each_row_alone(llama_target):
 
 
 def test_a_family_without_batched_caches_is_refused(tmp_path):
-    path = make_tiny_target(tmp_path / "hybrid", family="qwen3_5")
+    path = make_tiny_target(tmp_path / "sliding", family="gemma4_text")
     pipe = outrider.load(str(path), mode="baseline")
     with pytest.raises(UnsupportedTargetError, match="one row at a time"):
         pipe.generate_batch([[1, 2, 3]], max_tokens=4)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", pytest.param("nemotron_h", marks=pytest.mark.slow)])
+def test_recurrent_rows_accepting_different_counts_match_each_row_alone(tmp_path, family):
+    """Hybrids batch too: each row's recurrent state replays its own accepted prefix."""
+    path = make_tiny_target(tmp_path / family, family=family)
+    plain = outrider.load(str(path), mode="baseline")
+    rows = prompts(plain)
+    refs = {tuple(ids): ids + plain_greedy(path, ids, 32) for ids in rows}
+    batch = plain.generate_batch(rows, max_tokens=32, stop_tokens=set())
+    assert [r.tokens for r in batch] == [refs[tuple(ids)][len(ids) :] for ids in rows]
+    oracle = RowOracle(refs, plain.target.config["vocab_size"])
+    pipe = outrider.Pipeline(plain.target, oracle, "oracle", 6)
+    batch = pipe.generate_batch(rows, max_tokens=32, stop_tokens=set())
+    for ids, result in zip(rows, batch):
+        assert result.tokens == refs[tuple(ids)][len(ids) :]
+    assert any(0 < r.accepted < len(r.drafted) for res in batch for r in res.rounds)

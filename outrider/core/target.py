@@ -212,6 +212,9 @@ class Target:
         self, ids: mx.array, cache: BatchedCache, tap_ids: tuple[int, ...] = ()
     ) -> tuple[mx.array, mx.array | None]:
         """The verify forward of a batch: ids [B, W] -> (logits [B, W, V], taps [B, W, ·])."""
+        begin = getattr(self.family, "begin_forward", None)
+        if begin is not None:
+            begin(cache, True)
         self._sink.active = bool(tap_ids)
         self._sink.store = {}
         try:

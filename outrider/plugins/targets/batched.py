@@ -1,4 +1,5 @@
-"""Several rows in one cache, for families whose layers all hold plain KV caches.
+"""Several rows in one cache, for families whose layers hold plain KV caches or recurrent
+state (gated-delta-net, Mamba-2).
 
 mlx-lm's `BatchKVCache` keeps rows left-padded: every row's last position sits at the same
 column, each row has its own rope offset, and its mask hides each row's padding. A verify
@@ -8,6 +9,10 @@ e more than that rolls its columns right by e. Its rejected columns wrap round t
 where they become padding that its mask hides, so each row's keys, values and positions are
 exactly those of its own accepted tokens. A row's output therefore equals what it produces
 alone, up to the rounding of batched matmuls.
+
+Recurrent layers hold one state per row (no padding: a state has no length). Their rollback
+replays the layer's mixer over each row's accepted prefix from the state before the round,
+rows that kept the same number of tokens in one call (see `RecordingArraysCache.rollback_rows`).
 """
 
 from __future__ import annotations
@@ -17,21 +22,27 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll
 
 from ...core.errors import UnsupportedTargetError
 from ...core.family import BatchedCache
+from .caches import RecordingArraysCache
 
 
-class KVRows:
-    """The batching members of a family whose every layer is a plain `KVCache`."""
+def _merge_layer(layer: tuple):
+    kinds = {type(c) for c in layer}
+    if kinds == {KVCache}:
+        return BatchKVCache.merge(list(layer))
+    if kinds == {RecordingArraysCache}:
+        return RecordingArraysCache.merge(list(layer))
+    names = ", ".join(sorted(k.__name__ for k in kinds - {KVCache, RecordingArraysCache}))
+    raise UnsupportedTargetError(
+        f"batched decoding needs KV caches or recurrent state; this model uses {names}"
+    )
+
+
+class BatchedRows:
+    """The batching members of a family whose layers hold `KVCache`s and recurrent state."""
 
     def merge_rows(self, caches: list[list]) -> BatchedCache:
         """One batched cache from one-row caches (their rows, in order)."""
-        for cache in caches:
-            odd = {type(c).__name__ for c in cache if type(c) is not KVCache}
-            if odd:
-                raise UnsupportedTargetError(
-                    f"batched decoding needs plain KV caches; this model uses {', '.join(odd)}"
-                )
-        layers = zip(*caches, strict=True)
-        return BatchedCache(BatchKVCache.merge(list(layer)) for layer in layers)
+        return BatchedCache(_merge_layer(layer) for layer in zip(*caches, strict=True))
 
     def extend_rows(self, cache: BatchedCache, rows: BatchedCache) -> None:
         """Append the rows of `rows` to `cache`, in place."""
@@ -54,6 +65,9 @@ class KVRows:
         extra = [k - common for k in n]
         shifts = mx.array(extra, dtype=mx.int32)[:, None] if any(extra) else None
         for c in cache:
+            if isinstance(c, RecordingArraysCache):
+                c.rollback_rows(n)
+                continue
             if common:
                 c.trim(common)
             if shifts is None:

@@ -54,6 +54,55 @@ class RecordingArraysCache(ArraysCache):
         self.replay = None
         mixer(x[:, :keep], None if mask is None else mask[:, :keep], self)
 
+    # -- several rows (continuous batching: plugins/targets/batched.py) ----------------------
+    @classmethod
+    def merge(cls, caches: list[ArraysCache]) -> RecordingArraysCache:
+        """One cache holding the rows of one-row caches, in order."""
+        out = cls(len(caches[0].cache))
+        for e in range(len(out.cache)):
+            parts = [c.cache[e] for c in caches]
+            shape = next((p.shape for p in parts if p is not None), None)
+            if shape is None:
+                continue
+            dtype = next(p.dtype for p in parts if p is not None)
+            parts = [mx.zeros(shape, dtype) if p is None else p for p in parts]
+            out.cache[e] = mx.concatenate(parts)
+        return out
+
+    def extract(self, idx: int) -> RecordingArraysCache:
+        out = RecordingArraysCache(len(self.cache))
+        out.cache = [None if c is None else c[idx : idx + 1] for c in self.cache]
+        return out
+
+    def rollback_rows(self, n: list[int]) -> None:
+        """Row i back by n[i] positions of the last (verify) forward: rows that keep the same
+        number of positions replay together from their states before it."""
+        if not any(n):
+            self.replay = None
+            return
+        if self.replay is None:
+            raise UnsupportedTargetError(
+                "cannot roll recurrent state back: the last forward was not a verify forward"
+            )
+        mixer, x, mask, before = self.replay
+        width = x.shape[1]
+        groups: dict[int, list[int]] = {}
+        for row, k in enumerate(n):
+            if k > 0:
+                groups.setdefault(width - k, []).append(row)
+        state = list(self.cache)
+        for keep, rows in groups.items():
+            idx = mx.array(rows, dtype=mx.int32)
+            part = ArraysCache(len(before))
+            part.cache = [None if b is None else b[idx] for b in before]
+            if keep > 0:
+                mixer(x[idx, :keep], None if mask is None else mask[idx, :keep], part)
+            for e, value in enumerate(part.cache):
+                if value is not None:
+                    state[e][idx] = value
+        self.cache = state
+        self.replay = None
+
 
 def as_recording(caches: list) -> list:
     """The same cache list with every `ArraysCache` replaced by a recording one."""

@@ -17,7 +17,7 @@ from ...core import gguf
 from ...core.errors import UnsupportedTargetError
 from ...core.hookspecs import hookimpl
 from . import verify_attention
-from .batched import KVRows
+from .batched import BatchedRows
 from .caches import Snapshots
 
 # Families whose caches are not plain KV (recurrent state, sliding windows): another plugin's job.
@@ -58,7 +58,7 @@ def _inner(model: nn.Module) -> nn.Module:
     raise UnsupportedTargetError("cannot find the model's decoder stack")
 
 
-class DenseFamily(KVRows, Snapshots):
+class DenseFamily(BatchedRows, Snapshots):
     name = "dense"
     description = "mlx-lm decoder-only models with plain KV caches (qwen3, llama, qwen2, ...)"
 

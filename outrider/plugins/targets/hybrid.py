@@ -9,10 +9,11 @@ import mlx.nn as nn
 
 from ...core.hookspecs import hookimpl
 from .base import MlxLmFamily
+from .batched import BatchedRows
 from .caches import Snapshots, wrap_mixers
 
 
-class GatedDeltaFamily(Snapshots, MlxLmFamily):
+class GatedDeltaFamily(BatchedRows, Snapshots, MlxLmFamily):
     name = "gated_delta"
     description = (
         "gated-delta-net hybrids with recurrent state (qwen3_5, qwen3_5_moe, qwen3_next, "
@@ -26,7 +27,7 @@ class GatedDeltaFamily(Snapshots, MlxLmFamily):
         )
 
 
-class NemotronHFamily(Snapshots, MlxLmFamily):
+class NemotronHFamily(BatchedRows, Snapshots, MlxLmFamily):
     name = "nemotron_h"
     description = "Mamba-2 + attention + MoE hybrids with recurrent state (nemotron_h)"
     model_types = frozenset({"nemotron_h"})
