@@ -13,12 +13,12 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from .core.errors import Interrupted, OutriderError
+from .core.paths import cache_root  # noqa: F401  (the CLI's commands import it from here)
 from .core.plugins import Plugins
 
 # OSError: unreadable files, a file where a folder should be, a full disk: one line each.
@@ -77,12 +77,6 @@ def plugins() -> Plugins:
             raise
         warn(f"a third-party plugin failed to load ({type(e).__name__}: {e}); using built-ins only")
         return Plugins(load_entrypoints=False)
-
-
-def cache_root() -> Path:
-    """Where outrider keeps its own files: $OUTRIDER_CACHE, else ~/.cache/outrider."""
-    env = os.environ.get("OUTRIDER_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "outrider"
 
 
 def console(stderr: bool = False, width: int | None = None):

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import mlx.core as mx
 import pytest
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# outrider's own cache (calibrations, converted drafters) never touches the user's: a fresh
+# folder for the session, and one per test (below) for what tests store there.
+os.environ["OUTRIDER_CACHE"] = tempfile.mkdtemp(prefix="outrider-cache-")
 
 from outrider.testing import make_tiny_drafter, make_tiny_target  # noqa: E402
 
@@ -17,6 +21,12 @@ PROMPTS = [
     "def fibonacci(n):",
     "What is 12 times 7? Answer: 12 times 7 is",
 ]
+
+
+@pytest.fixture(autouse=True)
+def own_outrider_cache(tmp_path, monkeypatch):
+    """Each test's calibrations (which make `--max-draft auto` the default) stay its own."""
+    monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path / "outrider-cache"))
 
 
 @pytest.fixture(scope="session")

@@ -92,6 +92,9 @@ NOT_RUN = {
     'outrider generate --model TARGET --drafter my-drafter --mode dspark -p "..."': (
         "needs the drafter the train command above makes (tests/test_train.py generates with one)"
     ),
+    "outrider calibrate -m M": (
+        "M is a placeholder; tests/test_calibration.py runs the command on a tiny model"
+    ),
     "outrider benchmark -m M --modes baseline,dspark,lookup --suites chat,code,math --trials 3 "
     "--json receipt.json": (
         "M is a placeholder; on the demo pair this run (3 suites x 3 trials x 3 modes plus "

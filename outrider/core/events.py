@@ -27,6 +27,7 @@ class Result:
     peak_memory_gb: float = 0.0
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied (not prefilled)
     auto_cap: bool = False  # the cap was chosen each round (max_draft is then its ceiling)
+    calibration: dict | None = None  # the measured costs auto chose from (core/calibration.py)
 
     @property
     def cap_label(self) -> str:
@@ -65,6 +66,7 @@ class Result:
             "prefill_seconds": round(self.prefill_seconds, 6),
             "decode_seconds": round(self.decode_seconds, 6),
             "cached_tokens": self.cached_tokens,
+            **({"calibration": self.calibration} if self.calibration else {}),
         }
 
 

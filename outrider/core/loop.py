@@ -236,6 +236,7 @@ def decode(
             return
         caps = None
         if policy is not None:
+            policy.context = len(row.history)
             k = policy.choose(max(0, min(cap_limit, stopper.remaining - 1)))
             if k == 0 and pipelinable:  # parked: pipelined plain steps until the next probe
                 yield from _plain_run(target, row, cache, policy.plain_run(stopper.remaining))

@@ -9,7 +9,10 @@ then probed again after `probe_every` plain steps (an interval that doubles, up 
 drafts the cap that would pay were the text easy to draft (one draft where none would).
 One policy serves every generation of a pipeline, so what it measured carries over.
 
-Both halves are measured on the fly: c(k) is a running mean of this row's round times at each
+With a calibration (core/calibration.py: the verify cost at every width, measured once per
+machine and model), c(k) comes from its curve at the current context length, scaled by what
+live rounds cost against it, and no plain steps are spent measuring plain decoding. Without
+one, both halves are measured on the fly: c(k) is a running mean of this row's round times at each
 k (a straight line through the measured ks estimates the others), and s_j comes from running
 per-position acceptance (the chance that draft j is accepted once drafts 1..j-1 were). The cap
 only decides how many drafts are verified, never which token is committed, so every choice is
@@ -19,6 +22,7 @@ lossless.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 EMA = 0.25  # weight of the newest measurement
 MARGIN = 1.03  # a cap must beat plain decoding by 3% to be worth its variance
@@ -40,6 +44,10 @@ class AutoCap:
     accept: list[float] = field(default_factory=list)  # per position: P(accept | reached)
     parked: int = 0  # plain steps since the last probe (or since parking)
     interval: int = 0  # plain steps between probes now
+    # Costs measured up front on this machine (core/calibration.py), and the context length
+    # the next round runs at: live measurements rescale the calibrated curve instead of a line.
+    calibration: Any = None
+    context: int | None = None
 
     def __post_init__(self) -> None:
         self.accept = [0.7] * self.ceiling  # a prior the first rounds overwrite
@@ -54,8 +62,8 @@ class AutoCap:
             return 0
         if self.drafting < self.warmup + 2:
             return min(limit, self.start)  # learn acceptance and a drafting round's cost first
-        if self.rounds.get(0, 0) < self.warmup + 2:
-            return 0  # and plain decoding's
+        if self.calibration is None and self.rounds.get(0, 0) < self.warmup + 2:
+            return 0  # and plain decoding's (a calibration knows it)
         best = self.best(limit)
         if best:
             self.parked, self.interval = 0, self.probe_every
@@ -92,6 +100,15 @@ class AutoCap:
         measured = {j: c for j, c in self.costs.items() if self.rounds.get(j, 0) > self.warmup}
         if k in measured:
             return measured[k]
+        if self.calibration is not None:
+            # the calibrated curve at this context, scaled by what live rounds cost against it
+            # (they add the host's own work: sampling, acceptance, the sync)
+            def calibrated(j: int) -> float:
+                return self.calibration.round_cost(j, self.context)
+
+            ratios = sorted(c / calibrated(j) for j, c in measured.items() if calibrated(j) > 0)
+            scale = ratios[len(ratios) // 2] if ratios else 1.0
+            return calibrated(k) * scale
         if not measured:
             return 1.0
         if len(measured) == 1:

@@ -1,0 +1,262 @@
+"""Calibration: what a round costs on this machine, measured once and kept.
+
+`--max-draft auto` picks each round's cap from the cost of a round at each cap and the running
+acceptance (`core/schedule.py`). Live rounds measure the costs too, but only at the caps they
+run, and only after a few warm-up rounds; a calibration measures them all up front:
+
+- the verify forward t(w) of w = 1..`max_width` rows, at a few context lengths (a forward's cost
+  grows with the context it attends to), with the taps the drafter reads;
+- one drafter call at its full cap (what a drafting round adds to the verify);
+- which attention path `auto` takes here.
+
+A calibration is a small JSON file under outrider's cache folder, keyed by device, MLX version,
+target, drafter and mode, so every later run (generate, benchmark, the server) on this machine
+starts from it. `outrider calibrate` measures one explicitly; `outrider doctor` lists them.
+Nothing here changes which token is committed: a cap only decides how many drafts are checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from .device import split_attention
+from .paths import cache_root
+from .proposer import DraftContext
+from .sampling import SamplingParams
+
+CONTEXTS = (128, 1024)  # context lengths the verify curve is measured at (capped by the window)
+MAX_WIDTH = 16
+REPEATS = 3
+VERSION = 1
+
+
+@dataclass
+class Calibration:
+    key: dict[str, str]
+    verify_ms: dict[int, list[float]]  # context length -> t(w) for w = 1..len, milliseconds
+    draft_ms: float = 0.0  # one drafter call at the full cap
+    attention: str = "native"
+    seconds: float = 0.0  # how long measuring took
+    created: str = ""
+    version: int = VERSION
+    path: Path | None = field(default=None, compare=False)
+
+    def verify_cost(self, width: int, context: int | None = None) -> float:
+        """Seconds of a verify forward of `width` rows at `context` (linear between the
+        measured contexts, the nearest one outside them)."""
+        ctxs = sorted(self.verify_ms)
+        width = max(1, min(width, len(self.verify_ms[ctxs[0]])))
+
+        def at(c: int) -> float:
+            return self.verify_ms[c][width - 1] / 1000
+
+        if context is None or context <= ctxs[0]:
+            return at(ctxs[0])
+        if context >= ctxs[-1]:
+            return at(ctxs[-1])
+        for lo, hi in zip(ctxs, ctxs[1:]):
+            if lo <= context <= hi:
+                f = (context - lo) / (hi - lo)
+                return at(lo) + f * (at(hi) - at(lo))
+        return at(ctxs[-1])  # pragma: no cover - the loop above covers every context
+
+    def round_cost(self, k: int, context: int | None = None) -> float:
+        """Seconds of a round that drafts k tokens (k = 0: a plain step)."""
+        return (self.draft_ms / 1000 if k > 0 else 0.0) + self.verify_cost(k + 1, context)
+
+    def summary(self) -> dict[str, Any]:
+        """What a result reports: where it is kept, when it was made, the curve's shape."""
+        ctx = min(self.verify_ms)
+        curve = self.verify_ms[ctx]
+        return {
+            "file": str(self.path) if self.path else None,
+            "created": self.created,
+            "context": ctx,
+            "verify_ms_w1": curve[0],
+            "verify_ms_wmax": curve[-1],
+            "max_width": len(curve),
+            "draft_ms": self.draft_ms,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("path")
+        out["verify_ms"] = {str(c): v for c, v in self.verify_ms.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        verify = {int(c): [float(x) for x in v] for c, v in data["verify_ms"].items()}
+        if not verify or any(not v for v in verify.values()):
+            raise ValueError("a calibration without a verify curve")
+        return cls(
+            key=dict(data["key"]),
+            verify_ms=verify,
+            draft_ms=float(data.get("draft_ms", 0.0)),
+            attention=str(data.get("attention", "native")),
+            seconds=float(data.get("seconds", 0.0)),
+            created=str(data.get("created", "")),
+            version=int(data.get("version", 0)),
+        )
+
+
+def calibration_key(pipe: Any) -> dict[str, str]:
+    """What a calibration is valid for: this device and MLX, this target, drafter and mode."""
+    return {
+        "device": str(mx.default_device()),
+        "device_name": _device_name(),
+        "mlx": mx.__version__,
+        "target": str(pipe.target.name or ""),
+        "drafter": str(pipe.drafter_ref or ""),
+        "mode": str(pipe.mode),
+        "kv_bits": str(getattr(pipe.target, "kv_bits", None) or ""),
+    }
+
+
+def _device_name() -> str:
+    try:
+        info = mx.device_info()
+    except Exception:  # older MLX, or a backend without it
+        return ""
+    return str(info.get("device_name") or info.get("architecture") or "")
+
+
+def path_for(key: dict[str, str], root: Path | None = None) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return (root or cache_root()) / "calibration" / f"{digest}.json"
+
+
+def load(pipe: Any, root: Path | None = None) -> Calibration | None:
+    """The stored calibration of this pipeline on this machine, if there is a valid one."""
+    key = calibration_key(pipe)
+    path = path_for(key, root)
+    try:
+        cal = Calibration.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if cal.key != key or cal.version != VERSION:
+        return None
+    cal.path = path
+    return cal
+
+
+def save(cal: Calibration, root: Path | None = None) -> Path | None:
+    """Write it atomically; a cache folder that cannot be written is not an error."""
+    path = path_for(cal.key, root)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cal.as_dict(), indent=2) + "\n")
+        tmp.replace(path)
+    except OSError:
+        return None
+    cal.path = path
+    return path
+
+
+def stored(root: Path | None = None) -> list[Calibration]:
+    """Every valid calibration in the cache folder (for `outrider doctor`)."""
+    out = []
+    for path in sorted(((root or cache_root()) / "calibration").glob("*.json")):
+        try:
+            cal = Calibration.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        cal.path = path
+        out.append(cal)
+    return out
+
+
+def _timed(fn, repeats: int) -> float:
+    """Median seconds of `fn` (evaluated), after one untimed call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(
+    pipe: Any,
+    contexts: tuple[int, ...] = CONTEXTS,
+    max_width: int = MAX_WIDTH,
+    repeats: int = REPEATS,
+    progress: Any = None,
+) -> Calibration:
+    """Measure this pipeline's verify curve and drafter cost now (seconds on a GPU)."""
+    t_start = time.perf_counter()
+    target, proposer = pipe.target, pipe.proposer
+    vocab = int(target.config.get("vocab_size") or 256)
+    window = target.context_window
+    tap_ids = tuple(proposer.tap_layer_ids)
+    ctxs = sorted({min(c, window - max_width - 1) if window else c for c in contexts})
+    ctxs = [c for c in ctxs if c > 1] or [2]
+    verify: dict[int, list[float]] = {}
+    with mx.stream(target.stream):
+        for i, context in enumerate(ctxs):
+            ids = mx.random.randint(1, vocab, (context + max_width,), key=mx.random.key(i))
+            prompt = ids[:context].tolist()
+            cache = target.make_cache()
+            target.prefill(prompt, cache, tap_ids)
+            mx.eval([c.state for c in cache])
+            curve = []
+            for w in range(1, max_width + 1):
+                block = ids[context : context + w].astype(mx.uint32)
+
+                def run(block=block, w=w, cache=cache) -> None:
+                    logits, taps = target.forward(block, cache, tap_ids)
+                    mx.eval(logits, *([] if taps is None else [taps]))
+                    target.rollback(cache, w)
+
+                curve.append(round(_timed(run, repeats) * 1000, 4))
+                if progress is not None:
+                    progress(i * max_width + w, len(ctxs) * max_width)
+            verify[context] = curve
+        draft_ms = _draft_ms(pipe, vocab, repeats)
+    return Calibration(
+        key=calibration_key(pipe),
+        verify_ms=verify,
+        draft_ms=draft_ms,
+        attention="split" if split_attention() else "native",
+        seconds=round(time.perf_counter() - t_start, 3),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+
+
+def _draft_ms(pipe: Any, vocab: int, repeats: int) -> float:
+    """One drafter call at the full cap, on the context of a short generation."""
+    proposer = pipe.proposer
+    if not proposer.max_draft or not proposer.tap_layer_ids:
+        return 0.0  # drafter-free strategies draft on the host, in microseconds
+    prompt = [int(t) for t in mx.random.randint(1, vocab, (32,), key=mx.random.key(1)).tolist()]
+    result = pipe.generate(prompt, max_tokens=8, max_draft=proposer.max_draft, stop_tokens=set())
+    history = prompt + result.tokens
+    ctx = DraftContext(history, proposer.max_draft, SamplingParams())
+
+    def run() -> None:
+        proposal = proposer.propose(ctx)
+        mx.eval(proposal.tokens)
+
+    return round(_timed(run, repeats) * 1000, 4)
+
+
+def calibrated(pipe: Any, progress: Any = None) -> tuple[Calibration, bool]:
+    """(the calibration, whether it was measured now): stored, else measured and stored."""
+    cal = load(pipe)
+    if cal is not None:
+        return cal, False
+    # inline, only the widths this pipeline can verify (`outrider calibrate` measures them all)
+    cal = measure(pipe, max_width=min(MAX_WIDTH, pipe.proposer.max_draft + 1), progress=progress)
+    save(cal)
+    return cal, True

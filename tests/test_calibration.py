@@ -1,0 +1,78 @@
+"""Calibration: a machine's verify curve and drafter cost, measured once, kept, and used by
+`--max-draft auto` (which it makes the default); nothing it decides changes a token."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import PROMPTS, plain_greedy
+from typer.testing import CliRunner
+
+import outrider
+from outrider import cli
+from outrider.core import calibration
+from outrider.core.calibration import Calibration
+from outrider.core.schedule import AutoCap
+
+
+@pytest.fixture(scope="module")
+def pipe(qwen3_target, drafters):
+    return outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
+
+
+def test_measure_keeps_a_curve_per_context_and_a_drafter_cost(pipe, tmp_path):
+    cal = calibration.measure(pipe, contexts=(16, 48), max_width=4, repeats=1)
+    assert sorted(cal.verify_ms) == [16, 48]
+    assert all(len(v) == 4 and all(t > 0 for t in v) for v in cal.verify_ms.values())
+    assert cal.draft_ms > 0  # a drafter round costs something; lookup's would be 0
+    assert cal.key["mode"] == "dspark" and cal.key["drafter"] == pipe.drafter_ref
+    path = calibration.save(cal, tmp_path)
+    assert calibration.load(pipe, tmp_path) == cal
+    assert [c.path for c in calibration.stored(tmp_path)] == [path]
+    other = outrider.load(str(pipe.target.name), mode="lookup", target=pipe.target)
+    assert calibration.load(other, tmp_path) is None  # another mode: not this one's
+    path.write_text("{not json")
+    assert calibration.load(pipe, tmp_path) is None and calibration.stored(tmp_path) == []
+
+
+def test_auto_measures_once_then_is_the_default_and_stays_lossless(qwen3_target, drafters):
+    auto = outrider.load(str(qwen3_target), str(drafters["dspark"]), "dspark", max_draft="auto")
+    assert auto.calibration is not None and any("calibrated" in n for n in auto.notes)
+    again = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
+    assert again.auto_cap and again.calibration == auto.calibration
+    assert not any("calibrated" in n for n in again.notes)  # kept, not measured again
+    ids = again.encode(PROMPTS[1])
+    got = again.generate(ids, max_tokens=30, stop_tokens=set())
+    assert got.tokens == plain_greedy(qwen3_target, ids, 30)
+    report = got.to_json()
+    assert report["max_draft"] == "auto" and report["calibration"]["file"]
+
+
+def test_the_policy_reads_costs_off_the_calibrated_curve_rescaled_by_live_rounds():
+    verify = {100: [10.0, 10.5, 11.0, 11.5, 12.0], 1000: [20.0, 30.0, 40.0, 50.0, 60.0]}
+    cal = Calibration(key={}, verify_ms=verify, draft_ms=2.0)
+    assert cal.round_cost(0, 100) == pytest.approx(0.010)
+    assert cal.round_cost(2, 550) == pytest.approx(0.002 + 0.011 + 0.5 * (0.040 - 0.011))
+    policy = AutoCap(4, calibration=cal, context=100, warmup=0)
+    assert policy.cost(3) == pytest.approx(0.002 + 0.0115)
+    policy.observe(1, 1, 2 * cal.round_cost(1, 100))  # live rounds cost twice the curve
+    assert policy.cost(3) == pytest.approx(2 * (0.002 + 0.0115))
+    policy.accept = [0.9] * 4
+    assert policy.best(4) == 4  # cheap rows at a short context: draft the most
+    policy.context = 1000
+    policy.accept = [0.5] * 4
+    assert policy.best(4) == 0  # at a long context every row costs: park
+
+
+def test_calibrate_command_and_doctor(qwen3_target):
+    runner = CliRunner()
+    args = ["calibrate", "-m", str(qwen3_target), "--mode", "lookup"]
+    out = runner.invoke(cli.app, [*args, "--contexts", "16,32", "--max-width", "3", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert set(data["verify_ms"]) == {"16", "32"} and len(data["verify_ms"]["16"]) == 3
+    doctor = json.loads(runner.invoke(cli.app, ["doctor", "--json"]).stdout)
+    assert [c["file"] for c in doctor["calibrations"]] == [data["file"]]
+    bad = runner.invoke(cli.app, [*args, "--contexts", "16,x"])
+    assert bad.exit_code == 2 and "--contexts takes integers" in bad.output
