@@ -323,7 +323,8 @@ def verify_round(
             if caps is not None:
                 cap = caps[len(proposals)]
             key = row.keys.next() if row.keys is not None and cap > 0 else None
-            ctx = DraftContext(row.history, cap, row.sampling, key)
+            room = {"room": max(0, row.stopper.remaining - 1)}  # drafts that could still count
+            ctx = DraftContext(row.history, cap, row.sampling, key, room)
             proposal = row.proposer.propose(ctx) if cap > 0 else Proposal.empty()
             tokens = proposal.tokens
             drafts.append(tokens if tokens.dtype == mx.uint32 else tokens.astype(mx.uint32))

@@ -120,7 +120,11 @@ class AutoCap:
         return max(my + slope * (k - mx_), min(ys) * 0.5)
 
     def observe(self, k: int, accepted: int, seconds: float) -> None:
-        """What a round at cap k did: `accepted` drafts kept, in `seconds`."""
+        """What a round at cap k did: `accepted` drafts kept, in `seconds`. A round wider
+        than the drafter's ceiling (a lookup copy, plugins/strategies/lookup_assist.py) is not
+        the drafter's and teaches the policy nothing."""
+        if k > self.ceiling:
+            return
         seen = self.rounds.get(k, 0)
         self.rounds[k] = seen + 1
         self.drafting += k > 0

@@ -1,0 +1,108 @@
+"""Lookup drafts inside model-drafted rounds: when the text is being copied, a round verifies the
+copy instead of the drafter's guess.
+
+Agents and code edits re-emit what is already in the context (a file with one line changed, a
+function being edited). There a drafter's block of a few tokens loses to prompt lookup, whose
+continuation of a long match is right for as long as the copy runs. `LookupAssist` wraps a
+model proposer: each round it finds the longest match of the text's end earlier in the
+context; when the match is at least `min_match` tokens and its continuation is longer than what
+the drafter has been getting accepted, the round drafts that continuation instead, as many
+tokens as the match length makes likely (twice the match, capped by `max_lookup`, by the tokens
+left, and where a calibration exists by the widest verify that still costs less than
+`WIDE_COST` plain steps). Otherwise the drafter drafts as usual.
+
+The drafter's own state never depends on who drafted: it observes the verified tokens' hidden
+states every round either way (only proposers that say `lookup_assist_safe` are wrapped).
+Lookup drafts are chosen deterministically (q is one-hot), so sampled output stays the target's.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ...core.proposer import DraftContext, Proposal, Proposer
+
+EMA = 0.25
+WIDE_COST = 2.0  # a lookup verify may cost at most this many one-row forwards
+SCAN = 512  # how far back a match is extended, at most
+
+
+class LookupAssist:
+    """A model proposer with lookup rounds where the context is being copied."""
+
+    def __init__(
+        self,
+        inner: Proposer,
+        min_match: int = 4,
+        max_lookup: int = 32,
+        calibration=None,
+    ) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.tap_layer_ids = inner.tap_layer_ids
+        self.max_draft = inner.max_draft
+        self.min_match = min_match
+        self.max_lookup = max_lookup
+        self.calibration = calibration
+        self.lookup_rounds = 0  # rounds lookup drafted (telemetry, tests)
+        self._last: dict[tuple[int, ...], int] = {}  # last min_match-gram -> its end position
+        self._indexed = 0
+        self._accepted = float(inner.max_draft) / 2  # running mean of the drafter's accepts
+        self._looked = False
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)  # the wrapped proposer's own members (drafter, spec…)
+
+    def fork(self) -> LookupAssist:
+        from ...core.batch import fork
+
+        return LookupAssist(fork(self.inner), self.min_match, self.max_lookup, self.calibration)
+
+    def start(self, prompt: list[int], taps: mx.array | None) -> None:
+        self.inner.start(prompt, taps)
+        self._last, self._indexed, self._looked = {}, 0, False
+
+    def observe(self, accepted: int, taps: mx.array | None) -> None:
+        self.inner.observe(accepted, taps)
+        if not self._looked:
+            self._accepted += EMA * (accepted - self._accepted)
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        room = int(ctx.extras.get("room", ctx.cap))
+        copy = self._copy(ctx.tokens, room) if ctx.cap > 0 else []
+        self._looked = len(copy) > max(ctx.cap, self._accepted + 1)
+        if self._looked:
+            self.lookup_rounds += 1
+            return Proposal.from_list(copy)
+        return self.inner.propose(ctx)
+
+    def _copy(self, tokens: list[int], room: int) -> list[int]:
+        """The continuation of the longest earlier match of the text's end, as long as the
+        match makes likely; [] when the match is shorter than `min_match`."""
+        n, m = self.min_match, len(tokens)
+        for end in range(max(self._indexed, n - 1), m - 1):  # index every n-gram but the last
+            self._last[tuple(tokens[end - n + 1 : end + 1])] = end
+        self._indexed = max(self._indexed, m - 1)
+        if m < n:
+            return []
+        end = self._last.get(tuple(tokens[m - n :]))
+        if end is None:
+            return []
+        match = n
+        while match < SCAN and end - match >= 0 and tokens[end - match] == tokens[m - 1 - match]:
+            match += 1
+        length = min(2 * match, self.max_lookup, room, self._widest())
+        return tokens[end + 1 : end + 1 + length]
+
+    def _widest(self) -> int:
+        """Drafts one verify may carry: the widest calibrated forward still cheaper than
+        `WIDE_COST` one-row forwards (no bound without a calibration)."""
+        if self.calibration is None:
+            return self.max_lookup
+        one = self.calibration.verify_cost(1)
+        widest = 0
+        for w in range(2, self.max_lookup + 2):
+            if self.calibration.verify_cost(w) > WIDE_COST * one:
+                break
+            widest = w - 1
+        return max(widest, 1)

@@ -1,0 +1,61 @@
+"""Lookup drafts inside model rounds: where the text copies the context, a round verifies the
+copy (longer than the drafter's cap) instead of the drafter's guess; output stays the target's."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import PROMPTS, plain_greedy
+
+import outrider
+from outrider.core.calibration import Calibration
+from outrider.plugins.strategies.lookup_assist import LookupAssist
+
+
+@pytest.fixture(scope="module")
+def dspark(qwen3_target, drafters):
+    return outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
+
+
+def assisted(pipe, **kwargs):
+    inner = getattr(pipe.proposer, "inner", pipe.proposer)
+    wrapped = LookupAssist(inner, **kwargs)
+    return outrider.pipeline_from_parts(pipe.target, wrapped, pipe.mode, max_draft=4), wrapped
+
+
+@pytest.mark.parametrize("prompt", [PROMPTS[1], PROMPTS[2] + " " + PROMPTS[2]])
+def test_copying_rounds_draft_the_copy_and_output_stays_plain_greedy(dspark, qwen3_target, prompt):
+    pipe, wrapped = assisted(dspark)
+    ids = pipe.encode(prompt)
+    got = pipe.generate(ids, max_tokens=80, stop_tokens=set())
+    assert got.tokens == plain_greedy(qwen3_target, ids, 80)
+    wide = [r for r in got.rounds if len(r.drafted) > 4]
+    assert wide and len(wide) <= wrapped.lookup_rounds  # only lookup rounds go past the cap
+    assert all(r.accepted <= len(r.drafted) for r in got.rounds)
+
+
+def test_sampled_path_with_lookup_rounds_follows_the_target(dspark, qwen3_target):
+    """The sampled acceptor takes lookup drafts as one-hot proposals: with top_k = 1 the
+    target's distribution is a point mass, so sampling must give plain greedy output, through
+    lookup rounds and drafter rounds alike."""
+    pipe, wrapped = assisted(dspark)
+    ids = pipe.encode(PROMPTS[1])
+    got = pipe.generate(ids, max_tokens=80, temperature=0.7, top_k=1, seed=3, stop_tokens=set())
+    assert got.tokens == plain_greedy(qwen3_target, ids, 80)
+    assert wrapped.lookup_rounds > 0
+
+
+def test_a_calibrated_curve_bounds_the_copy_by_its_cost():
+    class Inner:
+        name, tap_layer_ids, max_draft = "x", (), 4
+
+    steep = Calibration(key={}, verify_ms={64: [1.0 + 0.5 * w for w in range(40)]})
+    flat = Calibration(key={}, verify_ms={64: [1.0 + 0.01 * w for w in range(40)]})
+    assert LookupAssist(Inner(), calibration=steep)._widest() == 2  # 2.0 ms <= 2 x 1.0 ms
+    assert LookupAssist(Inner(), calibration=flat, max_lookup=32)._widest() == 32
+    text = list(range(50)) + list(range(40))  # the last 40 tokens copy the first 40
+    room = 100
+    copy = LookupAssist(Inner(), max_lookup=32)._copy(text, room)
+    assert copy == list(range(40, 50)) + list(range(22))  # 2 x match, at most 32
+    assert LookupAssist(Inner(), calibration=steep)._copy(text, room) == [40, 41]
+    assert LookupAssist(Inner())._copy(text, 3) == [40, 41, 42]  # never past the tokens left
+    assert LookupAssist(Inner())._copy([1, 2, 3, 9, 1, 2, 3], room) == []  # match < min_match
