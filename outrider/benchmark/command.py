@@ -43,8 +43,8 @@ def benchmark(
     suites: str | None = Opt(
         None,
         "--suites",
-        help="Comma list of chat, code, math (default: all three, or none "
-        "when --prompts is given).",
+        help="Comma list of chat, code, math, copy (default: chat, code, math, or none "
+        "when --prompts is given; copy rewrites files with one change).",
     ),
     prompts: list[str] | None = Opt(
         None,
@@ -65,6 +65,12 @@ def benchmark(
     ),
     peer_draft_model: str | None = Opt(
         None, "--peer-draft-model", help="Also run mlx-lm's speculative decoding with this."
+    ),
+    draft_model: str | None = Opt(
+        None,
+        "--draft-model",
+        help="Also run mode draft with this small model, and mlx-lm's speculative decoding "
+        "with it (unless --peer-draft-model names another), at one cap.",
     ),
     drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
     no_thinking: bool = Opt(False, "--no-thinking", help="Turn the model's thinking off."),
@@ -108,6 +114,7 @@ def benchmark(
                 "--suites": suites,
                 "--prompts": prompts,
                 "--peer-draft-model": peer_draft_model,
+                "--draft-model": draft_model,
                 "--json": json_path,
             }
             given = [flag for flag, value in run_flags.items() if value]
@@ -147,6 +154,7 @@ def benchmark(
                 m: d for m, d in (("dspark", dspark_drafter), ("dflash", dflash_drafter)) if d
             },
             peer_draft_model=peer_draft_model,
+            draft_model=draft_model,
             max_draft=max_draft,
             drafter_bits=drafter_bits,
             thinking=False if no_thinking else None,
@@ -170,6 +178,7 @@ def benchmark(
                 "--prompts-per-suite": prompts_per_suite,
                 "--max-draft": max_draft,
                 "--peer-draft-model": peer_draft_model,
+                "--draft-model": draft_model,
                 "--drafter-bits": drafter_bits,
                 "--no-thinking": no_thinking,
                 "--json": json_path,

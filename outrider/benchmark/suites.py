@@ -15,6 +15,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "chat": ("mt-bench",),
     "code": ("humaneval", "mbpp"),
     "math": ("gsm8k", "math500"),
+    "copy": ("copy",),  # rewrite a file with one change: lookup's long drafts (written here)
 }
 
 
