@@ -164,8 +164,8 @@ def stub(rng: random.Random) -> str:
     doc = f"Return the result of a function that {task}."
     form = rng.choice(
         [
-            "Complete this Python function:\n\ndef {name}({args}):\n    \"\"\"{doc}\"\"\"\n",
-            "def {name}({args}):\n    \"\"\"{doc}\n\n    Write the body.\n    \"\"\"\n",
+            'Complete this Python function:\n\ndef {name}({args}):\n    """{doc}"""\n',
+            'def {name}({args}):\n    """{doc}\n\n    Write the body.\n    """\n',
             "Finish the implementation below.\n\n```python\ndef {name}({args}):\n    # {doc}\n```",
         ]
     )
