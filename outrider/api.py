@@ -10,8 +10,9 @@ from typing import Any
 
 import mlx.core as mx
 
-from .core import gguf, loop
+from .core import calibration, gguf, loop
 from .core.batch import Batch, fork
+from .core.calibration import Calibration
 from .core.checkpoint import open_checkpoint, read_config
 from .core.drafter_spec import DrafterSpec
 from .core.errors import (
@@ -32,6 +33,7 @@ from .core.sampling import KeyStream, SamplingParams
 from .core.schedule import AutoCap
 from .core.stopping import Stopper
 from .core.target import Target
+from .plugins.strategies.lookup_assist import LookupAssist
 from .prompts import encode_prompt
 from .registry import Pair, find_pair
 
@@ -152,6 +154,8 @@ class Pipeline:
     prefix_cache: PrefixCache | None = None  # kept caches of earlier calls (opt-in)
     auto_cap: bool = False  # max_draft "auto": each round's cap measured (core/schedule.py)
     cap_policy: AutoCap | None = None  # what "auto" has measured so far (kept across calls)
+    calibration: Calibration | None = None  # this machine's measured costs (auto uses them)
+    cap_given: bool = False  # load() was given a cap: lookup copies stay within it too
 
     def enable_prefix_cache(
         self, gb: float = 2.0, directory: str | Path | None = None, **options: Any
@@ -217,6 +221,8 @@ class Pipeline:
             max_draft = "auto"
         if max_draft == "auto":
             result.max_draft, result.auto_cap = cap_ceiling, True  # the most any round drafts
+            if self.calibration is not None:
+                result.calibration = self.calibration.summary()
         else:
             result.max_draft = self.max_draft if max_draft is None else min(max_draft, cap_ceiling)
         if max_tokens == 0:
@@ -241,6 +247,7 @@ class Pipeline:
             start=hit,
             record=record,
             policy=self._cap_policy() if max_draft == "auto" else None,
+            long_copies=self._long_copies(max_draft),
         )
         failed = False
         try:
@@ -351,6 +358,7 @@ class Pipeline:
             started, proposer, ids, stopper, sampling, keys, cap, procs, window, logprobs,
             record, cancelled,
         )  # fmt: skip
+        row.long_copies = self._long_copies(max_draft)
         if record is not None:
             self.prefix_cache.put(self.target, record)
             row.record = None  # a batched row's cache is not one the prefix cache can keep
@@ -367,9 +375,16 @@ class Pipeline:
         hit = None if record is None else self.prefix_cache.lookup(self.target, ids, tap_ids)
         return record, hit
 
+    def _long_copies(self, max_draft: int | str | None) -> bool:
+        """Whether lookup copies may run past the cap: yes unless a cap was given (here, or
+        to `load`)."""
+        return max_draft == "auto" or (max_draft is None and not self.cap_given)
+
     def _cap_policy(self) -> AutoCap:
         if self.cap_policy is None:
-            self.cap_policy = loop.AutoCap(self.proposer.max_draft, start=self.max_draft or 4)
+            self.cap_policy = loop.AutoCap(
+                self.proposer.max_draft, start=self.max_draft or 4, calibration=self.calibration
+            )
         return self.cap_policy
 
     def _stopper(self, max_tokens: int, stop: Sequence[str], stop_tokens: set[int] | None):
@@ -385,15 +400,54 @@ class Pipeline:
 
 
 def _detect_format(plugins: Plugins, path: Path):
+    if gguf.is_gguf(path):  # a DSpark GGUF: converted once into DeepSpec's layout (cached)
+        from .core.gguf_drafter import converted_drafter
+
+        path = converted_drafter(path)[0]
     ckpt = open_checkpoint(path)
     for fmt in plugins.formats.values():
         if fmt.detect(ckpt.config):
             return fmt, ckpt
     archs = ckpt.config.get("architectures")
+    causal_lm = _plain_causal_lm(ckpt.config)
+    if causal_lm is not None:
+        raise CheckpointError(
+            f"{path} is a plain causal LM ({causal_lm}), not a drafter checkpoint: a small "
+            "model with the target's tokenizer drafts in draft mode, --mode draft "
+            f"--draft-model {path}"
+        )
     raise CheckpointError(
         f"no drafter format recognises {path} (architectures {archs!r}); installed formats: "
         + ", ".join(sorted(plugins.formats))
     )
+
+
+# Config keys that mark a checkpoint as some speculative drafter, never a plain causal LM.
+_DRAFTER_KEYS = (
+    "draft_vocab_size", "dflash_config", "eagle_config", "speculators_config", "block_size",
+    "target_layer_ids", "target_hidden_size", "speculators_model_type",
+)  # fmt: skip
+
+
+def _plain_causal_lm(config: dict) -> str | None:
+    """The architecture of a config mlx-lm can load as a causal LM and that has no drafter
+    fields (such a model drafts in mode draft, not as a --drafter), else None."""
+    import importlib.util
+
+    archs = [str(a) for a in config.get("architectures") or []]
+    mtype = config.get("model_type")
+    if not mtype or any(k in config for k in _DRAFTER_KEYS):
+        return None
+    if not any(a.endswith("ForCausalLM") for a in archs):
+        return None
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    mtype = MODEL_REMAPPING.get(mtype, mtype)
+    try:
+        known = importlib.util.find_spec(f"mlx_lm.models.{mtype}") is not None
+    except (ImportError, ValueError):
+        known = False
+    return archs[0] if known else None
 
 
 def load_drafter(plugins: Plugins, drafter: str, download: bool = True) -> DrafterSpec:
@@ -404,9 +458,14 @@ def load_drafter(plugins: Plugins, drafter: str, download: bool = True) -> Draft
 
 def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
     path = resolve_model(model, "model", download)
+    if gguf.is_gguf(path) and gguf.read_header(path).arch == "dspark":
+        raise CheckpointError(f"{model} is a DSpark drafter GGUF; pass it as --drafter")
     config = gguf.read_config(path) if gguf.is_gguf(path) else read_config(path)
     archs = [str(a) for a in config.get("architectures") or []]
-    if any(a.endswith(("DSparkModel", "DraftModel", "Speculator")) for a in archs):
+    if any(
+        a.endswith(("DSparkModel", "DraftModel", "Speculator", "Eagle3Model", "Eagle3"))
+        for a in archs
+    ):
         raise CheckpointError(f"{model} is a drafter checkpoint ({archs[0]}); pass it as --drafter")
     for family in sorted(plugins.families.values(), key=lambda f: -getattr(f, "priority", 0)):
         if family.supports(config):
@@ -432,19 +491,40 @@ def _check_pair(target: Target, spec: DrafterSpec) -> None:
             f"drafter hidden size {spec.hidden_size} does not match the target's "
             f"{target.hidden_size}: this drafter was made for another model"
         )
-    vocab = target.config.get("vocab_size")
+    vocab = target.config.get("vocab_size") or (target.config.get("text_config") or {}).get(
+        "vocab_size"
+    )
     if spec.own_lm_head and vocab and spec.vocab_size != vocab:
         raise OutriderError(
             f"drafter vocabulary ({spec.vocab_size}) differs from the target's ({vocab})"
         )
+    owned = (("embedding", spec.own_embedding), ("head", spec.own_lm_head))
+    shared = [name for name, own in owned if not own]
+    if shared and vocab:  # the drafter reads and writes the target's token ids directly
+        uses = f"the target's {' and '.join(shared)}"
+        if spec.vocab_size != vocab:
+            raise OutriderError(
+                f"drafter uses {uses} but was made for a vocabulary of {spec.vocab_size} "
+                f"tokens; the target's has {vocab}"
+            )
+        if not 0 <= spec.mask_token_id < vocab:
+            raise OutriderError(
+                f"drafter uses {uses} but its mask_token_id {spec.mask_token_id} is outside "
+                f"the target's vocabulary of {vocab}"
+            )
 
 
 def resolve_mode(
-    plugins: Plugins, model: str, mode: str, drafter: str | None
+    plugins: Plugins,
+    model: str,
+    mode: str,
+    drafter: str | None,
+    registry: list[Pair] | None = None,
 ) -> tuple[str, str | None, Pair | None]:
     """(mode, drafter, registry row): auto takes an explicit drafter's kind, else the row's mode,
-    else drafter-free lookup."""
-    pair = find_pair(model)
+    else drafter-free lookup (`load` falls back further when the row's drafter cannot be had).
+    `registry` replaces the shipped rows (tests, a contributor's draft)."""
+    pair = find_pair(model, registry)
     if mode == "auto":
         if drafter is not None:
             return "auto-drafter", drafter, pair
@@ -463,6 +543,56 @@ def resolve_mode(
     return mode, drafter, pair
 
 
+def _draft_mode(mode: str, drafter: str | None, draft_model: str | None) -> str:
+    """The mode a --draft-model asks for (draft; auto becomes draft), refusing mixed flags."""
+    if draft_model is None:
+        if mode == "draft":
+            raise OutriderError(
+                "--mode draft needs a draft model: pass --draft-model M (a small mlx-lm model "
+                "with the target's tokenizer)"
+            )
+        return mode
+    if mode not in ("auto", "draft"):
+        raise OutriderError(f"--draft-model drafts in --mode draft, not --mode {mode}")
+    if drafter is not None:
+        raise OutriderError(
+            "--drafter and --draft-model both given: --drafter takes a drafter checkpoint, "
+            "--draft-model a small causal LM (mode draft); pass one"
+        )
+    return "draft"
+
+
+def load_draft_model(plugins: Plugins, name: str, download: bool = True) -> Target:
+    """A draft model for mode draft, loaded like a target (its family rolls its cache back)."""
+    return load_target(plugins, name, download)
+
+
+def _auto_drafter(
+    plugins: Plugins, pair: Pair, download: bool, notes: list[str]
+) -> tuple[str, str | None, DrafterSpec | None]:
+    """(mode, drafter, spec) for --mode auto on a registry row: the row's mode, else the first
+    other drafter mode the row names whose strategy is installed and whose drafter loads, else
+    lookup. A fallback adds one line to `notes` saying which and why."""
+    if pair.mode not in pair.drafters:  # a drafter-free row
+        return ("baseline" if pair.mode == "baseline" else "lookup"), None, None
+    why: list[str] = []
+    for mode in [pair.mode, *(m for m in pair.drafters if m != pair.mode)]:
+        repo = pair.drafters[mode]
+        if mode not in plugins.strategies:
+            why.append(f"{mode}: no {mode} strategy is installed")
+            continue
+        try:
+            spec = load_drafter(plugins, repo, download)
+        except (ModelNotFoundError, CheckpointError) as e:
+            why.append(f"{mode}: {repo}: {e}")
+            continue
+        if why:
+            notes.append(f"--mode auto runs {mode} ({repo}) for {pair.id}: " + "; ".join(why))
+        return mode, repo, spec
+    notes.append(f"--mode auto runs lookup for {pair.id}: " + "; ".join(why))
+    return "lookup", None, None
+
+
 def load(
     model: str,
     drafter: str | None = None,
@@ -476,6 +606,10 @@ def load(
     target: Target | None = None,
     prefix_cache: PrefixCache | None = None,
     kv_bits: int | None = None,
+    registry: list[Pair] | None = None,
+    draft_model: str | None = None,
+    num_draft_tokens: int | None = None,
+    lookup_drafts: bool | None = None,
 ) -> Pipeline:
     """Load a target (local folder or Hugging Face repo id) and its drafting strategy.
 
@@ -485,12 +619,22 @@ def load(
     `max_draft="auto"` lets each round pick its cap from measured costs and acceptance, and
     decode plainly while speculation does not pay (`core/schedule.py`).
 
-    The target loads first, so a missing target is reported as such. With mode "auto" a
-    registry drafter that cannot be had (offline, say) falls back to drafter-free lookup and
-    says so in `Pipeline.notes`.
+    The target loads first, so a missing target is reported as such. With mode "auto" and no
+    drafter given, the registry row's mode runs, else any other drafter mode the row names that
+    loads, else drafter-free lookup; a fallback says which and why in one `Pipeline.notes` line.
+    `registry` replaces the shipped registry rows. `draft_model` (mlx-lm's --draft-model: a
+    small causal LM with the target's tokenizer) runs mode draft; `num_draft_tokens` is
+    mlx-lm's name for its cap. `lookup_drafts` (default: the registry row's `lookup`, else on)
+    lets a drafter's round verify a lookup copy of the context instead where the text is being
+    copied (`plugins/strategies/lookup_assist.py`).
     """
     if drafter_bits not in (4, 8, 16):
         raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
+    if num_draft_tokens is not None:
+        if max_draft not in (None, num_draft_tokens):
+            raise OutriderError("--num-draft-tokens and --max-draft disagree; pass one of them")
+        max_draft = num_draft_tokens
+    requested_cap = max_draft
     auto_cap = max_draft == "auto"
     if auto_cap:
         max_draft = None
@@ -499,8 +643,9 @@ def load(
     if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
         raise OutriderError(f"--confidence-threshold must be in [0, 1], got {confidence_threshold}")
     plugins = plugins or Plugins()
-    requested = mode
-    mode, drafter, pair = resolve_mode(plugins, model, mode, drafter)
+    mode = _draft_mode(mode, drafter, draft_model)
+    requested, explicit = mode, drafter
+    mode, drafter, pair = resolve_mode(plugins, model, mode, drafter, registry)
     if drafter is not None and mode in ("lookup", "baseline") and requested != "auto":
         raise OutriderError(f"--mode {mode} uses no drafter; drop --drafter or pick a drafter mode")
     if kv_bits not in (None, 4, 8):
@@ -510,15 +655,11 @@ def load(
     target.quantize_kv(kv_bits)
     notes: list[str] = []
     spec = None
-    if drafter is not None and mode not in ("lookup", "baseline"):
-        try:
-            spec = load_drafter(plugins, drafter, download)
-        except ModelNotFoundError as e:
-            if requested != "auto" or drafter != (pair.drafters.get(mode) if pair else None):
-                raise
-            notes.append(f"registry drafter unavailable ({e}); using lookup")
-            mode = "lookup"
-        if spec is not None and mode == "auto-drafter":
+    if requested == "auto" and explicit is None and pair is not None:
+        mode, drafter, spec = _auto_drafter(plugins, pair, download, notes)
+    elif drafter is not None and mode not in ("lookup", "baseline"):
+        spec = load_drafter(plugins, drafter, download)  # given, or the row's for this mode
+        if mode == "auto-drafter":
             mode = spec.kind
     strategy = plugins.strategy(mode)
     if spec is not None and strategy.needs_drafter:
@@ -527,9 +668,16 @@ def load(
     if confidence_threshold is None:
         confidence_threshold = pair.confidence_threshold if pair else 0.0
     options = {"drafter_bits": drafter_bits, "confidence_threshold": confidence_threshold}
+    if mode == "draft" and draft_model is not None:
+        options.update(draft_model=load_draft_model(plugins, draft_model, download))
+        options.update(draft_model_name=draft_model)
     proposer = strategy.build(target, spec if strategy.needs_drafter else None, options)
     if proposer.tap_layer_ids:
         target.install_taps(tuple(proposer.tap_layer_ids))  # the one-time load probe
+    if lookup_drafts is None:
+        lookup_drafts = pair.lookup if pair else True
+    if lookup_drafts and getattr(proposer, "lookup_assist_safe", False):
+        proposer = LookupAssist(proposer)
     if max_draft is None:
         max_draft = pair.cap if pair and pair.mode == mode and pair.cap else strategy.default_cap
     elif max_draft > proposer.max_draft:
@@ -543,7 +691,28 @@ def load(
     ref = drafter if spec is not None and strategy.needs_drafter else None
     pipe = Pipeline(target, proposer, mode, cap, spec, pair, options, notes, ref, prefix_cache)
     pipe.auto_cap = auto_cap and proposer.max_draft > 0
+    pipe.cap_given = isinstance(requested_cap, int)
+    if proposer.max_draft > 0 and (pipe.auto_cap or requested_cap is None):
+        _calibrate(pipe, measure=pipe.auto_cap)
+    if isinstance(proposer, LookupAssist):
+        proposer.calibration = pipe.calibration  # bounds how wide a copy's verify may be
     return pipe
+
+
+def _calibrate(pipe: Pipeline, measure: bool) -> None:
+    """Attach this machine's calibration: the stored one (which makes `auto` the default cap
+    policy), or with `measure` one measured now and stored (`core/calibration.py`)."""
+    if measure:
+        cal, fresh = calibration.calibrated(pipe)
+        if fresh:
+            where = f" (kept in {cal.path})" if cal.path else ""
+            pipe.notes.append(f"calibrated this machine in {cal.seconds:.1f} s{where}")
+    else:
+        cal = calibration.load(pipe)
+        if cal is None:
+            return
+        pipe.auto_cap = True
+    pipe.calibration = cal
 
 
 def load_pair(

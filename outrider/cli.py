@@ -35,7 +35,7 @@ from .core.device import split_attention
 from .core.errors import OutriderError
 from .core.plugins import Plugins
 
-BUILTIN_MODES = "auto|dspark|dflash|lookup|baseline"
+BUILTIN_MODES = "auto|dspark|dflash|dflash2|eagle3|draft|lookup|baseline"
 Opt = typer.Option
 
 app = typer.Typer(
@@ -91,6 +91,18 @@ def generate(
         None, "--model", "-m", help="Target folder or repo id (default: demo)."
     ),
     drafter: str | None = Opt(None, "--drafter", "-d", help="Drafter folder or repo id."),
+    draft_model: str | None = Opt(
+        None, "--draft-model", help="A small model with the target's tokenizer (mode draft)."
+    ),
+    num_draft_tokens: int | None = Opt(
+        None, "--num-draft-tokens", help="mlx-lm's name for --max-draft (mode draft)."
+    ),
+    no_lookup_drafts: bool = Opt(
+        False,
+        "--no-lookup-drafts",
+        metavar="",
+        help="Drafter rounds never verify a lookup copy of the context instead.",
+    ),
     mode: str = Opt("auto", "--mode", help=f"{BUILTIN_MODES}, or a plugin's strategy."),
     max_draft_text: str | None = Opt(
         None,
@@ -168,6 +180,9 @@ def generate(
             kv_bits=kv_bits,
             confidence_threshold=confidence_threshold,
             plugins=plugins(),
+            draft_model=draft_model,
+            num_draft_tokens=num_draft_tokens,
+            lookup_drafts=False if no_lookup_drafts else None,
         )
         for note in pipe.notes:
             _warn(note)
@@ -440,6 +455,7 @@ def doctor_report() -> dict:
     """Everything worth knowing when something does not work, with the problems spelled out."""
     from huggingface_hub import constants
 
+    from .core import calibration
     from .core.hub import lmstudio_roots
 
     problems: list[str] = []
@@ -468,6 +484,9 @@ def doctor_report() -> dict:
     report["hf_cache"] = _place(Path(constants.HF_HUB_CACHE))
     report["lmstudio_dirs"] = [_place(p) for p in lmstudio_roots()]
     report["outrider_cache"] = _place(cache_root())
+    report["calibrations"] = [
+        {**c.key, "created": c.created, "file": str(c.path)} for c in calibration.stored()
+    ]
     report["problems"] = problems
     return report
 
@@ -493,6 +512,8 @@ def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
             value = ", ".join(p["name"].rsplit(".", 1)[-1] for p in value)
         if key == "target_families":
             value = ", ".join(value)
+        if key == "calibrations":
+            value = f"{len(value)} kept (outrider calibrate; --json lists them)"
         if key not in ("problems", "lmstudio_dirs"):
             table.add_row(key.replace("_", " "), _shown(value))
     for place in report["lmstudio_dirs"]:
@@ -509,11 +530,29 @@ def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
 
 app.command("benchmark")(benchmark_command)
 
+# --- calibrate (outrider/calibrate.py) ------------------------------------------------------
+
+from .calibrate import calibrate as _calibrate  # noqa: E402  (imports typer only)
+
+app.command("calibrate")(_calibrate)
+
 # --- train (outrider/train/command.py) ------------------------------------------------------
 
 from .train.command import train as _train  # noqa: E402  (imports typer only)
 
 app.command("train")(_train)
+
+# --- registry check / add (outrider/registry/command.py) ------------------------------------
+
+from .registry.command import register as _register_registry  # noqa: E402
+
+_register_registry(app)
+
+# --- convert (outrider/convert/command.py) --------------------------------------------------
+
+from .convert.command import convert as _convert  # noqa: E402  (imports typer only)
+
+app.command("convert")(_convert)
 
 
 # --- entry point -----------------------------------------------------------------------------

@@ -30,20 +30,27 @@ def pipelines(qwen3_target, drafters):
 
 
 @pytest.mark.parametrize("mode,drafter", MODES)
-@pytest.mark.parametrize("cap", [1, 2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize(
+    "cap",
+    [1, 4, 8] + [pytest.param(c, marks=pytest.mark.slow) for c in (2, 3, 5, 6, 7)],
+)  # the quick tier checks the smallest, the usual and the widest cap; CI checks all
 def test_every_mode_every_cap_matches_plain(pipelines, qwen3_target, mode, drafter, cap):
     pipe = pipelines[(mode, drafter)]
     for i, prompt in enumerate(PROMPTS):
         n = (24, 57, 90)[i]
         ids = pipe.encode(prompt)
         want = plain_greedy(qwen3_target, ids, n)
+        copies = getattr(pipe.proposer, "lookup_rounds", 0)
         got = pipe.generate(ids, max_tokens=n, max_draft=cap, stop_tokens=set())
         assert got.tokens == want, f"{mode}/{drafter} cap {cap} diverged on prompt {i}"
         assert len(got.tokens) == n
+        # only lookup copies (lookup_assist.py) run past a drafter's cap
+        limit = min(cap, pipe.proposer.max_draft)
+        wide = [r for r in got.rounds if len(r.drafted) > limit]
         if mode != "baseline":
-            assert all(len(r.drafted) <= cap for r in got.rounds)
+            assert len(wide) <= getattr(pipe.proposer, "lookup_rounds", 0) - copies
         if drafter is not None:  # drafters always fill the cap they are given
-            assert max(len(r.drafted) for r in got.rounds) == min(cap, pipe.proposer.max_draft)
+            assert max(len(r.drafted) for r in got.rounds if len(r.drafted) <= limit) == limit
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.5, 0.9, 1.0])

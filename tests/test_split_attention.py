@@ -59,7 +59,11 @@ def test_native_attention_leaves_the_model_alone(monkeypatch, qwen3_target):
     assert not any(isinstance(a, ChunkedAttention) for a in attentions(pipe))
 
 
-@pytest.mark.parametrize("family_fixture", ["qwen3_target", "llama_target", "qwen2_target"])
+@pytest.mark.parametrize(
+    "family_fixture",
+    ["qwen3_target"]
+    + [pytest.param(f, marks=pytest.mark.slow) for f in ("llama_target", "qwen2_target")],
+)
 def test_split_verify_is_lossless_in_every_mode(request, tmp_path, monkeypatch, family_fixture):
     from outrider.testing import make_tiny_drafter
 

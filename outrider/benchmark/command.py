@@ -73,6 +73,12 @@ def benchmark(
         "with it (unless --peer-draft-model names another), at one cap.",
     ),
     drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
+    no_lookup_drafts: bool = Opt(
+        False,
+        "--no-lookup-drafts",
+        metavar="",
+        help="Drafter rounds never verify a lookup copy of the context instead.",
+    ),
     no_thinking: bool = Opt(False, "--no-thinking", help="Turn the model's thinking off."),
     json_path: str | None = Opt(None, "--json", help="Write the receipt (JSON) to this file."),
     plot_path: str | None = Opt(
@@ -155,6 +161,7 @@ def benchmark(
             },
             peer_draft_model=peer_draft_model,
             draft_model=draft_model,
+            lookup_drafts=False if no_lookup_drafts else None,
             max_draft=max_draft,
             drafter_bits=drafter_bits,
             thinking=False if no_thinking else None,

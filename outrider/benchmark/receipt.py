@@ -91,6 +91,7 @@ def build_receipt(report: Report, config: BenchConfig, command: str) -> dict:
             "max_tokens": config.max_tokens,
             "greedy": True,
             "drafter_bits": config.drafter_bits,
+            "lookup_drafts": config.lookup_drafts,  # None: the registry row's `lookup`, else on
             "thinking": config.thinking,
             "attention": "split" if split_attention() else "native",
         },

@@ -29,7 +29,7 @@ from .peers import load_draft_model, mlx_lm_plain, mlx_lm_speculative
 from .records import Cell, Run, TrialStats
 from .suites import BenchPrompt, load_suite, read_user_prompts
 
-DRAFTER_MODES = ("dspark", "dflash")
+DRAFTER_MODES = ("dspark", "dflash", "dflash2", "eagle3")
 WARMUP_TOKENS = 16
 MLX_LM_DRAFT_DEFAULT = 2  # mlx-lm's own default number of draft tokens
 TIE_ULPS = 8  # a divergence within this many units in the last place of the top logit is a tie
@@ -51,6 +51,8 @@ class BenchConfig:
     drafter: str | None = None  # goes to the mode of its own kind
     drafters: dict[str, str] = field(default_factory=dict)  # mode -> drafter, explicit
     peer_draft_model: str | None = None
+    draft_model: str | None = None  # mode draft's model; also the mlx-lm-spec peer's by default
+    lookup_drafts: bool | None = None  # False: drafter rounds never take a lookup copy
     max_draft: int | str | None = None  # a cap, or "auto" (core/schedule.py)
     drafter_bits: int = 4
     thinking: bool | None = None
@@ -141,6 +143,7 @@ def build_arms(config: BenchConfig, plugins: Plugins) -> tuple[Target, list[Arm]
             plugins.strategy(mode)  # an unknown mode fails before anything loads
     drafters = _assign_drafters(config, plugins, modes)
     modes = list(dict.fromkeys(["baseline", *(modes or _default_modes(config.model, drafters))]))
+    modes = _with_draft_mode(modes, config, explicit=config.modes is not None)
     target = load_target(plugins, config.model)
     arms = []
     for mode in modes:
@@ -148,20 +151,24 @@ def build_arms(config: BenchConfig, plugins: Plugins) -> tuple[Target, list[Arm]
             config.model,
             drafters.get(mode),
             mode,
-            max_draft=None if mode == "baseline" else config.max_draft,
+            max_draft=_arm_cap(mode, config.max_draft),
             drafter_bits=config.drafter_bits,
             plugins=plugins,
             target=target,
+            draft_model=config.draft_model if mode == "draft" else None,
+            lookup_drafts=config.lookup_drafts,
         )
         drafter = drafters.get(mode) or (pipe.pair.drafters.get(mode) if pipe.pair else None)
-        arms.append(_pipeline_arm(pipe, drafter if pipe.drafter else None))
+        own = drafter if pipe.drafter else pipe.options.get("draft_model_name")
+        arms.append(_pipeline_arm(pipe, own))
     stop = set(target.eos_token_ids)
     model = target.model
     arms.append(
         Arm("mlx-lm", lambda p, n: mlx_lm_plain(model, p, n, stop), "peer", 0, None),
     )
-    if config.peer_draft_model is not None:
-        draft = load_draft_model(config.peer_draft_model, target.config.get("vocab_size"))
+    peer_draft_model = config.peer_draft_model or config.draft_model
+    if peer_draft_model is not None:
+        draft = load_draft_model(peer_draft_model, target.config.get("vocab_size"))
         k = config.max_draft if isinstance(config.max_draft, int) else MLX_LM_DRAFT_DEFAULT
         arms.append(
             Arm(
@@ -169,10 +176,33 @@ def build_arms(config: BenchConfig, plugins: Plugins) -> tuple[Target, list[Arm]
                 lambda p, n: mlx_lm_speculative(model, draft, p, n, stop, k),
                 "peer",
                 k,
-                config.peer_draft_model,
+                peer_draft_model,
             )
         )
     return target, arms
+
+
+def _with_draft_mode(modes: list[str], config: BenchConfig, explicit: bool) -> list[str]:
+    """Mode draft runs when --draft-model names its model (and only then)."""
+    if config.draft_model is None:
+        if "draft" in modes:
+            raise OutriderError("--modes has draft, but no --draft-model names its model")
+        return modes
+    if "draft" not in modes:
+        if explicit:
+            raise OutriderError("--draft-model is given, but --modes has no draft")
+        modes = [*modes, "draft"]
+    return modes
+
+
+def _arm_cap(mode: str, max_draft: int | str | None) -> int | str | None:
+    """The cap of an arm: baseline drafts nothing; mode draft defaults to the mlx-lm peer's
+    cap, so the two draft-model arms compare at one cap."""
+    if mode == "baseline":
+        return None
+    if mode == "draft" and max_draft is None:
+        return MLX_LM_DRAFT_DEFAULT
+    return max_draft
 
 
 # --- the lossless check --------------------------------------------------------------------------

@@ -48,3 +48,38 @@ class DraftVocab:
         out = mx.zeros((*q.shape[:-1], self.vocab_size), dtype=q.dtype)
         out[..., self.target_ids] = q
         return out
+
+
+def read_draft_vocab(
+    d2t: mx.array | None, t2d: mx.array | None, draft_vocab_size: int, vocab_size: int
+) -> DraftVocab:
+    """Check a reduced head's saved buffers against each other and the declared sizes.
+
+    vllm-project/speculators `src/speculators/model.py` (`DraftVocabMixin`) saves `d2t`
+    [draft_vocab] int64 offsets and `t2d` [V] bool (True at the target ids the head covers);
+    `t2d` is redundant, so it is only checked when present.
+    """
+    if d2t is None:
+        raise CheckpointError(
+            f"draft_vocab_size {draft_vocab_size} is smaller than the vocabulary ({vocab_size}) "
+            "but the checkpoint has no d2t table"
+        )
+    if d2t.ndim != 1 or d2t.shape[0] != draft_vocab_size:
+        raise CheckpointError(
+            f"d2t has shape {tuple(d2t.shape)}, expected ({draft_vocab_size},) "
+            "from draft_vocab_size"
+        )
+    if not mx.issubdtype(d2t.dtype, mx.integer):
+        raise CheckpointError(f"d2t must hold integer offsets, got {d2t.dtype}")
+    vocab = DraftVocab(d2t, vocab_size)
+    if t2d is not None:
+        if t2d.ndim != 1 or t2d.shape[0] != vocab_size:
+            raise CheckpointError(
+                f"t2d has shape {tuple(t2d.shape)}, expected ({vocab_size},) from vocab_size"
+            )
+        covered = t2d.astype(mx.bool_)
+        if int(covered.sum().item()) != draft_vocab_size or not bool(
+            mx.all(covered[vocab.target_ids]).item()
+        ):
+            raise CheckpointError("t2d and d2t disagree about which target ids the head covers")
+    return vocab

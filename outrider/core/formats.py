@@ -13,6 +13,8 @@ from .errors import CheckpointError
 class DrafterFormat(Protocol):
     name: str
     description: str
+    # the config.json `architectures` values it reads; registry rows name one per drafter
+    architectures: tuple[str, ...]
 
     def detect(self, config: dict) -> bool:
         """True when this packaging claims the checkpoint (from config.json alone)."""

@@ -65,6 +65,7 @@ class Row:
     record: Record | None = None
     cancelled: Callable[[], bool] | None = None
     policy: AutoCap | None = None  # --max-draft auto: the cap of each round
+    long_copies: bool = True  # a lookup copy may run past the cap (false: the cap was given)
 
     @property
     def done(self) -> bool:
@@ -177,6 +178,7 @@ def decode(
     start: PrefixHit | None = None,
     record: Record | None = None,
     policy: AutoCap | None = None,
+    long_copies: bool = True,
 ) -> Iterator[Step]:
     """Generate from `prompt` until `stopper` says stop, yielding each step as it lands.
 
@@ -226,7 +228,7 @@ def decode(
         started, proposer, prompt, stopper, sampling, keys, cap_limit, procs, window, logprobs,
         record, cancelled,
     )  # fmt: skip
-    row.policy = policy
+    row.policy, row.long_copies = policy, long_copies
     yield step
     rows, cache = [row], started.cache
     pipelinable = not procs and logprobs is None
@@ -323,7 +325,8 @@ def verify_round(
             if caps is not None:
                 cap = caps[len(proposals)]
             key = row.keys.next() if row.keys is not None and cap > 0 else None
-            room = {"room": max(0, row.stopper.remaining - 1)}  # drafts that could still count
+            # drafts that could still count (a given cap bounds even a lookup copy)
+            room = {"room": max(0, row.stopper.remaining - 1) if row.long_copies else cap}
             ctx = DraftContext(row.history, cap, row.sampling, key, room)
             proposal = row.proposer.propose(ctx) if cap > 0 else Proposal.empty()
             tokens = proposal.tokens

@@ -21,6 +21,7 @@ class LoadRequest(CheckedRequest):
 
     model: str = Field(min_length=1, max_length=4096)
     drafter: str | None = Field(default=None, min_length=1, max_length=4096)
+    draft_model: str | None = Field(default=None, min_length=1, max_length=4096)  # mode draft
     mode: str = "auto"
     max_draft: int | Literal["auto"] | None = Field(default=None)
     context_window: int | None = Field(default=None, ge=0)  # 0: back to the model's own
@@ -114,6 +115,8 @@ def router(state: Any) -> APIRouter:
         check_reference(body.model, "model")
         if body.drafter is not None:
             check_reference(body.drafter, "drafter")
+        if body.draft_model is not None:
+            check_reference(body.draft_model, "draft_model")
         window = body.context_window  # sticky: None keeps the last load's limit
         if window is not None and 0 < window < 16:
             raise ApiError(400, "context_window must be 0 (the model's own) or >= 16")
@@ -127,6 +130,7 @@ def router(state: Any) -> APIRouter:
             window,
             body.confidence_threshold,
             kv_bits=body.kv_bits,
+            draft_model=body.draft_model,
         )
         state.engine.load(spec)
         return health(state)

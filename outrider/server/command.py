@@ -22,7 +22,20 @@ def serve(
         None, "--model", "-m", help="Target folder or repo id (default: demo)."
     ),
     drafter: str | None = Opt(None, "--drafter", "-d", help="Drafter folder or repo id."),
-    mode: str = Opt("auto", "--mode", help="auto|dspark|dflash|lookup|baseline, or a plugin's."),
+    draft_model: str | None = Opt(
+        None, "--draft-model", help="A small model with the target's tokenizer (mode draft)."
+    ),
+    mode: str = Opt(
+        "auto",
+        "--mode",
+        help="auto|dspark|dflash|dflash2|eagle3|draft|lookup|baseline, or a plugin's.",
+    ),
+    no_lookup_drafts: bool = Opt(
+        False,
+        "--no-lookup-drafts",
+        metavar="",
+        help="Drafter rounds never verify a lookup copy of the context instead.",
+    ),
     max_draft_text: str | None = Opt(
         None,
         "--max-draft",
@@ -136,7 +149,7 @@ def serve(
                 typer.echo(f"note: no --model given; {note}", err=True)
             spec = LoadSpec(
                 model, drafter, mode, max_draft, context_window, confidence_threshold, drafter_bits,
-                kv_bits,
+                kv_bits, draft_model, False if no_lookup_drafts else None,
             )  # fmt: skip
             _load_with_progress(engine, spec)
         elif context_window:

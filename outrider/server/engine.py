@@ -39,6 +39,8 @@ class LoadSpec:
     confidence_threshold: float | None = None
     drafter_bits: int = 4
     kv_bits: int | None = None
+    draft_model: str | None = None  # mode draft's small model (mlx-lm's --draft-model)
+    lookup_drafts: bool | None = None  # None: the registry row's `lookup`, else on
 
 
 @dataclass
@@ -139,6 +141,8 @@ def default_loader(spec: LoadSpec) -> Pipeline:
         confidence_threshold=spec.confidence_threshold,
         drafter_bits=spec.drafter_bits,
         kv_bits=spec.kv_bits,
+        draft_model=spec.draft_model,
+        lookup_drafts=spec.lookup_drafts,
     )
 
 

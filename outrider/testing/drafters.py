@@ -29,6 +29,14 @@ WRITERS: dict[tuple[str, str], str] = {
     ("dspark", "deepspec"): "outrider.testing.drafters:write_deepspec_block",
     ("dflash", "deepspec"): "outrider.testing.drafters:write_deepspec_block",
     ("dflash", "zlab"): "outrider.testing.drafters:write_zlab_dflash",
+    ("eagle3", "deepspec"): "outrider.testing.drafters_eagle3:write_deepspec_eagle3",
+    ("eagle3", "speculators"): "outrider.testing.drafters_eagle3:write_speculators_eagle3",
+    ("eagle3", "specforge"): "outrider.testing.drafters_eagle3:write_specforge_eagle3",
+    ("dspark", "speculators"): "outrider.testing.drafters_speculators:write_speculators_block",
+    ("dflash", "speculators"): "outrider.testing.drafters_speculators:write_speculators_block",
+    ("dspark", "specforge"): "outrider.testing.drafters_specforge_dspark:write_specforge_dspark",
+    ("dflash2", "zlab"): "outrider.testing.drafters_dflash2:write_dflash2",
+    ("dspark", "gguf"): "outrider.testing.drafters_gguf:write_prismml_dspark",
 }
 
 
@@ -176,8 +184,20 @@ def deepspec_config(tcfg: dict, spec: DrafterSpec, architecture: str = "Qwen3DSp
 # ---- the writers of the packagings outrider started with -------------------------------------
 
 
-def write_deepspec_block(path: Path, target: Path, kind: str, seed: int = 1, **overrides) -> Path:
-    """DeepSpec's Qwen3 DSpark / DFlash: flat config, frozen copies of embedding and head."""
+def write_deepspec_block(
+    path: Path,
+    target: Path,
+    kind: str,
+    seed: int = 1,
+    share_target_head: bool = False,
+    **overrides,
+) -> Path:
+    """DeepSpec's Qwen3 DSpark / DFlash: flat config, frozen copies of embedding and head
+    (`share_target_head=True`: neither, as SpecForge / SGLang style repacks ship it)."""
+    from .drafters_gemma4 import is_gemma4_target, write_deepspec_gemma4
+
+    if is_gemma4_target(target):  # DeepSpec's Gemma4DSparkModel
+        return write_deepspec_gemma4(path, target, kind, seed, **overrides)
     tcfg = target_text_config(target)
     spec = block_spec(
         tcfg,
@@ -190,6 +210,8 @@ def write_deepspec_block(path: Path, target: Path, kind: str, seed: int = 1, **o
     )
     weights = random_block_weights(spec, seed)
     weights["embed_tokens.weight"], weights["lm_head.weight"] = target_embedding_and_head(target)
+    if share_target_head:
+        del weights["embed_tokens.weight"], weights["lm_head.weight"]
     path.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     cfg = deepspec_config(tcfg, spec)

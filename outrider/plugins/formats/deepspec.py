@@ -12,11 +12,13 @@ from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
 from ...core.formats import as_int, backbone_fields, layer_ids, require, strip_prefixes
 from ...core.hookspecs import hookimpl
+from .deepspec_gemma4 import gemma4_backbone_fields, is_gemma4
 
 
 class DeepSpecFormat:
     name = "deepspec"
     description = "DeepSpec DSpark / DFlash (Qwen3DSparkModel; anchor slot predicts)"
+    architectures = ("Qwen3DSparkModel", "Gemma4DSparkModel")
 
     def detect(self, config: dict) -> bool:
         archs = config.get("architectures") or []
@@ -24,37 +26,36 @@ class DeepSpecFormat:
 
     def translate(self, checkpoint: Checkpoint) -> DrafterSpec:
         cfg = checkpoint.config
-        archs = cfg.get("architectures") or []
-        if any(str(a).startswith("Gemma4") for a in archs):
-            raise CheckpointError(
-                "Gemma-4 DSpark drafters need the gemma4 target family, which is not installed"
-            )
         rank = as_int(cfg.get("markov_rank", 0), "markov_rank")
         markov_type = cfg.get("markov_head_type", "vanilla") if rank > 0 else "vanilla"
         if markov_type not in ("vanilla", "gated", "rnn"):
             raise CheckpointError(f"unknown markov_head_type {markov_type!r}")
         confidence = bool(cfg.get("enable_confidence_head", False))
+        # DeepSpec saves frozen copies of the target's embedding and head; repacks of this
+        # layout that leave them out use the target's (checked against its vocabulary at load).
+        weights = strip_prefixes(checkpoint.tensors)
         n_target = cfg.get("num_target_layers")
         spec = DrafterSpec(
             format=self.name,
             kind="dspark" if rank > 0 or confidence else "dflash",
             block_size=as_int(require(cfg, "block_size"), "block_size"),
-            logits_start=0,
+            # 1 only in `outrider convert` output of z-lab drafters (anchor slot discarded)
+            logits_start=1 if cfg.get("logits_start") == 1 else 0,
             mask_token_id=as_int(require(cfg, "mask_token_id"), "mask_token_id"),
             target_layer_ids=layer_ids(require(cfg, "target_layer_ids"), n_target),
-            own_embedding=True,
-            own_lm_head=True,
+            own_embedding="embed_tokens.weight" in weights,
+            own_lm_head="lm_head.weight" in weights,
             markov_rank=rank,
             markov_type=markov_type,
             confidence_head=confidence,
             confidence_with_markov=confidence
             and bool(cfg.get("confidence_head_with_markov"))
             and rank > 0,
-            **backbone_fields(cfg),
+            **(gemma4_backbone_fields(cfg) if is_gemma4(cfg) else backbone_fields(cfg)),
         )
         if spec.block_size < 1:
             raise CheckpointError(f"block_size must be >= 1, got {spec.block_size}")
-        spec.weights = strip_prefixes(checkpoint.tensors)
+        spec.weights = weights
         return spec
 
 

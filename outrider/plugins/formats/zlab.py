@@ -30,11 +30,17 @@ def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int
 class ZLabFormat:
     name = "zlab"
     description = "z-lab DFlash (DFlashDraftModel; anchor slot discarded, target embed/head)"
+    architectures = ("DFlashDraftModel",)
 
     def detect(self, config: dict) -> bool:
         archs = [str(a) for a in config.get("architectures") or []]
-        if any("DSpark" in a for a in archs):
-            return False
+        if any("DSpark" in a for a in archs) or "speculators_model_type" in config:
+            return False  # DFlashSpeculator is vLLM speculators' packaging
+        dcfg = config.get("dflash_config")
+        if any("DFlash2" in a for a in archs) or (
+            isinstance(dcfg, dict) and "conv_kernel_size" in dcfg
+        ):
+            return False  # DFlash 2 has its own format (formats/dflash2.py)
         return any(a.startswith("DFlash") for a in archs) or isinstance(
             config.get("dflash_config"), dict
         )

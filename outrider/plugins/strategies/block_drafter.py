@@ -17,6 +17,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from ...core.device import split_attention
+from ...core.draft_vocab import DraftVocab, read_draft_vocab
 from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
 
@@ -132,7 +133,9 @@ class MarkovHead(nn.Module):
         self.kind = spec.markov_type
         self.rank = r
         self.markov_w1 = nn.Embedding(v, r)
-        self.markov_w2 = nn.Linear(r, v, bias=False)
+        # W1 is indexed by target ids, W2 writes the head's (possibly reduced) vocabulary
+        # (vllm-project/speculators `src/speculators/models/dspark/model_definitions.py`).
+        self.markov_w2 = nn.Linear(r, spec.draft_vocab_size or v, bias=False)
         if self.kind == "gated":
             self.gate_proj = nn.Linear(h + r, r, bias=True)
         elif self.kind == "rnn":
@@ -179,7 +182,7 @@ class BlockDrafter(nn.Module):
         if spec.own_embedding:
             self.embed_tokens = nn.Embedding(spec.vocab_size, h)
         if spec.own_lm_head:
-            self.lm_head = nn.Linear(h, spec.vocab_size, bias=False)
+            self.lm_head = nn.Linear(h, spec.draft_vocab_size or spec.vocab_size, bias=False)
         if spec.markov_rank > 0:
             self.markov_head = MarkovHead(spec)
         if spec.confidence_head:
@@ -203,9 +206,25 @@ class BlockDrafter(nn.Module):
 
 def load_block_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) -> BlockDrafter:
     """Build the network, check the checkpoint's tensors strictly, load, optionally quantise."""
-    model = BlockDrafter(spec)
+    if spec.backbone == "gemma4":
+        from .gemma4_block_drafter import Gemma4BlockDrafter  # it builds on this module
+
+        model = Gemma4BlockDrafter(spec)
+    else:
+        model = BlockDrafter(spec)
     expected = dict(tree_flatten(model.parameters()))
-    got = spec.weights
+    if "sliding_attention" in spec.layer_types:
+        raise CheckpointError(
+            f"this {spec.format} drafter has sliding-window layers, which the block drafter "
+            "does not run yet"
+        )
+    got = dict(spec.weights)
+    # Vocabulary-map buffers are not parameters: the head's ids -> target ids.
+    d2t, t2d = got.pop("d2t", None), got.pop("t2d", None)
+    if spec.draft_vocab_size and spec.draft_vocab_size != spec.vocab_size:
+        draft_vocab = read_draft_vocab(d2t, t2d, spec.draft_vocab_size, spec.vocab_size)
+    else:
+        draft_vocab = DraftVocab(None, spec.vocab_size)
     missing = sorted(set(expected) - set(got))
     unexpected = sorted(set(got) - set(expected))
     if missing:
@@ -227,6 +246,7 @@ def load_block_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) -
             )
     model.load_weights(list(got.items()), strict=True)
     spec.weights = {}  # the network holds them now
+    model.draft_vocab = draft_vocab
     if bits not in (4, 8, 16):
         raise ValueError(f"drafter bits must be 16, 8 or 4, got {bits}")
     if bits < 16:

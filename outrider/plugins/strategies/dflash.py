@@ -19,6 +19,11 @@ class DFlash:
     def build(self, target: Target, drafter: DrafterSpec | None, options: dict) -> BlockProposer:
         if drafter is None:
             raise OutriderError("--mode dflash needs a DFlash drafter (--drafter)")
+        if drafter.kind not in ("dflash", "dspark"):  # a DSpark backbone drafts as DFlash too
+            raise OutriderError(
+                f"this drafter is a {drafter.kind} drafter, not a block drafter; "
+                f"use --mode {drafter.kind}"
+            )
         model = load_block_drafter(drafter, bits=options.get("drafter_bits", 4))
         return BlockProposer(self.name, target, model, sequential=False)
 

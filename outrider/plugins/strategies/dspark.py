@@ -20,8 +20,9 @@ class DSpark:
         if drafter is None:
             raise OutriderError("--mode dspark needs a DSpark drafter (--drafter)")
         if drafter.kind != "dspark":
+            other = "dflash" if drafter.kind == "dflash" else drafter.kind
             raise OutriderError(
-                f"this drafter is a {drafter.kind} drafter without DSpark heads; use --mode dflash"
+                f"this drafter is a {drafter.kind} drafter without DSpark heads; use --mode {other}"
             )
         model = load_block_drafter(drafter, bits=options.get("drafter_bits", 4))
         return BlockProposer(

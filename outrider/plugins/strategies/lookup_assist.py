@@ -51,6 +51,8 @@ class LookupAssist:
         self._looked = False
 
     def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)  # the wrapped proposer's own members (drafter, spec…)
 
     def fork(self) -> LookupAssist:

@@ -1,0 +1,1 @@
+"""`outrider convert`: any drafter outrider reads, written as a plain DeepSpec checkpoint."""
