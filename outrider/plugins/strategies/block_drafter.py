@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
@@ -20,6 +19,7 @@ from ...core.device import split_attention
 from ...core.draft_vocab import DraftVocab, read_draft_vocab
 from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
+from .drafter_weights import load_strict, quantize
 
 
 class ContextCache:
@@ -212,7 +212,6 @@ def load_block_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) -
         model = Gemma4BlockDrafter(spec)
     else:
         model = BlockDrafter(spec)
-    expected = dict(tree_flatten(model.parameters()))
     if "sliding_attention" in spec.layer_types:
         raise CheckpointError(
             f"this {spec.format} drafter has sliding-window layers, which the block drafter "
@@ -225,43 +224,11 @@ def load_block_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) -
         draft_vocab = read_draft_vocab(d2t, t2d, spec.draft_vocab_size, spec.vocab_size)
     else:
         draft_vocab = DraftVocab(None, spec.vocab_size)
-    missing = sorted(set(expected) - set(got))
-    unexpected = sorted(set(got) - set(expected))
-    if missing:
-        raise CheckpointError(
-            f"drafter checkpoint is missing tensor {missing[0]}"
-            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-        )
-    if unexpected:
-        raise CheckpointError(
-            f"drafter checkpoint has unexpected tensor {unexpected[0]}"
-            + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else "")
-            + f" for a {spec.format} {spec.kind} drafter"
-        )
-    for name, arr in expected.items():
-        if tuple(got[name].shape) != tuple(arr.shape):
-            raise CheckpointError(
-                f"drafter tensor {name} has shape {tuple(got[name].shape)}, "
-                f"expected {tuple(arr.shape)} from its config"
-            )
-    model.load_weights(list(got.items()), strict=True)
+    load_strict(model, got, "drafter", f"a {spec.format} {spec.kind} drafter")
     spec.weights = {}  # the network holds them now
     model.draft_vocab = draft_vocab
-    if bits not in (4, 8, 16):
-        raise ValueError(f"drafter bits must be 16, 8 or 4, got {bits}")
-    if bits < 16:
-        nn.quantize(
-            model,
-            group_size=group_size,
-            bits=bits,
-            class_predicate=lambda path, m: (
-                isinstance(m, (nn.Linear, nn.Embedding))
-                and path != "markov_head.markov_w1"  # one gather a slot, not four
-                and m.weight.shape[-1] % group_size == 0
-                and m.weight.shape[0] > 1
-            ),
-        )
-    mx.eval(model.parameters())
+    # the Markov embedding stays: one gather a slot, not four
+    quantize(model, bits, group_size, keep=lambda path, m: path == "markov_head.markov_w1")
     if split_attention():
         for layer in model.layers:
             layer.self_attn.fold_rows = True

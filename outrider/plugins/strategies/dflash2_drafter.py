@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from ...core.device import split_attention
 from ...core.drafter_spec import DrafterSpec
-from ...core.errors import CheckpointError
 from .block_drafter import ContextCache, DraftAttention, DraftMLP
+from .drafter_weights import load_strict, quantize
 
 
 def grouped_causal_conv(
@@ -232,36 +231,9 @@ def load_dflash2_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64)
     if bits not in (4, 8, 16):
         raise ValueError(f"drafter bits must be 16, 8 or 4, got {bits}")
     model = DFlash2Drafter(spec)
-    expected = dict(tree_flatten(model.parameters()))
-    got = spec.weights
-    missing = sorted(set(expected) - set(got))
-    unexpected = sorted(set(got) - set(expected))
-    if missing:
-        raise CheckpointError(
-            f"DFlash 2 checkpoint is missing tensor {missing[0]}"
-            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-        )
-    if unexpected:
-        raise CheckpointError(
-            f"DFlash 2 checkpoint has unexpected tensor {unexpected[0]}"
-            + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else "")
-        )
-    for name, arr in expected.items():
-        if tuple(got[name].shape) != tuple(arr.shape):
-            raise CheckpointError(
-                f"DFlash 2 tensor {name} has shape {tuple(got[name].shape)}, "
-                f"expected {tuple(arr.shape)} from its config"
-            )
-    model.load_weights(list(got.items()), strict=True)
+    load_strict(model, spec.weights, "DFlash 2")
     spec.weights = {}  # the network holds them now
-    if bits < 16:
-        nn.quantize(
-            model,
-            group_size=group_size,
-            bits=bits,
-            class_predicate=lambda path, m: _quantizable(path, m, group_size),
-        )
-    mx.eval(model.parameters())
+    quantize(model, bits, group_size, keep=lambda path, m: not _quantizable(path, m, group_size))
     if split_attention():
         for layer in model.layers:
             if not layer.self_attn.causal and layer.self_attn.window is None:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
 from .block_drafter import DraftMLP
+from .drafter_weights import load_strict, quantize
 
 
 class Eagle3Attention(nn.Module):
@@ -143,42 +143,9 @@ def load_eagle3_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) 
 
     `d2t` (a reduced head's map) is not a network weight: it stays in `spec.weights`."""
     model = Eagle3Drafter(spec)
-    expected = dict(tree_flatten(model.parameters()))
     got = {k: v for k, v in spec.weights.items() if k != "d2t"}
-    missing = sorted(set(expected) - set(got))
-    unexpected = sorted(set(got) - set(expected))
-    if missing:
-        raise CheckpointError(
-            f"EAGLE-3 drafter checkpoint is missing tensor {missing[0]}"
-            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-        )
-    if unexpected:
-        raise CheckpointError(
-            f"EAGLE-3 drafter checkpoint has unexpected tensor {unexpected[0]}"
-            + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else "")
-            + f" for a {spec.format} drafter"
-        )
-    for name, arr in expected.items():
-        if tuple(got[name].shape) != tuple(arr.shape):
-            raise CheckpointError(
-                f"EAGLE-3 drafter tensor {name} has shape {tuple(got[name].shape)}, "
-                f"expected {tuple(arr.shape)} from its config"
-            )
-    model.load_weights(list(got.items()), strict=True)
+    load_strict(model, got, "EAGLE-3 drafter", f"a {spec.format} drafter")
     # The network holds them now; only the vocabulary map stays with the spec.
     spec.weights = {k: v for k, v in spec.weights.items() if k == "d2t"}
-    if bits not in (4, 8, 16):
-        raise ValueError(f"drafter bits must be 16, 8 or 4, got {bits}")
-    if bits < 16:
-        nn.quantize(
-            model,
-            group_size=group_size,
-            bits=bits,
-            class_predicate=lambda path, m: (
-                isinstance(m, (nn.Linear, nn.Embedding))
-                and m.weight.shape[-1] % group_size == 0
-                and m.weight.shape[0] > 1
-            ),
-        )
-    mx.eval(model.parameters())
+    quantize(model, bits, group_size)
     return model
