@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-from collections import Counter
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import PROMPTS, plain_greedy
-from test_lossless_sampled import PARAMS, chi2_critical, chi_square, exact_joint
+from sampling_check import assert_follows_target
 
 import outrider
 from outrider.api import load_drafter
@@ -385,22 +384,5 @@ def test_greedy_matches_plain_greedy_every_cap(pipe, references, cap):
 def test_sampled_output_follows_the_target_distribution(pipe):
     depth, n = 3, 400
     prompt = [30 + 7 * i % 200 for i in range(12)]
-    expected = exact_joint(pipe.target, prompt, PARAMS, depth)
-    counts, drafted, accepted = Counter(), 0, 0
-    for seed in range(n):
-        res = pipe.generate(
-            prompt,
-            max_tokens=depth + 1,
-            max_draft=4,
-            temperature=PARAMS.temperature,
-            top_p=PARAMS.top_p,
-            top_k=PARAMS.top_k,
-            seed=seed,
-            stop_tokens=set(),
-        )
-        counts[tuple(res.tokens[:depth])] += 1
-        drafted += sum(len(r.drafted) for r in res.rounds)
-        accepted += sum(r.accepted for r in res.rounds)
+    drafted, accepted = assert_follows_target(pipe, prompt, depth, n)
     assert 0 < accepted < drafted  # both acceptance and rejection were exercised (~2% accepted)
-    stat, dof = chi_square(counts, expected, n)
-    assert stat < chi2_critical(dof), f"chi2 {stat:.1f} with {dof} dof"

@@ -10,7 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from conftest import PROMPTS, plain_greedy
-from test_lossless_sampled import chi2_critical, chi_square, exact_joint
+from sampling_check import chi2_critical, chi_square, exact_joint
 from typer.testing import CliRunner
 
 import outrider

@@ -108,10 +108,7 @@ def test_greedy_matches_plain(eagle3_pipes, qwen3_target, name):
         assert max(len(r.drafted) for r in got.rounds) == cap
 
 
-SWEEP = [("deepspec", cap) for cap in range(1, 9)]
-SWEEP += [("specforge-reduced", cap) for cap in range(1, 9)]
-SWEEP += [(name, cap) for name in ("speculators", "specforge", "speculators-llama-reduced")
-          for cap in (2, 7)]  # fmt: skip
+SWEEP = [(name, cap) for name in DRAFTERS for cap in range(1, 9)]  # every packaging, caps 1-8
 
 
 @pytest.mark.slow
@@ -370,7 +367,7 @@ def test_sampled_reduced_vocabulary_matches_target_distribution(
     The head covers the 12 ids the target most often samples after the first token, so drafts
     are often accepted and q's exact placement matters (placed at the draft ids instead of
     their target ids, this test's statistic is several times its critical value)."""
-    from test_lossless_sampled import chi2_critical, chi_square, exact_joint
+    from sampling_check import chi2_critical, chi_square, exact_joint
 
     target = eagle3_pipes["deepspec"].target
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=5)

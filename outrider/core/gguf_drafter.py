@@ -39,7 +39,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .errors import CheckpointError
-from .gguf import ARCHITECTURES, read_header
+from .gguf import ARCHITECTURES, BLOCK_NAMES, read_header
 from .paths import cache_root
 
 ARCHITECTURE = "dspark"
@@ -59,20 +59,9 @@ GLOBAL_NAMES = {
     "dspark.confidence_head.weight": "confidence_head.proj.weight",
     "dspark.confidence_head.bias": "confidence_head.proj.bias",
 }
-# Per layer: blk.{i}.<key>.weight -> layers.{i}.<value>.weight
-LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
+# Per layer: blk.{i}.<key>.weight -> layers.{i}.<value>.weight (llama.cpp's block names, as
+# a target GGUF's: the drafter's layers are Qwen3 decoder layers)
+LAYER_NAMES = BLOCK_NAMES
 LOG_SNR_TENSORS = tuple(f"dspark.log_snr_fc{i}.{k}" for i in (1, 2) for k in ("weight", "bias"))
 LOG_SNR_FEATURES = 128  # sinusoidal features of the conditioning MLP's input
 

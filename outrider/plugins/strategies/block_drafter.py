@@ -41,6 +41,17 @@ class ContextCache:
         return self._last
 
 
+def drafter_rope(spec: DrafterSpec, head_dim: int) -> nn.Module:
+    """The drafter's RoPE: rotate-half over the full head, the config's theta and scaling."""
+    return initialize_rope(
+        head_dim,
+        base=spec.rope_theta,
+        traditional=False,
+        scaling_config=spec.rope_scaling,
+        max_position_embeddings=spec.max_position_embeddings,
+    )
+
+
 class DraftAttention(nn.Module):
     # Set on the instance when proposing on a CUDA GPU, where MLX's fused attention kernel takes
     # fewer than 4 query rows: the block's rows attend to the same keys with no mask, so they
@@ -58,13 +69,7 @@ class DraftAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * hd, h, bias=False)
         self.q_norm = nn.RMSNorm(hd, eps=spec.rms_norm_eps)
         self.k_norm = nn.RMSNorm(hd, eps=spec.rms_norm_eps)
-        self.rope = initialize_rope(
-            hd,
-            base=spec.rope_theta,
-            traditional=False,
-            scaling_config=spec.rope_scaling,
-            max_position_embeddings=spec.max_position_embeddings,
-        )
+        self.rope = drafter_rope(spec, hd)
 
     def _kv(self, x: mx.array, offset: int) -> tuple[mx.array, mx.array]:
         b, n, _ = x.shape
@@ -167,7 +172,24 @@ class ConfidenceHead(nn.Module):
         self.proj = nn.Linear(spec.hidden_size + extra, 1, bias=True)
 
 
-class BlockDrafter(nn.Module):
+class ContextBackbone:
+    """The forward shared by block drafters (DSpark, DFlash, DFlash 2): context rows from the
+    tapped hidden states (`fc`, `hidden_norm`), the block through `layers`, then `norm`."""
+
+    def backbone(
+        self, block: mx.array, taps: mx.array | None, cache: list[ContextCache]
+    ) -> mx.array:
+        """block embeddings [1, B, H], new context taps [S, n·H] -> final-normed hidden [B, H]."""
+        context = None
+        if taps is not None and taps.shape[0] > 0:
+            context = self.hidden_norm(self.fc(taps.astype(block.dtype)[None]))
+        h = block
+        for layer, c in zip(self.layers, cache):
+            h = layer(h, context, c)
+        return self.norm(h)[0]
+
+
+class BlockDrafter(ContextBackbone, nn.Module):
     """DSpark / DFlash drafter network; its parameter names are the canonical tensor names."""
 
     def __init__(self, spec: DrafterSpec):
@@ -190,18 +212,6 @@ class BlockDrafter(nn.Module):
 
     def make_cache(self) -> list[ContextCache]:
         return [ContextCache() for _ in self.layers]
-
-    def backbone(
-        self, block: mx.array, taps: mx.array | None, cache: list[ContextCache]
-    ) -> mx.array:
-        """block embeddings [1, B, H], new context taps [S, n·H] -> final-normed hidden [B, H]."""
-        context = None
-        if taps is not None and taps.shape[0] > 0:
-            context = self.hidden_norm(self.fc(taps.astype(block.dtype)[None]))
-        h = block
-        for layer, c in zip(self.layers, cache):
-            h = layer(h, context, c)
-        return self.norm(h)[0]
 
 
 def load_block_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) -> BlockDrafter:

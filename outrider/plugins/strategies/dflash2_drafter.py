@@ -16,7 +16,7 @@ import mlx.nn as nn
 
 from ...core.device import split_attention
 from ...core.drafter_spec import DrafterSpec
-from .block_drafter import ContextCache, DraftAttention, DraftMLP
+from .block_drafter import ContextBackbone, ContextCache, DraftAttention, DraftMLP
 from .drafter_weights import load_strict, quantize
 
 
@@ -180,7 +180,7 @@ class CandidateSelector(nn.Module):
         return self.predecessor_codebook[token].astype(mx.float32)
 
 
-class DFlash2Drafter(nn.Module):
+class DFlash2Drafter(ContextBackbone, nn.Module):
     """DFlash 2 network; its parameter names are the published tensor names."""
 
     def __init__(self, spec: DrafterSpec):
@@ -201,18 +201,6 @@ class DFlash2Drafter(nn.Module):
             else ContextCache()
             for layer in self.layers
         ]
-
-    def backbone(
-        self, block: mx.array, taps: mx.array | None, cache: list[ContextCache]
-    ) -> mx.array:
-        """block embeddings [1, B, H], new context taps [S, n·H] -> final-normed hidden [B, H]."""
-        context = None
-        if taps is not None and taps.shape[0] > 0:
-            context = self.hidden_norm(self.fc(taps.astype(block.dtype)[None]))
-        h = block
-        for layer, c in zip(self.layers, cache):
-            h = layer(h, context, c)
-        return self.norm(h)[0]
 
 
 def _quantizable(path: str, module: nn.Module, group_size: int) -> bool:

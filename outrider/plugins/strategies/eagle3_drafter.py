@@ -19,11 +19,10 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
-from mlx_lm.models.rope_utils import initialize_rope
 
 from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
-from .block_drafter import DraftMLP
+from .block_drafter import DraftMLP, drafter_rope
 from .drafter_weights import load_strict, quantize
 
 
@@ -40,13 +39,7 @@ class Eagle3Attention(nn.Module):
         if spec.backbone == "qwen3":  # Qwen3 layers norm q and k per head; Llama layers do not
             self.q_norm = nn.RMSNorm(hd, eps=spec.rms_norm_eps)
             self.k_norm = nn.RMSNorm(hd, eps=spec.rms_norm_eps)
-        self.rope = initialize_rope(
-            hd,
-            base=spec.rope_theta,
-            traditional=False,
-            scaling_config=spec.rope_scaling,
-            max_position_embeddings=spec.max_position_embeddings,
-        )
+        self.rope = drafter_rope(spec, hd)
 
     def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
         b, n, _ = x.shape
