@@ -92,6 +92,9 @@ NOT_RUN = {
     'outrider generate --model TARGET --drafter my-drafter --mode dspark -p "..."': (
         "needs the drafter the train command above makes (tests/test_train.py generates with one)"
     ),
+    "outrider convert SRC --out DIR": (
+        "SRC and DIR are placeholders; tests/test_gguf_drafter.py runs the command"
+    ),
     "outrider calibrate -m M": (
         "M is a placeholder; tests/test_calibration.py runs the command on a tiny model"
     ),
