@@ -9,8 +9,8 @@ Requests are multi-turn chats over a few shared system prompts (so the prefix ca
 turn boundaries, on exact repeats, and diverges mid-prompt), with answer lengths from 4 to
 `--max-tokens`, sent by `--concurrency` clients through the real `openai` SDK. The reference
 for each distinct request is a fresh single-request run of the same pipeline (no batch, no
-cache). RSS is read from /proc after the warm-up (the first `--warmup` requests) and at the
-end. Exit status 1 on any cross-talk or an RSS growth of `--max-growth` or more.
+cache). The warm-up sends every distinct request once (so the prefix cache holds what the run
+will reuse), then RSS is read from /proc, again every quarter of the run, and at the end. Exit status 1 on any cross-talk or an RSS growth of `--max-growth` or more.
 """
 
 from __future__ import annotations
@@ -96,7 +96,6 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=12)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--max-growth", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
@@ -126,7 +125,8 @@ def main() -> int:
 
     spec = LoadSpec(args.model, args.drafter, args.mode)
     limits = Limits(max_tokens_cap=4096, keepalive_s=5)
-    samples: list[tuple[int, float]] = []
+    samples: list[tuple[int, float]] = []  # (requests done after the warm-up, RSS MB)
+    quarters = {len(plan) * q // 4 for q in (1, 2, 3, 4)}
     mismatches: list[int] = []
     with live_server(spec, limits, max_batch=args.max_batch) as (url, engine):
         engine.set_prefix_cache(PrefixCache(int(0.5 * GB)))
@@ -134,7 +134,7 @@ def main() -> int:
         lock = threading.Lock()
         done = 0
 
-        async def one(i: int, k: int, gate: asyncio.Semaphore) -> None:
+        async def one(i: int, k: int, gate: asyncio.Semaphore, count: bool) -> None:
             nonlocal done
             a = asks[k]
             async with gate:
@@ -146,17 +146,20 @@ def main() -> int:
                 )
             if r.choices[0].message.content != want[k]:
                 mismatches.append(i)
-            with lock:
-                done += 1
-                if done == args.warmup or done == len(plan):
-                    samples.append((done, rss_mb()))
+            if count:
+                with lock:
+                    done += 1
+                    if done in quarters:
+                        samples.append((done, rss_mb()))
 
-        async def run_all() -> None:
+        async def run(ks: list[int], count: bool) -> None:
             gate = asyncio.Semaphore(args.concurrency)
-            await asyncio.gather(*(one(i, k, gate) for i, k in enumerate(plan)))
+            await asyncio.gather(*(one(i, k, gate, count) for i, k in enumerate(ks)))
 
+        asyncio.run(run(list(range(len(asks))), False))  # warm-up: every distinct request once
+        samples.append((0, rss_mb()))
         t0 = time.perf_counter()
-        asyncio.run(run_all())
+        asyncio.run(run(plan, True))
         elapsed = time.perf_counter() - t0
         scraped = scrape(url + "/metrics")
     warm, end = samples[0][1], samples[-1][1]
@@ -174,6 +177,8 @@ def main() -> int:
         "rss_mb_after_warmup": round(warm, 1),
         "rss_mb_end": round(end, 1),
         "rss_growth": round(growth, 4),
+        "rss_mb_samples": [(n, round(mb, 1)) for n, mb in samples],
+        "prefix_cache_mb": round((scraped.get("outrider_prefix_cache_bytes") or 0) / 2**20, 1),
         "prefix_hits": scraped.get("outrider_prefix_cache_hits_total"),
         "prefix_misses": scraped.get("outrider_prefix_cache_misses_total"),
         "prefix_evictions": scraped.get("outrider_prefix_cache_evictions_total"),
