@@ -118,11 +118,16 @@ def block_spec(
     markov_type: str = "vanilla",
     confidence: bool = True,
     target_layer_ids: list[int] | None = None,
+    draft_vocab_size: int | None = None,
 ) -> DrafterSpec:
-    """The canonical spec of a random DSpark / DFlash block drafter for a target config."""
+    """The canonical spec of a random DSpark / DFlash block drafter for a target config
+    (`draft_vocab_size`: a reduced head of that many rows)."""
     hidden, heads = tcfg["hidden_size"], tcfg["num_attention_heads"]
     rank = markov_rank if kind == "dspark" else 0
     ids = target_layer_ids or default_tap_ids(tcfg["num_hidden_layers"])
+    vocab = tcfg["vocab_size"]
+    if draft_vocab_size is not None and draft_vocab_size >= vocab:
+        draft_vocab_size = None  # a head as wide as the vocabulary is not a reduced one
     return DrafterSpec(
         format=format,
         kind=kind,
@@ -145,6 +150,7 @@ def block_spec(
         markov_type=markov_type,
         confidence_head=kind == "dspark" and confidence,
         confidence_with_markov=kind == "dspark" and confidence and rank > 0,
+        draft_vocab_size=draft_vocab_size,
     )
 
 
@@ -154,6 +160,30 @@ def random_block_weights(spec: DrafterSpec, seed: int = 1) -> dict[str, mx.array
 
     mx.random.seed(seed)
     return dict(tree_flatten(BlockDrafter(spec).parameters()))
+
+
+def random_block_drafter(
+    target: Path, kind: str, seed: int = 1, **spec_args
+) -> tuple[dict, DrafterSpec, dict[str, mx.array]]:
+    """(the target's text config, a block drafter's spec, its random weights): what every
+    block-drafter writer starts from; `spec_args` reach `block_spec`."""
+    tcfg = target_text_config(target)
+    spec = block_spec(tcfg, kind, **spec_args)
+    return tcfg, spec, random_block_weights(spec, seed)
+
+
+def save_checkpoint(
+    path: Path, weights: dict[str, mx.array], config: dict, metadata: dict | None = None
+) -> Path:
+    """Write `model.safetensors` (with the publisher's safetensors `metadata`, if any) and
+    `config.json` into the folder `path`."""
+    path.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata=metadata)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
+PT = {"format": "pt"}  # what checkpoints saved from PyTorch carry in their safetensors header
 
 
 def deepspec_config(tcfg: dict, spec: DrafterSpec, architecture: str = "Qwen3DSparkModel") -> dict:
@@ -198,43 +228,24 @@ def write_deepspec_block(
 
     if is_gemma4_target(target):  # DeepSpec's Gemma4DSparkModel
         return write_deepspec_gemma4(path, target, kind, seed, **overrides)
-    tcfg = target_text_config(target)
-    spec = block_spec(
-        tcfg,
-        kind,
-        logits_start=0,
-        own_embedding=True,
-        own_lm_head=True,
-        format="deepspec",
-        **overrides,
-    )
-    weights = random_block_weights(spec, seed)
+    tcfg, spec, weights = random_block_drafter(
+        target, kind, seed, logits_start=0, own_embedding=True, own_lm_head=True,
+        format="deepspec", **overrides,
+    )  # fmt: skip
     weights["embed_tokens.weight"], weights["lm_head.weight"] = target_embedding_and_head(target)
     if share_target_head:
         del weights["embed_tokens.weight"], weights["lm_head.weight"]
-    path.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(path / "model.safetensors"), weights)
     cfg = deepspec_config(tcfg, spec)
     cfg["model_type"] = "qwen3"
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    return path
+    return save_checkpoint(path, weights, cfg)
 
 
 def write_zlab_dflash(path: Path, target: Path, kind: str, seed: int = 1, **overrides) -> Path:
     """z-lab's DFlash: fields under dflash_config, no embedding or head (the target's)."""
-    tcfg = target_text_config(target)
-    spec = block_spec(
-        tcfg,
-        kind,
-        logits_start=1,
-        own_embedding=False,
-        own_lm_head=False,
-        format="zlab",
-        **overrides,
-    )
-    weights = random_block_weights(spec, seed)
-    path.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    tcfg, spec, weights = random_block_drafter(
+        target, kind, seed, logits_start=1, own_embedding=False, own_lm_head=False,
+        format="zlab", **overrides,
+    )  # fmt: skip
     cfg = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -256,5 +267,4 @@ def write_zlab_dflash(path: Path, target: Path, kind: str, seed: int = 1, **over
         "max_position_embeddings": tcfg.get("max_position_embeddings", 4096),
         "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},  # present on the hub; never run
     }
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    return path
+    return save_checkpoint(path, weights, cfg)

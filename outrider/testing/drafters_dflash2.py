@@ -11,14 +11,13 @@ without `.weight`; no embedding, no head.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..core.drafter_spec import DrafterSpec
-from .drafters import block_spec, target_text_config
+from .drafters import PT, block_spec, save_checkpoint, target_text_config
 
 
 def dflash2_spec(
@@ -125,12 +124,7 @@ def write_dflash2(path: Path, target: Path, kind: str, seed: int = 1, **override
     """DFlash 2 (Inco AI) as published: dflash_config with conv and selector fields, BF16."""
     tcfg = target_text_config(target)
     spec = dflash2_spec(tcfg, **overrides)
-    path.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(
-        str(path / "model.safetensors"), random_dflash2_weights(spec, seed), {"format": "pt"}
-    )
     cfg = dflash2_config(tcfg, spec)
     if cfg["is_causal"] is None:
         del cfg["is_causal"]
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    return path
+    return save_checkpoint(path, random_dflash2_weights(spec, seed), cfg, PT)

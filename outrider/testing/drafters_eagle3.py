@@ -27,7 +27,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..core.drafter_spec import DrafterSpec
-from .drafters import target_embedding_and_head, target_text_config
+from .drafters import PT, save_checkpoint, target_embedding_and_head, target_text_config
 
 SPECULATORS_VERSION = "0.4.0"
 
@@ -104,13 +104,6 @@ def eagle3_weights(
     }
 
 
-def _save(path: Path, weights: dict, config: dict) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    return path
-
-
 def write_deepspec_eagle3(
     path: Path,
     target: Path,
@@ -140,7 +133,7 @@ def write_deepspec_eagle3(
         head_dim=spec.head_dim,
         torch_dtype="bfloat16",
     )
-    return _save(path, eagle3_weights(spec, target, seed), cfg)
+    return save_checkpoint(path, eagle3_weights(spec, target, seed), cfg, PT)
 
 
 def _layer_config(tcfg: dict, spec: DrafterSpec, model_type: str) -> dict:
@@ -222,7 +215,7 @@ def write_speculators_eagle3(
     weights = eagle3_weights(spec, target, seed, draft_vocab_ids)
     if not embedding:
         del weights["embed_tokens.weight"]
-    return _save(path, weights, cfg)
+    return save_checkpoint(path, weights, cfg, PT)
 
 
 def write_specforge_eagle3(
@@ -279,4 +272,4 @@ def write_specforge_eagle3(
         "vocab_size": spec.vocab_size,
         "draft_vocab_size": spec.draft_vocab_size or spec.vocab_size,
     }
-    return _save(path, weights, cfg)
+    return save_checkpoint(path, weights, cfg, PT)

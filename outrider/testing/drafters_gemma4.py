@@ -23,7 +23,13 @@ from mlx.utils import tree_flatten
 
 from ..core.drafter_spec import DrafterSpec
 from ..plugins.formats.deepspec_gemma4 import gemma4_backbone_fields
-from .drafters import block_spec, deepspec_config, target_embedding_and_head
+from .drafters import (
+    PT,
+    block_spec,
+    deepspec_config,
+    save_checkpoint,
+    target_embedding_and_head,
+)
 
 GEMMA4_MODEL_TYPES = ("gemma4", "gemma4_text")
 
@@ -123,8 +129,6 @@ def write_deepspec_gemma4(
     weights = random_gemma4_weights(spec, seed)
     weights["embed_tokens.weight"], weights["lm_head.weight"] = target_embedding_and_head(target)
     weights = {k: v.astype(mx.bfloat16) for k, v in weights.items()}
-    path.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "pt"})
     cfg = deepspec_config(tcfg, spec, "Gemma4DSparkModel")
     cfg.update(
         model_type="gemma4_text",
@@ -132,5 +136,4 @@ def write_deepspec_gemma4(
         target_model_type="gemma4",
         target_text_model_type="gemma4_text",
     )
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    return path
+    return save_checkpoint(path, weights, cfg, PT)

@@ -16,10 +16,8 @@ import numpy as np
 
 from ..core.gguf_drafter import GLOBAL_NAMES, LAYER_NAMES
 from .drafters import (
-    block_spec,
-    random_block_weights,
+    random_block_drafter,
     target_embedding_and_head,
-    target_text_config,
 )
 
 _TO_GGUF = {v: k for k, v in GLOBAL_NAMES.items()}
@@ -65,17 +63,10 @@ def write_prismml_dspark(
     if path.suffix.lower() != ".gguf":
         path = path / "tiny-dspark-bf16.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tcfg = target_text_config(target)
-    spec = block_spec(
-        tcfg,
-        kind,
-        logits_start=0,
-        own_embedding=True,
-        own_lm_head=True,
-        format="deepspec",
-        **overrides,
-    )
-    weights = random_block_weights(spec, seed)
+    tcfg, spec, weights = random_block_drafter(
+        target, kind, seed, logits_start=0, own_embedding=True, own_lm_head=True,
+        format="deepspec", **overrides,
+    )  # fmt: skip
     weights["embed_tokens.weight"], weights["lm_head.weight"] = target_embedding_and_head(target)
 
     h = spec.hidden_size

@@ -5,28 +5,19 @@ without an embedding or LM head (the target's are used), the anchor slot discard
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
 
-from .drafters import block_spec, random_block_weights, target_text_config
+from .drafters import PT, random_block_drafter, save_checkpoint
 
 
 def write_specforge_dspark(path: Path, target: Path, kind: str, seed: int = 1, **overrides) -> Path:
-    tcfg = target_text_config(target)
-    spec = block_spec(
-        tcfg,
-        kind,
-        logits_start=1,
-        own_embedding=False,
-        own_lm_head=False,
-        format="specforge-dspark",
-        **overrides,
-    )
-    weights = {k: v.astype(mx.bfloat16) for k, v in random_block_weights(spec, seed).items()}
-    path.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "pt"})
+    tcfg, spec, weights = random_block_drafter(
+        target, kind, seed, logits_start=1, own_embedding=False, own_lm_head=False,
+        format="specforge-dspark", **overrides,
+    )  # fmt: skip
+    weights = {k: v.astype(mx.bfloat16) for k, v in weights.items()}
     dflash_config = {
         "attention_mode": "gqa",
         "mask_token_id": spec.mask_token_id,
@@ -64,5 +55,4 @@ def write_specforge_dspark(path: Path, target: Path, kind: str, seed: int = 1, *
         "use_sliding_window": False,
         "vocab_size": spec.vocab_size,
     }
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    return path
+    return save_checkpoint(path, weights, cfg, PT)

@@ -16,10 +16,10 @@ from pathlib import Path
 import mlx.core as mx
 
 from .drafters import (
-    block_spec,
-    random_block_weights,
+    PT,
+    random_block_drafter,
+    save_checkpoint,
     target_embedding_and_head,
-    target_text_config,
 )
 
 SPECULATORS_VERSION = "0.4.0"
@@ -72,22 +72,13 @@ def write_speculators_block(
     `embed_tokens` and `lm_head` (heads that use the target's); `architecture` overrides the
     class name (published DSpark heads carry `DSparkDraftModel`).
     """
-    tcfg = target_text_config(target)
     anchor_drafts = (kind == "dspark") if sample_from_anchor is None else sample_from_anchor
-    spec = block_spec(
-        tcfg,
-        kind,
-        logits_start=0 if anchor_drafts else 1,
-        own_embedding=not share_target_head,
-        own_lm_head=not share_target_head,
-        format="speculators",
-        **overrides,
-    )
-    vocab = spec.vocab_size
-    reduced = draft_vocab_size is not None and draft_vocab_size < vocab
-    if reduced:
-        spec.draft_vocab_size = draft_vocab_size
-    weights = random_block_weights(spec, seed)
+    tcfg, spec, weights = random_block_drafter(
+        target, kind, seed, logits_start=0 if anchor_drafts else 1,
+        own_embedding=not share_target_head, own_lm_head=not share_target_head,
+        format="speculators", draft_vocab_size=draft_vocab_size, **overrides,
+    )  # fmt: skip
+    vocab, reduced = spec.vocab_size, spec.draft_vocab_size is not None
     if reduced:
         ids = draft_vocab_ids(vocab, draft_vocab_size, seed)
         weights["d2t"] = mx.array([t - i for i, t in enumerate(ids)], dtype=mx.int64)
@@ -102,8 +93,6 @@ def write_speculators_block(
         k: v.astype(mx.bfloat16) if mx.issubdtype(v.dtype, mx.floating) else v
         for k, v in weights.items()
     }
-    path.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "pt"})
     block, start = spec.block_size, spec.logits_start
     cfg = {
         "architectures": [
@@ -146,5 +135,4 @@ def write_speculators_block(
             enable_confidence_head=spec.confidence_head,
             confidence_head_with_markov=spec.confidence_with_markov,
         )
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    return path
+    return save_checkpoint(path, weights, cfg, PT)
