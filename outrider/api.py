@@ -562,11 +562,6 @@ def _draft_mode(mode: str, drafter: str | None, draft_model: str | None) -> str:
     return "draft"
 
 
-def load_draft_model(plugins: Plugins, name: str, download: bool = True) -> Target:
-    """A draft model for mode draft, loaded like a target (its family rolls its cache back)."""
-    return load_target(plugins, name, download)
-
-
 def _auto_drafter(
     plugins: Plugins, pair: Pair, download: bool, notes: list[str]
 ) -> tuple[str, str | None, DrafterSpec | None]:
@@ -669,7 +664,8 @@ def load(
         confidence_threshold = pair.confidence_threshold if pair else 0.0
     options = {"drafter_bits": drafter_bits, "confidence_threshold": confidence_threshold}
     if mode == "draft" and draft_model is not None:
-        options.update(draft_model=load_draft_model(plugins, draft_model, download))
+        # the draft model loads like a target: its family rolls its cache back
+        options.update(draft_model=load_target(plugins, draft_model, download))
         options.update(draft_model_name=draft_model)
     proposer = strategy.build(target, spec if strategy.needs_drafter else None, options)
     if proposer.tap_layer_ids:

@@ -25,11 +25,11 @@ from ..core.errors import OutriderError
 from ..core.plugins import Plugins
 from ..core.target import Target
 from ..registry import find_pair
+from ..registry.resolver import DRAFTER_MODES
 from .peers import load_draft_model, mlx_lm_plain, mlx_lm_speculative
 from .records import Cell, Run, TrialStats
 from .suites import BenchPrompt, load_suite, read_user_prompts
 
-DRAFTER_MODES = ("dspark", "dflash", "dflash2", "eagle3")
 WARMUP_TOKENS = 16
 MLX_LM_DRAFT_DEFAULT = 2  # mlx-lm's own default number of draft tokens
 TIE_ULPS = 8  # a divergence within this many units in the last place of the top logit is a tie

@@ -55,20 +55,8 @@ class RecordingArraysCache(ArraysCache):
         mixer(x[:, :keep], None if mask is None else mask[:, :keep], self)
 
     # -- several rows (continuous batching: plugins/targets/batched.py) ----------------------
-    @classmethod
-    def merge(cls, caches: list[ArraysCache]) -> RecordingArraysCache:
-        """One cache holding the rows of one-row caches, in order."""
-        out = cls(len(caches[0].cache))
-        for e in range(len(out.cache)):
-            parts = [c.cache[e] for c in caches]
-            shape = next((p.shape for p in parts if p is not None), None)
-            if shape is None:
-                continue
-            dtype = next(p.dtype for p in parts if p is not None)
-            parts = [mx.zeros(shape, dtype) if p is None else p for p in parts]
-            out.cache[e] = mx.concatenate(parts)
-        return out
-
+    # `merge`, `filter` and `extend` are mlx-lm's own (they build and keep this class); its
+    # `extract` would return a plain ArraysCache, hence this one.
     def extract(self, idx: int) -> RecordingArraysCache:
         out = RecordingArraysCache(len(self.cache))
         out.cache = [None if c is None else c[idx : idx + 1] for c in self.cache]
