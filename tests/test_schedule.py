@@ -30,19 +30,31 @@ def test_cheap_verify_and_good_drafts_take_the_whole_block():
     assert policy.choose(100) == 6
 
 
-def test_verify_cost_growing_per_row_parks_speculation_and_probes_again():
-    """Each verify row costing as much as a plain step (a compute-bound CPU) and acceptance of
-    one half: no cap beats plain decoding, so the generation takes runs of plain steps, with a
-    one-draft probe after each run, the runs doubling while the probes say no."""
-    policy = trained(6, lambda k: 1.0 + 1.0 * k, 0.5)
+def probe_gaps(policy: AutoCap, steps: int = 600) -> tuple[list[int], list[int]]:
+    """(the caps of the probes, the plain steps between them) over `steps` steps."""
     plan = []
-    while len(plan) < 300:
+    while len(plan) < steps:
         k = policy.choose(100)
         plan += [k] if k else [0] * policy.plain_run(100)
     probes = [i for i, k in enumerate(plan) if k]
-    assert probes and all(plan[i] == 1 for i in probes)
-    gaps = [b - a - 1 for a, b in zip(probes, probes[1:])]
-    assert gaps == [32, 64, 128][: len(gaps)] and len(gaps) >= 2
+    return [plan[i] for i in probes], [b - a - 1 for a, b in zip(probes, probes[1:])]
+
+
+def test_verify_cost_growing_per_row_parks_speculation_and_probes_again():
+    """Each verify row costing as much as a plain step (a compute-bound CPU) and acceptance of
+    one half: no cap beats plain decoding, so the generation takes runs of plain steps, with a
+    one-draft probe after each run. The runs double while the probes say no, up to where a
+    failed probe (one plain step's time lost) costs 3% of the run: 33 steps."""
+    caps, gaps = probe_gaps(trained(6, lambda k: 1.0 + 1.0 * k, 0.5))
+    assert caps and set(caps) == {1}
+    assert gaps[:3] == [32, 33, 33] and set(gaps[1:]) == {33}
+
+
+def test_a_costly_probe_waits_longer():
+    """A drafter call worth ten plain steps (a drafter on a CPU): runs double to the ceiling."""
+    caps, gaps = probe_gaps(trained(6, lambda k: 1.0 + 10.0 * k, 0.05), steps=1200)
+    assert set(caps) == {1}
+    assert gaps[:4] == [32, 64, 128, 256] and set(gaps[3:]) == {256}
 
 
 def test_an_intermediate_cost_picks_an_intermediate_cap():

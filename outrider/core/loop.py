@@ -318,7 +318,7 @@ def verify_round(
     if not batched and len(rows) != 1:
         raise ValueError("a one-row cache verifies one row")
     tap_ids = tuple(rows[0].proposer.tap_layer_ids)
-    proposals, drafts, pending, per_row = [], [], [], []
+    proposals, drafts, pending, per_row, asked = [], [], [], [], []
     with mx.stream(target.stream):
         for row in rows:
             cap = max(0, min(row.cap_limit, row.stopper.remaining - 1))
@@ -329,6 +329,7 @@ def verify_round(
             room = {"room": max(0, row.stopper.remaining - 1) if row.long_copies else cap}
             ctx = DraftContext(row.history, cap, row.sampling, key, room)
             proposal = row.proposer.propose(ctx) if cap > 0 else Proposal.empty()
+            asked.append(cap)
             tokens = proposal.tokens
             drafts.append(tokens if tokens.dtype == mx.uint32 else tokens.astype(mx.uint32))
             proposals.append(proposal)
@@ -383,9 +384,11 @@ def verify_round(
     else:
         target.rollback(cache, rejected[0])
     seconds = time.perf_counter() - t
-    for row, proposal, step in zip(rows, proposals, steps):
+    for row, proposal, step, cap in zip(rows, proposals, steps, asked):
         step.seconds = seconds
-        if row.policy is not None:
+        # a round that was asked for drafts but got none (a lookup with no match) is neither
+        # a drafting round nor a pipelined plain step: it teaches the policy nothing
+        if row.policy is not None and (proposal.k > 0 or cap == 0):
             row.policy.observe(proposal.k, step.accepted, seconds)
     return steps
 

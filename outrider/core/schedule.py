@@ -4,10 +4,18 @@ A round that drafts k tokens costs c(k) seconds (drafter + a verify forward of k
 sync) and commits E(k) = 1 + s_1 + ... + s_k tokens on average, where s_j is the chance that the
 first j drafts are all accepted. The policy picks the k that maximises E(k) / c(k), and drafts
 nothing (a plain step, k = 0) when no k beats plain decoding's 1 / c(0): speculation is parked,
-then probed again after `probe_every` plain steps (an interval that doubles, up to
-`MAX_INTERVAL`, while probes keep saying no), because acceptance changes with the text. A probe
+then probed again after `probe_every` plain steps, because acceptance changes with the text. The
+interval doubles while probes keep saying no, up to what keeps a failed probe's cost under
+`PROBE_BUDGET` of the plain steps around it (a few dozen steps on a launch-bound GPU, where a
+probe costs about one extra forward; hundreds on a CPU, where every verify row costs). A probe
 drafts the cap that would pay were the text easy to draft (one draft where none would).
 One policy serves every generation of a pipeline, so what it measured carries over.
+
+Acceptance moves slowly (`ACCEPT_EMA`) and the first `LEARN` drafting rounds run at the start
+cap: the opening tokens of an answer are often the hardest to draft, and a handful of them must
+not park a drafter that pays over the rest. The first drafting round after plain steps is not
+timed: a model drafter first catches up on the plain tokens' hidden states there, a cost the
+rounds that follow do not pay.
 
 With a calibration (core/calibration.py: the verify cost at every width, measured once per
 machine and model), c(k) comes from its curve at the current context length, scaled by what
@@ -24,10 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-EMA = 0.25  # weight of the newest measurement
+EMA = 0.25  # weight of the newest cost measurement
+ACCEPT_EMA = 0.15  # weight of the newest round in the acceptance estimates
+LEARN = 6  # drafting rounds at the start cap (after the warm-up ones) before the first choice
 MARGIN = 1.03  # a cap must beat plain decoding by 3% to be worth its variance
 MAX_INTERVAL = 256  # plain steps between probes, at most
 PROBE_ACCEPT = 0.9  # a probe drafts the cap that would pay at this acceptance (else one)
+PROBE_BUDGET = 0.03  # a failed probe may cost at most this share of the plain steps before it
 
 
 @dataclass
@@ -38,12 +49,15 @@ class AutoCap:
     start: int = 4  # the cap of the first rounds (while nothing is measured)
     probe_every: int = 16  # plain steps before the first probe once parked
     warmup: int = 2  # first rounds at each k: compile and cache warm-up, not timed
-    costs: dict[int, float] = field(default_factory=dict)  # k drafted -> seconds a round
+    # k drafted -> seconds a round; with a calibration, the round's time over the calibrated
+    # curve at the context it ran at (so what was measured short carries to long contexts)
+    costs: dict[int, float] = field(default_factory=dict)
     rounds: dict[int, int] = field(default_factory=dict)  # k drafted -> rounds seen
     drafting: int = 0  # rounds that drafted something
     accept: list[float] = field(default_factory=list)  # per position: P(accept | reached)
     parked: int = 0  # plain steps since the last probe (or since parking)
     interval: int = 0  # plain steps between probes now
+    catching_up: bool = False  # plain steps ran since the last drafting round
     # Costs measured up front on this machine (core/calibration.py), and the context length
     # the next round runs at: live measurements rescale the calibrated curve instead of a line.
     calibration: Any = None
@@ -60,7 +74,7 @@ class AutoCap:
         limit = min(limit, self.ceiling)
         if limit <= 0:
             return 0
-        if self.drafting < self.warmup + 2:
+        if self.drafting < self.warmup + LEARN:
             return min(limit, self.start)  # learn acceptance and a drafting round's cost first
         if self.calibration is None and self.rounds.get(0, 0) < self.warmup + 2:
             return 0  # and plain decoding's (a calibration knows it)
@@ -70,14 +84,24 @@ class AutoCap:
             return best
         if self.parked >= self.interval:  # a probe: does speculation pay again?
             self.parked = 0
-            self.interval = min(2 * self.interval, MAX_INTERVAL)
-            return self.best(limit, PROBE_ACCEPT) or 1
+            probe = self.best(limit, PROBE_ACCEPT) or 1
+            self.interval = min(2 * self.interval, self.longest_gap(probe))
+            return probe
         return 0
+
+    def longest_gap(self, probe: int) -> int:
+        """Plain steps between probes at most: enough that a probe at cap `probe` accepting
+        nothing costs under PROBE_BUDGET of the steps around it."""
+        plain = self.cost(0)
+        lost = max(0.0, self.cost(probe) - plain)
+        gap = lost / (PROBE_BUDGET * plain) if plain > 0 else MAX_INTERVAL
+        return int(max(self.probe_every, min(MAX_INTERVAL, gap)))
 
     def plain_run(self, remaining: int) -> int:
         """How many plain steps to take now: up to the next probe (at least one)."""
         n = max(1, min(self.interval - self.parked, remaining))
         self.parked += n
+        self.catching_up = True
         return n
 
     def best(self, limit: int, accept: float | None = None) -> int:
@@ -96,19 +120,18 @@ class AutoCap:
         return best_k
 
     def cost(self, k: int) -> float:
-        """Seconds a round at cap k: measured, else on the line through the measured caps."""
+        """Seconds a round at cap k: measured, else on the line through the measured caps;
+        with a calibration, the calibrated curve at this context times what live rounds cost
+        against it (they add the host's own work: sampling, acceptance, the sync)."""
         measured = {j: c for j, c in self.costs.items() if self.rounds.get(j, 0) > self.warmup}
+        if self.calibration is not None:
+            ratio = measured.get(k)
+            if ratio is None:  # drafting rounds scale drafting rounds: plain steps are pipelined
+                ratios = sorted(r for j, r in measured.items() if (j > 0) == (k > 0))
+                ratio = ratios[len(ratios) // 2] if ratios else 1.0
+            return self.calibration.round_cost(k, self.context) * ratio
         if k in measured:
             return measured[k]
-        if self.calibration is not None:
-            # the calibrated curve at this context, scaled by what live rounds cost against it
-            # (they add the host's own work: sampling, acceptance, the sync)
-            def calibrated(j: int) -> float:
-                return self.calibration.round_cost(j, self.context)
-
-            ratios = sorted(c / calibrated(j) for j, c in measured.items() if calibrated(j) > 0)
-            scale = ratios[len(ratios) // 2] if ratios else 1.0
-            return calibrated(k) * scale
         if not measured:
             return 1.0
         if len(measured) == 1:
@@ -128,9 +151,15 @@ class AutoCap:
         seen = self.rounds.get(k, 0)
         self.rounds[k] = seen + 1
         self.drafting += k > 0
-        if seen >= self.warmup:
+        timed = seen >= self.warmup and not (k > 0 and self.catching_up)
+        if k > 0:
+            self.catching_up = False
+        if timed and self.calibration is not None:
+            curve = self.calibration.round_cost(k, self.context)
+            seconds = seconds / curve if curve > 0 else 1.0
+        if timed:
             old = self.costs.get(k)
             self.costs[k] = seconds if old is None else old + EMA * (seconds - old)
         for j in range(min(accepted + 1, k)):  # positions reached: 1..accepted+1
             hit = 1.0 if j < accepted else 0.0
-            self.accept[j] += EMA * (hit - self.accept[j])
+            self.accept[j] += ACCEPT_EMA * (hit - self.accept[j])

@@ -28,13 +28,22 @@ def train(
     init: str | None = Opt(None, "--init", help="Fine-tune this DeepSpec drafter."),
     max_new_tokens: int = Opt(256, "--max-new-tokens", help="Self-distilled answer length."),
     no_regenerate: bool = Opt(False, "--no-regenerate", help="Use the answers in --data."),
+    distill_chunk: int = Opt(
+        256, "--distill-chunk", help="Prompts answered per kept chunk of self-distillation."
+    ),
     continue_text: bool = Opt(
         False, "--continue-text", help="Self-distil documents too: the target continues them."
     ),
     no_thinking: bool = Opt(False, "--no-thinking", help="Chat template with thinking off."),
     held_out: int = Opt(8, "--held-out", help="Records kept out for the acceptance report."),
     seed: int = Opt(42, "--seed"),
-    resume: bool = Opt(False, "--resume", help="Continue from OUT/checkpoints/."),
+    resume: bool = Opt(
+        False,
+        "--resume",
+        help="Continue from OUT/checkpoints/: the newest step, or an interrupted "
+        "self-distillation (its kept answers are reused; answers made for another model, "
+        "--data, --held-out, --seed, --max-new-tokens or --no-thinking are refused).",
+    ),
     anchors: int | None = Opt(None, "--anchors", help="Anchors per window (default L/8)."),
     markov_rank: int = Opt(256, "--markov-rank", help="DSpark Markov head rank."),
     markov_type: str = Opt("vanilla", "--markov-type", help="vanilla, gated or rnn."),
@@ -68,6 +77,7 @@ def train(
             layers=layers,
             init=init,
             max_new_tokens=max_new_tokens,
+            distill_chunk=distill_chunk,
             regenerate=not no_regenerate,
             continue_text=continue_text,
             thinking=False if no_thinking else None,
@@ -102,19 +112,33 @@ def train(
 def interrupted(cfg, view, error: BaseException) -> Exception:
     """The Interrupted to report for Ctrl-C (exit 130): where the last checkpoint is, if any.
 
-    The trainer saves one at the last applied step when Ctrl-C lands in a step (its message says
-    so); elsewhere (loading, self-distillation, the final evaluation, or a second Ctrl-C while it
-    saves) the newest checkpoint already on disk is the one --resume continues from. The
-    progress view hears an "interrupted" event too (a JSON line with --json)."""
+    The trainer saves one at the last applied step when Ctrl-C lands in a step, and says how
+    many self-distilled answers it kept when Ctrl-C lands in the self-distillation (its
+    messages say so); elsewhere (loading, the final evaluation, or a second Ctrl-C while it
+    saves) what is already on disk is what --resume continues from: the newest checkpoint, else
+    the prepared windows, else the self-distilled answers kept so far. The progress view hears
+    an "interrupted" event too (a JSON line with --json)."""
     from ..core.errors import Interrupted
+    from .data import AnswerStore
     from .run import latest_checkpoint
 
-    latest = latest_checkpoint(Path(cfg.out) / "checkpoints")
+    root = Path(cfg.out) / "checkpoints"
+    latest = latest_checkpoint(root)
     with contextlib.suppress(Exception):  # the view must not hide the interrupt
         view({"event": "interrupted", "checkpoint": None if latest is None else str(latest)})
     if isinstance(error, Interrupted):
         return error
-    if latest is None:
-        # --resume starts at step 0 and reuses whatever data was already prepared
-        return Interrupted("before the first checkpoint; run again with --resume to start over")
-    return Interrupted(f"after the last checkpoint ({latest}); run again with --resume")
+    if latest is not None:
+        return Interrupted(f"after the last checkpoint ({latest}); run again with --resume")
+    if (root / "windows.safetensors").is_file():
+        return Interrupted(
+            "before the first checkpoint; the training windows are kept: run again with "
+            "--resume to train from step 0 without preparing the data again"
+        )
+    chunks = AnswerStore.kept_chunks(root / "distill")
+    if chunks:
+        return Interrupted(
+            f"during self-distillation; {chunks} chunks of answers are kept in "
+            f"{root / 'distill'}: run again with --resume to continue the self-distillation"
+        )
+    return Interrupted("before the first checkpoint, nothing kept; run again with --resume")

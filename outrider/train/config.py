@@ -45,11 +45,21 @@ class TrainConfig:
     grad_clip: float = 1.0
     weight_decay: float = 0.0
     compile: bool = True
+    # self-distillation asks the target this many prompts at a time and keeps each chunk's
+    # answers on disk as it finishes (what an interrupted run's --resume continues from)
+    distill_chunk: int = 256
 
     def check(self) -> None:
         if self.kind not in ("dspark", "dflash"):
             raise OutriderError(f"--kind must be dspark or dflash, got {self.kind!r}")
-        for name in ("steps", "batch_size", "block_size", "eval_tokens", "log_every"):
+        for name in (
+            "steps",
+            "batch_size",
+            "block_size",
+            "eval_tokens",
+            "log_every",
+            "distill_chunk",
+        ):
             if getattr(self, name) < 1:
                 raise OutriderError(f"--{name.replace('_', '-')} must be >= 1")
         if self.seq_len < 16:

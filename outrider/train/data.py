@@ -8,8 +8,11 @@ Documents are supervised everywhere. Every sequence is cut into windows of `seq_
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,10 +134,11 @@ def answered_chats(
     chunk: int = 256,
 ) -> list[Sequence]:
     """Self-distillation: the target answers every user turn itself, turn by turn (all chats'
-    turn i together, in chunks); one sequence per answer, the conversation so far unsupervised."""
+    turn i together, in chunks); one sequence per answer, the conversation so far unsupervised.
+    `generate` may be an `Answers` (which then reports progress itself)."""
+    ask = generate if isinstance(generate, Answers) else Answers(generate, progress=progress)
     convs: list[list[dict]] = [[] for _ in records]
-    total = sum(len(r.turns or []) for r in records)
-    done = 0
+    ask.phase(sum(len(r.turns or []) for r in records))
     out: list[Sequence] = []
     for i in range(max(len(r.turns or []) for r in records)):
         active = [j for j, r in enumerate(records) if i < len(r.turns or [])]
@@ -144,13 +148,11 @@ def answered_chats(
             for j in group:
                 convs[j].append({"role": "user", "content": records[j].turns[i]})
                 prompts.append(encode_messages(tokenizer, convs[j], thinking=thinking))
-            for j, prompt, answer in zip(group, prompts, generate(prompts)):
+            for j, prompt, answer in zip(group, prompts, ask(prompts)):
                 out.append(Sequence(prompt + answer, [0] * len(prompt) + [1] * len(answer)))
                 text = tokenizer.decode(answer, skip_special_tokens=True)
                 convs[j].append({"role": "assistant", "content": text})
-            done += len(group)
-            if progress is not None:
-                progress(done, total)
+    ask.end_phase()
     return out
 
 
@@ -244,19 +246,21 @@ def continued_documents(
     chunk: int = 256,
 ) -> list[Sequence]:
     """Self-distillation for documents: the target continues the first half of every
-    `seq_len` window; its continuation, not the document's own text, is supervised."""
+    `seq_len` window; its continuation, not the document's own text, is supervised.
+    `generate` may be an `Answers` (which then reports progress itself)."""
+    ask = generate if isinstance(generate, Answers) else Answers(generate, progress=progress)
     half = seq_len // 2
     prompts = []
     for record in records:
         ids = text_sequence(record, tokenizer).ids
         prompts += [ids[i : i + half] for i in range(0, len(ids), seq_len) if len(ids) - i >= 8]
+    ask.phase(len(prompts))
     out = []
     for lo in range(0, len(prompts), chunk):
         group = prompts[lo : lo + chunk]
-        for prompt, answer in zip(group, generate(group, seq_len - half)):
+        for prompt, answer in zip(group, ask(group, seq_len - half)):
             out.append(Sequence(prompt + answer, [0] * len(prompt) + [1] * len(answer)))
-        if progress is not None:
-            progress(lo + len(group), len(prompts))
+    ask.end_phase()
     return out
 
 
@@ -267,21 +271,206 @@ def build_sequences(
     thinking: bool | None,
     progress: Callable[[int, int], None] | None = None,
     continue_text: int = 0,
+    chunk: int = 256,
 ) -> list[Sequence]:
     """Token sequences for every record: chats answered by `generate` when given; documents as
-    they are, or (continue_text = window length) continued by `generate`."""
+    they are, or (continue_text = window length) continued by `generate`. The target is asked
+    in chunks of `chunk` prompts, always in the same order; pass an `Answers` with a store to
+    keep every chunk's answers as they come (and reuse the ones an earlier run kept)."""
+    ask = generate
+    if generate is not None and not isinstance(generate, Answers):
+        ask = Answers(generate, progress=progress)
     chats = [r for r in records if r.turns is not None]
     docs = [r for r in records if r.turns is None]
-    if continue_text and generate is not None:
-        out = continued_documents(docs, tokenizer, generate, continue_text, progress)
+    if continue_text and ask is not None:
+        out = continued_documents(docs, tokenizer, ask, continue_text, chunk=chunk)
     else:
         out = [text_sequence(r, tokenizer) for r in docs]
-    if chats and generate is not None:
-        out.extend(answered_chats(chats, tokenizer, generate, thinking, progress))
+    if chats and ask is not None:
+        out.extend(answered_chats(chats, tokenizer, ask, thinking, chunk=chunk))
     else:
         for record in chats:
             out.extend(given_chat(record, tokenizer, thinking))
     return out
+
+
+# -- self-distillation that survives an interruption ------------------------------------------
+
+
+def records_digest(records: list[Record]) -> str:
+    """A fingerprint of the records' content and order (what the target is asked)."""
+    body = json.dumps([[r.turns, r.text] for r in records], ensure_ascii=False)
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def _prompts_key(prompts: list[list[int]], max_tokens: int | None) -> str:
+    body = json.dumps([max_tokens, [[int(t) for t in p] for p in prompts]], separators=(",", ":"))
+    return hashlib.sha256(body.encode("ascii")).hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AnswerStore:
+    """The target's self-distilled answers, kept on disk chunk by chunk as they are made.
+
+    `folder/manifest.json` says what they were made for (model, data, settings); chunk `k` is
+    `folder/chunk_<k>.safetensors` (its answers' tokens and lengths, and a hash of the prompts
+    and token limit it answered), written to a temporary name, fsynced and renamed, so a chunk
+    on disk is always whole. A resumed run with the same manifest reads the chunks back; one
+    with another manifest is refused (rather than train on answers to other questions).
+    """
+
+    MANIFEST = "manifest.json"
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @classmethod
+    def open(cls, folder: str | Path, manifest: dict, resume: bool) -> AnswerStore:
+        """The store for `manifest`: the kept one when resuming (refused when it was made for
+        anything else), else a fresh, empty one."""
+        folder = Path(folder)
+        path = folder / cls.MANIFEST
+        if resume and path.is_file():
+            kept = json.loads(path.read_text())
+            if kept != manifest:
+                raise OutriderError(
+                    f"{folder} holds the target's answers for other settings "
+                    f"({_differences(kept, manifest)}); resume with the same settings, or "
+                    f"delete {folder} to have the target answer again"
+                )
+            return cls(folder)
+        shutil.rmtree(folder, ignore_errors=True)  # no manifest: nothing whole was kept
+        folder.mkdir(parents=True)
+        tmp = folder / (cls.MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        _fsync(tmp)
+        tmp.replace(path)
+        _fsync(folder)
+        return cls(folder)
+
+    def _chunk(self, k: int) -> Path:
+        return self.folder / f"chunk_{k:06d}.safetensors"
+
+    def get(
+        self, k: int, prompts: list[list[int]], max_tokens: int | None
+    ) -> list[list[int]] | None:
+        """Chunk k's kept answers, or None when it was not made yet."""
+        import mlx.core as mx
+
+        path = self._chunk(k)
+        if not path.is_file():
+            return None
+        arrays, meta = mx.load(str(path), return_metadata=True)
+        if meta.get("prompts") != _prompts_key(prompts, max_tokens):
+            raise OutriderError(
+                f"{path} answers other prompts than this run asks (the tokenizer or its chat "
+                f"template changed?); delete {self.folder} to have the target answer again"
+            )
+        tokens = np.array(arrays["tokens"]).tolist()
+        ends = np.cumsum(np.array(arrays["lengths"])).tolist()
+        return [tokens[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+    def put(
+        self, k: int, prompts: list[list[int]], max_tokens: int | None, answers: list[list[int]]
+    ) -> None:
+        import mlx.core as mx
+
+        tokens = np.array([t for a in answers for t in a], dtype=np.int32)
+        lengths = np.array([len(a) for a in answers], dtype=np.int32)
+        path = self._chunk(k)
+        tmp = path.with_name(path.stem + ".tmp.safetensors")
+        mx.save_safetensors(
+            str(tmp),
+            {"tokens": mx.array(tokens), "lengths": mx.array(lengths)},
+            metadata={"prompts": _prompts_key(prompts, max_tokens)},
+        )
+        _fsync(tmp)
+        tmp.replace(path)
+        _fsync(self.folder)
+
+    @staticmethod
+    def kept_chunks(folder: str | Path) -> int:
+        """How many whole chunks `folder` holds (0 when it is not a store)."""
+        folder = Path(folder)
+        if not (folder / AnswerStore.MANIFEST).is_file():
+            return 0
+        return sum(1 for p in folder.glob("chunk_*.safetensors") if ".tmp" not in p.name)
+
+
+def _differences(kept: dict, now: dict) -> str:
+    """What changed between two manifests, for one line of error."""
+    names = {
+        "data": "the training prompts differ (--data, --held-out or --seed)",
+        "model_config": "the model's config differs",
+    }
+    out = []
+    for key in sorted(set(kept) | set(now)):
+        if kept.get(key) != now.get(key):
+            out.append(names.get(key) or f"{key} was {kept.get(key)!r}, now {now.get(key)!r}")
+    return "; ".join(out)
+
+
+class Answers:
+    """`generate` asked chunk by chunk, in a fixed order (chunk k is the k-th call). With a
+    `store`, each chunk's answers are kept as soon as they exist, and a chunk an earlier run
+    kept is read back instead of generated again, so a resumed self-distillation gives exactly
+    the answers of an uninterrupted one. `progress(done, total)` follows each phase (documents,
+    then chats); a resumed phase first reports what was kept, then each new chunk."""
+
+    def __init__(
+        self,
+        generate: Generate,
+        store: AnswerStore | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.generate, self.store, self.progress = generate, store, progress
+        self.chunks = 0  # chunks asked for so far: the next one's number
+        self.kept = 0  # prompts whose answers are in the store
+        self.reused = 0  # of those, read back from an earlier run
+        self.done = self.total = 0
+        self._unreported = False
+
+    def phase(self, total: int) -> None:
+        self.done, self.total, self._unreported = 0, total, False
+
+    def end_phase(self) -> None:
+        if self._unreported:
+            self._report()
+
+    def _report(self) -> None:
+        self._unreported = False
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+    def __call__(self, prompts: list[list[int]], max_tokens: int | None = None) -> list[list[int]]:
+        k = self.chunks
+        answers = None if self.store is None else self.store.get(k, prompts, max_tokens)
+        self.chunks += 1
+        if answers is not None:  # reported with the next new chunk, or at the phase's end
+            self.reused += len(prompts)
+            self.kept += len(prompts)
+            self.done += len(prompts)
+            self._unreported = True
+            return answers
+        if self._unreported:
+            self._report()  # where a resumed phase picks up, before the target runs
+        if max_tokens is None:
+            answers = self.generate(prompts)
+        else:
+            answers = self.generate(prompts, max_tokens)
+        if self.store is not None:
+            self.store.put(k, prompts, max_tokens, answers)
+            self.kept += len(prompts)
+        self.done += len(prompts)
+        self._report()  # after the chunk is kept: an interrupt from here on loses nothing
+        return answers
 
 
 def held_out_prompts(

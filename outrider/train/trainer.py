@@ -9,7 +9,9 @@ OUT/checkpoints/ make a run resumable; the result is a DeepSpec-packaged drafter
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,31 +45,76 @@ __all__ = ["TrainConfig", "TrainReport", "train_drafter"]
 Event = dict[str, Any]
 
 
+def _made_for(cfg: TrainConfig, target: Target, train: list[D.Record]) -> dict:
+    """What the self-distilled answers depend on (the manifest kept with them): a resume that
+    differs in any of these must not reuse them."""
+    config = json.dumps(target.config, sort_keys=True, default=str)
+    return {
+        "model": cfg.model,
+        "model_config": hashlib.sha256(config.encode("utf-8")).hexdigest(),
+        "data": D.records_digest(train),
+        "max_new_tokens": cfg.max_new_tokens,
+        "thinking": cfg.thinking,
+        "continue_text": cfg.continue_text,
+        # documents' prompts are cut from --seq-len windows; chats' answers do not depend on it
+        "seq_len": cfg.seq_len if cfg.continue_text else None,
+        "chunk": cfg.distill_chunk,
+    }
+
+
+def _kept_windows(cfg: TrainConfig, saved: Path, made_for: dict) -> D.Windows | None:
+    """The windows an earlier run of the same settings saved, if any."""
+    if not (cfg.resume and saved.is_file()):
+        return None
+    arrays, meta = mx.load(str(saved), return_metadata=True)
+    ids, mask = np.array(arrays["ids"]), np.array(arrays["mask"]).astype(bool)
+    if ids.shape[1] != cfg.seq_len:
+        return None
+    # windows saved before they carried a manifest are trusted as they were (same length)
+    if "made_for" in meta and json.loads(meta["made_for"]) != made_for:
+        return None
+    return D.Windows(ids, mask, cfg.seed)
+
+
 def _windows(
     cfg: TrainConfig, target: Target, train: list[D.Record], root: Path, emit: Callable
 ) -> D.Windows:
-    """Tokenised (and self-distilled) training windows; kept under checkpoints/ for --resume."""
+    """Tokenised (and self-distilled) training windows; kept under checkpoints/ for --resume,
+    and the target's answers kept chunk by chunk under checkpoints/distill/ as they come."""
     saved = root / "windows.safetensors"
-    if cfg.resume and saved.is_file():
-        arrays = mx.load(str(saved))
-        ids, mask = np.array(arrays["ids"]), np.array(arrays["mask"]).astype(bool)
-        if ids.shape[1] == cfg.seq_len:
-            emit({"event": "data", "windows": int(ids.shape[0]), "reused": True})
-            return D.Windows(ids, mask, cfg.seed)
-    generate = D.greedy_generator(target, cfg.max_new_tokens) if cfg.regenerate else None
+    made_for = _made_for(cfg, target, train)
+    window_key = {**made_for, "seq_len": cfg.seq_len, "regenerate": cfg.regenerate}
+    kept = _kept_windows(cfg, saved, window_key)
+    if kept is not None:
+        emit({"event": "data", "windows": len(kept), "reused": True})
+        return kept
     started = time.perf_counter()
 
     def progress(done: int, total: int) -> None:
         emit({"event": "regenerate", "done": done, "total": total})
 
-    seqs = D.build_sequences(
-        train,
-        target.tokenizer,
-        generate,
-        cfg.thinking,
-        progress,
-        continue_text=cfg.seq_len if cfg.continue_text else 0,
-    )
+    ask = None
+    if cfg.regenerate:
+        store = D.AnswerStore.open(root / "distill", made_for, cfg.resume)
+        ask = D.Answers(D.greedy_generator(target, cfg.max_new_tokens), store, progress)
+    try:
+        seqs = D.build_sequences(
+            train,
+            target.tokenizer,
+            ask,
+            cfg.thinking,
+            continue_text=cfg.seq_len if cfg.continue_text else 0,
+            chunk=cfg.distill_chunk,
+        )
+    except KeyboardInterrupt:
+        if ask is None:
+            raise
+        folder = root / "distill"
+        chunks = D.AnswerStore.kept_chunks(folder)
+        raise Interrupted(
+            f"during self-distillation: the answers to {ask.kept} prompts ({chunks} chunks) are "
+            f"kept in {folder}; run again with --resume to continue the self-distillation"
+        ) from None
     wins = D.windows(seqs, cfg.seq_len)
     if not wins:
         raise OutriderError(
@@ -76,9 +123,13 @@ def _windows(
         )
     out = D.Windows.from_sequences(wins, cfg.seq_len, cfg.seed)
     root.mkdir(parents=True, exist_ok=True)
+    tmp = root / "windows.tmp.safetensors"
     mx.save_safetensors(
-        str(saved), {"ids": mx.array(out.ids), "mask": mx.array(out.mask.astype(np.int32))}
+        str(tmp),
+        {"ids": mx.array(out.ids), "mask": mx.array(out.mask.astype(np.int32))},
+        metadata={"made_for": json.dumps(window_key, sort_keys=True)},
     )
+    tmp.replace(saved)
     emit(
         {
             "event": "data",
@@ -86,6 +137,7 @@ def _windows(
             "tokens": int(out.mask.sum()),
             "seconds": round(time.perf_counter() - started, 2),
             "reused": False,
+            **({"answers_reused": ask.reused} if ask is not None and ask.reused else {}),
         }
     )
     return out
@@ -126,18 +178,29 @@ def _steps(
     start_step: int,
     emit: Callable[[Event], None],
     evaluate: Callable[[int], None] | None,
-    checkpoint: Callable[[int], Path],
+    checkpoint: Callable[[int, dict], Path],
+    before: dict | None = None,
 ) -> tuple[float, float, int]:
-    """Optimizer steps start_step..cfg.steps -> (last loss, seconds, window tokens seen).
+    """Optimizer steps start_step..cfg.steps -> (last loss, seconds, window tokens seen), all
+    counted over the whole training: `before` is what the checkpoint it resumes from says
+    (`loss`, `seconds`, `tokens`), and every checkpoint is given the totals so far.
 
     The next batch's target forward is queued while the current step runs. Ctrl-C saves a
     checkpoint at the last applied update and says where it is and how to resume.
     """
+    before = before or {}
     save_every = cfg.save_every or max(1, cfg.steps // 10)
     started = window_t0 = time.perf_counter()
-    tokens = window_tokens = 0
-    loss_value = float("nan")
+    earlier = float(before.get("seconds") or 0.0)
+    tokens = int(before.get("tokens") or 0)
+    window_tokens = 0
+    loss_value = float("nan") if before.get("loss") is None else float(before["loss"])
     emit({"event": "start", "steps": cfg.steps, "from_step": start_step, "windows": len(wins)})
+
+    def totals() -> dict:
+        loss = None if math.isnan(loss_value) else loss_value
+        seconds = earlier + time.perf_counter() - started
+        return {"loss": loss, "seconds": round(seconds, 3), "tokens": tokens}
 
     def prepare(step: int) -> Batch:
         batch = run.make_batch(*wins.batch(step, cfg.batch_size), step)
@@ -171,16 +234,16 @@ def _steps(
             if evaluate and cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
                 evaluate(done)
             if done % save_every == 0 or done == cfg.steps:
-                checkpoint(done)
+                checkpoint(done, totals())
                 emit({"event": "checkpoint", "step": done})
     except KeyboardInterrupt:
         mx.eval(run.master, run.optimizer.state)
         done = int(run.optimizer.state["step"].item())  # updates applied so far
-        saved = checkpoint(done)
+        saved = checkpoint(done, totals())
         raise Interrupted(
             f"after step {done}: checkpoint saved in {saved}; run again with --resume"
         ) from None
-    return loss_value, time.perf_counter() - started, tokens
+    return loss_value, earlier + time.perf_counter() - started, tokens
 
 
 def train_drafter(cfg: TrainConfig, on_event: Callable[[Event], None] | None = None) -> TrainReport:
@@ -228,14 +291,16 @@ def train_drafter(cfg: TrainConfig, on_event: Callable[[Event], None] | None = N
         evals.append({"step": done, **acc})
         emit({"event": "eval", "step": done, "which": "trained", **acc})
 
-    def checkpoint(done: int) -> Path:
+    def checkpoint(done: int, totals: dict) -> Path:
         folder = root / f"step_{done:07d}"
-        run.save_checkpoint(folder, done, {"init": init_acc, "evals": evals})
+        run.save_checkpoint(folder, done, {"init": init_acc, "evals": evals, **totals})
         prune_checkpoints(root)
         return folder
 
+    # loss, seconds and tokens count the whole training, across resumes (the checkpoint keeps
+    # them), so a run resumed at its last step still reports them
     loss_value, seconds, tokens = _steps(
-        cfg, run, wins, start_step, emit, evaluate if prompts else None, checkpoint
+        cfg, run, wins, start_step, emit, evaluate if prompts else None, checkpoint, state
     )
 
     save_drafter(out, config, run.weights(), run.dtype)

@@ -1,7 +1,8 @@
 """A synthetic prompt mix for self-distilling SmolLM2's drafters: code, chat and reasoning.
 
-Every prompt is built here from templates and word lists, seeded, so the mix is reproducible and
-shares nothing with public evaluation sets (MT-Bench, HumanEval, MBPP, GSM8K, MATH-500 and the
+Every prompt is built here from templates and word lists, or from the docstrings of this Python's
+own standard library (a function to write from its signature and its documentation), seeded, so
+the mix is reproducible on one Python version and shares nothing with public evaluation sets (MT-Bench, HumanEval, MBPP, GSM8K, MATH-500 and the
 rest are never read). The target answers each prompt itself during training; these are only the
 questions.
 
@@ -11,8 +12,12 @@ questions.
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import json
 import random
+import re
+from functools import cache
 from pathlib import Path
 
 LANGUAGES = ["Python", "JavaScript", "Go", "Rust", "C", "Java", "Ruby", "TypeScript"]
@@ -92,6 +97,21 @@ TOPICS = [
     "staying focused",
     "learning to draw",
     "making new friends in a new city",
+    "planning a birthday party",
+    "learning to play the guitar",
+    "moving to another country",
+    "training a puppy",
+    "eating more vegetables",
+    "asking for a raise",
+    "studying for exams",
+    "getting up earlier",
+    "taking better photos with a phone",
+    "running a small online shop",
+    "keeping a journal",
+    "reducing screen time",
+    "speaking in public",
+    "managing a team for the first time",
+    "growing tomatoes on a balcony",
 ]
 CONCEPTS = [
     "photosynthesis",
@@ -109,6 +129,24 @@ CONCEPTS = [
     "what an atom is made of",
     "how bees make honey",
     "what a computer's memory does",
+    "how an airplane wing creates lift",
+    "what causes earthquakes",
+    "how a compiler works",
+    "what interest rates do",
+    "how the heart pumps blood",
+    "why leaves change color in autumn",
+    "what a neural network is",
+    "how a battery stores energy",
+    "what supply and demand means",
+    "how tides work",
+    "what an operating system does",
+    "why ice floats",
+    "how sound travels",
+    "what a democracy is",
+    "how encryption keeps messages private",
+    "what the Renaissance was",
+    "how glaciers shape valleys",
+    "what a hash table is",
 ]
 AUDIENCES = ["a child", "a beginner", "a high school student", "a busy adult", "my grandmother"]
 FORMS = ["poem", "story", "thank-you note", "product description", "diary entry", "haiku"]
@@ -131,6 +169,22 @@ CHAT_FORMS = [
     "What are the pros and cons of {topic}?",
     "Can you summarize {concept} in a few sentences?",
     "Describe {subject} in three sentences.",
+    "I am {audience_self}. How should I get started with {topic}?",
+    "Write a short dialogue between two friends about {topic}.",
+    "What are common mistakes people make when {topic_ing}?",
+    "Compare {concept} and {concept2} in a short paragraph.",
+    "Write an email to a colleague asking for help with {topic}.",
+    "Give a step-by-step plan for {topic} over one month.",
+    "Write a {form} about {subject} that rhymes.",
+    "What questions should I ask myself before {topic_ing}?",
+]
+SELVES = [
+    "a student",
+    "retired",
+    "a nurse",
+    "a software developer",
+    "a parent of two",
+    "new in town",
 ]
 ITEMS = ["apple", "notebook", "pencil", "ticket", "sandwich", "book", "plant", "shirt"]
 NAMES = ["Ana", "Ben", "Chloe", "David", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jun"]
@@ -152,6 +206,20 @@ def reasoning(rng: random.Random) -> str:
         "at the same pace?",
         f"{name} reads {c + 5} pages a day. How many days does a {a * 20}-page book take?",
         f"Is {a * b + 1} a prime number? Explain how you checked.",
+        f"{name} earns {a * 5} dollars a week and saves {c * 10}% of it. How much is saved after "
+        f"{b} weeks?",
+        f"A shop sells a {item} for {a * 3} dollars and takes {c * 5}% off. What is the new price?",
+        f"{name} is {a} years old. {rng.choice(NAMES)} is {c} years younger. How old will they "
+        f"be together in {b} years?",
+        f"What is {c}/{b} + {a}/{b * 2} as a fraction in lowest terms?",
+        f"A recipe needs {c} eggs for {b} people. How many eggs for {b * a} people?",
+        f"The numbers {a}, {a + c}, {a + 2 * c}, ... form a sequence. What is its {b}th term?",
+        f"Solve for x: {b}x + {c} = {b * a + c}.",
+        f"A tank holds {a * 10} liters and drains {b} liters a minute. How long until it is empty?",
+        f"Find the average of {a}, {b}, {c} and {a + b + c}.",
+        f"A car uses {c + 4} liters of fuel per 100 km. How much fuel does a {a * 15} km trip "
+        "take?",
+        f"How many minutes are there in {b} hours and {a} minutes? And how many seconds?",
     ]
     return rng.choice(forms)
 
@@ -172,9 +240,122 @@ def stub(rng: random.Random) -> str:
     return form.format(name=name, args=args, doc=doc)
 
 
+# Modules written in Python whose public functions make good "write this function" prompts.
+STDLIB = [
+    "base64",
+    "bisect",
+    "calendar",
+    "colorsys",
+    "copy",
+    "csv",
+    "datetime",
+    "difflib",
+    "email.utils",
+    "filecmp",
+    "fnmatch",
+    "fractions",
+    "ftplib",
+    "functools",
+    "glob",
+    "gzip",
+    "hashlib",
+    "heapq",
+    "html",
+    "http.cookies",
+    "imghdr",
+    "ipaddress",
+    "json",
+    "keyword",
+    "linecache",
+    "locale",
+    "mimetypes",
+    "netrc",
+    "ntpath",
+    "operator",
+    "os",
+    "pathlib",
+    "pkgutil",
+    "platform",
+    "posixpath",
+    "pprint",
+    "quopri",
+    "random",
+    "re",
+    "reprlib",
+    "shlex",
+    "shutil",
+    "smtplib",
+    "statistics",
+    "string",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "timeit",
+    "tokenize",
+    "traceback",
+    "types",
+    "urllib.parse",
+    "uu",
+    "uuid",
+    "warnings",
+    "wave",
+    "webbrowser",
+    "zipfile",
+]
+STUB_FORMS = [
+    'Complete this Python function:\n\n```python\ndef {name}{sig}:\n    """{doc}"""\n```',
+    'def {name}{sig}:\n    """{doc}\n    """\n',
+    "Write a Python function `{name}{sig}`. {doc}",
+    "Implement `{name}{sig}` yourself, without importing `{module}`. What it should do: {doc}",
+    "Write {name}{sig} in Python and test it with two examples.\n\n{doc}",
+]
+LIBRARY_CHAT = [
+    "What does `{module}.{name}` do in Python? Show a short example.",
+    "When would I use Python's `{module}` module? Give two examples.",
+    "Explain this Python documentation to a beginner: {doc}",
+    "Write a small Python script that uses `{module}.{name}` and explain each line.",
+]
+
+
+@cache
+def library_functions() -> tuple[tuple[str, str, str, str], ...]:
+    """(module, name, signature, first docstring paragraph) of documented stdlib functions."""
+    found = []
+    for module_name in STDLIB:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:  # removed in this Python, or no platform support
+            continue
+        for name, fn in sorted(vars(module).items()):
+            if name.startswith("_") or not inspect.isfunction(fn):
+                continue
+            if getattr(fn, "__module__", None) != module.__name__:
+                continue
+            doc = (inspect.getdoc(fn) or "").split("\n\n")[0].strip()
+            try:
+                sig = str(inspect.signature(fn))
+            except (TypeError, ValueError):
+                continue
+            if 20 <= len(doc) <= 400 and len(sig) <= 80:
+                # a default that is a function prints with its address: keep its name only
+                sig = re.sub(r"<function (\S+) at 0x[0-9a-f]+>", r"\1", sig)
+                found.append((module_name, name, sig, " ".join(doc.split())))
+    return tuple(found)
+
+
+def library(rng: random.Random) -> tuple[str, str]:
+    """A code or chat prompt about one standard-library function."""
+    module, name, sig, doc = rng.choice(library_functions())
+    if rng.random() < 0.75:
+        return "code", rng.choice(STUB_FORMS).format(module=module, name=name, sig=sig, doc=doc)
+    return "chat", rng.choice(LIBRARY_CHAT).format(module=module, name=name, doc=doc)
+
+
 def prompt(rng: random.Random) -> tuple[str, str]:
-    """(kind, prompt text): one of code, chat or reasoning, in roughly equal parts."""
-    kind = rng.choice(["code", "chat", "reasoning"])
+    """(kind, prompt text): code, chat or reasoning, weighted toward code."""
+    kind = rng.choices(["code", "chat", "reasoning"], weights=[45, 30, 25])[0]
+    if kind == "code" and rng.random() < 0.5 and library_functions():
+        return library(rng)
     if kind == "code":
         if rng.random() < 0.4:
             return kind, stub(rng)
@@ -182,10 +363,14 @@ def prompt(rng: random.Random) -> tuple[str, str]:
             lang=rng.choice(LANGUAGES), task=rng.choice(TASKS)
         )
     if kind == "chat":
+        topic = rng.choice(TOPICS)
         return kind, rng.choice(CHAT_FORMS).format(
             n=rng.randint(3, 7),
-            topic=rng.choice(TOPICS),
+            topic=topic,
+            topic_ing=topic,
+            audience_self=rng.choice(SELVES),
             concept=rng.choice(CONCEPTS),
+            concept2=rng.choice(CONCEPTS),
             audience=rng.choice(AUDIENCES),
             form=rng.choice(FORMS),
             subject=rng.choice(SUBJECTS),

@@ -13,8 +13,11 @@ set -euo pipefail
 out="${1:?usage: recipe.sh OUT}"
 model="${MODEL:-HuggingFaceTB/SmolLM2-135M-Instruct}"
 prompts="${PROMPTS:-2048}"
-steps="${STEPS:-2000}"
-layers="${LAYERS:-1}"
+steps="${STEPS:-2400}"
+layers="${LAYERS:-2}"
+batch="${BATCH:-16}"
+seq_len="${SEQ_LEN:-384}"  # a prompt and its 256-token answer fit one window
+dtype="${DTYPE:-bfloat16}"  # the drafter's embedding comes dequantized as float32; bf16 trains faster
 train_seconds="${TRAIN_SECONDS:-0}"  # 0: no limit
 stage="${STAGE:-all}"
 py="${PYTHON:-python3}"
@@ -30,7 +33,8 @@ train() {  # kind
   local limit=()
   [ "$train_seconds" != 0 ] && limit=(timeout -s INT "$train_seconds")
   "${limit[@]}" "$py" -m outrider train --model "$model" --kind "$1" --data "$out/prompts.jsonl" \
-    --out "$out/$1" --steps "$steps" --batch-size 16 --seq-len 512 --lr 6e-4 --layers "$layers" \
+    --out "$out/$1" --steps "$steps" --batch-size "$batch" --seq-len "$seq_len" --lr 6e-4 --layers "$layers" \
+    --dtype "$dtype" \
     --block-size 8 --max-new-tokens 256 --held-out 16 --eval-tokens 128 --log-every 50 \
     --json "${resume[@]}" >> "$out/$1.log" 2>&1
 }
@@ -46,9 +50,19 @@ if [ "$stage" = all ] || [ "$stage" = train ]; then
   done
 fi
 
+# The benchmark: every trained drafter, lookup and baseline, with `--max-draft auto` (each mode
+# calibrates this machine on first use), then the same at the registry's fixed caps.
 if [ "$stage" = all ] || [ "$stage" = bench ]; then
-  "$py" -m outrider benchmark --model "$model" --dspark-drafter "$out/dspark" \
-    --dflash-drafter "$out/dflash" --modes baseline,dspark,dflash,lookup \
-    --suites chat,code,math --trials 3 --prompts-per-suite 5 --max-tokens 128 \
-    --json "$out/smollm2_receipt.json"
+  modes=baseline
+  drafters=()
+  for kind in dspark dflash; do
+    [ -f "$out/$kind/model.safetensors" ] || continue
+    modes="$modes,$kind"
+    drafters+=("--$kind-drafter" "$out/$kind")
+  done
+  for cap in ${CAPS:-auto}; do
+    "$py" -m outrider benchmark --model "$model" "${drafters[@]}" --modes "$modes,lookup" \
+      --suites chat,code,math --trials "${TRIALS:-3}" --prompts-per-suite "${PER_SUITE:-10}" \
+      --max-tokens 128 --max-draft "$cap" --json "$out/smollm2_receipt_$cap.json"
+  done
 fi
