@@ -8,7 +8,7 @@ from conftest import PROMPTS, plain_greedy
 
 import outrider
 from outrider.core import loop
-from outrider.core.schedule import AutoCap
+from outrider.core.schedule import AutoCap, admit
 from outrider.testing import OracleProposer
 
 
@@ -150,3 +150,95 @@ def test_a_probe_drafts_the_cap_that_would_pay_and_unparks_when_it_does():
     for _ in range(4):  # the text got easy: every draft accepted
         policy.observe(probe, probe, 1.0 + 0.5 * probe)
     assert policy.choose(100) > 0 and policy.parked == 0
+
+
+# -- the batch's prefix scheduler (DSpark paper, Algorithm 1) ----------------------------------
+
+
+def test_admit_stops_at_the_first_candidate_that_does_not_pay():
+    """The paper's Appendix A case: one row, a_1 = 0.8, step rates 1.0, 0.5, 0.45 at widths 1-3.
+    Verifying draft 1 lowers throughput (1.8 x 0.5 < 1.0), so nothing is admitted, whatever
+    the second confidence (which depends on draft 1) says: with c_2 = 0.9 a full search would
+    admit both (2.52 x 0.45 > 1.0) and bias sampled output."""
+    rates = {1: 1.0, 2: 0.5, 3: 0.45}
+    cost = lambda rows, width: 1.0 / rates[width]  # noqa: E731
+    for c2 in (0.0, 0.5, 0.9, 1.0):
+        assert admit([[0.8, 0.8 * c2]], cost) == [0]
+
+
+def test_admit_takes_every_draft_when_verify_width_is_free():
+    assert admit([[0.9, 0.8, 0.7], [0.5, 0.2, 0.1]], lambda rows, width: 1.0) == [3, 3]
+
+
+def test_admit_widens_for_the_confident_row_and_fills_the_width_for_free():
+    """Each token a forward processes costs 10% of a one-row step, and rows pad to the widest:
+    the confident row's drafts widen the forward; the other row's drafts then cost nothing
+    and are verified too, but never one whose survival is zero."""
+    cost = lambda rows, width: 1.0 + 0.1 * (rows * width - 1)  # noqa: E731
+    assert admit([[0.95, 0.9, 0.85, 0.8], [0.3, 0.05, 0.01, 0.0]], cost) == [4, 3]
+    # when no row is confident enough to widen the forward, nobody drafts
+    assert admit([[0.1, 0.01], [0.05]], cost) == [0, 0]
+
+
+def test_admit_with_no_confidence_verifies_anchors_only():
+    assert admit([[0.0, 0.0], [0.0]], lambda rows, width: 1.0) == [0, 0]
+    assert admit([], lambda rows, width: 1.0) == []
+
+
+# -- acceptance learnt while parked, from a host drafter's unverified drafts --------------------
+
+
+def test_parked_lookup_learns_acceptance_from_the_tokens_that_follow():
+    """While parked, each plain token is checked against what lookup would have drafted: text
+    that copies earlier context raises the acceptance estimate (and unparks) with no probe, and
+    text that does not lowers it."""
+    from outrider.core.sampling import SamplingParams
+    from outrider.core.stopping import Stopper
+    from outrider.plugins.strategies.lookup import LookupProposer
+
+    def parked_row(history):
+        policy = trained(8, lambda k: 1.0 + 0.3 * k, 0.1)
+        assert policy.choose(100) == 0
+        row = loop.Row(
+            LookupProposer(max_draft=8), Stopper(100, set()), SamplingParams(), None,
+            list(history), history[-1], 8, policy=policy,
+        )  # fmt: skip
+        return row, policy
+
+    earlier = list(range(100, 140))
+    row, policy = parked_row([*earlier, 7, 100])
+    shadow = loop.Shadow(row)
+    for token in earlier[1:]:  # the text repeats what came before, token for token
+        shadow.check(token)
+        row.history.append(token)
+    assert policy.accept[0] > 0.5 and policy.accept[5] > 0.4  # from 0.1, in five drafts
+    assert policy.choose(100) > 0  # unparked without a probe
+
+    row, policy = parked_row([*earlier, 7, 100])
+    shadow = loop.Shadow(row)
+    before = list(policy.accept)
+    for token in range(500, 530):  # new text: the copy lookup drafts is wrong at once
+        shadow.check(token)
+        row.history.append(token)
+    assert policy.accept[0] < before[0]
+
+
+def test_auto_lookup_output_equals_plain_greedy_and_learns_while_parked(qwen3_target, monkeypatch):
+    pipe = outrider.load(str(qwen3_target), mode="lookup", max_draft="auto")
+    ids = pipe.encode(PROMPTS[2])
+    want = plain_greedy(qwen3_target, ids, 60)
+    learnt: list[int] = []
+
+    class Slow(AutoCap):  # verify rows cost as much as plain steps: parked after learning
+        def observe(self, k: int, accepted: int, seconds: float) -> None:
+            super().observe(k, accepted, 1.0 + k)
+
+        def observe_unverified(self, k: int, accepted: int) -> None:
+            learnt.append(k)
+            super().observe_unverified(k, accepted)
+
+    monkeypatch.setattr(loop, "AutoCap", Slow)
+    auto = outrider.Pipeline(pipe.target, pipe.proposer, "lookup", 16, auto_cap=True)
+    got = auto.generate(ids, max_tokens=60, stop_tokens=set())
+    assert got.tokens == want
+    assert learnt  # parked plain steps checked lookup's drafts

@@ -69,6 +69,19 @@ class Calibration:
                 return at(lo) + f * (at(hi) - at(lo))
         return at(ctxs[-1])  # pragma: no cover - the loop above covers every context
 
+    def batch_verify_cost(self, rows: int, width: int, context: int | None = None) -> float:
+        """Seconds of a batched verify of `rows` rows padded to `width`, read off the one-row
+        curve at rows x width tokens (the forward's work is its token count; past the widest
+        measured width, on the line through the last two points)."""
+        tokens = rows * width
+        ctxs = sorted(self.verify_ms)
+        widest = len(self.verify_ms[ctxs[0]])
+        if tokens <= widest:
+            return self.verify_cost(tokens, context)
+        last = self.verify_cost(widest, context)
+        slope = last - self.verify_cost(widest - 1, context) if widest > 1 else last
+        return last + max(slope, 0.0) * (tokens - widest)
+
     def round_cost(self, k: int, context: int | None = None) -> float:
         """Seconds of a round that drafts k tokens (k = 0: a plain step)."""
         return (self.draft_ms / 1000 if k > 0 else 0.0) + self.verify_cost(k + 1, context)

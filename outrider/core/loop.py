@@ -264,6 +264,7 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
         mx.async_eval(nxt)
         return nxt, taps
 
+    shadow = Shadow(row) if getattr(row.proposer, "drafts_on_host", False) else None
     cur, cur_taps = step(mx.array([row.anchor], dtype=mx.uint32))
     for i in range(n):
         t = time.perf_counter()
@@ -278,6 +279,8 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
         row.proposer.observe(0, cur_taps)
         if row.record is not None:
             row.record.grow(1, cur_taps)
+        if shadow is not None:
+            shadow.check(token)
         row.history.append(token)
         row.anchor = token
         kept = row.stopper.feed([token])
@@ -290,6 +293,30 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
         if row.done or last:
             return
         cur, cur_taps = following
+
+
+class Shadow:
+    """Drafts a host proposer would make during parked plain steps, checked as the tokens
+    arrive and never verified: what the auto policy learns acceptance from while parked."""
+
+    def __init__(self, row: Row) -> None:
+        self.row = row
+        self.draft: list[int] = []
+        self.matched = 0
+
+    def check(self, token: int) -> None:
+        """`token` follows the history: score the pending draft, or draft anew from here."""
+        if not self.draft:  # draft what would follow the history's last token
+            ctx = DraftContext(self.row.history, self.row.policy.ceiling, self.row.sampling)
+            self.draft, self.matched = list(self.row.proposer.propose(ctx).host or []), 0
+            if not self.draft:
+                return
+        if token == self.draft[self.matched]:
+            self.matched += 1
+            if self.matched < len(self.draft):
+                return
+        self.row.policy.observe_unverified(len(self.draft), self.matched)
+        self.draft = []
 
 
 def _row_inputs(anchor: int, proposal: Proposal, drafts: mx.array, width: int) -> mx.array:

@@ -50,7 +50,10 @@ class Proposer(Protocol):
 
     `tap_layer_ids` lists the target layers whose raw outputs the proposer wants (DeepSpec
     convention: id j is the output of decoder layer j, -1 the embedding output); empty for
-    drafter-free strategies.
+    drafter-free strategies. A proposer that drafts on the host in microseconds may say
+    `drafts_on_host = True`: while `--max-draft auto` has parked speculation, the loop then asks
+    it for drafts it does not verify and checks them against the tokens that follow, so the
+    policy keeps learning acceptance for free (`core/schedule.py`).
     """
 
     name: str

@@ -29,6 +29,7 @@ lossless.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +143,13 @@ class AutoCap:
         slope = sum((x - mx_) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
         return max(my + slope * (k - mx_), min(ys) * 0.5)
 
+    def observe_unverified(self, k: int, accepted: int) -> None:
+        """A draft of k tokens that was not verified but checked against the tokens that
+        followed (a host drafter's, while parked): `accepted` of them matched. It teaches
+        acceptance only; no round ran, so nothing about cost."""
+        if 0 < k <= self.ceiling:
+            self._learn_acceptance(k, accepted)
+
     def observe(self, k: int, accepted: int, seconds: float) -> None:
         """What a round at cap k did: `accepted` drafts kept, in `seconds`. A round wider
         than the drafter's ceiling (a lookup copy, plugins/strategies/lookup_assist.py) is not
@@ -160,6 +168,46 @@ class AutoCap:
         if timed:
             old = self.costs.get(k)
             self.costs[k] = seconds if old is None else old + EMA * (seconds - old)
+        self._learn_acceptance(k, accepted)
+
+    def _learn_acceptance(self, k: int, accepted: int) -> None:
         for j in range(min(accepted + 1, k)):  # positions reached: 1..accepted+1
             hit = 1.0 if j < accepted else 0.0
             self.accept[j] += ACCEPT_EMA * (hit - self.accept[j])
+
+
+def admit(survival: list[list[float]], cost: Callable[[int, int], float]) -> list[int]:
+    """How many drafts each row of a batch verifies this round (DSpark's prefix scheduler, the
+    DSpark paper's §3.2.2, Algorithm 1, on this loop's padded verify).
+
+    `survival[r][j-1]` is the chance that row r's first j drafts are all accepted (non-increasing
+    in j: the confidence head's cumulative product, or the row's running acceptance);
+    `cost(rows, width)` the seconds of a verify forward of `rows` rows padded to `width`. Every
+    row verifies its anchor; candidates (r, j) are admitted in order of survival, each adding
+    survival[r][j-1] expected tokens, while expected tokens per second keeps growing. The first
+    candidate that does not raise it ends the search: whether draft j of a row is verified then
+    depends only on survivals up to j, never on one computed from draft j itself, which keeps
+    sampled output exact (the paper's Appendix A shows the distribution shifting without it).
+    """
+    rows = len(survival)
+    if rows == 0:
+        return []
+    order = sorted(
+        ((s, j, r) for r, row in enumerate(survival) for j, s in enumerate(row, 1) if s > 0),
+        key=lambda c: (-c[0], c[1], c[2]),
+    )
+    admitted = [0] * rows
+    best_rate = rows / cost(rows, 1)
+    best = list(admitted)
+    expected, width = float(rows), 1
+    for s, j, r in order:
+        if j != admitted[r] + 1:  # a row's drafts enter in order (ties keep j ascending)
+            break
+        admitted[r] = j
+        expected += s
+        width = max(width, j + 1)
+        rate = expected / cost(rows, width)
+        if rate <= best_rate:
+            break
+        best_rate, best = rate, list(admitted)
+    return best

@@ -40,6 +40,7 @@ class NGramIndex:
 class LookupProposer:
     name = "lookup"
     tap_layer_ids: tuple[int, ...] = ()
+    drafts_on_host = True  # parked plain steps can check its drafts for free
 
     def __init__(self, max_draft: int = 8, min_n: int = 1, max_n: int = 4) -> None:
         self.max_draft = max_draft
