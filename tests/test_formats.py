@@ -10,6 +10,7 @@ import pytest
 
 import outrider
 from outrider.api import load_drafter
+from outrider.core.device import on_cuda_gpu
 from outrider.core.errors import CheckpointError, OutriderError
 from outrider.core.plugins import Plugins
 from outrider.plugins.formats.zlab import default_layer_ids
@@ -78,8 +79,14 @@ def test_zlab_block_slicing_uses_the_slot_after_the_anchor(qwen3_target, drafter
     drafts = prop.propose(DraftContext(ids + [anchor], 3, SamplingParams())).tokens.tolist()
     block = mx.array([anchor] + [prop.spec.mask_token_id] * (prop.spec.block_size - 1))
     hidden = prop.drafter.backbone(target.embed(block)[None], taps, prop.drafter.make_cache())
-    by_slot = mx.argmax(target.project(hidden), axis=-1).tolist()
-    assert drafts == by_slot[1:4]
+    logits = target.project(hidden).astype(mx.float32)
+    by_slot = mx.argmax(logits, axis=-1).tolist()
+    if not on_cuda_gpu():
+        assert drafts == by_slot[1:4]
+    else:  # TF32 matmuls over 3 rows and over 8 may break a near-tie differently
+        for i, d in enumerate(drafts, 1):
+            row = logits[i]
+            assert row[d].item() >= row.max().item() - 2e-3 * mx.abs(row).max().item()
 
 
 def test_zlab_default_layer_rule():

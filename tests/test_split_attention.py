@@ -10,7 +10,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import PROMPTS, plain_greedy
+from conftest import PROMPTS, fp32_close, plain_greedy
 
 import outrider
 from outrider.core.device import ATTENTION_ENV, split_attention
@@ -104,7 +104,7 @@ def test_split_verify_logits_match_the_models_own(monkeypatch, qwen3_target, dty
             target.prefill(prompt, cache)
             out.append(target.forward(ids, cache)[0].astype(mx.float32))
         tol = 1e-4 if dtype == mx.float32 else 5e-2 * mx.abs(out[1]).max().item()
-        assert mx.allclose(out[0], out[1], atol=tol).item(), f"{rows} rows"
+        assert fp32_close(out[0], out[1], atol=tol), f"{rows} rows"
 
 
 def test_a_probe_that_disagrees_keeps_the_models_attention(monkeypatch, qwen3_target):
@@ -136,7 +136,7 @@ def test_folded_block_rows_give_the_same_draft_attention(drafters, qwen3_target)
             layer.self_attn.fold_rows = fold
         block = pipe.target.embed(mx.array([prompt[-1]] + [0] * 7, dtype=mx.uint32))[None]
         hidden.append(proposer.drafter.backbone(block, taps, proposer.drafter.make_cache()))
-    assert mx.allclose(hidden[0], hidden[1], atol=1e-5).item()
+    assert fp32_close(hidden[0], hidden[1], atol=1e-5)
 
 
 def test_half_precision_is_split_only_when_asked(monkeypatch, qwen3_target):
