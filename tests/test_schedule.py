@@ -64,12 +64,17 @@ def test_an_intermediate_cost_picks_an_intermediate_cap():
     assert policy.choose(1) == 1  # never more than the tokens left
 
 
-def test_unmeasured_caps_are_read_off_the_line_through_measured_ones():
+def test_unmeasured_caps_are_read_off_the_line_through_measured_drafting_caps():
+    """Plain steps (pipelined, no drafter) are not on the drafting rounds' line."""
     policy = AutoCap(8)
     for _ in range(10):
         policy.observe(0, 0, 1.0)
         policy.observe(4, 2, 3.0)
-    assert policy.cost(2) == pytest.approx(2.0)
+    assert policy.cost(0) == pytest.approx(1.0)
+    assert policy.cost(2) == policy.cost(8) == pytest.approx(3.0)  # one drafting cap measured
+    for _ in range(10):
+        policy.observe(2, 1, 2.0)
+    assert policy.cost(3) == pytest.approx(2.5)
     assert policy.cost(8) == pytest.approx(5.0)
 
 

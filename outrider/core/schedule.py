@@ -39,7 +39,7 @@ LEARN = 6  # drafting rounds at the start cap (after the warm-up ones) before th
 MARGIN = 1.03  # a cap must beat plain decoding by 3% to be worth its variance
 MAX_INTERVAL = 256  # plain steps between probes, at most
 PROBE_ACCEPT = 0.9  # a probe drafts the cap that would pay at this acceptance (else one)
-PROBE_BUDGET = 0.03  # a failed probe may cost at most this share of the plain steps before it
+PROBE_BUDGET = 0.015  # a failed probe may cost at most this share of the plain steps before it
 
 
 @dataclass
@@ -121,7 +121,7 @@ class AutoCap:
         return best_k
 
     def cost(self, k: int) -> float:
-        """Seconds a round at cap k: measured, else on the line through the measured caps;
+        """Seconds a round at cap k: measured, else on the line through the measured drafting caps;
         with a calibration, the calibrated curve at this context times what live rounds cost
         against it (they add the host's own work: sampling, acceptance, the sync)."""
         measured = {j: c for j, c in self.costs.items() if self.rounds.get(j, 0) > self.warmup}
@@ -133,11 +133,15 @@ class AutoCap:
             return self.calibration.round_cost(k, self.context) * ratio
         if k in measured:
             return measured[k]
-        if not measured:
+        # a drafting round is not a plain step plus drafts (it pays a drafter call and a sync
+        # that pipelined plain steps do not): its line goes through drafting rounds only, and
+        # with one of them measured, other caps cost the same until measured (so they get tried)
+        same = {j: c for j, c in measured.items() if (j > 0) == (k > 0)} or measured
+        if not same:
             return 1.0
-        if len(measured) == 1:
-            return next(iter(measured.values()))
-        xs, ys = list(measured), list(measured.values())
+        if len(same) == 1:
+            return next(iter(same.values()))
+        xs, ys = list(same), list(same.values())
         mx_, my = sum(xs) / len(xs), sum(ys) / len(ys)
         var = sum((x - mx_) ** 2 for x in xs)
         slope = sum((x - mx_) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
