@@ -217,8 +217,13 @@ def test_llama_rows_match_each_row_alone(llama_target):
 
 
 def test_a_family_without_batched_caches_is_refused(tmp_path):
-    path = make_tiny_target(tmp_path / "sliding", family="gemma4_text")
+    # gemma3_text has no family plugin: the mlx-lm fallback runs it, one row at a time
+    path = make_tiny_target(
+        tmp_path / "fallback", family="llama", model_type="gemma3_text", head_dim=16,
+        sliding_window=8, sliding_window_pattern=2,
+    )  # fmt: skip
     pipe = outrider.load(str(path), mode="baseline")
+    assert pipe.target.family.name == "mlx_lm"
     with pytest.raises(UnsupportedTargetError, match="one row at a time"):
         pipe.generate_batch([[1, 2, 3]], max_tokens=4)
 

@@ -82,7 +82,7 @@ def serve(
         None, "--prefix-cache-dir", help="Keep prefix caches on disk here too (survive restarts)."
     ),
     max_batch: int = Opt(
-        1, "--max-batch", help="Decode up to this many requests together (dense models)."
+        1, "--max-batch", help="Decode up to this many requests together (not with --kv-bits)."
     ),
     kv_bits: int | None = Opt(None, "--kv-bits", help="Quantize the KV cache: 8 or 4 bits."),
 ) -> None:

@@ -1,5 +1,5 @@
-"""Several rows in one cache, for families whose layers hold plain KV caches or recurrent
-state (gated-delta-net, Mamba-2).
+"""Several rows in one cache, for families whose layers hold plain KV caches, recurrent state
+(gated-delta-net, Mamba-2) or sliding windows (Gemma-4, Muse-Glimmer).
 
 mlx-lm's `BatchKVCache` keeps rows left-padded: every row's last position sits at the same
 column, each row has its own rope offset, and its mask hides each row's padding. A verify
@@ -12,33 +12,98 @@ alone, up to the rounding of batched matmuls.
 
 Recurrent layers hold one state per row (no padding: a state has no length). Their rollback
 replays the layer's mixer over each row's accepted prefix from the state before the round,
-rows that kept the same number of tokens in one call (see `RecordingArraysCache.rollback_rows`).
+rows that kept the same number of tokens in one mixer call (see `RecordingArraysCache.rollback_rows`).
+
+Sliding-window layers use `WindowRows`, mlx-lm's `BatchRotatingKVCache` with one fix (below).
+Its rows are left-padded in temporal order too: a one-token update writes into a rotating
+buffer of `max_size` columns and moves every row's padding one column left (the evicted
+column), and a multi-token update (a verify round) puts the buffer in temporal order, keeps
+its last `max_size - 1` columns and appends the new ones. Right after that update the buffer
+is in temporal order and ends with the round's columns, so the same rollback applies: cut what
+all rows rejected off the end, roll each row's extra rejected columns to its front (its
+padding grows, its rope offset shrinks). Every row still holds at least `max_size` of its own
+latest tokens (`max_size - 1` kept + the anchor + its accepted drafts), all its window needs.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, dynamic_roll
 
 from ...core.errors import UnsupportedTargetError
 from ...core.family import BatchedCache
 from .caches import RecordingArraysCache
 
 
+class WindowRows(BatchRotatingKVCache):
+    """mlx-lm's `BatchRotatingKVCache`, with a multi-token update's mask built from temporal
+    order.
+
+    mlx-lm (0.32) computes that mask before the update puts a rotated buffer in temporal order,
+    from the write index of the rotated buffer, so it misses the column the update then drops
+    and hides one real column of every row with positive padding (a row shorter than the
+    window, or one rolled back). mlx-lm's own batched generation never sends a multi-token
+    update after a rotation; speculative rounds do. Putting the buffer in temporal order first
+    (the update would do it next anyway, for every layer) makes mask and update agree. The
+    models build one mask per layer kind, from the first cache of that kind; every sliding
+    layer's cache has the same bookkeeping, so that mask is every one's.
+    """
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
+        if N > 1:
+            self._temporal_order()
+        return super().make_mask(N, window_size=window_size, return_array=return_array)
+
+    def rollback_rows(self, common: int, shifts: mx.array | None) -> None:
+        """Cut `common` columns off the end, then roll row i right by shifts[i] (see above)."""
+        if self.keys is None or self.rotated or self._idx != self.keys.shape[2]:
+            raise UnsupportedTargetError(
+                "a batched sliding-window cache can only be rolled back right after a verify "
+                "forward"
+            )
+        if common:
+            keep = self._idx - common
+            self.keys = self.keys[..., :keep, :]
+            self.values = self.values[..., :keep, :]
+            self._idx = keep
+            self._offset -= common
+            self.offset = self.offset - common
+        if shifts is not None:
+            self.keys = dynamic_roll(self.keys, shifts, axis=2)
+            self.values = dynamic_roll(self.values, shifts, axis=2)
+            self.left_padding = self.left_padding + shifts[:, 0]
+            self.offset = self.offset - shifts[:, 0]
+
+
 def _merge_layer(layer: tuple):
-    kinds = {type(c) for c in layer}
-    if kinds == {KVCache}:
+    # By class name: a multimodal checkpoint's language tower (mlx-vlm) uses mlx-vlm's own
+    # cache classes, which hold the same fields as mlx-lm's.
+    kinds = {type(c).__name__ for c in layer}
+    if kinds == {"KVCache"}:
         return BatchKVCache.merge(list(layer))
-    if kinds == {RecordingArraysCache}:
+    if kinds == {"RotatingKVCache"}:
+        if any(c.keep for c in layer):
+            raise UnsupportedTargetError(
+                "batched decoding needs sliding windows that keep no leading tokens"
+            )
+        return WindowRows.merge(list(layer))
+    if kinds == {"RecordingArraysCache"}:
         return RecordingArraysCache.merge(list(layer))
-    names = ", ".join(sorted(k.__name__ for k in kinds - {KVCache, RecordingArraysCache}))
+    if "QuantizedKVCache" in kinds:
+        raise UnsupportedTargetError(
+            "batched decoding does not take a quantized KV cache (--kv-bits); serve one "
+            "request at a time (--max-batch 1) or drop --kv-bits"
+        )
+    names = ", ".join(sorted(kinds - {"KVCache", "RotatingKVCache", "RecordingArraysCache"}))
     raise UnsupportedTargetError(
-        f"batched decoding needs KV caches or recurrent state; this model uses {names}"
+        "batched decoding needs KV caches, sliding windows or recurrent state; this model "
+        f"uses {names}"
     )
 
 
 class BatchedRows:
-    """The batching members of a family whose layers hold `KVCache`s and recurrent state."""
+    """The batching members of a family whose layers hold `KVCache`s, rotating (sliding-window)
+    caches and recurrent state."""
 
     def merge_rows(self, caches: list[list]) -> BatchedCache:
         """One batched cache from one-row caches (their rows, in order)."""
@@ -67,6 +132,9 @@ class BatchedRows:
         for c in cache:
             if isinstance(c, RecordingArraysCache):
                 c.rollback_rows(n)
+                continue
+            if isinstance(c, WindowRows):
+                c.rollback_rows(common, shifts)
                 continue
             if common:
                 c.trim(common)

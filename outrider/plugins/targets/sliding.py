@@ -2,7 +2,9 @@
 tower) and Muse-Glimmer (sliding layers plus NoPE global layers; mlx-lm `muse_glimmer`, and the
 mlx-vlm one). Sliding layers use rotating caches; their rollback stays exact after the window
 has wrapped (see caches.py). A multimodal checkpoint (one with a vision_config) is loaded
-through mlx-vlm and only its language model runs, wrapped per instance as `LanguageTower`."""
+through mlx-vlm and only its language model runs, wrapped per instance as `LanguageTower`.
+Several rows batch (continuous batching): sliding layers in a batched rotating cache, global
+layers in a batched KV cache, each row rolled back exactly after a verify round (batched.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import mlx.nn as nn
 from ...core.errors import UnsupportedTargetError
 from ...core.hookspecs import hookimpl
 from .base import MlxLmFamily, decoder, head_owner
+from .batched import BatchedRows
 from .caches import Snapshots
 
 
@@ -55,7 +58,7 @@ def _arg(owner: nn.Module, name: str) -> Any:
     return getattr(getattr(owner, "args", None), name, None) if value is None else value
 
 
-class SlidingWindowFamily(Snapshots, MlxLmFamily):
+class SlidingWindowFamily(BatchedRows, Snapshots, MlxLmFamily):
     """mlx-lm text models with rotating caches; multimodal checkpoints via mlx-vlm."""
 
     def load(self, path: Path, config: dict) -> tuple[nn.Module, Any]:
