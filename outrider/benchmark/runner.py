@@ -19,11 +19,12 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..api import Pipeline, load, load_drafter, load_target
+from ..api import Pipeline, load
 from ..core.device import on_cuda_gpu
 from ..core.errors import OutriderError
 from ..core.plugins import Plugins
 from ..core.target import Target
+from ..loaders import load_drafter, load_target
 from ..registry import find_pair
 from ..registry.resolver import DRAFTER_MODES
 from .peers import load_draft_model, mlx_lm_plain, mlx_lm_speculative

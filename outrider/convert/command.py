@@ -32,7 +32,6 @@ def convert(
 
 def convert_drafter(src: str, out: Path, target: str | None, force: bool) -> list[str]:
     """Convert `src` into `out`; returns the lines that say what was written."""
-    from ..api import _detect_format
     from ..cli_common import plugins
     from ..core.checkpoint import Checkpoint
     from ..core.errors import OutriderError
@@ -44,6 +43,7 @@ def convert_drafter(src: str, out: Path, target: str | None, force: bool) -> lis
         write_deepspec_folder,
     )
     from ..core.hub import resolve_model
+    from ..loaders import detect_format
     from ..plugins.formats.deepspec import DeepSpecFormat
     from .deepspec import deepspec_checkpoint
 
@@ -56,7 +56,7 @@ def convert_drafter(src: str, out: Path, target: str | None, force: bool) -> lis
         fmt, checkpoint = DeepSpecFormat(), read_gguf_checkpoint(path)
         packaging = "DSpark GGUF"
     else:
-        fmt, checkpoint = _detect_format(plugins(), path)
+        fmt, checkpoint = detect_format(plugins(), path)
         packaging = fmt.name
     spec = fmt.translate(checkpoint)
     shares_target = not (spec.own_embedding and spec.own_lm_head)

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..api import load_drafter, pipeline_from_parts
+from ..api import pipeline_from_parts
 from ..core.drafter_spec import DrafterSpec
 from ..core.plugins import Plugins
 from ..core.target import Target
+from ..loaders import load_drafter
 
 
 @dataclass

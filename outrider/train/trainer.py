@@ -20,12 +20,12 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..api import load_drafter, load_target
 from ..core.checkpoint import read_config
 from ..core.errors import Interrupted, OutriderError
 from ..core.hub import resolve_model
 from ..core.plugins import Plugins
 from ..core.target import Target
+from ..loaders import load_drafter, load_target
 from . import data as D
 from .config import TrainConfig, TrainReport
 from .objectives import Batch

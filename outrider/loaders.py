@@ -1,0 +1,204 @@
+"""What to load for a model and a drafter: the format plugin that reads a drafter checkpoint,
+the family plugin that loads a target, whether the two fit, and which mode `auto` means."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .core import gguf
+from .core.checkpoint import open_checkpoint, read_config
+from .core.drafter_spec import DrafterSpec
+from .core.errors import CheckpointError, ModelNotFoundError, OutriderError, UnsupportedTargetError
+from .core.hub import resolve_model
+from .core.plugins import Plugins
+from .core.target import Target
+from .registry import Pair, find_pair
+
+
+def detect_format(plugins: Plugins, path: Path):
+    if gguf.is_gguf(path):  # a DSpark GGUF: converted once into DeepSpec's layout (cached)
+        from .core.gguf_drafter import converted_drafter
+
+        path = converted_drafter(path)[0]
+    ckpt = open_checkpoint(path)
+    for fmt in plugins.formats.values():
+        if fmt.detect(ckpt.config):
+            return fmt, ckpt
+    archs = ckpt.config.get("architectures")
+    causal_lm = _plain_causal_lm(ckpt.config)
+    if causal_lm is not None:
+        raise CheckpointError(
+            f"{path} is a plain causal LM ({causal_lm}), not a drafter checkpoint: a small "
+            "model with the target's tokenizer drafts in draft mode, --mode draft "
+            f"--draft-model {path}"
+        )
+    raise CheckpointError(
+        f"no drafter format recognises {path} (architectures {archs!r}); installed formats: "
+        + ", ".join(sorted(plugins.formats))
+    )
+
+
+# Config keys that mark a checkpoint as some speculative drafter, never a plain causal LM.
+_DRAFTER_KEYS = (
+    "draft_vocab_size", "dflash_config", "eagle_config", "speculators_config", "block_size",
+    "target_layer_ids", "target_hidden_size", "speculators_model_type",
+)  # fmt: skip
+
+
+def _plain_causal_lm(config: dict) -> str | None:
+    """The architecture of a config mlx-lm can load as a causal LM and that has no drafter
+    fields (such a model drafts in mode draft, not as a --drafter), else None."""
+    import importlib.util
+
+    archs = [str(a) for a in config.get("architectures") or []]
+    mtype = config.get("model_type")
+    if not mtype or any(k in config for k in _DRAFTER_KEYS):
+        return None
+    if not any(a.endswith("ForCausalLM") for a in archs):
+        return None
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    mtype = MODEL_REMAPPING.get(mtype, mtype)
+    try:
+        known = importlib.util.find_spec(f"mlx_lm.models.{mtype}") is not None
+    except (ImportError, ValueError):
+        known = False
+    return archs[0] if known else None
+
+
+def load_drafter(plugins: Plugins, drafter: str, download: bool = True) -> DrafterSpec:
+    """Read a drafter checkpoint through the format plugin that claims it."""
+    fmt, ckpt = detect_format(plugins, resolve_model(drafter, "drafter", download))
+    return fmt.translate(ckpt)
+
+
+def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
+    path = resolve_model(model, "model", download)
+    if gguf.is_gguf(path) and gguf.read_header(path).arch == "dspark":
+        raise CheckpointError(f"{model} is a DSpark drafter GGUF; pass it as --drafter")
+    config = gguf.read_config(path) if gguf.is_gguf(path) else read_config(path)
+    archs = [str(a) for a in config.get("architectures") or []]
+    if any(
+        a.endswith(("DSparkModel", "DraftModel", "Speculator", "Eagle3Model", "Eagle3"))
+        for a in archs
+    ):
+        raise CheckpointError(f"{model} is a drafter checkpoint ({archs[0]}); pass it as --drafter")
+    for family in sorted(plugins.families.values(), key=lambda f: -getattr(f, "priority", 0)):
+        if family.supports(config):
+            try:
+                model_obj, tokenizer = family.load(path, config)
+            except OutriderError:
+                raise
+            except Exception as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise CheckpointError(f"could not load model {model}: {first}") from e
+            return Target(model_obj, tokenizer, family, config, name=model)
+    mtype = config.get("model_type") or (config.get("text_config") or {}).get("model_type")
+    raise UnsupportedTargetError(
+        f"model_type {mtype!r} is not supported by any installed target-family plugin "
+        f"(installed: {', '.join(sorted(plugins.families))}); --mode lookup and --mode baseline "
+        "work on any model mlx-lm can load"
+    )
+
+
+def check_pair(target: Target, spec: DrafterSpec) -> None:
+    if spec.hidden_size != target.hidden_size:
+        raise OutriderError(
+            f"drafter hidden size {spec.hidden_size} does not match the target's "
+            f"{target.hidden_size}: this drafter was made for another model"
+        )
+    vocab = target.config.get("vocab_size") or (target.config.get("text_config") or {}).get(
+        "vocab_size"
+    )
+    if spec.own_lm_head and vocab and spec.vocab_size != vocab:
+        raise OutriderError(
+            f"drafter vocabulary ({spec.vocab_size}) differs from the target's ({vocab})"
+        )
+    owned = (("embedding", spec.own_embedding), ("head", spec.own_lm_head))
+    shared = [name for name, own in owned if not own]
+    if shared and vocab:  # the drafter reads and writes the target's token ids directly
+        uses = f"the target's {' and '.join(shared)}"
+        if spec.vocab_size != vocab:
+            raise OutriderError(
+                f"drafter uses {uses} but was made for a vocabulary of {spec.vocab_size} "
+                f"tokens; the target's has {vocab}"
+            )
+        if not 0 <= spec.mask_token_id < vocab:
+            raise OutriderError(
+                f"drafter uses {uses} but its mask_token_id {spec.mask_token_id} is outside "
+                f"the target's vocabulary of {vocab}"
+            )
+
+
+def resolve_mode(
+    plugins: Plugins,
+    model: str,
+    mode: str,
+    drafter: str | None,
+    registry: list[Pair] | None = None,
+) -> tuple[str, str | None, Pair | None]:
+    """(mode, drafter, registry row): auto takes an explicit drafter's kind, else the row's mode,
+    else drafter-free lookup (`load` falls back further when the row's drafter cannot be had).
+    `registry` replaces the shipped rows (tests, a contributor's draft)."""
+    pair = find_pair(model, registry)
+    if mode == "auto":
+        if drafter is not None:
+            return "auto-drafter", drafter, pair
+        if pair and pair.mode in plugins.strategies and pair.drafters.get(pair.mode):
+            return pair.mode, pair.drafters[pair.mode], pair
+        return "lookup", None, pair
+    strategy = plugins.strategy(mode)
+    if strategy.needs_drafter and drafter is None:
+        if pair and pair.drafters.get(mode):
+            drafter = pair.drafters[mode]
+        else:
+            raise OutriderError(
+                f"--mode {mode} needs a drafter: pass --drafter (no registry pair names a "
+                f"{mode} drafter for {model}), or use --mode lookup"
+            )
+    return mode, drafter, pair
+
+
+def draft_mode(mode: str, drafter: str | None, draft_model: str | None) -> str:
+    """The mode a --draft-model asks for (draft; auto becomes draft), refusing mixed flags."""
+    if draft_model is None:
+        if mode == "draft":
+            raise OutriderError(
+                "--mode draft needs a draft model: pass --draft-model M (a small mlx-lm model "
+                "with the target's tokenizer)"
+            )
+        return mode
+    if mode not in ("auto", "draft"):
+        raise OutriderError(f"--draft-model drafts in --mode draft, not --mode {mode}")
+    if drafter is not None:
+        raise OutriderError(
+            "--drafter and --draft-model both given: --drafter takes a drafter checkpoint, "
+            "--draft-model a small causal LM (mode draft); pass one"
+        )
+    return "draft"
+
+
+def auto_drafter(
+    plugins: Plugins, pair: Pair, download: bool, notes: list[str]
+) -> tuple[str, str | None, DrafterSpec | None]:
+    """(mode, drafter, spec) for --mode auto on a registry row: the row's mode, else the first
+    other drafter mode the row names whose strategy is installed and whose drafter loads, else
+    lookup. A fallback adds one line to `notes` saying which and why."""
+    if pair.mode not in pair.drafters:  # a drafter-free row
+        return ("baseline" if pair.mode == "baseline" else "lookup"), None, None
+    why: list[str] = []
+    for mode in [pair.mode, *(m for m in pair.drafters if m != pair.mode)]:
+        repo = pair.drafters[mode]
+        if mode not in plugins.strategies:
+            why.append(f"{mode}: no {mode} strategy is installed")
+            continue
+        try:
+            spec = load_drafter(plugins, repo, download)
+        except (ModelNotFoundError, CheckpointError) as e:
+            why.append(f"{mode}: {repo}: {e}")
+            continue
+        if why:
+            notes.append(f"--mode auto runs {mode} ({repo}) for {pair.id}: " + "; ".join(why))
+        return mode, repo, spec
+    notes.append(f"--mode auto runs lookup for {pair.id}: " + "; ".join(why))
+    return "lookup", None, None
