@@ -213,7 +213,8 @@ def test_train_ctrl_c_before_any_checkpoint(toy, tmp_path, monkeypatch):
     result = CliRunner().invoke(cli.app, train_args(toy, out))
     assert result.exit_code == 130, result.output
     assert result.stderr.strip() == (
-        "interrupted before the first checkpoint; run again with --resume to start over"
+        "interrupted before the first checkpoint; the training windows are kept: run again "
+        "with --resume to train from step 0 without preparing the data again"
     )
     assert json.loads(result.stdout.splitlines()[-1]) == {
         "event": "interrupted",
