@@ -60,13 +60,13 @@ def test_every_hit_kind_equals_a_fresh_run(models_dir, family, mode):
     target, pipe, fresh = pipes(models_dir, family, mode)
     first = run(pipe, FIRST)
     assert first.cached_tokens == 0
-    repeat = run(pipe, FIRST)  # exact repeat: all but the last prompt token reused
+    repeat = run(pipe, FIRST)  # exact repeat: the whole prompt reused, nothing forwarded
     turn = FIRST + first.tokens + [110, 111, 112, 113]  # the conversation goes on
     extended = run(pipe, turn)
     diverged_ids = SYSTEM[:DIVERGE] + [200, 201, 202]
     diverged = run(pipe, diverged_ids)
 
-    assert repeat.cached_tokens == len(FIRST) - 1
+    assert repeat.cached_tokens == len(FIRST)
     # the whole first exchange is held (its last token was never forwarded in drafting modes)
     assert extended.cached_tokens >= len(FIRST) + N - 1
     trims = FAMILIES[family]
@@ -76,7 +76,7 @@ def test_every_hit_kind_equals_a_fresh_run(models_dir, family, mode):
         assert got.tokens == want, f"{family}/{mode}: a hit of {got.cached_tokens} diverged"
         assert want == plain_greedy(target, ids, N)
     stats = pipe.prefix_cache.snapshot_stats()
-    assert stats["hits"] == 3 and stats["misses"] == 1
+    assert stats["hits"] == 3 and stats["misses"] == 1 and stats["whole_hits"] == 1
     assert stats["bytes"] > 0
 
 
@@ -120,7 +120,7 @@ def test_disk_tier_survives_and_refuses_bad_files(models_dir, tmp_path, family):
         return got, pipe.prefix_cache.stats, [str(w.message) for w in caught]
 
     got, stats, _ = new_store_run()
-    assert got.cached_tokens == len(FIRST) - 1 and stats["disk_hits"] == 1
+    assert got.cached_tokens == len(FIRST) and stats["disk_hits"] == 1
 
     # damaged: a byte flipped in the data is refused, deleted, and rebuilt by the request
     data = bytearray(files[0].read_bytes())
@@ -144,7 +144,7 @@ def test_disk_tier_survives_and_refuses_bad_files(models_dir, tmp_path, family):
     assert any("another model" in s for s in said)
     assert json.loads(side.read_text())["sha256"] == _file_sha(files[0])  # rebuilt, ours again
     got, stats, _ = new_store_run()
-    assert got.cached_tokens == len(FIRST) - 1 and stats["disk_hits"] == 1
+    assert got.cached_tokens == len(FIRST) and stats["disk_hits"] == 1
 
 
 def test_unusable_or_full_disk_degrades_to_memory_only(models_dir, tmp_path):
@@ -166,7 +166,7 @@ def test_unusable_or_full_disk_degrades_to_memory_only(models_dir, tmp_path):
             assert run(pipe, FIRST).tokens == want
         assert pipe.prefix_cache.directory is None  # memory only from here on
         again = run(pipe, FIRST)
-        assert again.tokens == want and again.cached_tokens == len(FIRST) - 1
+        assert again.tokens == want and again.cached_tokens == len(FIRST)
     assert not list(full.glob("*.safetensors"))
 
 
@@ -194,7 +194,7 @@ def test_openai_and_anthropic_sdks_report_cached_tokens(server):
     (first, u1), (second, u2) = answers
     assert first == second
     assert u1.prompt_tokens_details.cached_tokens == 0
-    assert 0 < u2.prompt_tokens_details.cached_tokens < u2.prompt_tokens
+    assert u2.prompt_tokens_details.cached_tokens == u2.prompt_tokens  # a whole-prompt hit
 
     claude = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
     said = []
@@ -208,7 +208,7 @@ def test_openai_and_anthropic_sdks_report_cached_tokens(server):
         said.append((m.content[0].text if m.content else "", m.usage))
     (first, u1), (second, u2) = said
     assert first == second
-    assert u2.cache_read_input_tokens > 0
+    assert u2.cache_read_input_tokens > 0 and u2.input_tokens == 0
     assert u2.input_tokens + u2.cache_read_input_tokens == u1.input_tokens + (
         u1.cache_read_input_tokens or 0
     )

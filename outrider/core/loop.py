@@ -18,7 +18,7 @@ from .acceptance import accept_greedy, accept_sampled
 from .errors import Cancelled
 from .logits import Penalties, TokenLogprob, logprob_arrays, process_rows, read_logprobs
 from .prefix_cache import PrefixHit, Record
-from .proposer import DraftContext, Proposal, Proposer
+from .proposer import DraftContext, Proposal, Proposer, propose_all
 from .sampling import KeyStream, SamplingParams, greedy, probabilities, sample
 from .schedule import AutoCap
 from .stopping import Stopper
@@ -102,14 +102,18 @@ def prefill(
     record: Record | None = None,
 ) -> Started:
     """Forward the prompt (all of it, or what a prefix hit leaves) into a one-row cache and
-    choose the first token. Raises `Cancelled` when `cancelled` says so between chunks."""
+    choose the first token. Raises `Cancelled` when `cancelled` says so between chunks.
+
+    A hit holding the whole prompt with its last position's logits (an exact repeat) forwards
+    nothing: the first token is chosen from those logits, as the fresh prefill would."""
     if not prompt:
         raise ValueError("the prompt is empty")
     tap_ids = tuple(proposer.tap_layer_ids)
     if tap_ids:
         target.install_taps(tap_ids)
     done = 0 if start is None else start.length
-    if not 0 <= done < len(prompt):
+    whole = start is not None and start.logits is not None and done == len(prompt)
+    if not (0 <= done < len(prompt) or whole):
         raise ValueError(f"a prefix hit of {done} tokens leaves nothing of the prompt to forward")
     cache = target.make_cache() if start is None else start.cache
     progress = prefill_progress
@@ -119,15 +123,23 @@ def prefill(
     if record is not None:
         stops, at_stop = record.prefill_stops(target, cache, done, len(prompt))
     t0 = time.perf_counter()
+    pending = []  # prefix-cache snapshots to evaluate before anything updates the cache
     with mx.stream(target.stream):
-        last_logits, taps = target.prefill(
-            prompt[done:], cache, tap_ids, cancelled, progress, stops, at_stop
-        )
-        if done and taps is not None:
-            taps = mx.concatenate([start.taps, taps], axis=0)
-        last_logits = process_rows(procs, prompt, window, last_logits[None])[0]
+        if whole:
+            raw, taps = start.logits, start.taps
+        else:
+            raw, taps = target.prefill(
+                prompt[done:], cache, tap_ids, cancelled, progress, stops, at_stop, done > 0
+            )
+            if done and taps is not None:
+                taps = mx.concatenate([start.taps, taps], axis=0)
+        if record is not None:
+            pending = record.prompt_end(target, cache, len(prompt), raw, whole)
+        last_logits = process_rows(procs, prompt, window, raw[None])[0]
         first = _choose(last_logits, sampling, keys)
         lp = None if logprobs is None else logprob_arrays(last_logits[None], first, logprobs)
+    if pending:
+        mx.eval(first, lp, pending)  # with the first token: no sync of its own
     return Started(cache, first, lp, taps, t0)
 
 
@@ -345,21 +357,22 @@ def verify_round(
     if not batched and len(rows) != 1:
         raise ValueError("a one-row cache verifies one row")
     tap_ids = tuple(rows[0].proposer.tap_layer_ids)
-    proposals, drafts, pending, per_row, asked = [], [], [], [], []
+    ctxs, drafts, pending, per_row, asked = [], [], [], [], []
     with mx.stream(target.stream):
         for row in rows:
             cap = max(0, min(row.cap_limit, row.stopper.remaining - 1))
             if caps is not None:
-                cap = caps[len(proposals)]
+                cap = caps[len(ctxs)]
             key = row.keys.next() if row.keys is not None and cap > 0 else None
             # drafts that could still count (a given cap bounds even a lookup copy)
             room = {"room": max(0, row.stopper.remaining - 1) if row.long_copies else cap}
-            ctx = DraftContext(row.history, cap, row.sampling, key, room)
-            proposal = row.proposer.propose(ctx) if cap > 0 else Proposal.empty()
+            ctxs.append(DraftContext(row.history, cap, row.sampling, key, room))
             asked.append(cap)
+        # rows sharing a drafter draft in one call (propose_all), every other row on its own
+        proposals = propose_all([row.proposer for row in rows], ctxs)
+        for proposal in proposals:
             tokens = proposal.tokens
             drafts.append(tokens if tokens.dtype == mx.uint32 else tokens.astype(mx.uint32))
-            proposals.append(proposal)
         width = 1 + max(p.k for p in proposals)
         inputs = [_row_inputs(r.anchor, p, d, width) for r, p, d in zip(rows, proposals, drafts)]
         if batched:

@@ -4,9 +4,16 @@ A request whose prompt starts like an earlier sequence gets a cache already hold
 usable shared prefix, and prefills only the rest (`decode(start=...)`). Layers whose cache can
 be trimmed (KV) are stored once per sequence and cut to the shared prefix; layers that cannot
 (recurrent state, rotating windows) are snapshotted at checkpoints (every `interval` tokens of a
-prefill, at the prompt's last-but-one token, and at the end of the generation), and a hit
-resumes from the last checkpoint at or before the divergence. Because a hit holds exactly what a
-fresh prefill of those tokens leaves, greedy output stays that of plain decoding.
+prefill, at the prompt's end, and at the end of the generation), and a hit resumes from the last
+checkpoint at or before the divergence. Because a hit holds exactly what a fresh prefill of
+those tokens leaves, greedy output stays that of plain decoding.
+
+Each entry also keeps the target's logits at the positions where a prompt ended (and at its
+own end, when the decode loop reported them): a request whose whole prompt is such a position
+(an exact repeat) gets a cache holding every prompt token plus those logits, and its first
+token is drawn from them with no target forward at all. They are the very logits the fresh
+prefill computed, so the output is the fresh request's (greedy: identical; sampled: the same
+draw from the same key stream).
 
 Memory is bounded by bytes with LRU eviction; a budget of 0 caches nothing. An optional disk
 tier (safetensors files + a JSON sidecar each, bounded in size, oldest deleted first) survives
@@ -34,6 +41,9 @@ from .family import LayerSnapshot, NotSnapshottable
 
 DEFAULT_INTERVAL = 512  # tokens between recurrent / sliding-window checkpoints in a prefill
 GB = 1 << 30
+# The disk tier's file format: files of another format are never read (their requests miss and
+# rewrite them). 2: entries keep logits rows (`logits.<n>`), listed in the layout and sidecar.
+FORMAT = 2
 
 
 def _version() -> str:
@@ -52,11 +62,16 @@ def target_identity(target: Any) -> str:
 
 @dataclass
 class PrefixHit:
-    """A cache holding the first `length` prompt tokens, and their taps (when tapped)."""
+    """A cache holding the first `length` prompt tokens, and their taps (when tapped).
+
+    `logits` (only when `length` is the whole prompt) is the target's raw logits row at the
+    prompt's last position, as the prefill that stored it computed it: the first token is drawn
+    from it, and nothing of the prompt is forwarded."""
 
     length: int
     cache: list
     taps: mx.array | None = None
+    logits: mx.array | None = None
 
 
 class Record:
@@ -71,14 +86,16 @@ class Record:
         self.length: int | None = None  # None: all of `tokens` (plain decoding)
         self.taps: list[mx.array] = []
         self.checkpoints: dict[int, list[LayerSnapshot | None]] = {}
+        self.ends: dict[int, mx.array] = {}  # held length -> the target's logits row there
+        self.last: tuple[int, mx.array] | None = None  # the same for the current end, if known
 
     def prefill_stops(self, target: Any, cache: list, done: int, total: int):
         """Positions (relative to the prefill's start) where the prefill snapshots the layers
-        that cannot be trimmed, and the callback that does it."""
+        that cannot be trimmed, and the callback that does it (the prompt's end: `prompt_end`)."""
         if all(self.trimmable):
             return (), None
-        every = range((done // self.interval + 1) * self.interval, total - 1, self.interval)
-        stops = {p - done for p in [*every, total - 1] if p > done}
+        every = range((done // self.interval + 1) * self.interval, total, self.interval)
+        stops = {p - done for p in every if p > done}
 
         def at_stop(n: int) -> None:
             snaps = target.snapshot(cache)
@@ -88,17 +105,44 @@ class Record:
 
         return stops, at_stop
 
+    def prompt_end(
+        self, target: Any, cache: list, n: int, logits: mx.array, restored: bool = False
+    ) -> list:
+        """The prefill of an n-token prompt ended with `logits` (raw, [V]): keep them, and a
+        snapshot of the layers that cannot be trimmed, so that an exact repeat of the prompt
+        needs no forward. `restored`: the cache came whole from the prefix cache, whose entry
+        already has both. Returns the snapshot's arrays, to evaluate with the first token
+        before anything updates the cache."""
+        self.ends[n] = logits
+        if restored or all(self.trimmable):
+            return []
+        keep = [None if t else s for s, t in zip(target.snapshot(cache), self.trimmable)]
+        self.checkpoints[n] = keep
+        return [s.arrays for s in keep if s is not None]
+
     def track(
         self, cache: list, tokens: list[int], length: int | None = None, taps: Any = None
     ) -> None:
         self.cache, self.tokens, self.length = cache, tokens, length
+        self.last = None
         if taps is not None:
             self.taps = [taps]
 
-    def grow(self, n: int, taps: mx.array | None) -> None:
+    def grow(self, n: int, taps: mx.array | None, logits: mx.array | None = None) -> None:
+        """The cache holds n more tokens. `logits`: the target's raw row at the new end (the
+        one the next token is chosen from), when the caller has it; the entry then keeps it,
+        so a prompt equal to everything held starts with no forward."""
         self.length += n
         if taps is not None and self.taps:
             self.taps.append(taps)
+        self.last = None if logits is None else (self.length, logits)
+
+    def end_logits(self, n: int) -> dict[int, mx.array]:
+        """The logits rows known for positions 1..n of what the cache holds."""
+        rows = {p: row for p, row in self.ends.items() if p <= n}
+        if self.last is not None and self.last[0] == n:
+            rows[n] = self.last[1]
+        return rows
 
     @property
     def held(self) -> list[int]:
@@ -113,16 +157,17 @@ class _Entry:
     checkpoints: dict[int, list[LayerSnapshot | None]] = field(default_factory=dict)
     taps: mx.array | None = None
     tap_ids: tuple[int, ...] = ()
+    logits: dict[int, mx.array] = field(default_factory=dict)  # position -> logits row there
 
-    @property
-    def nbytes(self) -> int:
+    def __post_init__(self) -> None:
+        self.all_trimmable = all(s.trimmable for s in self.final)
+        self.nbytes = self._count()  # `_absorb`, the one change an entry sees, recounts it
+
+    def _count(self) -> int:
         n = sum(s.nbytes for s in self.final)
         n += sum(s.nbytes for ck in self.checkpoints.values() for s in ck if s is not None)
+        n += sum(row.nbytes for row in self.logits.values())
         return n + (self.taps.nbytes if self.taps is not None else 0)
-
-    @property
-    def all_trimmable(self) -> bool:
-        return all(s.trimmable for s in self.final)
 
     def usable(self, shared: int) -> int:
         """The longest restorable prefix of at most `shared` tokens."""
@@ -130,6 +175,11 @@ class _Entry:
             return shared
         positions = [p for p in (*self.checkpoints, len(self.tokens)) if p <= shared]
         return max(positions, default=0)
+
+    def whole(self, n: int) -> bool:
+        """Whether a prompt of n tokens held here can start with no forward at all: its
+        last position's logits are kept, and the cache restores to exactly n."""
+        return n in self.logits and self.usable(n) == n
 
     def layers(self, n: int) -> list[LayerSnapshot]:
         if self.all_trimmable or n == len(self.tokens):
@@ -140,6 +190,8 @@ class _Entry:
 
 def _shared(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
+    if n == 0 or a[0] != b[0]:  # most entries of a busy store share nothing with a prompt
+        return 0
     diff = np.flatnonzero(a[:n] != b[:n])
     return int(diff[0]) if len(diff) else n
 
@@ -169,9 +221,10 @@ class PrefixCache:
         self._next = 0
         self._trimmable: list[bool] | None = None
         self._disabled: str | None = None
-        self._disk_index: dict[str, np.ndarray] = {}  # file stem -> tokens
+        self._disk_index: dict[str, tuple[np.ndarray, set[int]]] = {}  # stem -> tokens, ends
         self.stats = {
             "hits": 0,
+            "whole_hits": 0,
             "misses": 0,
             "hit_tokens": 0,
             "evictions": 0,
@@ -231,18 +284,19 @@ class PrefixCache:
         return Record(self._trimmable, self.interval, tuple(tap_ids))
 
     def lookup(self, target: Any, prompt: list[int], tap_ids: tuple[int, ...] = ()) -> PrefixHit:
-        """The longest usable cached prefix of `prompt` (always leaving its last token to
-        forward), or None."""
-        if not self.enabled or len(prompt) < 2:
+        """The longest usable cached prefix of `prompt`, or None. It is the whole prompt when
+        an entry holds it and kept the logits of its last position (then `PrefixHit.logits`
+        carries them); otherwise it leaves at least the last prompt token to forward."""
+        if not self.enabled or not prompt:
             return None
         self.bind(target)
         ids = np.asarray(prompt, dtype=np.int64)
-        want = len(prompt) - 1
-        best, best_n = self._best(ids, want, tuple(tap_ids))
-        disk = self._best_on_disk(ids, want) if self.directory else None
+        tap_ids = tuple(tap_ids)
+        best, best_n = self._best(ids, tap_ids)
+        disk = self._best_on_disk(ids) if self.directory and best_n < len(ids) else None
         if disk is not None and disk[1] > best_n and self._load_disk(disk[0]):
             self.stats["disk_hits"] += 1
-            best, best_n = self._best(ids, want, tuple(tap_ids))
+            best, best_n = self._best(ids, tap_ids)
         if best is None or best_n == 0:
             self.stats["misses"] += 1
             return None
@@ -250,16 +304,20 @@ class PrefixCache:
         self._entries.move_to_end(best)
         cache = target.restore(entry.layers(best_n), best_n)
         taps = entry.taps[:best_n] if tap_ids and entry.taps is not None else None
+        logits = entry.logits[best_n] if best_n == len(ids) else None
         self.stats["hits"] += 1
+        self.stats["whole_hits"] += logits is not None
         self.stats["hit_tokens"] += best_n
-        return PrefixHit(best_n, cache, taps)
+        return PrefixHit(best_n, cache, taps, logits)
 
-    def _best(self, ids: np.ndarray, want: int, tap_ids: tuple[int, ...]):
+    def _best(self, ids: np.ndarray, tap_ids: tuple[int, ...]):
+        whole = len(ids)
         best, best_n = None, 0
         for key, e in self._entries.items():
             if tap_ids and (e.tap_ids != tap_ids or e.taps is None):
                 continue
-            n = e.usable(min(_shared(e.tokens, ids), want))
+            shared = _shared(e.tokens, ids)
+            n = whole if shared == whole and e.whole(whole) else e.usable(min(shared, whole - 1))
             if n >= best_n and n > 0:
                 best, best_n = key, n
         return best, best_n
@@ -282,12 +340,13 @@ class PrefixCache:
             taps = mx.concatenate(record.taps, axis=0)[:n]
             if taps.shape[0] != n:
                 taps = None
-        mx.eval([s.arrays for s in final], taps)
+        logits = record.end_logits(n)
+        mx.eval([s.arrays for s in final], taps, list(logits.values()))
         tokens = np.asarray(held, dtype=np.int64)
-        checkpoints = {p: ck for p, ck in record.checkpoints.items() if p <= n}
-        entry = _Entry(tokens, final, checkpoints, taps, record.tap_ids if taps is not None else ())
-        if entry.all_trimmable:
-            entry.checkpoints = {}
+        trims = all(s.trimmable for s in final)
+        checkpoints = {} if trims else {p: c for p, c in record.checkpoints.items() if p < n}
+        tap_ids = record.tap_ids if taps is not None else ()
+        entry = _Entry(tokens, final, checkpoints, taps, tap_ids, logits)
         for key, old in list(self._entries.items()):
             shared = _shared(old.tokens, tokens)
             if shared == len(old.tokens) and (old.tap_ids == entry.tap_ids or not old.tap_ids):
@@ -310,15 +369,18 @@ class PrefixCache:
 
     @staticmethod
     def _absorb(into: _Entry, other: _Entry) -> None:
-        """Add `other`'s checkpoints (a prefix of `into`'s tokens) to `into`."""
-        if into.all_trimmable:
-            return
-        for p, ck in other.checkpoints.items():
-            into.checkpoints.setdefault(p, ck)
-        end = len(other.tokens)
-        if end < len(into.tokens):
-            keep = [None if s.trimmable else s for s in other.final]
-            into.checkpoints.setdefault(end, keep)
+        """Add `other`'s checkpoints and logits rows (`other` holds a prefix of `into`'s
+        tokens) to `into`."""
+        for p, row in other.logits.items():
+            into.logits.setdefault(p, row)
+        if not into.all_trimmable:
+            for p, ck in other.checkpoints.items():
+                into.checkpoints.setdefault(p, ck)
+            end = len(other.tokens)
+            if end < len(into.tokens):
+                keep = [None if s.trimmable else s for s in other.final]
+                into.checkpoints.setdefault(end, keep)
+        into.nbytes = into._count()
 
     def _fit(self, protect: int) -> None:
         """Evict least recently used entries until the budget holds."""
@@ -345,15 +407,23 @@ class PrefixCache:
         for side in sidecars:
             try:
                 meta = json.loads(side.read_text())
-                if meta.get("identity") == self.identity and meta.get("version") == _version():
-                    self._disk_index[side.stem] = np.asarray(meta["tokens"], dtype=np.int64)
+                if meta.get("identity") != self.identity or meta.get("version") != _version():
+                    continue
+                if meta.get("format") != FORMAT:  # ours, but laid out otherwise: never read
+                    self.stats["disk_refused"] += 1
+                    self._delete_disk(side.stem)
+                    continue
+                tokens = np.asarray(meta["tokens"], dtype=np.int64)
+                self._disk_index[side.stem] = (tokens, {int(p) for p in meta["ends"]})
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # unreadable sidecars are refused when their file is asked for
 
-    def _best_on_disk(self, ids: np.ndarray, want: int) -> tuple[str, int] | None:
+    def _best_on_disk(self, ids: np.ndarray) -> tuple[str, int] | None:
+        whole = len(ids)
         best = None
-        for stem, tokens in self._disk_index.items():
-            n = min(_shared(tokens, ids), want)
+        for stem, (tokens, ends) in self._disk_index.items():
+            shared = _shared(tokens, ids)
+            n = whole if shared == whole and whole in ends else min(shared, whole - 1)
             if n > 0 and (best is None or n > best[1]):
                 best = (stem, n)
         return best
@@ -378,6 +448,8 @@ class PrefixCache:
         arrays: dict[str, mx.array] = {"tokens": mx.array(entry.tokens.astype(np.int32))}
         if entry.taps is not None:
             arrays["taps"] = entry.taps
+        for p, row in entry.logits.items():
+            arrays[f"logits.{p}"] = row
 
         def layout(snaps: list[LayerSnapshot | None], prefix: str) -> list:
             out = []
@@ -396,10 +468,12 @@ class PrefixCache:
             "final": layout(entry.final, "final"),
             "checkpoints": {str(p): layout(ck, f"ck{p}") for p, ck in entry.checkpoints.items()},
             "tap_ids": list(entry.tap_ids),
+            "logits": sorted(entry.logits),
         }
         metadata = {
             "identity": self.identity,
             "version": _version(),
+            "format": str(FORMAT),
             "tokens_sha": _key("", entry.tokens),
             "layout": json.dumps(plan),
         }
@@ -412,8 +486,10 @@ class PrefixCache:
             side = {
                 "identity": self.identity,
                 "version": _version(),
+                "format": FORMAT,
                 "sha256": digest,
                 "tokens": entry.tokens.tolist(),
+                "ends": sorted(entry.logits),
             }
             (self.directory / f"{stem}.json").write_text(json.dumps(side))
         except (OSError, RuntimeError, ValueError) as e:  # full or read-only disk
@@ -424,7 +500,7 @@ class PrefixCache:
                     pass
             self._disk_off(e)
             return
-        self._disk_index[stem] = entry.tokens
+        self._disk_index[stem] = (entry.tokens, set(entry.logits))
         self.stats["disk_writes"] += 1
         self._bound_disk(keep=stem)
 
@@ -457,10 +533,18 @@ class PrefixCache:
             arrays, metadata = mx.load(str(path), return_metadata=True)
             if metadata.get("identity") != self.identity or metadata.get("version") != _version():
                 raise ValueError("made for another model or outrider version")
+            if metadata.get("format") != str(FORMAT):
+                raise ValueError(f"file format {metadata.get('format', 1)}, not {FORMAT}")
             tokens = np.asarray(arrays["tokens"], dtype=np.int64)
             if metadata.get("tokens_sha") != _key("", tokens):
                 raise ValueError("token ids do not match the file's own record")
             plan = json.loads(metadata["layout"])
+            logits = {int(p): arrays[f"logits.{p}"] for p in plan["logits"]}
+            widths = {(row.ndim, row.shape[-1]) for row in logits.values()}
+            if len(widths) > 1 or any(w[0] != 1 for w in widths):
+                raise ValueError("logits rows of different shapes")
+            if any(not 0 < p <= len(tokens) for p in logits):
+                raise ValueError("a logits row past the file's tokens")
 
             def build(items: list, prefix: str) -> list:
                 out = []
@@ -481,6 +565,7 @@ class PrefixCache:
                 {int(p): build(ck, f"ck{p}") for p, ck in plan["checkpoints"].items()},
                 arrays.get("taps"),
                 tuple(plan["tap_ids"]),
+                logits,
             )
             os.utime(path)  # recently used: last to be deleted
         except Exception as e:  # noqa: BLE001 - anything wrong with a file means: refuse it

@@ -65,3 +65,23 @@ class Proposer(Protocol):
     def propose(self, ctx: DraftContext) -> Proposal: ...
 
     def observe(self, accepted: int, taps: mx.array | None) -> None: ...
+
+
+def propose_all(proposers: list[Proposer], ctxs: list[DraftContext]) -> list[Proposal]:
+    """One round's proposal of every row: rows whose proposers share a `rows_key` in one
+    `propose_rows` call (the first one's), every other proposer on its own (and only when its
+    cap is above 0)."""
+    out: list[Proposal | None] = [None] * len(proposers)
+    together: dict = {}
+    for i, (proposer, ctx) in enumerate(zip(proposers, ctxs, strict=True)):
+        key = getattr(proposer, "rows_key", None)
+        if key is not None:
+            together.setdefault(key, []).append(i)
+        else:
+            out[i] = proposer.propose(ctx) if ctx.cap > 0 else Proposal.empty()
+    for rows in together.values():
+        first = proposers[rows[0]]
+        got = first.propose_rows([proposers[i] for i in rows], [ctxs[i] for i in rows])
+        for i, proposal in zip(rows, got, strict=True):
+            out[i] = proposal
+    return out

@@ -30,6 +30,11 @@ from .wrapper import PassThrough
 # seen within one chunk of a long prompt; large enough that each chunk's matmuls stay
 # compute-bound on a GPU.
 PREFILL_CHUNK = 512
+# After a prefix hit on a GPU, the prefill's final forward takes up to this many of the
+# prompt's last tokens with its last one: one forward fewer than a fresh prefill, which forwards
+# the last token alone as mlx-lm does (`Target.hit_tail`). The bound keeps the work of the last
+# layer and the output head, computed for every row of that forward, small.
+HIT_TAIL = 128
 KV_GROUP_SIZE = 64  # mlx-lm's default for quantized KV caches
 
 
@@ -90,6 +95,9 @@ class Target:
         self._tapped: set[int] = set()
         self._probed: set[int] = set()
         self.kv_bits: int | None = None  # quantize the KV cache (`quantize_kv`)
+        self._windows: bool | None = None  # whether any layer keeps a sliding window
+        # rows of a prefix hit's final prefill forward; None: HIT_TAIL on a GPU, 1 on the CPU
+        self.hit_tail: int | None = None
 
     @property
     def stream(self) -> mx.Stream:
@@ -178,8 +186,9 @@ class Target:
     # -- batches of rows (continuous batching) ----------------------------------------------
     @property
     def batches(self) -> bool:
-        """Whether this target's family can hold several rows in one cache."""
-        return hasattr(self.family, "merge_rows")
+        """Whether this target's family can hold several rows in one cache. A quantized KV
+        cache (`kv_bits`) cannot: such a target decodes one row at a time."""
+        return hasattr(self.family, "merge_rows") and not self.kv_bits
 
     @staticmethod
     def is_batched(cache: list) -> bool:
@@ -334,6 +343,7 @@ class Target:
         progress: Callable[[int, int], None] | None = None,
         stops: Collection[int] = (),
         at_stop: Callable[[int], None] | None = None,
+        hit: bool = False,
     ) -> tuple[mx.array, mx.array | None]:
         """Process the prompt as mlx-lm does (chunks, then the last token alone).
 
@@ -343,17 +353,22 @@ class Target:
         rest of the prompt is never computed. `progress(done, total)` hears after each chunk.
         A chunk also ends at each position in `stops` (before the last token), where
         `at_stop(done)` hears with the cache evaluated: the prefix cache snapshots it there.
-        `cache` may already hold earlier positions (a prefix-cache hit): `prompt` is the rest.
+        `cache` may already hold earlier positions (a prefix-cache hit): `prompt` is the rest,
+        and with `hit` its last `final_rows(hit)` tokens go through one forward with the last.
         """
         ids = mx.array(prompt, dtype=mx.uint32)
         taps: list[mx.array] = []
         done = 0
-        while len(prompt) - done > 1:
+        tail = self.final_rows(hit)  # tokens the final forward takes at most
+        while True:
+            rest = len(prompt) - done
+            later = [p - done for p in stops if done < p < len(prompt)]
+            if rest <= tail and not later:
+                break
             if cancelled is not None and cancelled():
                 raise Cancelled(f"cancelled after {done} of {len(prompt)} prompt tokens")
-            n = min(PREFILL_CHUNK, len(prompt) - done - 1)
-            ahead = [p - done for p in stops if done < p < done + n]
-            n = min([n, *ahead])
+            n = min(PREFILL_CHUNK, rest - tail) if rest > tail else rest - 1
+            n = min([n, *later])
             self._run(ids[done : done + n], cache, tap_ids)
             chunk_taps = self._collect(tap_ids)
             state = [c.state for c in cache]
@@ -370,6 +385,31 @@ class Target:
             taps.append(last_taps)
         all_taps = mx.concatenate(taps, axis=0) if taps else None
         return logits[-1], all_taps
+
+    def final_rows(self, hit: bool) -> int:
+        """How many of a prefill's last tokens its final forward takes (at most).
+
+        A fresh prefill forwards the last token alone (as mlx-lm does). After a prefix hit, on
+        a GPU, where a short forward costs mostly the reading of every weight, the last
+        `HIT_TAIL` tokens go in one forward (one forward and one host sync fewer, at the price
+        of the last layer and the head computed on every row of it); on the CPU, where a
+        forward's cost is its arithmetic, the last token alone is cheaper. The rows are the same either way,
+        grouped otherwise: on the CPU the logits are bit-identical; on a GPU they may round
+        differently, as any other chunking does. Sliding windows keep the last token alone (a
+        one-token window update is computed differently from a many-token one)."""
+        if not hit or self.windows:
+            return 1
+        if self.hit_tail is not None:
+            return max(1, self.hit_tail)
+        return HIT_TAIL if mx.default_device().type == mx.gpu else 1
+
+    @property
+    def windows(self) -> bool:
+        """Whether any layer's cache is a sliding window (a rotating KV cache)."""
+        if self._windows is None:
+            kinds = {type(c).__name__ for c in self.family.make_cache(self.model)}
+            self._windows = bool(kinds & {"RotatingKVCache", "BatchRotatingKVCache"})
+        return self._windows
 
     @property
     def context_window(self) -> int | None:

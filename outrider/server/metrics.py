@@ -9,6 +9,7 @@ from collections import Counter
 ACCEPT_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 PREFIX_METRICS = (  # (prefix-cache stat, Prometheus kind, help)
     ("hits", "counter", "Requests that reused a cached prompt prefix."),
+    ("whole_hits", "counter", "Hits that held the whole prompt: no prefill, first token kept."),
     ("misses", "counter", "Requests that found no cached prefix."),
     ("hit_tokens", "counter", "Prompt tokens reused from the prefix cache (not prefilled)."),
     ("evictions", "counter", "Prefix-cache entries evicted to fit the memory budget."),

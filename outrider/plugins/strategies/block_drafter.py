@@ -6,13 +6,19 @@ paper, Eqs. 2-3): context rows C = hidden_norm(fc(taps)) are appended to
 each layer's context cache as K/V (roped at their absolute positions; the context skips
 input_layernorm); the block attends bidirectionally to every cached context row and to the whole
 block; block slot k sits at position anchor + k. Block K/V are never cached.
+
+One call drafts several rows (`ContextBackbone.backbone_rows`, `ContextRows`): every row's
+context K/V sit in one left-padded batched cache per layer, each row roped at its own positions
+and its padding masked, so each row's hidden states are those it gets alone.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll
 from mlx_lm.models.rope_utils import initialize_rope
 
 from ...core.device import split_attention
@@ -39,6 +45,179 @@ class ContextCache:
 
     def fetch(self) -> tuple[mx.array | None, mx.array | None]:
         return self._last
+
+    def mask(self) -> None:
+        return None  # one row, nothing padded
+
+
+@dataclass
+class _Call:
+    """What one drafter call over `ContextRows` does to them, worked out on the host first.
+    Every row takes in its new context; only the drafting rows (`drafting`) run a block."""
+
+    before: mx.array  # [R] each row's context length: its new rows' first position
+    block: mx.array  # [D] each drafting row's context length after the call: its block's
+    shifts: mx.array | None  # [R, 1] how far each row rolls right (its padding); None: none
+    drop: int  # leading columns no row uses after the roll, cut off
+    drafting: mx.array | None  # [D] the rows that run a block (None: every row)
+    mask: mx.array | None  # [D, 1, 1, keys + block] keys a drafting row sees (None: all)
+
+
+class ContextRows:
+    """The context K/V of rows drafted together, for every draft layer: one mlx-lm
+    `BatchKVCache` a layer, rows left-padded (every row's last context row in the same column).
+
+    A call appends each row's new context rows, padded to the widest with the padding after the
+    row's own rows, then rolls each row right by its padding so that it becomes left padding
+    (the trick `BatchedRows.rollback_rows` plays on the target's cache); leading columns that
+    are padding in every row are dropped. Each row is roped at its own positions and its padding
+    is masked, so a row attends to exactly the keys it has alone. Rows move in (`add`) and out
+    (`take`, `keep`) between calls; lengths and padding are kept on the host, so none of this
+    waits for the device.
+    """
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [RowsLayerCache(self) for _ in range(n_layers)]
+        self.lengths: list[int] = []  # context rows each row holds
+        self.pads: list[int] = []  # each row's left padding
+        self.call: _Call | None = None
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def width(self) -> int:
+        """Columns in use: every row's padding plus its context rows."""
+        return self.pads[0] + self.lengths[0] if self.lengths else 0
+
+    def begin(self, incoming: list[int], block: int, drafting: list[int]) -> None:
+        """Plan a call that adds incoming[i] context rows to row i and runs a block of `block`
+        slots for each row of `drafting` (in that order)."""
+        widest = max(incoming)
+        shifts = [widest - n for n in incoming]
+        pads = [p + s for p, s in zip(self.pads, shifts, strict=True)]
+        drop = min(pads)
+        pads = [p - drop for p in pads]
+        width = self.width + widest - drop
+        after = [n + m for n, m in zip(self.lengths, incoming)]
+        every = drafting == list(range(len(after)))
+        mask = None
+        seen = [pads[i] for i in drafting]
+        if any(seen):
+            keys = mx.arange(width + block)[None, :] >= mx.array(seen)[:, None]
+            mask = keys[:, None, None, :]
+        self.call = _Call(
+            mx.array(self.lengths, dtype=mx.int32),
+            mx.array([after[i] for i in drafting], dtype=mx.int32),
+            mx.array(shifts, dtype=mx.int32)[:, None] if any(shifts) else None,
+            drop,
+            None if every else mx.array(drafting, dtype=mx.int32),
+            mask,
+        )
+        for layer in self.layers:  # context rows go in at `before`; no context: the block
+            layer.offset = self.call.before if widest else self.call.block
+        self.lengths, self.pads = after, pads
+
+    def end(self) -> None:
+        self.call = None
+
+    def add(self, row: list[tuple[mx.array, mx.array] | None], length: int) -> None:
+        """Append one row: its K/V per layer ([1, kv, length, D], None when empty)."""
+        width = max(self.width, length)
+        for layer, kv in zip(self.layers, row, strict=True):
+            piece = BatchKVCache([0])
+            if kv is not None:
+                piece.keys, piece.values = kv
+                piece._idx = length
+                piece.offset = piece.offset + length
+            if layer.kv is None:
+                layer.kv = piece
+            else:
+                layer.kv.extend(piece)
+        self.pads = [p + width - self.width for p in self.pads] + [width - length]
+        self.lengths = self.lengths + [length]
+
+    def take(self, i: int) -> tuple[list[tuple[mx.array, mx.array] | None], int]:
+        """Row i's K/V per layer (compact copies, computed now) and its length; `add` takes
+        them."""
+        length, pad, width = self.lengths[i], self.pads[i], self.width
+        row = []
+        for layer in self.layers:
+            kv = layer.kv
+            if not length or kv.keys is None:
+                row.append(None)
+                continue
+            k = mx.contiguous(kv.keys[i : i + 1, :, pad:width])
+            v = mx.contiguous(kv.values[i : i + 1, :, pad:width])
+            row.append((k, v))
+        if length:
+            mx.eval(row)  # copies now: they hold no reference to the old cache
+        return row, length
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only `rows` (in that order); columns that become padding in every row go."""
+        if not rows:
+            for layer in self.layers:
+                layer.kv = None
+            self.lengths, self.pads = [], []
+            return
+        pads = [self.pads[i] for i in rows]
+        drop = min(pads)
+        index = mx.array(rows, dtype=mx.int32)
+        for layer in self.layers:
+            kv = layer.kv
+            if kv.keys is not None:
+                kv.keys = kv.keys[index][..., drop:, :]
+                kv.values = kv.values[index][..., drop:, :]
+                kv._idx -= drop
+            kv.offset = kv.offset[index]
+            kv.left_padding = kv.left_padding[index] - drop
+        self.lengths = [self.lengths[i] for i in rows]
+        self.pads = [p - drop for p in pads]
+
+
+class RowsLayerCache:
+    """One draft layer's K/V in `ContextRows`: what `DraftAttention` appends to and reads."""
+
+    def __init__(self, rows: ContextRows) -> None:
+        self.rows = rows
+        self.kv: BatchKVCache | None = None
+        self.offset: mx.array | None = None  # the positions of what comes next, a row
+
+    def append(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        call = self.rows.call
+        kv = self.kv
+        kv.update_and_fetch(keys, values)
+        if call.shifts is not None or call.drop:
+            end, drop = kv._idx, call.drop
+            k, v = kv.keys[..., :end, :], kv.values[..., :end, :]
+            if call.shifts is not None:
+                k = dynamic_roll(k, call.shifts, axis=2)
+                v = dynamic_roll(v, call.shifts, axis=2)
+                kv.left_padding = kv.left_padding + call.shifts[:, 0]
+                kv.offset = kv.offset - call.shifts[:, 0]
+            kv.keys[..., : end - drop, :] = k[..., drop:, :]
+            kv.values[..., : end - drop, :] = v[..., drop:, :]
+            kv._idx = end - drop
+            kv.left_padding = kv.left_padding - drop
+        self.offset = call.block
+        return self._drafting(*kv.keys_and_values())
+
+    def fetch(self) -> tuple[mx.array | None, mx.array | None]:
+        kv = self.kv
+        if kv is None or kv.keys is None or kv._idx == 0:
+            return None, None
+        return self._drafting(*kv.keys_and_values())
+
+    def _drafting(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """The K/V of the rows that run a block this call."""
+        rows = self.rows.call.drafting
+        if rows is None:
+            return keys, values
+        return keys[rows], values[rows]
+
+    def mask(self) -> mx.array | None:
+        return self.rows.call.mask
 
 
 def drafter_rope(spec: DrafterSpec, head_dim: int) -> nn.Module:
@@ -91,12 +270,13 @@ class DraftAttention(nn.Module):
         if keys is not None:
             bk = mx.concatenate([keys, bk], axis=2)
             bv = mx.concatenate([values, bv], axis=2)
-        if self.fold_rows and b == 1:
-            folded = q.reshape(1, self.n_heads * n, 1, -1)
+        mask = cache.mask()  # rows drafted together: each row's padding
+        if self.fold_rows and mask is None:
+            folded = q.reshape(b, self.n_heads * n, 1, -1)
             out = mx.fast.scaled_dot_product_attention(folded, bk, bv, scale=self.scale)
-            out = out.reshape(1, self.n_heads, n, -1)
+            out = out.reshape(b, self.n_heads, n, -1)
         else:
-            out = mx.fast.scaled_dot_product_attention(q, bk, bv, scale=self.scale)
+            out = mx.fast.scaled_dot_product_attention(q, bk, bv, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
 
 
@@ -176,17 +356,41 @@ class ContextBackbone:
     """The forward shared by block drafters (DSpark, DFlash, DFlash 2): context rows from the
     tapped hidden states (`fc`, `hidden_norm`), the block through `layers`, then `norm`."""
 
+    forwards = 0  # drafter calls made (tests count them: one a round for a whole batch)
+
     def backbone(
         self, block: mx.array, taps: mx.array | None, cache: list[ContextCache]
     ) -> mx.array:
         """block embeddings [1, B, H], new context taps [S, n·H] -> final-normed hidden [B, H]."""
+        return self.backbone_rows(block, [taps], cache)[0]
+
+    def backbone_rows(self, block: mx.array, taps: list[mx.array | None], cache: list) -> mx.array:
+        """Rows together: each row's new context taps [S_i, n·H] (None: none), block
+        embeddings [D, B, H] of the rows that draft (`ContextRows` says which) -> their
+        final-normed hidden [D, B, H].
+
+        Context rows are made from all rows' taps at once, then padded to the widest, the
+        padding after a row's own rows (`ContextRows` rolls it to the front)."""
+        self.forwards += 1
+        counts = [0 if t is None else t.shape[0] for t in taps]
         context = None
-        if taps is not None and taps.shape[0] > 0:
-            context = self.hidden_norm(self.fc(taps.astype(block.dtype)[None]))
+        if max(counts):
+            given = [t for t, n in zip(taps, counts) if n]
+            flat = given[0] if len(given) == 1 else mx.concatenate(given)
+            rows = self.hidden_norm(self.fc(flat.astype(block.dtype)))  # [sum S_i, H]
+            widest, parts, at = max(counts), [], 0
+            for n in counts:
+                part = rows[at : at + n]
+                at += n
+                if n < widest:
+                    pad = mx.zeros((widest - n, rows.shape[-1]), dtype=rows.dtype)
+                    part = mx.concatenate([part, pad]) if n else pad
+                parts.append(part)
+            context = parts[0][None] if len(parts) == 1 else mx.stack(parts)
         h = block
         for layer, c in zip(self.layers, cache):
             h = layer(h, context, c)
-        return self.norm(h)[0]
+        return self.norm(h)
 
 
 class BlockDrafter(ContextBackbone, nn.Module):

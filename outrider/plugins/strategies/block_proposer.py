@@ -1,5 +1,15 @@
-"""Proposing with a block drafter: one backbone call per round, then DSpark's sequential head
-(Markov bias, confidence) or DFlash's independent per-slot choice.
+"""Proposing with a block drafter: one backbone call per round for every row that shares the
+drafter, then DSpark's sequential head (Markov bias, confidence) or DFlash's independent
+per-slot choice.
+
+Rows drafted together: forks of one proposer (`fork`, one a batched row) share a `rows_key`, and
+`verify_round` hands all of them to one `propose_rows` call. Their context K/V live in one
+batched cache (`RowGroup`: a `ContextRows` and the proposer that owns each row); a proposer
+proposing on its own is a group of one, so a single generation runs the same code. Rows move
+between groups as the calls ask for them (a row joining a batch brings its context along; a row
+left out of a call keeps its own). Each row drafts exactly what it drafts alone: its own
+context, its own cap (the call drafts the widest and cuts), its own sampling rule and keys, its
+own confidence cut.
 
 A head over a reduced vocabulary (vllm-project/speculators `draft_vocab_size` < V) picks draft
 ids; they become target ids through `d2t` before the target sees them or the Markov head reads
@@ -9,13 +19,81 @@ vocabulary with zeros outside the head's ids, so rejection sampling stays exact.
 
 from __future__ import annotations
 
+import copy
+import weakref
+from collections import Counter
+
 import mlx.core as mx
 
 from ...core.draft_vocab import DraftVocab
 from ...core.proposer import DraftContext, Proposal
 from ...core.sampling import probabilities, sample
 from ...core.target import Target
-from .block_drafter import BlockDrafter
+from .block_drafter import BlockDrafter, ContextRows
+
+
+class RowGroup:
+    """Rows one drafter drafts in one call: their context K/V and the proposer of each row.
+
+    Members are held weakly (each proposer holds its group): a finished row's proposer and its
+    context go as soon as nothing else holds them, with no cycle waiting for the collector."""
+
+    def __init__(self, drafter: BlockDrafter) -> None:
+        self.drafter = drafter
+        self.context = ContextRows(len(drafter.layers))
+        self._members: list[weakref.ref] = []
+
+    @property
+    def members(self) -> list[BlockProposer | None]:
+        """Each row's proposer (None: gone; its row is dropped at the next call)."""
+        return [ref() for ref in self._members]
+
+    def index(self, proposer: BlockProposer) -> int:
+        return next(i for i, m in enumerate(self.members) if m is proposer)
+
+    def add(self, proposer: BlockProposer, row: tuple[list, int] | None = None) -> None:
+        """Add `proposer`'s row: its K/V as `ContextRows.take` gives them (None: empty)."""
+        kv, length = row if row is not None else ([None] * len(self.context.layers), 0)
+        self.context.add(kv, length)
+        self._members.append(weakref.ref(proposer))
+        proposer._group = self
+
+    def keep(self, members: list[BlockProposer]) -> None:
+        """Keep the rows of `members` (in that order), and no other."""
+        index = {id(m): i for i, m in enumerate(self.members) if m is not None}
+        self.context.keep([index[id(m)] for m in members])
+        self._members = [weakref.ref(m) for m in members]
+
+    def discard(self, proposer: BlockProposer) -> None:
+        """Drop `proposer`'s row, state and all (it starts over)."""
+        self.keep([m for m in self.members if m is not None and m is not proposer])
+
+    def move_out(self, proposer: BlockProposer) -> None:
+        """`proposer` goes on in a group of its own, its context with it."""
+        row = self.context.take(self.index(proposer))
+        self.discard(proposer)
+        RowGroup(self.drafter).add(proposer, row)
+
+    @staticmethod
+    def gather(proposers: list[BlockProposer]) -> RowGroup:
+        """One group holding exactly `proposers`' rows: the group that holds most of them
+        already, rows of others moved in, rows of nobody asked moved out (rows of proposers
+        that are gone, dropped)."""
+        counts = Counter(id(p._group) for p in proposers)
+        group = max((p._group for p in proposers), key=lambda g: counts[id(g)])
+        asked = {id(p) for p in proposers}
+        members = group.members
+        if None in members:
+            group.keep([m for m in members if m is not None])
+        for member in [m for m in members if m is not None and id(m) not in asked]:
+            group.move_out(member)
+        for p in proposers:
+            other = p._group
+            if other is not group:
+                row = other.context.take(other.index(p))
+                other.discard(p)
+                group.add(p, row)
+        return group
 
 
 class BlockProposer:
@@ -44,7 +122,8 @@ class BlockProposer:
         )
         self._embed = drafter.embed_tokens if spec.own_embedding else target.embed
         self._head = drafter.lm_head if spec.own_lm_head else self._target_head(target)
-        self._cache = drafter.make_cache()
+        self.rows_key = object()  # shared by forks: their rows draft in one call
+        RowGroup(drafter).add(self)
         # Taps of rows verified since the last draft; joined once, when the drafter reads them
         # (a parked run of plain steps adds one row a step).
         self._pending: list[mx.array] = []
@@ -57,8 +136,17 @@ class BlockProposer:
             return target.project
         return lambda hidden: target.project(hidden)[..., ids]
 
+    def fork(self) -> BlockProposer:
+        """A proposer for one more row: the same drafter and settings (and `rows_key`), a row
+        of its own."""
+        twin = copy.copy(self)
+        twin._pending = []
+        RowGroup(self.drafter).add(twin)
+        return twin
+
     def start(self, prompt: list[int], taps: mx.array | None) -> None:
-        self._cache = self.drafter.make_cache()
+        self._group.discard(self)
+        RowGroup(self.drafter).add(self)
         self._pending = [] if taps is None else [taps]
 
     def observe(self, accepted: int, taps: mx.array | None) -> None:
@@ -67,67 +155,129 @@ class BlockProposer:
         self._pending.append(taps)
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        cap = min(ctx.cap, self.max_draft)
-        if cap <= 0:
-            return Proposal.empty()
-        block_ids = mx.array([ctx.tokens[-1], *self._masks], dtype=mx.uint32)
-        block = self._embed(block_ids)[None]
-        pending = self._pending
-        if len(pending) > 1:
-            pending = [mx.concatenate(pending)]
-        context = pending[0] if pending else None
-        hidden = self.drafter.backbone(block, context, self._cache)
-        self._pending = []
-        start = self.spec.logits_start
-        slots = hidden[start : start + cap]
-        logits = self._head(slots).astype(mx.float32)  # [cap, head vocabulary]
-        greedy = ctx.sampling.greedy
-        keys = mx.random.split(ctx.key, cap) if not greedy else None
-        vocab = self.vocab
-        if not self.sequential:
-            if greedy:
-                return Proposal(vocab.to_target(mx.argmax(logits, axis=-1)), cap)
-            q = probabilities(logits, ctx.sampling)
-            tokens = mx.stack([sample(q[i], keys[i]) for i in range(cap)])
-            return Proposal(vocab.to_target(tokens), cap, probs=vocab.widen(q))
-        return self._sequential(ctx, logits, slots, cap, keys)
+        return self.propose_rows([self], [ctx])[0]
 
-    def _sequential(self, ctx, logits, slots, cap, keys) -> Proposal:
+    def propose_rows(
+        self, proposers: list[BlockProposer], ctxs: list[DraftContext]
+    ) -> list[Proposal]:
+        """Every row's proposal from one drafter call (`proposers` share this one's
+        `rows_key`). A row asked for no drafts gets none, and runs no block; its new context
+        still goes in."""
+        group = RowGroup.gather(proposers)
+        where = {id(p): i for i, p in enumerate(group.members)}
+        asks: list[DraftContext] = [None] * len(group.members)
+        for p, ctx in zip(proposers, ctxs, strict=True):
+            asks[where[id(p)]] = ctx
+        caps = [min(ctx.cap, self.max_draft) for ctx in asks]
+        drafting = [i for i, cap in enumerate(caps) if cap > 0]
+        if not drafting:  # nothing to draft: the context waits for the next call
+            return [Proposal.empty() for _ in proposers]
+        hidden = self._forward(group, [asks[i].tokens[-1] for i in drafting], drafting)
+        asks, caps = [asks[i] for i in drafting], [caps[i] for i in drafting]
+        widest = max(caps)
+        start = self.spec.logits_start
+        slots = hidden[:, start : start + widest]  # [drafting rows, widest, H]
+        logits = self._head(slots).astype(mx.float32)  # [drafting rows, widest, vocabulary]
+        keys = [None if ctx.sampling.greedy else mx.random.split(ctx.key, cap)
+                for ctx, cap in zip(asks, caps)]  # fmt: skip
+        if self.sequential:
+            drafted = self._sequential(asks, caps, keys, logits, slots)
+        else:
+            drafted = self._parallel(asks, caps, keys, logits)
+        out = [Proposal.empty() for _ in group.members]
+        for i, proposal in zip(drafting, drafted):
+            out[i] = proposal
+        return [out[where[id(p)]] for p in proposers]
+
+    def _forward(self, group: RowGroup, anchors: list[int], drafting: list[int]) -> mx.array:
+        """One backbone call: every row of `group` takes in its pending taps, the rows of
+        `drafting` run their blocks [anchor, mask...] -> final-normed hidden [drafting, block,
+        H]."""
+        taps = []
+        for p in group.members:
+            pending, p._pending = p._pending, []
+            joined = (
+                pending[0] if len(pending) == 1 else mx.concatenate(pending) if pending else None
+            )
+            taps.append(joined)
+        incoming = [0 if t is None else t.shape[0] for t in taps]
+        ids = mx.array([[anchor, *self._masks] for anchor in anchors], dtype=mx.uint32)
+        block = self._embed(ids)
+        group.context.begin(incoming, ids.shape[1], drafting)
+        try:
+            return self.drafter.backbone_rows(block, taps, group.context.layers)
+        finally:
+            group.context.end()
+
+    def _parallel(self, asks, caps, keys, logits) -> list[Proposal]:
+        """DFlash: each slot chosen on its own."""
+        vocab = self.vocab
+        best = None
+        if any(ctx.sampling.greedy for ctx in asks):
+            best = vocab.to_target(mx.argmax(logits, axis=-1))  # [rows, widest]
+        out = []
+        for i, (ctx, cap) in enumerate(zip(asks, caps)):
+            if ctx.sampling.greedy:
+                out.append(Proposal(best[i, :cap], cap))
+            else:
+                q = probabilities(logits[i, :cap], ctx.sampling)
+                tokens = mx.stack([sample(q[j], keys[i][j]) for j in range(cap)])
+                out.append(Proposal(vocab.to_target(tokens), cap, probs=vocab.widen(q)))
+        return out
+
+    def _sequential(self, asks, caps, keys, logits, slots) -> list[Proposal]:
+        """DSpark: the Markov head steps every row together, slot by slot, each row's next
+        bias from its own previous draft."""
         head = self.drafter.markov_head
-        prev = mx.array([ctx.tokens[-1]], dtype=mx.uint32)
+        rows = len(asks)
+        greedy = all(ctx.sampling.greedy for ctx in asks)
+        prev = mx.array([ctx.tokens[-1] for ctx in asks], dtype=mx.uint32)
         state = None
-        tokens, probs, conf = [], [], []
-        for i in range(cap):
-            h = slots[i : i + 1]
+        tokens, conf = [], []
+        probs: list[list[mx.array]] = [[] for _ in range(rows)]
+        for j in range(max(caps)):
+            h = slots[:, j]
             bias, e, state = head.step(prev, h, state)
-            z = logits[i : i + 1] + bias.astype(mx.float32)
+            z = logits[:, j] + bias.astype(mx.float32)  # [rows, head vocabulary]
             if self.use_confidence:
                 feats = [h, e] if self.spec.confidence_with_markov else [h]
                 c = self.drafter.confidence_head.proj(mx.concatenate(feats, axis=-1))
-                conf.append(mx.sigmoid(c.astype(mx.float32))[0, 0])
-            if ctx.sampling.greedy:
+                conf.append(mx.sigmoid(c.astype(mx.float32))[:, 0])
+            if greedy:
                 chosen = mx.argmax(z, axis=-1)
             else:
-                q = probabilities(z, ctx.sampling)
-                probs.append(q[0])
-                chosen = sample(q, keys[i])
+                picks = []
+                for i, ctx in enumerate(asks):
+                    zi = z[i : i + 1]
+                    if ctx.sampling.greedy or j >= caps[i]:  # past its cap: never read
+                        picks.append(mx.argmax(zi, axis=-1))
+                        continue
+                    q = probabilities(zi, ctx.sampling)
+                    probs[i].append(q[0])
+                    picks.append(sample(q, keys[i][j]))
+                chosen = mx.concatenate(picks)
             prev = self.vocab.to_target(chosen)  # a target id: W1's index and the draft
             tokens.append(prev)
-        widened = self.vocab.widen(mx.stack(probs)) if probs else None
-        proposal = Proposal(mx.concatenate(tokens), cap, probs=widened)
+        drafts = mx.stack(tokens, axis=1)  # [rows, widest]
+        out = []
+        for i, cap in enumerate(caps):
+            widened = self.vocab.widen(mx.stack(probs[i])) if probs[i] else None
+            out.append(Proposal(drafts[i, :cap], cap, probs=widened))
         if self.use_confidence:
-            proposal = self._truncate(proposal, mx.stack(conf))
-        return proposal
+            confidence = mx.stack(conf, axis=1)  # [rows, widest]
+            cut = [confidence[i, :cap] for i, cap in enumerate(caps)]
+            survival = [mx.cumprod(c) for c in cut]
+            mx.eval(survival, drafts)  # one wait for every row
+            out = [self._truncate(p, c, s.tolist()) for p, c, s in zip(out, cut, survival)]
+        return out
 
-    def _truncate(self, proposal: Proposal, conf: mx.array) -> Proposal:
+    def _truncate(self, proposal: Proposal, conf: mx.array, survival: list[float]) -> Proposal:
         """Keep drafts while the cumulative confidence stays >= threshold (at least one).
 
         Slot k's confidence depends on draft k-1, never on draft k, so the cut never looks at
         the token it admits and sampled output stays lossless.
         """
-        survival = mx.cumprod(conf)
-        mx.eval(survival, proposal.tokens)
-        keep = max(1, sum(1 for s in survival.tolist() if s >= self.threshold))
+        keep = max(1, sum(1 for s in survival if s >= self.threshold))
         if keep == proposal.k:
             proposal.confidence = conf
             return proposal

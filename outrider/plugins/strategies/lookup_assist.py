@@ -18,6 +18,8 @@ Lookup drafts are chosen deterministically (q is one-hot), so sampled output sta
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 
 from ...core.proposer import DraftContext, Proposal, Proposer
@@ -69,14 +71,39 @@ class LookupAssist:
         if not self._looked:
             self._accepted += EMA * (accepted - self._accepted)
 
+    @property
+    def rows_key(self):
+        """Rows whose drafters draft together (`core/proposer.py`) still do when wrapped."""
+        key = getattr(self.inner, "rows_key", None)
+        return None if key is None else ("lookup", key)
+
     def propose(self, ctx: DraftContext) -> Proposal:
+        return self.propose_rows([self], [ctx])[0]
+
+    def propose_rows(self, assists: list[LookupAssist], ctxs: list[DraftContext]) -> list[Proposal]:
+        """Each row's lookup copy where it wins, the drafter's drafts elsewhere: the drafter
+        is asked for every row (cap 0 where the copy drafts), so it takes in every row's
+        verified context whoever drafts."""
+        copies = [a._lookup(ctx) if ctx.cap > 0 else None for a, ctx in zip(assists, ctxs)]
+        asks = [ctx if c is None else replace(ctx, cap=0) for c, ctx in zip(copies, ctxs)]
+        inners = [a.inner for a in assists]
+        if getattr(self.inner, "rows_key", None) is not None:
+            drafted = self.inner.propose_rows(inners, asks)
+        else:
+            drafted = [
+                p.propose(c) if c.cap > 0 else Proposal.empty() for p, c in zip(inners, asks)
+            ]
+        return [d if c is None else Proposal.from_list(c) for c, d in zip(copies, drafted)]
+
+    def _lookup(self, ctx: DraftContext) -> list[int] | None:
+        """This round's lookup copy, or None when the drafter drafts it."""
         room = int(ctx.extras.get("room", ctx.cap))
-        copy = self._copy(ctx.tokens, room) if ctx.cap > 0 else []
+        copy = self._copy(ctx.tokens, room)
         self._looked = len(copy) > max(ctx.cap, self._accepted + 1)
-        if self._looked:
-            self.lookup_rounds += 1
-            return Proposal.from_list(copy)
-        return self.inner.propose(ctx)
+        if not self._looked:
+            return None
+        self.lookup_rounds += 1
+        return copy
 
     def _copy(self, tokens: list[int], room: int) -> list[int]:
         """The continuation of the longest earlier match of the text's end, as long as the
