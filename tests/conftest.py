@@ -73,6 +73,38 @@ def drafters(models_dir, qwen3_target):
 _PLAIN_CACHE: dict = {}
 
 
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> dict:
+    """A target whose greedy choices are learnable, and a prompt file (training tests)."""
+    from outrider.testing import make_toy_training_set
+
+    root = tmp_path_factory.mktemp("train")
+    target, prompts = make_toy_training_set(root)
+    return {"root": root, "target": target, "prompts": prompts}
+
+
+def toy_train_config(toy: dict, out, **overrides):
+    """A TrainConfig for the toy set: small and fast; tests override what they exercise."""
+    from outrider.train import TrainConfig
+
+    base = dict(
+        model=str(toy["target"]),
+        data=[str(toy["prompts"])],
+        out=str(out),
+        steps=24,
+        batch_size=8,
+        seq_len=96,
+        lr=1e-2,
+        block_size=5,
+        max_new_tokens=40,
+        held_out=3,
+        eval_tokens=32,
+        seed=0,
+    )
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
 def fp32_close(a: mx.array, b: mx.array, atol: float, rtol: float = 0.0) -> bool:
     """`allclose` for float32 results of two computation orders. MLX's CUDA backend runs float32
     matmuls in TF32 (a 10-bit mantissa): there two orders agree to ~1e-3 of the values' scale,

@@ -10,7 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import plain_greedy
+from conftest import plain_greedy, toy_train_config
 from typer.testing import CliRunner
 
 import outrider
@@ -19,37 +19,13 @@ from outrider.api import load_drafter
 from outrider.core.errors import Interrupted, OutriderError
 from outrider.core.plugins import Plugins
 from outrider.plugins.strategies.block_drafter import BlockDrafter
-from outrider.testing import make_toy_training_set
 from outrider.train import TrainConfig, train_drafter
 from outrider.train import data as D
 from outrider.train.objectives import block_forward, sample_anchors
 
 
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory) -> dict[str, Path]:
-    """A target whose greedy choices are learnable, and a prompt file."""
-    root = tmp_path_factory.mktemp("train")
-    target, prompts = make_toy_training_set(root)
-    return {"root": root, "target": target, "prompts": prompts}
-
-
 def config(toy, out: Path, **overrides) -> TrainConfig:
-    base = dict(
-        model=str(toy["target"]),
-        data=[str(toy["prompts"])],
-        out=str(out),
-        steps=24,
-        batch_size=8,
-        seq_len=96,
-        lr=1e-2,
-        block_size=5,
-        max_new_tokens=40,
-        held_out=3,
-        eval_tokens=32,
-        seed=0,
-    )
-    base.update(overrides)
-    return TrainConfig(**base)
+    return toy_train_config(toy, out, **overrides)
 
 
 @pytest.fixture(scope="module")

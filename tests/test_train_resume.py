@@ -12,11 +12,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import toy_train_config
 from typer.testing import CliRunner
 
 from outrider import cli
 from outrider.core.errors import Interrupted, OutriderError
-from outrider.testing import make_toy_training_set
 from outrider.train import TrainConfig, train_drafter
 from outrider.train import data as D
 from outrider.train.command import interrupted
@@ -25,33 +25,16 @@ from outrider.train.command import interrupted
 CHUNK = 4
 
 
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("train_resume")
-    target, prompts = make_toy_training_set(root)
-    return {"root": root, "target": target, "prompts": prompts}
-
-
 def config(toy, out: Path, **overrides) -> TrainConfig:
-    base = dict(
-        model=str(toy["target"]),
-        data=[str(toy["prompts"])],
-        out=str(out),
+    settings = dict(
         steps=2,
         batch_size=4,
-        seq_len=96,
-        lr=1e-2,
-        block_size=5,
-        max_new_tokens=40,
-        held_out=3,
         eval_tokens=8,
-        seed=0,
         compile=False,
         distill_chunk=CHUNK,
         log_every=1,
     )
-    base.update(overrides)
-    return TrainConfig(**base)
+    return toy_train_config(toy, out, **{**settings, **overrides})
 
 
 def interrupt_at(done: int):
