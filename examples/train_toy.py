@@ -18,8 +18,8 @@ import mlx.core as mx
 from rich.console import Console
 from rich.table import Table
 
-from outrider.testing import make_toy_training_set
-from outrider.train import TrainConfig, train_drafter
+from outrider.testing import make_toy_training_set, toy_train_config
+from outrider.train import train_drafter
 
 
 def main() -> None:
@@ -33,21 +33,7 @@ def main() -> None:
     table = Table("kind", "accept (init)", "accept (trained)", "lossless", "train tok/s", "s")
     for kind in ("dspark", "dflash"):
         report = train_drafter(
-            TrainConfig(
-                model=str(target),
-                data=[str(prompts)],
-                out=str(root / kind),
-                kind=kind,
-                steps=args.steps,
-                batch_size=8,
-                seq_len=96,
-                lr=1e-2,
-                block_size=5,
-                max_new_tokens=40,
-                held_out=3,
-                eval_tokens=32,
-                seed=0,
-            )
+            toy_train_config(target, prompts, root / kind, kind=kind, steps=args.steps)
         )
         table.add_row(
             kind,

@@ -84,25 +84,10 @@ def toy(tmp_path_factory) -> dict:
 
 
 def toy_train_config(toy: dict, out, **overrides):
-    """A TrainConfig for the toy set: small and fast; tests override what they exercise."""
-    from outrider.train import TrainConfig
+    """`outrider.testing.toy_train_config` for the `toy` fixture's pair."""
+    from outrider.testing import toy_train_config as config
 
-    base = dict(
-        model=str(toy["target"]),
-        data=[str(toy["prompts"])],
-        out=str(out),
-        steps=24,
-        batch_size=8,
-        seq_len=96,
-        lr=1e-2,
-        block_size=5,
-        max_new_tokens=40,
-        held_out=3,
-        eval_tokens=32,
-        seed=0,
-    )
-    base.update(overrides)
-    return TrainConfig(**base)
+    return config(toy["target"], toy["prompts"], out, **overrides)
 
 
 def fp32_close(a: mx.array, b: mx.array, atol: float, rtol: float = 0.0) -> bool:

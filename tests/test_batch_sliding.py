@@ -76,18 +76,25 @@ def test_sliding_rows_match_plain_greedy(models_dir, family, mode):
     assert len(set(continuation(refs, rows[0]))) > 4  # the toy model says something
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_sliding_rows_accepting_different_counts_match_plain_greedy(models_dir, family):
-    """Rows draft 0..6 tokens and keep different counts in the same rounds: every verify round
-    rolls rows back by different amounts, before and after their windows wrap."""
+def oracle_rows_match_plain_greedy(models_dir, family: str, max_tokens: int) -> list:
+    """Rows drafting 0..6 oracle tokens, batched, give each row's plain greedy continuation
+    (asserted); returns their results."""
     path = built(models_dir, family)
     plain = outrider.load(str(path), mode="baseline")
     rows = rows_of(plain)
     refs = references(path, rows)
     oracle = RowOracle(refs, plain.target.config["vocab_size"])
     pipe = outrider.Pipeline(plain.target, oracle, "oracle", 6)
-    batch = pipe.generate_batch(rows, max_tokens=N_TOKENS, stop_tokens=set())
-    assert [r.tokens for r in batch] == [continuation(refs, ids) for ids in rows]
+    batch = pipe.generate_batch(rows, max_tokens=max_tokens, stop_tokens=set())
+    assert [r.tokens for r in batch] == [continuation(refs, ids, max_tokens) for ids in rows]
+    return batch
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sliding_rows_accepting_different_counts_match_plain_greedy(models_dir, family):
+    """Rows draft 0..6 tokens and keep different counts in the same rounds: every verify round
+    rolls rows back by different amounts, before and after their windows wrap."""
+    batch = oracle_rows_match_plain_greedy(models_dir, family, N_TOKENS)
     assert any(0 < r.accepted < len(r.drafted) for res in batch for r in res.rounds)
     accepted = [[r.accepted for r in res.rounds] for res in batch]
     assert len({tuple(a[:5]) for a in accepted}) > 1  # rows kept different counts
@@ -283,14 +290,7 @@ def test_dspark_rows_on_gemma4_match_plain_greedy(models_dir):
 def test_multimodal_language_tower_rows_match_plain_greedy(models_dir, family):
     """mlx-vlm checkpoints run their language tower, whose caches are mlx-vlm's own classes;
     they batch into the same batched caches."""
-    path = built(models_dir, family)
-    plain = outrider.load(str(path), mode="baseline")
-    rows = rows_of(plain)
-    refs = references(path, rows)
-    oracle = RowOracle(refs, plain.target.config["vocab_size"])
-    pipe = outrider.Pipeline(plain.target, oracle, "oracle", 6)
-    batch = pipe.generate_batch(rows, max_tokens=32, stop_tokens=set())
-    assert [r.tokens for r in batch] == [continuation(refs, ids, 32) for ids in rows]
+    oracle_rows_match_plain_greedy(models_dir, family, 32)
 
 
 def test_quantized_kv_is_not_batched_on_sliding_targets(tmp_path):

@@ -17,7 +17,13 @@ from .drafters import default_tap_ids, make_tiny_drafter
 from .gguf import make_tiny_gguf
 from .proposers import OracleProposer
 from .scripted import SCRIPT, make_scripted_target
-from .targets import build_model, cast_model, make_tiny_target, make_toy_training_set
+from .targets import (
+    build_model,
+    cast_model,
+    make_tiny_target,
+    make_toy_training_set,
+    toy_train_config,
+)
 from .tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer, chat_tokenizer
 
 __all__ = [
@@ -39,4 +45,5 @@ __all__ = [
     "make_toy_training_set",
     "text_config",
     "tiny_config",
+    "toy_train_config",
 ]

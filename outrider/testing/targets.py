@@ -125,3 +125,25 @@ def make_toy_training_set(root: str | Path, seed: int = 0) -> tuple[Path, Path]:
             words = " ".join(rng.choice(TOY_WORDS) for _ in range(3))
             f.write(json.dumps({"turns": [words]}) + "\n")
     return target, prompts
+
+
+def toy_train_config(target: str | Path, prompts: str | Path, out: str | Path, **overrides):
+    """A TrainConfig for `make_toy_training_set`'s pair: small windows and blocks, a high
+    learning rate, so a few dozen steps show learning; callers override what they exercise."""
+    from ..train import TrainConfig
+
+    settings = dict(
+        model=str(target),
+        data=[str(prompts)],
+        out=str(out),
+        steps=24,
+        batch_size=8,
+        seq_len=96,
+        lr=1e-2,
+        block_size=5,
+        max_new_tokens=40,
+        held_out=3,
+        eval_tokens=32,
+        seed=0,
+    )
+    return TrainConfig(**{**settings, **overrides})
