@@ -13,6 +13,14 @@ nothing, so it would only measure cost). With a real model the prompts are the f
 
 Greedy rows of a batch may differ from single requests only at fp ties (batched matmuls round
 differently on some backends); the table counts rows that differ, and `--strict` fails on any.
+
+`--scheduler` picks the batched arm's drafts: `off` (the default) verifies every row's cap, `on`
+lets DSpark's prefix scheduler cut them (core/schedule.py `BatchScheduler`), `both` runs the
+batched arm both ways and prints the scheduler's throughput over the fixed cap's and the share
+of drafts it cut. The scheduler reads this machine's verify cost at every width: the stored
+calibration (`outrider calibrate`), else one measured now (kept nowhere).
+
+    python benchmarks/batch_throughput.py --modes dspark --batch 8 --scheduler both
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import mlx.core as mx
 
 import outrider
 from outrider.benchmark.suites import load_suite
+from outrider.core import calibration
 
 
 def timed(fn):
@@ -37,32 +46,68 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def run_mode(pipe, prompts: list[list[int]], max_tokens: int, repeats: int) -> dict:
+def run_mode(
+    pipe, prompts: list[list[int]], max_tokens: int, repeats: int, arms: list[bool]
+) -> dict:
+    """One at a time against batched, the batched arm with the scheduler off and/or on (`arms`;
+    the first is reported under the receipts' names, a second as `scheduled_*`)."""
     kwargs = dict(max_tokens=max_tokens, stop_tokens=set())
-    pipe.generate_batch(prompts[:2], max_tokens=8, stop_tokens=set())  # warm-up (compiles)
-    seq_times, batch_times = [], []
+    for on in arms:  # warm-up (compiles)
+        pipe.schedule_batches = on
+        pipe.generate_batch(prompts[:2], max_tokens=8, stop_tokens=set())
+    pipe.scheduler = None  # count what the timed runs cut
+    seq_times, times, outs = [], {on: [] for on in arms}, {}
     for _ in range(repeats):
         singles, s = timed(lambda: [pipe.generate(p, **kwargs) for p in prompts])
         seq_times.append(s)
-        batched, b = timed(lambda: pipe.generate_batch(prompts, **kwargs))
-        batch_times.append(b)
+        for on in arms:
+            pipe.schedule_batches = on
+            outs[on], b = timed(lambda: pipe.generate_batch(prompts, **kwargs))
+            times[on].append(b)
     tokens = sum(len(r.tokens) for r in singles)
-    differ = sum(a.tokens != b.tokens for a, b in zip(singles, batched))
-    seq, bat = sorted(seq_times)[repeats // 2], sorted(batch_times)[repeats // 2]
-    rounds = [len(r.rounds) or len(r.tokens) for r in batched]
-    accept = [r.mean_accept_len for r in batched if r.rounds]
-    return {
+    seq = sorted(seq_times)[repeats // 2]
+    first = arm(outs[arms[0]], sorted(times[arms[0]])[repeats // 2], singles)
+    sched = pipe.scheduler
+    row = {
         "mode": pipe.mode,
         "tokens": tokens,
         "sequential_s": seq,
-        "batched_s": bat,
+        "batched_s": first["s"],
         "sequential_tps": tokens / seq,
-        "batched_tps": sum(len(r.tokens) for r in batched) / bat,
-        "ratio": seq / bat,
-        "rows_differing": differ,
+        "batched_tps": first["tps"],
+        "ratio": seq / first["s"],
+        "rows_differing": first["rows_differing"],
+        "mean_rounds": first["mean_rounds"],
+        "mean_accept_len": first["mean_accept_len"],
+        "scheduler": "both" if len(arms) == 2 else "on" if arms[0] else "off",
+        "drafts_proposed": sched.proposed if sched else 0,  # in the scheduler's rounds
+        "drafts_cut": sched.cut if sched else 0,
+    }
+    if len(arms) == 2:
+        second = arm(outs[arms[1]], sorted(times[arms[1]])[repeats // 2], singles)
+        row.update({f"scheduled_{k}": v for k, v in second.items()})
+        row["scheduler_ratio"] = first["s"] / second["s"]
+    return row
+
+
+def arm(batched: list, seconds: float, singles: list) -> dict:
+    """One batched arm's numbers, its rows checked against the single requests."""
+    rounds = [len(r.rounds) or len(r.tokens) for r in batched]
+    accept = [r.mean_accept_len for r in batched if r.rounds]
+    return {
+        "s": seconds,
+        "tps": sum(len(r.tokens) for r in batched) / seconds,
+        "rows_differing": sum(a.tokens != b.tokens for a, b in zip(singles, batched)),
         "mean_rounds": sum(rounds) / len(rounds),
         "mean_accept_len": sum(accept) / len(accept) if accept else None,
     }
+
+
+def attach_calibration(pipe) -> None:
+    """The scheduler's verify costs: the stored calibration, else one measured now (every
+    width a batch may reach; not stored, so `--max-draft auto` defaults stay as they were)."""
+    if pipe.calibration is None and pipe.proposer.max_draft:
+        pipe.calibration = calibration.load(pipe) or calibration.measure(pipe)
 
 
 def random_target_pipes(args, modes: list[str]) -> tuple[dict, list[list[int]]]:
@@ -90,6 +135,10 @@ def random_target_pipes(args, modes: list[str]) -> tuple[dict, list[list[int]]]:
         else:
             raise SystemExit(f"--shape runs baseline and oracle, not {mode}")
     return pipes, prompts
+
+
+def accept(value: float | None) -> str:
+    return f"{value:.2f}" if value else "—"
 
 
 class RowOracle:
@@ -130,6 +179,12 @@ def main() -> None:
     ap.add_argument("--suite", default="code")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--strict", action="store_true", help="fail when any row differs")
+    ap.add_argument(
+        "--scheduler",
+        choices=("off", "on", "both"),
+        default="off",
+        help="the batched arm: every row's cap (off), DSpark's prefix scheduler (on), or both",
+    )
     ap.add_argument("--json", help="also write the numbers here")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -145,22 +200,37 @@ def main() -> None:
         first = next(iter(pipes.values()))
         texts = [p.text for p in load_suite(args.suite, args.batch)]
         prompts = [first.encode(t) for t in texts]
-    rows = [run_mode(pipes[m], prompts, args.max_tokens, args.repeats) for m in modes]
+    arms = {"off": [False], "on": [True], "both": [False, True]}[args.scheduler]
+    if True in arms:
+        for pipe in pipes.values():
+            attach_calibration(pipe)
+    rows = [run_mode(pipes[m], prompts, args.max_tokens, args.repeats, arms) for m in modes]
 
     print(f"{name} · B = {len(prompts)} · {args.max_tokens} tokens each · {platform.machine()}"
           f" · mlx {mx.__version__} · {mx.default_device()}")  # fmt: skip
+    print(f"batched arm: {'fixed cap, then ' if len(arms) == 2 else ''}"
+          f"{'prefix scheduler' if arms[-1] else 'fixed cap'}")  # fmt: skip
     head = f"{'mode':<10} {'one at a time':>14} {'batched':>10} {'ratio':>7} {'accept':>7} {'differ':>7}"
+    if len(arms) == 2:
+        head += f" {'scheduled':>10} {'sched/fixed':>11} {'accept':>7} {'differ':>7} {'cut':>11}"
     print(head + "\n" + "-" * len(head))
     for r in rows:
-        acc = f"{r['mean_accept_len']:.2f}" if r["mean_accept_len"] else "—"
-        print(f"{r['mode']:<10} {r['sequential_tps']:>10.1f} t/s {r['batched_tps']:>6.1f} t/s "
-              f"{r['ratio']:>6.2f}x {acc:>7} {r['rows_differing']:>7}")  # fmt: skip
+        line = (f"{r['mode']:<10} {r['sequential_tps']:>10.1f} t/s {r['batched_tps']:>6.1f} t/s "
+                f"{r['ratio']:>6.2f}x {accept(r['mean_accept_len']):>7} {r['rows_differing']:>7}")  # fmt: skip
+        if len(arms) == 2:
+            cut = f"{r['drafts_cut']}/{r['drafts_proposed']}"
+            line += (f" {r['scheduled_tps']:>6.1f} t/s {r['scheduler_ratio']:>10.2f}x "
+                     f"{accept(r['scheduled_mean_accept_len']):>7} "
+                     f"{r['scheduled_rows_differing']:>7} {cut:>11}")  # fmt: skip
+        elif arms[0]:
+            line += f"  (cut {r['drafts_cut']} of {r['drafts_proposed']} drafts)"
+        print(line)
     if args.json:
         meta = {"model": name, "batch": len(prompts), "max_tokens": args.max_tokens,
                 "device": str(mx.default_device()), "mlx": mx.__version__}  # fmt: skip
         with open(args.json, "w") as f:
             json.dump({**meta, "rows": rows}, f, indent=2)
-    if args.strict and any(r["rows_differing"] for r in rows):
+    if args.strict and any(r["rows_differing"] or r.get("scheduled_rows_differing") for r in rows):
         raise SystemExit("batched rows differ from single requests")
 
 

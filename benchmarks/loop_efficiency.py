@@ -26,6 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import outrider
+from outrider.core.device import verify_pad
 from outrider.core.proposer import DraftContext
 from outrider.core.sampling import SamplingParams, greedy
 from outrider.core.target import Target
@@ -83,7 +84,9 @@ def make_target(shape: str, dtype: str) -> Target:
     if dtype == "4bit":
         nn.quantize(model, group_size=64, bits=4)
     mx.eval(model.parameters())
-    return Target(model, None, DenseFamily(), qwen3_config(shape), name=f"qwen3-{shape}-{dtype}")
+    target = Target(model, None, DenseFamily(), qwen3_config(shape), name=f"qwen3-{shape}-{dtype}")
+    target.verify_pad = verify_pad(model)  # what loading it would choose (OUTRIDER_MATMUL)
+    return target
 
 
 class Timed:

@@ -25,7 +25,7 @@ from .core.plugins import Plugins
 from .core.prefix_cache import GB, PrefixCache, Record
 from .core.proposer import Proposer
 from .core.sampling import KeyStream, SamplingParams
-from .core.schedule import AutoCap
+from .core.schedule import AutoCap, BatchScheduler
 from .core.stopping import Stopper
 from .core.target import Target
 from .loaders import (
@@ -159,6 +159,9 @@ class Pipeline:
     cap_policy: AutoCap | None = None  # what "auto" has measured so far (kept across calls)
     calibration: Calibration | None = None  # this machine's measured costs (auto uses them)
     cap_given: bool = False  # load() was given a cap: lookup copies stay within it too
+    # batched rounds verify what DSpark's prefix scheduler admits (needs a calibration)
+    schedule_batches: bool = True
+    scheduler: BatchScheduler | None = None  # the batches' scheduler and what it has cut
 
     def enable_prefix_cache(
         self, gb: float = 2.0, directory: str | Path | None = None, **options: Any
@@ -287,8 +290,10 @@ class Pipeline:
     ) -> list[Result]:  # fmt: skip
         """Generate for several prompts together: their rows share every target forward, and
         each result is what `generate` gives for that prompt alone (the keywords of
-        `start_row`; `seed` seeds every row alike). Needs a target family that batches."""
-        batch = Batch(self.target)
+        `start_row`; `seed` seeds every row alike). Needs a target family that batches.
+        Where the batch scheduler cuts drafts (`batch_scheduler`), a sampled row follows the
+        same distribution but no longer draws the same tokens for the same seed."""
+        batch = self.make_batch()
         starts = []
         for prompt in prompts:
             ids = self.encode(prompt, system=system, raw=raw, thinking=thinking)
@@ -305,6 +310,20 @@ class Pipeline:
                 r.seconds for r in start.collector.result.rounds
             )
         return [start.collector.result for start in starts]
+
+    def make_batch(self) -> Batch:
+        """An empty batch on this target, with the prefix scheduler when it runs here."""
+        return Batch(self.target, self.batch_scheduler())
+
+    def batch_scheduler(self) -> BatchScheduler | None:
+        """The scheduler of batched rounds: on (`schedule_batches`) where a calibration says
+        what a verify of each width costs and the proposer drafts; kept across batches."""
+        cal = self.calibration
+        if not self.schedule_batches or cal is None or not self.proposer.max_draft:
+            return None
+        if self.scheduler is None or self.scheduler.calibration is not cal:
+            self.scheduler = BatchScheduler(cal)
+        return self.scheduler
 
     def start_row(
         self,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .core import gguf
 from .core.checkpoint import open_checkpoint, read_config
+from .core.device import verify_pad
 from .core.drafter_spec import DrafterSpec
 from .core.errors import CheckpointError, ModelNotFoundError, OutriderError, UnsupportedTargetError
 from .core.hub import resolve_model
@@ -92,7 +93,10 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
             except Exception as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise CheckpointError(f"could not load model {model}: {first}") from e
-            return Target(model_obj, tokenizer, family, config, name=model)
+            target = Target(model_obj, tokenizer, family, config, name=model)
+            if getattr(family, "pads_verify", False):
+                target.verify_pad = verify_pad(model_obj)
+            return target
     mtype = config.get("model_type") or (config.get("text_config") or {}).get("model_type")
     raise UnsupportedTargetError(
         f"model_type {mtype!r} is not supported by any installed target-family plugin "

@@ -13,6 +13,7 @@ import copy
 from .errors import UnsupportedTargetError
 from .loop import Row, Step, verify_round
 from .proposer import Proposer
+from .schedule import BatchScheduler
 from .target import Target
 
 
@@ -24,14 +25,16 @@ def fork(proposer: Proposer) -> Proposer:
 
 
 class Batch:
-    """The rows decoding on one target, and the batched cache that holds them."""
+    """The rows decoding on one target, and the batched cache that holds them. A `scheduler`
+    cuts each round's drafts to what DSpark's prefix scheduler admits (`core/schedule.py`)."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, scheduler: BatchScheduler | None = None) -> None:
         if not target.batches:
             raise UnsupportedTargetError(
                 f"the {target.family.name} family decodes one row at a time (no batched caches)"
             )
         self.target = target
+        self.scheduler = scheduler
         self.rows: list[Row] = []
         self.cache: list | None = None
 
@@ -65,7 +68,8 @@ class Batch:
         if live:
             if len(live) < len(self.rows):
                 self._keep(live)
-            out += zip(live, verify_round(self.target, live, self.cache))
+            steps = verify_round(self.target, live, self.cache, scheduler=self.scheduler)
+            out += zip(live, steps)
         self._keep([r for r in self.rows if not r.done])
         return out
 

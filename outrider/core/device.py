@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from .errors import OutriderError
 
@@ -35,3 +37,29 @@ def split_attention() -> bool:
     """
     choice = attention_choice()
     return choice == "split" or (choice == "auto" and on_cuda_gpu())
+
+
+MATMUL_ENV = "OUTRIDER_MATMUL"
+# MLX 0.32's CUDA backend multiplies 2-7 rows by a quantized matrix as that many one-row
+# products (reading the weights once per row) and switches to a kernel that reads them once
+# from 8 rows on; on the H200, 8 rows cost about what one row costs (benchmarks/
+# quantized_verify.py), so a narrower verify forward is cheaper padded to 8 rows.
+PADDED_VERIFY_ROWS = 8
+
+
+def verify_pad(model: Any) -> int:
+    """The width a verify forward of a few rows is padded to on this machine (0: none).
+
+    OUTRIDER_MATMUL: `auto` (the default) pads on CUDA GPUs when the model has affine-quantized
+    linear layers; `native` never pads.
+    """
+    choice = os.environ.get(MATMUL_ENV, "auto").strip().lower()
+    if choice not in ("auto", "native"):
+        raise OutriderError(f"{MATMUL_ENV} must be auto or native, got {choice!r}")
+    if choice == "native" or not on_cuda_gpu():
+        return 0
+    quantized = any(
+        isinstance(m, nn.QuantizedLinear) and getattr(m, "mode", "affine") == "affine"
+        for _, m in model.named_modules()
+    )
+    return PADDED_VERIFY_ROWS if quantized else 0

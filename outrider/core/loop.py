@@ -9,6 +9,7 @@ than mlx-lm's own generation.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from .logits import Penalties, TokenLogprob, logprob_arrays, process_rows, read_
 from .prefix_cache import PrefixHit, Record
 from .proposer import DraftContext, Proposal, Proposer, propose_all
 from .sampling import KeyStream, SamplingParams, greedy, probabilities, sample
-from .schedule import AutoCap
+from .schedule import AutoCap, BatchScheduler, learn_acceptance
 from .stopping import Stopper
 from .target import Target
 
@@ -36,6 +37,7 @@ class Step:
     seconds: float
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None  # per kept token, when requested
+    cut: int = 0  # drafts the batch scheduler left unverified (core/schedule.py)
 
 
 def _choose(logits: mx.array, sampling: SamplingParams, keys: KeyStream | None) -> mx.array:
@@ -66,6 +68,7 @@ class Row:
     cancelled: Callable[[], bool] | None = None
     policy: AutoCap | None = None  # --max-draft auto: the cap of each round
     long_copies: bool = True  # a lookup copy may run past the cap (false: the cap was given)
+    accept: list[float] = field(default_factory=list)  # per position, for the batch scheduler
 
     @property
     def done(self) -> bool:
@@ -342,7 +345,11 @@ def _row_inputs(anchor: int, proposal: Proposal, drafts: mx.array, width: int) -
 
 
 def verify_round(
-    target: Target, rows: list[Row], cache: list, caps: list[int] | None = None
+    target: Target,
+    rows: list[Row],
+    cache: list,
+    caps: list[int] | None = None,
+    scheduler: BatchScheduler | None = None,
 ) -> list[Step]:
     """One speculative round for every row: each proposes, one target forward verifies all
     drafts of all rows, each accepts its own, and each row's cache rolls back by what it
@@ -351,6 +358,8 @@ def verify_round(
     Rows draft different numbers of tokens; shorter rows are padded to the widest, and the
     padding is rejected like any draft. On the greedy path a round costs one host-device sync
     whatever the batch width. `caps` (one per row) overrides the rows' own caps this round.
+    `scheduler` (a batch's) cuts the proposals of two or more drafting rows to what DSpark's
+    prefix scheduler admits before the forward (`_schedule`).
     """
     t = time.perf_counter()
     batched = target.is_batched(cache)
@@ -365,11 +374,16 @@ def verify_round(
                 cap = caps[len(ctxs)]
             key = row.keys.next() if row.keys is not None and cap > 0 else None
             # drafts that could still count (a given cap bounds even a lookup copy)
-            room = {"room": max(0, row.stopper.remaining - 1) if row.long_copies else cap}
-            ctxs.append(DraftContext(row.history, cap, row.sampling, key, room))
+            extras = {"room": max(0, row.stopper.remaining - 1) if row.long_copies else cap}
+            if scheduler is not None and len(rows) > 1:
+                extras["confidence"] = True  # a drafter's own acceptance estimates, if it has any
+            ctxs.append(DraftContext(row.history, cap, row.sampling, key, extras))
             asked.append(cap)
         # rows sharing a drafter draft in one call (propose_all), every other row on its own
         proposals = propose_all([row.proposer for row in rows], ctxs)
+        scheduled = _schedule(scheduler, rows, proposals, asked)
+        cuts = [p.k - s.k for p, s in zip(proposals, scheduled)]
+        proposals = scheduled
         for proposal in proposals:
             tokens = proposal.tokens
             drafts.append(tokens if tokens.dtype == mx.uint32 else tokens.astype(mx.uint32))
@@ -418,7 +432,9 @@ def verify_round(
         row.anchor = committed[-1]
         kept = row.stopper.feed(committed)
         step_lp = None if lp is None else read_logprobs(lp, kept)
-        steps.append(Step("draft", drafted, a, kept, 0.0, row.stopper.finish_reason, step_lp))
+        steps.append(
+            Step("draft", drafted, a, kept, 0.0, row.stopper.finish_reason, step_lp, cuts[i])
+        )
     if batched:
         target.rollback_rows(cache, rejected)
     else:
@@ -426,11 +442,52 @@ def verify_round(
     seconds = time.perf_counter() - t
     for row, proposal, step, cap in zip(rows, proposals, steps, asked):
         step.seconds = seconds
+        if scheduler is not None and 0 < proposal.k <= cap:  # a lookup copy is not the row's
+            learn_acceptance(row.accept, proposal.k, step.accepted)
+        if row.policy is None:
+            continue
+        if step.cut:  # the scheduler chose this width, not the policy: acceptance only
+            row.policy.observe_unverified(proposal.k, step.accepted)
         # a round that was asked for drafts but got none (a lookup with no match) is neither
         # a drafting round nor a pipelined plain step: it teaches the policy nothing
-        if row.policy is not None and (proposal.k > 0 or cap == 0):
+        elif proposal.k > 0 or cap == 0:
             row.policy.observe(proposal.k, step.accepted, seconds)
     return steps
+
+
+def _schedule(
+    scheduler: BatchScheduler | None, rows: list[Row], proposals: list[Proposal], asked: list[int]
+) -> list[Proposal]:
+    """Each row's proposal cut to the drafts DSpark's prefix scheduler admits, when two or more
+    rows draft. Survivals come from the drafter's confidences (read back in one wait) or the
+    rows' running acceptance, never from a draft they would admit: sampling stays exact.
+
+    Sampled rows with one seed draw their drafts from the same keys, so one row's drafts say
+    something about the other's: their confidences (which read their drafts) would let one
+    row's cut depend on the other's draft it admits. They use running acceptance instead."""
+    if scheduler is None or sum(1 for p in proposals if p.k > 0) < 2:
+        return proposals
+    own = _own_keys(rows)
+    estimates = [p.confidence for p, o in zip(proposals, own) if o and p.confidence is not None]
+    if estimates:
+        mx.eval(*estimates)
+    confidence = [
+        p.confidence.tolist() if o and p.confidence is not None else None
+        for p, o in zip(proposals, own)
+    ]
+    accept = [row.accept for row in rows]
+    context = max(len(row.history) for row in rows)
+    keep = scheduler.keep([p.k for p in proposals], asked, confidence, accept, context)
+    return [p.first(n) for p, n in zip(proposals, keep)]
+
+
+def _own_keys(rows: list[Row]) -> list[bool]:
+    """Whether each row's random draws are its own: greedy, unseeded, or a seed no other
+    sampled row of the round has."""
+    seeds = Counter(r.sampling.seed for r in rows if not r.sampling.greedy)
+    return [
+        r.sampling.greedy or r.sampling.seed is None or seeds[r.sampling.seed] == 1 for r in rows
+    ]
 
 
 def _plain_steps(

@@ -32,6 +32,21 @@ class Proposal:
     def from_list(cls, ids: list[int]) -> Proposal:
         return cls(tokens=mx.array(ids, dtype=mx.uint32), k=len(ids), host=list(ids))
 
+    def first(self, n: int) -> Proposal:
+        """The first n drafts (all of them when n >= k), with their q rows and confidences:
+        a cut that looks only at drafts before the ones it drops keeps sampling exact."""
+        if n >= self.k:
+            return self
+        if n <= 0:
+            return Proposal.empty()
+        return Proposal(
+            self.tokens[:n],
+            n,
+            probs=None if self.probs is None else self.probs[:n],
+            confidence=None if self.confidence is None else self.confidence[:n],
+            host=None if self.host is None else self.host[:n],
+        )
+
 
 @dataclass
 class DraftContext:

@@ -25,6 +25,10 @@ k (a straight line through the measured ks estimates the others), and s_j comes 
 per-position acceptance (the chance that draft j is accepted once drafts 1..j-1 were). The cap
 only decides how many drafts are verified, never which token is committed, so every choice is
 lossless.
+
+A batch's rounds add a second, later cut (`BatchScheduler`, DSpark's prefix scheduler,
+`admit`): after every row has drafted, each row verifies only the drafts worth widening the
+batch's one padded forward for.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ MARGIN = 1.03  # a cap must beat plain decoding by 3% to be worth its variance
 MAX_INTERVAL = 256  # plain steps between probes, at most
 PROBE_ACCEPT = 0.9  # a probe drafts the cap that would pay at this acceptance (else one)
 PROBE_BUDGET = 0.015  # a failed probe may cost at most this share of the plain steps before it
+PRIOR_ACCEPT = 0.7  # a draft position's acceptance before any round has reached it
 
 
 @dataclass
@@ -65,7 +70,7 @@ class AutoCap:
     context: int | None = None
 
     def __post_init__(self) -> None:
-        self.accept = [0.7] * self.ceiling  # a prior the first rounds overwrite
+        self.accept = [PRIOR_ACCEPT] * self.ceiling  # a prior the first rounds overwrite
         self.start = max(1, min(self.start, self.ceiling))
         self.interval = self.probe_every
 
@@ -175,9 +180,17 @@ class AutoCap:
         self._learn_acceptance(k, accepted)
 
     def _learn_acceptance(self, k: int, accepted: int) -> None:
-        for j in range(min(accepted + 1, k)):  # positions reached: 1..accepted+1
-            hit = 1.0 if j < accepted else 0.0
-            self.accept[j] += ACCEPT_EMA * (hit - self.accept[j])
+        learn_acceptance(self.accept, k, accepted)
+
+
+def learn_acceptance(accept: list[float], k: int, accepted: int) -> None:
+    """Move the running per-position acceptance (P(draft j accepted | drafts before it were))
+    by a round that verified k drafts and kept `accepted`. Only the positions the round reached
+    move, so a round cut short teaches nothing about the drafts it did not verify."""
+    accept.extend([PRIOR_ACCEPT] * (k - len(accept)))
+    for j in range(min(accepted + 1, k)):  # positions reached: 1..accepted+1
+        hit = 1.0 if j < accepted else 0.0
+        accept[j] += ACCEPT_EMA * (hit - accept[j])
 
 
 def admit(survival: list[list[float]], cost: Callable[[int, int], float]) -> list[int]:
@@ -215,3 +228,74 @@ def admit(survival: list[list[float]], cost: Callable[[int, int], float]) -> lis
             break
         best_rate, best = rate, list(admitted)
     return best
+
+
+def survival(conditional: list[float]) -> list[float]:
+    """The chance that the first j drafts are all accepted, j = 1..len: the running product
+    of per-draft acceptance (non-increasing, as `admit` needs)."""
+    out, s = [], 1.0
+    for p in conditional:
+        s *= min(max(p, 0.0), 1.0)
+        out.append(s)
+    return out
+
+
+@dataclass
+class BatchScheduler:
+    """DSpark's prefix scheduler on a batch's rounds (`admit`): once every row has drafted,
+    each row verifies only the drafts that raise the batch's expected tokens per second at
+    this machine's measured verify cost (`calibration.batch_verify_cost`).
+
+    Rows pad to the widest, so a batch's forward costs its rows times its widest row: drafts
+    that are unlikely to survive widen it for little. A drafter that estimates acceptance per
+    slot (DSpark's confidence head) gives the survivals; otherwise each row's running
+    per-position acceptance does. Drafts are only left out, never changed, so greedy output
+    is unchanged and sampled output keeps the target's distribution. One per pipeline: its
+    counters say what it cut."""
+
+    calibration: Any
+    rounds: int = 0  # rounds it scheduled (two or more rows drafted)
+    proposed: int = 0  # drafts the scheduled rows of those rounds proposed
+    cut: int = 0  # of them, left unverified
+
+    def keep(
+        self,
+        drafted: list[int],
+        asked: list[int],
+        confidence: list[list[float] | None],
+        accept: list[list[float]],
+        context: int | None = None,
+    ) -> list[int]:
+        """How many of its drafts each row verifies this round.
+
+        `drafted[r]`: the drafts row r proposed; `asked[r]`: the cap it was asked for (a lookup
+        copy past it is sized by the copy's match, `lookup_assist.py`: it stays whole, and the
+        width it sets costs the others nothing); `confidence[r]`: the drafter's per-slot
+        acceptance estimates, or None; `accept[r]`: the row's running per-position acceptance
+        (`learn_acceptance`); `context`: the longest row's context length."""
+        if sum(1 for k in drafted if k > 0) < 2:
+            return list(drafted)
+        fixed = [k > cap for k, cap in zip(drafted, asked, strict=True)]
+        survivals = [
+            [] if f or k == 0 else survival(_conditional(c, a, k))
+            for k, f, c, a in zip(drafted, fixed, confidence, accept, strict=True)
+        ]
+        floor = 1 + max((k for k, f in zip(drafted, fixed) if f), default=0)
+
+        def cost(rows: int, width: int) -> float:
+            return self.calibration.batch_verify_cost(rows, max(width, floor), context)
+
+        admitted = admit(survivals, cost)
+        keep = [k if f else min(k, n) for k, f, n in zip(drafted, fixed, admitted)]
+        self.rounds += 1
+        self.proposed += sum(k for k, f in zip(drafted, fixed) if not f)
+        self.cut += sum(drafted) - sum(keep)
+        return keep
+
+
+def _conditional(confidence: list[float] | None, accept: list[float], k: int) -> list[float]:
+    """Per-draft acceptance of k drafts: the drafter's own estimates when it made them, else
+    the row's running acceptance (the prior where no round has reached a position)."""
+    if confidence is not None and len(confidence) >= k:
+        return confidence[:k]
+    return [accept[j] if j < len(accept) else PRIOR_ACCEPT for j in range(k)]

@@ -98,6 +98,8 @@ class Target:
         self._windows: bool | None = None  # whether any layer keeps a sliding window
         # rows of a prefix hit's final prefill forward; None: HIT_TAIL on a GPU, 1 on the CPU
         self.hit_tail: int | None = None
+        # pad verify forwards of 2 to verify_pad - 1 rows to verify_pad rows (core/device.py)
+        self.verify_pad = 0
 
     @property
     def stream(self) -> mx.Stream:
@@ -291,10 +293,20 @@ class Target:
     ) -> tuple[mx.array, mx.array | None]:
         """ids [T] -> (logits [T, V], taps [T, len(tap_ids)·H] or None).
 
-        This is the verify forward: `rollback` may follow it to drop its last rows.
+        This is the verify forward: `rollback` may follow it to drop its last rows. With
+        `verify_pad` set, a narrower forward runs padded (its last token repeated) and drops
+        the padding from the cache at once: rows are causal, so the padding changes no row.
         """
+        n = ids.shape[0]
+        pad = self.verify_pad - n if 1 < n < self.verify_pad else 0
+        if pad:
+            ids = mx.concatenate([ids, mx.repeat(ids[-1:], pad)])
         logits = self._run(ids, cache, tap_ids, verify=True)
-        return logits[0], self._collect(tap_ids)
+        taps = self._collect(tap_ids)
+        if not pad:
+            return logits[0], taps
+        self.rollback(cache, pad)
+        return logits[0, :n], None if taps is None else taps[:n]
 
     def forward_batch(self, ids: mx.array, tap_ids: tuple[int, ...]) -> tuple[mx.array, mx.array]:
         """Whole sequences at once, no cache (training): ids [b, T] -> (logits [b, T, V],

@@ -84,6 +84,12 @@ def serve(
     max_batch: int = Opt(
         1, "--max-batch", help="Decode up to this many requests together (not with --kv-bits)."
     ),
+    no_batch_scheduler: bool = Opt(
+        False,
+        "--no-batch-scheduler",
+        metavar="",
+        help="Batched rounds verify every row's cap (no DSpark prefix scheduler).",
+    ),
     kv_bits: int | None = Opt(None, "--kv-bits", help="Quantize the KV cache: 8 or 4 bits."),
 ) -> None:
     """Serve OpenAI- and Anthropic-compatible APIs; speculation is invisible to clients."""
@@ -131,7 +137,9 @@ def serve(
         from ..core.prefix_cache import PrefixCache
 
         store = PrefixCache.from_gb(prefix_cache_gb, prefix_cache_dir) if prefix_cache_gb else None
-        engine = Engine(prefix_cache=store, max_batch=max_batch).start()
+        engine = Engine(
+            prefix_cache=store, max_batch=max_batch, batch_scheduler=not no_batch_scheduler
+        ).start()
         limits = Limits(
             default_max_tokens,
             max_tokens_cap,

@@ -156,16 +156,19 @@ class Engine:
         prefix_cache: PrefixCache | None = None,
         prefetch: Callable[[LoadSpec], None] | None = None,
         max_batch: int = 1,
+        batch_scheduler: bool = True,
     ) -> None:
         """`prefix_cache` keeps target caches between requests (the worker thread owns it;
         it is emptied whenever the model changes). `prefetch` downloads what a load needs
         before the running model is released (default: `default_prefetch` with the default
         loader, nothing with another). `max_batch` > 1 decodes up to that many requests
         together (continuous batching) on targets whose family batches; others serve one at
-        a time."""
+        a time. `batch_scheduler` lets DSpark's prefix scheduler cut a batch's drafts where the
+        model has a calibration (`core/schedule.py`); off, every row verifies its cap."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
+        self.batch_scheduler = batch_scheduler
         self._deferred: list = []  # items taken from the queue while a batch ran
         self._running: dict[int, _Running] = {}  # the batch's requests, by row
         self._loader = loader
@@ -474,11 +477,10 @@ class Engine:
         """Decode `first` and every request that arrives while it runs, up to `max_batch` at
         once: each joins after its own prefill, at a round boundary, and ends the moment it
         finishes. A load or unload that arrives waits until the batch drains."""
-        from ..core.batch import Batch
-
         pipe = self.pipeline
         pipe.prefix_cache = self.prefix_cache
-        batch = Batch(pipe.target)
+        pipe.schedule_batches = self.batch_scheduler
+        batch = pipe.make_batch()
         running = self._running = {}
         waiting = [first]
         try:
@@ -490,6 +492,7 @@ class Engine:
                     continue
                 self.metrics.batch_round(len(batch))
                 for row, step in batch.round():
+                    self.metrics.drafts_cut(step.cut)
                     run = running[id(row)]
                     chunk = run.collector.add(step)
                     run.add(chunk)

@@ -34,6 +34,7 @@ class Metrics:
         self.queue_depth = lambda: 0
         self.in_flight = 0
         self.batch_rows: Counter = Counter()  # rows in a batched round -> rounds
+        self.batch_cut = 0  # drafts the batch scheduler left unverified
         self.prefix_cache = lambda: None  # the prefix cache's counters (engine), or None
 
     def request(self, route: str, status: int) -> None:
@@ -55,6 +56,11 @@ class Metrics:
     def batch_round(self, rows: int) -> None:
         with self._lock:
             self.batch_rows[rows] += 1
+
+    def drafts_cut(self, n: int) -> None:
+        if n:
+            with self._lock:
+                self.batch_cut += n
 
     def render(self, labels: dict[str, str]) -> str:
         base = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
@@ -123,6 +129,12 @@ class Metrics:
                 "counter",
                 "Batched decode rounds (continuous batching, --max-batch).",
                 [("", rounds)],
+            )
+            metric(
+                "outrider_batch_drafts_cut_total",
+                "counter",
+                "Drafts the batch scheduler left unverified (DSpark's prefix scheduler).",
+                [("", self.batch_cut)],
             )
             metric(
                 "outrider_batch_rows_mean",

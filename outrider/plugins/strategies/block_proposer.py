@@ -231,6 +231,9 @@ class BlockProposer:
         head = self.drafter.markov_head
         rows = len(asks)
         greedy = all(ctx.sampling.greedy for ctx in asks)
+        # the batch scheduler (core/schedule.py) asks for the estimates even with no threshold
+        wanted = any(ctx.extras.get("confidence") for ctx in asks)
+        confident = self.use_confidence or (wanted and self.spec.confidence_head)
         prev = mx.array([ctx.tokens[-1] for ctx in asks], dtype=mx.uint32)
         state = None
         tokens, conf = [], []
@@ -239,7 +242,7 @@ class BlockProposer:
             h = slots[:, j]
             bias, e, state = head.step(prev, h, state)
             z = logits[:, j] + bias.astype(mx.float32)  # [rows, head vocabulary]
-            if self.use_confidence:
+            if confident:
                 feats = [h, e] if self.spec.confidence_with_markov else [h]
                 c = self.drafter.confidence_head.proj(mx.concatenate(feats, axis=-1))
                 conf.append(mx.sigmoid(c.astype(mx.float32))[:, 0])
@@ -269,6 +272,10 @@ class BlockProposer:
             survival = [mx.cumprod(c) for c in cut]
             mx.eval(survival, drafts)  # one wait for every row
             out = [self._truncate(p, c, s.tolist()) for p, c, s in zip(out, cut, survival)]
+        elif confident:  # left lazy: the scheduler reads them all at once
+            confidence = mx.stack(conf, axis=1)
+            for i, (proposal, cap) in enumerate(zip(out, caps)):
+                proposal.confidence = confidence[i, :cap]
         return out
 
     def _truncate(self, proposal: Proposal, conf: mx.array, survival: list[float]) -> Proposal:
@@ -278,12 +285,5 @@ class BlockProposer:
         the token it admits and sampled output stays lossless.
         """
         keep = max(1, sum(1 for s in survival if s >= self.threshold))
-        if keep == proposal.k:
-            proposal.confidence = conf
-            return proposal
-        return Proposal(
-            proposal.tokens[:keep],
-            keep,
-            probs=None if proposal.probs is None else proposal.probs[:keep],
-            confidence=conf[:keep],
-        )
+        proposal.confidence = conf
+        return proposal.first(keep)

@@ -60,6 +60,8 @@ def _inner(model: nn.Module) -> nn.Module:
 
 class DenseFamily(BatchedRows, Snapshots):
     name = "dense"
+    # rollback is a trim, so a verify forward may run padded to a cheaper width (core/device.py)
+    pads_verify = True
     description = "mlx-lm decoder-only models with plain KV caches (qwen3, llama, qwen2, ...)"
 
     def supports(self, config: dict) -> bool:

@@ -1,0 +1,271 @@
+"""DSpark's prefix scheduler on batched rounds (core/schedule.py `BatchScheduler`): once every row
+has drafted, each row verifies only the drafts worth widening the batch's forward for.
+
+The cut looks only at what the drafter knew before each draft (its per-slot confidence, or the
+row's running acceptance), so greedy rows stay token-identical to their single-request output
+and sampled rows keep the target's distribution; the helper that turns proposals and a
+calibrated verify cost into caps is checked on its own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import mlx.core as mx
+import pytest
+from conftest import PROMPTS
+from sampling_check import PARAMS, chi2_critical, chi_square, exact_joint
+
+import outrider
+from outrider.core.batch import Batch
+from outrider.core.calibration import Calibration
+from outrider.core.loop import _own_keys, verify_round
+from outrider.core.proposer import Proposal
+from outrider.core.sampling import SamplingParams
+from outrider.core.schedule import AutoCap, BatchScheduler, learn_acceptance, survival
+from outrider.server.metrics import Metrics
+
+MODES = {"dspark": "dspark", "dflash": "dflash-zlab", "lookup": None}
+
+
+def curve(per_token: float, widest: int = 16) -> Calibration:
+    """A calibration whose one-row verify of w tokens costs 1 + per_token x (w - 1) ms."""
+    return Calibration({}, {128: [1.0 + per_token * w for w in range(widest)]})
+
+
+FLAT, CHEAP, DEAR = curve(0.0), curve(0.01), curve(1.0)
+
+
+@pytest.fixture(scope="module")
+def pipes(qwen3_target, drafters):
+    return {
+        mode: outrider.load(str(qwen3_target), name and str(drafters[name]), mode=mode)
+        for mode, name in MODES.items()
+    }
+
+
+def scheduled(pipe, calibration: Calibration | None):
+    """The pipeline with this calibration and a fresh scheduler (None: no calibration)."""
+    pipe.calibration, pipe.scheduler, pipe.schedule_batches = calibration, None, True
+    return pipe
+
+
+def prompts(pipe) -> list[list[int]]:
+    ids = [pipe.encode(p) for p in PROMPTS]
+    return [*ids, ids[0] + ids[0][1:] * 3]
+
+
+# -- the helper: drafted sizes, confidences and a calibration -> caps ---------------------------
+
+
+def test_flat_verify_cost_admits_every_draft():
+    sched = BatchScheduler(FLAT)
+    conf = [[0.9, 0.8, 0.7, 0.6], [0.5, 0.5, 0.5]]
+    assert sched.keep([4, 3], [4, 4], conf, [[], []]) == [4, 3]
+    assert (sched.rounds, sched.proposed, sched.cut) == (1, 7, 0)
+
+
+def test_costly_width_verifies_fewer_drafts():
+    """Each verified token costs 10% of a one-row step: the confident row widens the forward
+    to its two drafts, the unsure row's first two ride in that width for free, and its last
+    two (survival 0.006 and less) are not worth widening it again. At 100% a token no draft
+    pays."""
+    conf = [[0.95, 0.9], [0.3, 0.2, 0.1, 0.1]]
+    sched = BatchScheduler(curve(0.1))
+    assert sched.keep([2, 4], [4, 4], conf, [[], []]) == [2, 2]
+    assert (sched.proposed, sched.cut) == (6, 2)
+    dear = BatchScheduler(DEAR)
+    assert dear.keep([2, 4], [4, 4], conf, [[], []]) == [0, 0]
+    assert dear.cut == 6
+
+
+def test_without_confidence_the_rows_running_acceptance_decides():
+    """No confidence: each row's running acceptance gives its survivals. A row whose first
+    draft keeps failing is cut where a row that keeps every draft is not."""
+    good, bad = [], []
+    for _ in range(20):
+        learn_acceptance(good, 4, 4)
+        learn_acceptance(bad, 4, 0)
+    assert bad[1:] == [0.7] * 3  # positions a round never reached keep the prior
+    none = [None, None]
+    assert BatchScheduler(curve(0.1)).keep([2, 4], [4, 4], none, [good, good]) == [2, 4]
+    assert BatchScheduler(curve(0.1)).keep([2, 4], [4, 4], none, [good, bad]) == [2, 2]
+    assert BatchScheduler(curve(0.1)).keep([4, 4], [4, 4], none, [bad, bad]) == [0, 0]
+    assert survival([0.5, 2.0, -1.0]) == [0.5, 0.5, 0.0]  # clamped, non-increasing
+
+
+def test_a_lookup_copy_stays_whole_and_its_width_is_free():
+    """A copy past its row's cap (lookup_assist.py) is the copy's own choice: kept whole, and
+    the other rows verify every draft that fits inside the width it sets."""
+    sched = BatchScheduler(curve(0.1))
+    conf = [None, [0.6, 0.5, 0.5, 0.5]]
+    assert sched.keep([12, 4], [4, 4], conf, [[], []]) == [12, 4]
+    assert sched.keep([0, 4], [4, 4], conf, [[], []]) == [0, 4]  # one drafting row: no cut
+    assert sched.rounds == 1
+
+
+def test_a_cut_proposal_keeps_its_q_rows_confidences_and_host_ids():
+    probs = mx.ones((4, 8)) / 8
+    p = Proposal(mx.array([5, 6, 7, 8], dtype=mx.uint32), 4, probs, mx.array([0.9] * 4))
+    two = p.first(2)
+    assert two.k == 2 and two.tokens.tolist() == [5, 6]
+    assert two.probs.shape == (2, 8) and two.confidence.shape == (2,)
+    assert p.first(4) is p and p.first(0).k == 0
+    copy = Proposal.from_list([1, 2, 3]).first(1)
+    assert copy.host == [1] and copy.tokens.tolist() == [1]
+
+
+def test_sampled_rows_sharing_a_seed_are_scheduled_on_running_acceptance():
+    """Two sampled rows with one seed draw their drafts from the same keys: neither row's
+    confidences (which read its drafts) may steer the other's cut."""
+    rows = [
+        SimpleNamespace(sampling=s)
+        for s in (
+            SamplingParams(0.8, seed=1),
+            SamplingParams(0.8, seed=1),
+            SamplingParams(),
+            SamplingParams(0.8, seed=2),
+            SamplingParams(0.8),
+            SamplingParams(0.8),
+        )
+    ]
+    assert _own_keys(rows) == [False, False, True, True, True, True]
+
+
+def test_metrics_count_the_drafts_cut():
+    metrics = Metrics()
+    metrics.drafts_cut(3)
+    metrics.drafts_cut(0)
+    assert "outrider_batch_drafts_cut_total 3" in metrics.render({})
+
+
+# -- the loop: greedy rows equal their single-request output --------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["dspark", "dflash", "lookup"])
+def test_greedy_rows_match_each_row_alone_with_the_scheduler(pipes, mode):
+    """dspark: survivals from the confidence head; dflash, lookup: from running acceptance."""
+    pipe = scheduled(pipes[mode], CHEAP)
+    rows = prompts(pipe)
+    kwargs = dict(max_tokens=24, stop_tokens=set())
+    batch = pipe.generate_batch(rows, **kwargs)
+    singles = [pipe.generate(ids, **kwargs) for ids in rows]
+    assert [r.tokens for r in batch] == [r.tokens for r in singles]
+    sched = pipe.scheduler
+    assert sched is not None and sched.rounds > 0 and 0 < sched.cut
+    if mode != "lookup":  # lookup rarely has two rows drafting at once here
+        assert sched.cut < sched.proposed  # some drafts were verified too
+
+
+def test_no_calibration_or_switched_off_means_no_scheduler(pipes):
+    pipe = scheduled(pipes["dspark"], None)
+    assert pipe.batch_scheduler() is None and pipe.make_batch().scheduler is None
+    pipe = scheduled(pipes["dspark"], FLAT)
+    assert pipe.make_batch().scheduler is pipe.batch_scheduler() is not None
+    pipe.schedule_batches = False
+    assert pipe.make_batch().scheduler is None
+
+
+def test_a_cut_round_teaches_the_cap_policy_acceptance_only(pipes):
+    """A row whose drafts the scheduler cut ran at a width its AutoCap did not choose: the
+    policy learns acceptance from it, never the round's cost at the cut width."""
+    pipe = scheduled(pipes["dflash"], curve(0.1))
+    batch = Batch(pipe.target, pipe.batch_scheduler())
+    starts = [pipe.start_row(ids, max_tokens=12, stop_tokens=set()) for ids in prompts(pipe)[:2]]
+    for start in starts:
+        start.row.policy = AutoCap(pipe.proposer.max_draft)
+        batch.join(start.row, start.cache)
+    steps = verify_round(pipe.target, batch.rows, batch.cache, scheduler=batch.scheduler)
+    assert all(s.cut > 0 and s.drafted for s in steps)  # cut, not to nothing
+    for start, step in zip(starts, steps):
+        policy = start.row.policy
+        assert policy.rounds == {} and policy.costs == {}  # no round, no cost at the cut width
+        assert policy.accept[0] < 0.7 or step.accepted  # acceptance learnt (a miss at draft 1)
+
+
+# -- sampled rows keep the target's distribution ----------------------------------------------
+
+
+@pytest.mark.slow  # 500 batched generations: about 35 s on a 2-core CPU
+def test_sampled_rows_follow_the_target_distribution_with_the_scheduler(pipes):
+    """Row 0 samples next to a row with another seed; the scheduler (confidence survivals, a
+    verify cost that cuts row 0's drafts in some rounds and not in others, depending on the
+    drafts so far) decides how many of them are verified. Chi-square of row 0's first three
+    tokens against the target's own joint distribution."""
+    pipe = scheduled(pipes["dspark"], curve(0.03))
+    rows = prompts(pipe)
+    prompt, depth, n = rows[1], 3, 500
+    expected = exact_joint(pipe.target, prompt, PARAMS, depth)
+    sample = dict(temperature=PARAMS.temperature, top_p=PARAMS.top_p, top_k=PARAMS.top_k)
+    counts, cuts, accepted = Counter(), Counter(), 0
+    for seed in range(n):
+        batch = pipe.make_batch()
+        first = pipe.start_row(prompt, max_tokens=depth + 2, stop_tokens=set(), seed=seed, **sample)
+        other = pipe.start_row(rows[0], max_tokens=8, stop_tokens=set(), seed=n + seed, **sample)
+        for start in (first, other):
+            batch.join(start.row, start.cache)
+        tokens = list(first.first.tokens)
+        while len(tokens) < depth:
+            for row, step in batch.round():
+                if row is first.row:
+                    tokens += step.committed
+                    cuts[step.cut] += 1
+                    accepted += step.accepted
+        counts[tuple(tokens[:depth])] += 1
+    assert cuts[0] and sum(cuts.values()) > cuts[0]  # rounds cut and rounds not cut
+    assert accepted > 0  # rejection sampling accepted drafts, not only plain steps
+    stat, dof = chi_square(counts, expected, n)
+    assert stat < chi2_critical(dof), f"chi2 {stat:.1f} with {dof} dof"
+
+
+# -- the server: on by default where a calibration exists, counted in /metrics ----------------
+
+
+def test_served_batches_are_scheduled_and_each_answer_equals_plain_greedy(qwen3_target, drafters):
+    """Concurrent requests share rounds whose drafts the scheduler cuts; every answer is plain
+    greedy decoding's, and /metrics counts the cut drafts (none once the engine turns the
+    scheduler off)."""
+    import asyncio
+
+    import openai
+    from conftest import plain_greedy
+    from live_server import detok, live_server
+    from test_server_batching import metric
+
+    from outrider.prompts import encode_messages
+    from outrider.server.engine import LoadSpec, default_loader
+    from outrider.server.generation import Limits
+
+    def loader(spec: LoadSpec):
+        pipe = default_loader(spec)
+        pipe.calibration = CHEAP
+        return pipe
+
+    spec = LoadSpec(str(qwen3_target), str(drafters["dspark"]), "dspark")
+    limits = Limits(default_max_tokens=16, max_tokens_cap=4096, keepalive_s=0.25)
+    asks = [(f"Count to {i}, then stop.", 10 + 2 * i) for i in range(4)]
+    with live_server(spec, limits, loader=loader, max_batch=4) as (url, engine):
+        tok = engine.pipeline.tokenizer
+        msgs = {t: [{"role": "user", "content": t}] for t, _ in asks}
+        want = [detok(tok, plain_greedy(qwen3_target, encode_messages(tok, msgs[t]), n))
+                for t, n in asks]  # fmt: skip
+
+        async def one(client, text: str, n: int) -> str:
+            out = await client.chat.completions.create(
+                model="qwen3", messages=msgs[text], max_tokens=n, extra_body={"ignore_eos": True}
+            )
+            return out.choices[0].message.content
+
+        async def all_of_them() -> list[str]:  # a client per event loop
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+            return await asyncio.gather(*(one(client, t, n) for t, n in asks))
+
+        assert asyncio.run(all_of_them()) == want
+        cut = metric(url, "outrider_batch_drafts_cut_total")
+        assert cut > 0 and metric(url, "outrider_batch_rows_max") > 1
+        engine.batch_scheduler = False
+        rounds = metric(url, "outrider_batch_rounds_total")
+        assert asyncio.run(all_of_them()) == want
+        assert metric(url, "outrider_batch_rounds_total") > rounds
+        assert metric(url, "outrider_batch_drafts_cut_total") == cut
