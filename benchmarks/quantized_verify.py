@@ -7,7 +7,7 @@ Two parts, each printed as a table (CUDA GPUs are where this matters: core/devic
    call's share of 20 independent calls evaluated together (one sync, as in a forward).
 2. **A whole forward.** A random-weight Qwen3 of a real shape, 4-bit, one `Target.forward` of
    width 1 to 9 at a 256-token context, each followed by the greedy choice and rolled back, with
-   `verify_pad` 0 and 8 interleaved; the ratio of each width to width 1 is what a verify costs.
+   padding off and to 8 rows (`Target.pad_verifies`) interleaved; the ratio of each width to width 1 is what a verify costs.
 
     python benchmarks/quantized_verify.py [--shape 8b] [--reps 20] [--json out.json]
 """
@@ -72,7 +72,7 @@ def forward(shape: str, reps: int) -> dict:
     times: dict = {pad: {w: [] for w in widths} for pad in (0, 8)}
     for i in range(reps + 2):
         for pad in (0, 8):  # interleaved, so drift hits both alike
-            target.verify_pad = pad
+            target.pad_verifies(pad)
             for w in widths:
                 ids = mx.array(prompt[:w], dtype=mx.uint32)
                 t = time.perf_counter()

@@ -56,7 +56,10 @@ def calibrate(
             cal = calibration.measure(pipe, ctxs, max_width, progress=progress)
         calibration.save(cal)
     if as_json:
-        print_json({**cal.as_dict(), "file": str(cal.path) if cal.path else None})
+        padding = {str(n): v for n, v in cal.padding().items()}
+        print_json(
+            {**cal.as_dict(), "padding": padding, "file": str(cal.path) if cal.path else None}
+        )
         return
     _print_table(cal, console())
 
@@ -79,4 +82,8 @@ def _print_table(cal, out) -> None:
         )
     out.print(table)
     out.print(f"drafter call: {cal.draft_ms:.3f} ms · attention: {cal.attention}")
+    pads = cal.padding()
+    if pads:  # where a wider forward costs less (core/calibration.py)
+        shown = ", ".join(f"{n}→{v}" for n, v in sorted(pads.items()))
+        out.print(f"verify widths run padded: {shown} (OUTRIDER_MATMUL=native: never)")
     out.print(f"measured in {cal.seconds:.1f} s; kept in {cal.path or '(not writable)'}")

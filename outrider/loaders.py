@@ -95,7 +95,7 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
                 raise CheckpointError(f"could not load model {model}: {first}") from e
             target = Target(model_obj, tokenizer, family, config, name=model)
             if getattr(family, "pads_verify", False):
-                target.verify_pad = verify_pad(model_obj)
+                target.pad_verifies(verify_pad(model_obj))  # until a calibration says
             return target
     mtype = config.get("model_type") or (config.get("text_config") or {}).get("model_type")
     raise UnsupportedTargetError(

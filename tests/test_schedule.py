@@ -247,3 +247,51 @@ def test_auto_lookup_output_equals_plain_greedy_and_learns_while_parked(qwen3_ta
     got = auto.generate(ids, max_tokens=60, stop_tokens=set())
     assert got.tokens == want
     assert learnt  # parked plain steps checked lookup's drafts
+
+
+def calibrated(plain_ms: float, per_row_ms: float, draft_ms: float) -> AutoCap:
+    """A fresh policy with a calibration: a forward of w rows costs plain_ms + per_row_ms (w-1)."""
+    from outrider.core.calibration import Calibration
+
+    curve = [plain_ms + per_row_ms * w for w in range(9)]
+    return AutoCap(8, calibration=Calibration({}, {128: curve}, draft_ms=draft_ms))
+
+
+def test_a_machine_where_no_cap_can_pay_never_drafts():
+    # a CPU-like machine: every verified row costs about a plain step, a drafter call three
+    policy = calibrated(10.0, 9.0, 30.0)
+    plan = []
+    while len(plan) < 400:
+        k = policy.choose(100)
+        plan += [k] if k else [0] * policy.plain_run(100)
+    assert plan == [0] * len(plan), "it drafted (learning or probing) where nothing can pay"
+
+
+def test_a_machine_where_only_easy_text_pays_probes_but_skips_the_learning_rounds():
+    # drafts pay only if nearly all are accepted: no learning rounds, but probes
+    policy = calibrated(10.0, 1.0, 60.0)
+    assert policy.best(8, 1.0) and not policy.best(8, 0.9)
+    probes, gaps = probe_gaps(policy, 400)
+    assert probes and gaps and min(gaps) >= policy.probe_every
+
+
+def test_a_machine_where_drafting_pays_learns_at_the_start_cap():
+    policy = calibrated(10.0, 0.5, 2.0)  # a GPU-like curve
+    assert [policy.choose(100) for _ in range(3)] == [4, 4, 4]
+
+
+def test_where_no_cap_can_pay_auto_decodes_plainly(qwen3_target, drafters):
+    """With a calibration that says no cap pays even at full acceptance, a generation is plain
+    decoding outright: no drafting round, no taps for the drafter, plain greedy's tokens."""
+    from outrider.core.calibration import Calibration
+
+    pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark", max_draft=4)
+    pipe.calibration = Calibration({}, {128: [10.0 + 9.0 * w for w in range(9)]}, draft_ms=30.0)
+    pipe.auto_cap, pipe.cap_policy = True, None
+    observed: list[int] = []
+    observe = pipe.proposer.observe
+    pipe.proposer.observe = lambda n, taps: (observed.append(n), observe(n, taps))[1]
+    ids = pipe.encode(PROMPTS[0])
+    got = pipe.generate(ids, max_tokens=30, max_draft="auto", stop_tokens=set())
+    assert got.tokens == plain_greedy(qwen3_target, ids, 30)
+    assert not any(r.drafted for r in got.rounds) and not observed

@@ -1,4 +1,5 @@
-"""Verify forwards padded to a cheaper width (core/device.py `verify_pad`, Target.forward).
+"""Verify forwards padded to a cheaper width (`Target.forward`): the default of
+core/device.py's `verify_pad`, and the padding a calibration measures (`Calibration.padding`).
 
 On MLX's CUDA backend a quantized target's 8-row matmuls cost about what one row costs, so a
 narrower verify runs padded to 8 rows there. The CPU never pads by default; these tests force
@@ -14,6 +15,8 @@ import pytest
 from conftest import PROMPTS, plain_greedy
 
 import outrider
+from outrider.core import calibration
+from outrider.core.calibration import Calibration
 from outrider.core.device import on_cuda_gpu, verify_pad
 from outrider.core.errors import OutriderError
 from outrider.testing import build_model, tiny_config
@@ -40,13 +43,13 @@ def test_a_padded_forward_returns_the_real_rows_and_keeps_only_them(qwen3_target
     target.install_taps(taps)
     results = {}
     for pad in (0, 8):
-        target.verify_pad = pad
+        target.pad_verifies(pad)
         cache = target.make_cache()
         target.prefill(prompt, cache)
         logits, tapped = target.forward(ids, cache, taps)
         mx.eval(logits, tapped)
         results[pad] = (logits, tapped, cache[0].offset)
-    target.verify_pad = 0
+    target.pad_verifies(0)
     (l0, t0, off0), (l8, t8, off8) = results[0], results[8]
     assert l8.shape == l0.shape and t8.shape == t0.shape
     assert off8 == off0 == len(prompt) + 5
@@ -59,10 +62,68 @@ def test_padded_verifies_keep_greedy_output(qwen3_target, drafters, mode, drafte
     pipe = outrider.load(
         str(qwen3_target), None if drafter is None else str(drafters[drafter]), mode=mode
     )
-    pipe.target.verify_pad = 8
+    pipe.target.pad_verifies(8)
     for cap in (1, 4):
         for i, prompt in enumerate(PROMPTS[:2]):
             ids = pipe.encode(prompt)
             want = plain_greedy(qwen3_target, ids, 40)
             got = pipe.generate(ids, max_tokens=40, max_draft=cap, stop_tokens=set())
             assert got.tokens == want, f"{mode} cap {cap} diverged on prompt {i}"
+
+
+def curve_calibration(curve: list[float]) -> Calibration:
+    return Calibration(key={}, verify_ms={128: curve, 1024: [2 * c for c in curve]})
+
+
+def test_the_calibration_pads_where_a_wider_forward_costs_less():
+    # the H200's shape for a quantized target: 2-7 rows dear, 8 rows about one row's cost
+    cal = curve_calibration([1.0, 1.6, 2.0, 2.4, 3.0, 3.3, 3.6, 1.1, 1.9])
+    assert cal.padding() == {n: 8 for n in range(2, 8)}
+    cal.widths = cal.padding()
+    assert cal.verify_cost(5) == cal.verify_cost(8) == pytest.approx(1.1e-3)
+    assert cal.verify_cost(9) == pytest.approx(1.9e-3)
+    assert cal.batch_verify_cost(1, 5) == pytest.approx(3.0e-3)  # a batch is not padded
+    assert curve_calibration([1.0, 1.2, 1.4, 1.6, 1.8]).padding() == {}  # a CPU's curve
+    assert curve_calibration([1.0, 1.5, 1.45, 1.6]).padding() == {}  # within the noise
+
+
+def test_measuring_sees_the_unpadded_forward_and_keeps_the_padding(qwen3_target, drafters):
+    pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark", max_draft=4)
+    target = pipe.target
+    target.pad_verifies(8)
+    seen, forward = [], target.forward
+
+    def spy(*args, **kwargs):
+        seen.append(dict(target.verify_widths))
+        return forward(*args, **kwargs)
+
+    target.forward = spy
+    cal = calibration.measure(pipe, contexts=(16,), max_width=4, repeats=1)
+    del target.forward
+    assert len(cal.verify_ms[16]) == 4
+    assert seen and all(s == {} for s in seen[: 4 * 2]), "the curve was measured padded"
+    assert target.verify_widths == {n: 8 for n in range(2, 8)}
+
+
+def test_a_stored_calibration_decides_the_padding(qwen3_target, drafters):
+    pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark", max_draft=4)
+    assert pipe.target.verify_widths == {}  # the CPU pads by default nowhere
+    cal = curve_calibration([1.0, 1.6, 2.0, 2.4, 3.0, 3.3, 3.6, 1.1, 1.9])
+    cal.key = calibration.calibration_key(pipe)
+    calibration.save(cal)
+    again = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
+    assert again.target.verify_widths == {n: 8 for n in range(2, 8)}
+    assert again.calibration.summary()["padding"] == {str(n): 8 for n in range(2, 8)}
+    ids = again.encode(PROMPTS[1])
+    got = again.generate(ids, max_tokens=40, stop_tokens=set())
+    assert got.tokens == plain_greedy(qwen3_target, ids, 40)
+
+
+def test_native_turns_measured_padding_off_too(qwen3_target, drafters, monkeypatch):
+    pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark", max_draft=4)
+    cal = curve_calibration([1.0, 1.6, 2.0, 2.4, 3.0, 3.3, 3.6, 1.1, 1.9])
+    cal.key = calibration.calibration_key(pipe)
+    calibration.save(cal)
+    monkeypatch.setenv("OUTRIDER_MATMUL", "native")
+    again = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
+    assert again.target.verify_widths == {}

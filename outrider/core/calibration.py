@@ -9,6 +9,11 @@ run, and only after a few warm-up rounds; a calibration measures them all up fro
 - one drafter call at its full cap (what a drafting round adds to the verify);
 - which attention path `auto` takes here.
 
+The curve also says where a narrower verify is cheaper run wider (`padding`): on MLX's CUDA
+backend a quantized target's 8-row forward costs about what a one-row one does, and less than a
+5-row one. A target whose rollback is a trim then runs those widths padded (`Target.forward`),
+and the cost `auto` reads for them is the padded width's.
+
 A calibration is a small JSON file under outrider's cache folder, keyed by device, MLX version,
 target, drafter and mode, so every later run (generate, benchmark, the server) on this machine
 starts from it. `outrider calibrate` measures one explicitly; `outrider doctor` lists them.
@@ -36,6 +41,8 @@ from .sampling import SamplingParams
 CONTEXTS = (128, 1024)  # context lengths the verify curve is measured at (capped by the window)
 MAX_WIDTH = 16
 REPEATS = 3
+PAD_GAIN = 0.9  # a wider forward is worth padding to when it costs under this share
+PAD_PROBE_WIDTH = 8  # on a GPU, inline calibrations of a padding target measure this wide
 VERSION = 1
 
 
@@ -49,10 +56,31 @@ class Calibration:
     created: str = ""
     version: int = VERSION
     path: Path | None = field(default=None, compare=False)
+    # the width each verify width runs at, when the target pads (`padding`); not stored
+    widths: dict[int, int] = field(default_factory=dict, compare=False)
 
     def verify_cost(self, width: int, context: int | None = None) -> float:
-        """Seconds of a verify forward of `width` rows at `context` (linear between the
-        measured contexts, the nearest one outside them)."""
+        """Seconds of a verify forward of `width` rows at `context`, run at the width it
+        pads to (`widths`)."""
+        return self._cost(self.widths.get(width, width), context)
+
+    def padding(self) -> dict[int, int]:
+        """Verify widths n >= 2 worth running padded: n -> the measured width v > n whose
+        forward costs least, where it costs under PAD_GAIN of n's own (summed over the
+        measured contexts, so that one noisy point cannot decide it)."""
+        curves = list(self.verify_ms.values())
+        widest = min(len(c) for c in curves)
+        total = [sum(c[w] for c in curves) for w in range(widest)]
+        out = {}
+        for n in range(2, widest + 1):
+            v = min(range(n, widest + 1), key=lambda v: (total[v - 1], v))
+            if v != n and total[v - 1] < PAD_GAIN * total[n - 1]:
+                out[n] = v
+        return out
+
+    def _cost(self, width: int, context: int | None = None) -> float:
+        """Seconds of a forward of `width` rows as measured (linear between the measured
+        contexts, the nearest one outside them)."""
         ctxs = sorted(self.verify_ms)
         width = max(1, min(width, len(self.verify_ms[ctxs[0]])))
 
@@ -76,10 +104,10 @@ class Calibration:
         tokens = rows * width
         ctxs = sorted(self.verify_ms)
         widest = len(self.verify_ms[ctxs[0]])
-        if tokens <= widest:
-            return self.verify_cost(tokens, context)
-        last = self.verify_cost(widest, context)
-        slope = last - self.verify_cost(widest - 1, context) if widest > 1 else last
+        if tokens <= widest:  # a batch's forward is not padded: the curve as measured
+            return self._cost(tokens, context)
+        last = self._cost(widest, context)
+        slope = last - self._cost(widest - 1, context) if widest > 1 else last
         return last + max(slope, 0.0) * (tokens - widest)
 
     def round_cost(self, k: int, context: int | None = None) -> float:
@@ -98,11 +126,13 @@ class Calibration:
             "verify_ms_wmax": curve[-1],
             "max_width": len(curve),
             "draft_ms": self.draft_ms,
+            "padding": {str(n): v for n, v in sorted(self.widths.items())},
         }
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("path")
+        out.pop("widths")
         out["verify_ms"] = {str(c): v for c, v in self.verify_ms.items()}
         return out
 
@@ -216,6 +246,24 @@ def measure(
     ctxs = sorted({min(c, window - max_width - 1) if window else c for c in contexts})
     ctxs = [c for c in ctxs if c > 1] or [2]
     verify: dict[int, list[float]] = {}
+    widths, target.verify_widths = target.verify_widths, {}  # the curve as MLX runs it
+    try:
+        _measure_curves(target, ctxs, max_width, repeats, tap_ids, vocab, verify, progress)
+    finally:
+        target.verify_widths = widths
+    with mx.stream(target.stream):
+        draft_ms = _draft_ms(pipe, vocab, repeats)
+    return Calibration(
+        key=calibration_key(pipe),
+        verify_ms=verify,
+        draft_ms=draft_ms,
+        attention="split" if split_attention() else "native",
+        seconds=round(time.perf_counter() - t_start, 3),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+
+
+def _measure_curves(target, ctxs, max_width, repeats, tap_ids, vocab, verify, progress) -> None:
     with mx.stream(target.stream):
         for i, context in enumerate(ctxs):
             ids = mx.random.randint(1, vocab, (context + max_width,), key=mx.random.key(i))
@@ -236,15 +284,6 @@ def measure(
                 if progress is not None:
                     progress(i * max_width + w, len(ctxs) * max_width)
             verify[context] = curve
-        draft_ms = _draft_ms(pipe, vocab, repeats)
-    return Calibration(
-        key=calibration_key(pipe),
-        verify_ms=verify,
-        draft_ms=draft_ms,
-        attention="split" if split_attention() else "native",
-        seconds=round(time.perf_counter() - t_start, 3),
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    )
 
 
 def _draft_ms(pipe: Any, vocab: int, repeats: int) -> float:
@@ -269,7 +308,12 @@ def calibrated(pipe: Any, progress: Any = None) -> tuple[Calibration, bool]:
     cal = load(pipe)
     if cal is not None:
         return cal, False
-    # inline, only the widths this pipeline can verify (`outrider calibrate` measures them all)
-    cal = measure(pipe, max_width=min(MAX_WIDTH, pipe.proposer.max_draft + 1), progress=progress)
+    # inline, only the widths this pipeline can verify (`outrider calibrate` measures them all),
+    # and on a GPU, where a wider forward can cost less, up to PAD_PROBE_WIDTH for a target
+    # that could run its verifies padded
+    width = pipe.proposer.max_draft + 1
+    if mx.default_device() == mx.gpu and getattr(pipe.target.family, "pads_verify", False):
+        width = max(width, PAD_PROBE_WIDTH)
+    cal = measure(pipe, max_width=min(MAX_WIDTH, width), progress=progress)
     save(cal)
     return cal, True

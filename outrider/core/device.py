@@ -47,16 +47,19 @@ MATMUL_ENV = "OUTRIDER_MATMUL"
 PADDED_VERIFY_ROWS = 8
 
 
-def verify_pad(model: Any) -> int:
-    """The width a verify forward of a few rows is padded to on this machine (0: none).
-
-    OUTRIDER_MATMUL: `auto` (the default) pads on CUDA GPUs when the model has affine-quantized
-    linear layers; `native` never pads.
-    """
+def matmul_choice() -> str:
+    """OUTRIDER_MATMUL: `auto` (the default) or `native` (verify forwards never padded)."""
     choice = os.environ.get(MATMUL_ENV, "auto").strip().lower()
     if choice not in ("auto", "native"):
         raise OutriderError(f"{MATMUL_ENV} must be auto or native, got {choice!r}")
-    if choice == "native" or not on_cuda_gpu():
+    return choice
+
+
+def verify_pad(model: Any) -> int:
+    """The width a verify forward of a few rows pads to before a calibration measures it
+    (0: none): PADDED_VERIFY_ROWS on CUDA GPUs when the model has affine-quantized linear
+    layers, unless OUTRIDER_MATMUL=native."""
+    if matmul_choice() == "native" or not on_cuda_gpu():
         return 0
     quantized = any(
         isinstance(m, nn.QuantizedLinear) and getattr(m, "mode", "affine") == "affine"

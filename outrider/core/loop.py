@@ -222,6 +222,10 @@ def decode(
         cap_limit = proposer.max_draft
     else:
         cap_limit = min(max_draft, proposer.max_draft)
+    if policy is not None:
+        policy.context = len(prompt)
+        if policy.hopeless(cap_limit):  # plain decoding outright: no taps, no drafter upkeep
+            cap_limit = 0
     procs = penalties.processors() if penalties is not None and penalties.active else []
     window = penalties.window if procs else 0
     try:

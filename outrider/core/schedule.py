@@ -80,7 +80,11 @@ class AutoCap:
         limit = min(limit, self.ceiling)
         if limit <= 0:
             return 0
-        if self.drafting < self.warmup + LEARN:
+        if self.hopeless(limit):
+            return 0
+        if self.drafting < self.warmup + LEARN and (
+            self.calibration is None or self.best(limit, PROBE_ACCEPT)
+        ):
             return min(limit, self.start)  # learn acceptance and a drafting round's cost first
         if self.calibration is None and self.rounds.get(0, 0) < self.warmup + 2:
             return 0  # and plain decoding's (a calibration knows it)
@@ -94,6 +98,11 @@ class AutoCap:
             self.interval = min(2 * self.interval, self.longest_gap(probe))
             return probe
         return 0
+
+    def hopeless(self, limit: int) -> bool:
+        """Whether this machine's measured costs say no cap up to `limit` pays even if every
+        draft were accepted (then nothing is worth drafting, learning or probing)."""
+        return self.calibration is not None and not self.best(min(limit, self.ceiling), 1.0)
 
     def longest_gap(self, probe: int) -> int:
         """Plain steps between probes at most: enough that a probe at cap `probe` accepting

@@ -98,8 +98,9 @@ class Target:
         self._windows: bool | None = None  # whether any layer keeps a sliding window
         # rows of a prefix hit's final prefill forward; None: HIT_TAIL on a GPU, 1 on the CPU
         self.hit_tail: int | None = None
-        # pad verify forwards of 2 to verify_pad - 1 rows to verify_pad rows (core/device.py)
-        self.verify_pad = 0
+        # a verify forward of n rows runs as verify_widths[n] rows, padded (core/device.py's
+        # default, or the calibration's measured `padding`); empty: never
+        self.verify_widths: dict[int, int] = {}
 
     @property
     def stream(self) -> mx.Stream:
@@ -288,17 +289,21 @@ class Target:
             )
 
     # -- forward ---------------------------------------------------------------------------
+    def pad_verifies(self, width: int) -> None:
+        """Run verify forwards of 2 to width - 1 rows padded to `width` (0: none)."""
+        self.verify_widths = {n: width for n in range(2, width)}
+
     def forward(
         self, ids: mx.array, cache: list, tap_ids: tuple[int, ...] = ()
     ) -> tuple[mx.array, mx.array | None]:
         """ids [T] -> (logits [T, V], taps [T, len(tap_ids)·H] or None).
 
-        This is the verify forward: `rollback` may follow it to drop its last rows. With
-        `verify_pad` set, a narrower forward runs padded (its last token repeated) and drops
-        the padding from the cache at once: rows are causal, so the padding changes no row.
+        This is the verify forward: `rollback` may follow it to drop its last rows. A width
+        `verify_widths` maps wider runs padded (its last token repeated) and drops the padding
+        from the cache at once: rows are causal, so the padding changes no row.
         """
         n = ids.shape[0]
-        pad = self.verify_pad - n if 1 < n < self.verify_pad else 0
+        pad = max(0, self.verify_widths.get(n, n) - n)
         if pad:
             ids = mx.concatenate([ids, mx.repeat(ids[-1:], pad)])
         logits = self._run(ids, cache, tap_ids, verify=True)
