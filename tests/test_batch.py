@@ -157,16 +157,18 @@ def test_rows_join_and_leave_between_rounds(pipes):
     got: dict[int, list[int]] = {}
     batch = Batch(pipe.target)
     made = {}
+    joined: list = []
 
     def join(i: int) -> None:
         row, cache, first = _row(pipe, rows[i], 36, (lambda: bool(stop_row_2)) if i == 2 else None)
         made[id(row)] = i
+        joined.append(row)  # kept alive: a freed row's id could be reused by a later one
         got[i] = first
         batch.join(row, cache)
 
     join(0)
     rounds = 0
-    while len(batch) or len(made) < len(rows):
+    while len(batch) or len(joined) < len(rows):
         if rounds == 2:
             join(1)
             join(2)

@@ -73,12 +73,14 @@ def run_batch(pipe, rows: list[list[int]], lengths, joins, samplings) -> tuple[d
     batch = Batch(pipe.target)
     got: dict[int, list] = {}
     index: dict[int, int] = {}
+    joined: list = []  # kept alive: a freed row's id could be reused by a later one
     rounds: list[list] = []
-    while len(batch) or len(index) < len(rows):
+    while len(batch) or len(joined) < len(rows):
         for i, at in enumerate(joins):
             if at == len(rounds):
                 row, cache, first = make_row(pipe, rows[i], lengths[i], samplings[i])
                 index[id(row)] = i
+                joined.append(row)
                 got[i] = [seen(first)]
                 batch.join(row, cache)
         looked = {id(r): getattr(r.proposer, "lookup_rounds", 0) for r in batch.rows}

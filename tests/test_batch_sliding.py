@@ -158,18 +158,20 @@ def test_sliding_rows_join_and_leave_mid_way(models_dir, family):
     cancel: list[bool] = []
     got: dict[int, list[int]] = {}
     made: dict[int, int] = {}
+    joined: list = []
 
     def join(i: int) -> None:
         cancelled = (lambda: bool(cancel)) if i == 3 else None
         row, cache, first = _row(pipe, rows[i], limits[i], cancelled)
         made[id(row)] = i
+        joined.append(row)  # kept alive: a freed row's id could be reused by a later one
         got[i] = first
         batch.join(row, cache)
 
     joins = {0: [2, 0], 3: [1], 7: [3], 12: [4]}
     after_wrap = 0  # drafting rounds that found the sliding buffer rotated
     rounds = 0
-    while len(batch) or len(made) < len(rows):
+    while len(batch) or len(joined) < len(rows):
         for i in joins.get(rounds, []):
             join(i)
         if rounds == 16:
