@@ -13,7 +13,6 @@ import mlx.core as mx
 from .core import calibration, loop
 from .core.batch import Batch, fork
 from .core.calibration import Calibration
-from .core.device import matmul_choice
 from .core.drafter_spec import DrafterSpec
 from .core.errors import (
     Cancelled,
@@ -543,8 +542,7 @@ def _calibrate(pipe: Pipeline, measure: bool) -> None:
             return
         pipe.auto_cap = True
     pipe.calibration = cal
-    if getattr(pipe.target.family, "pads_verify", False) and matmul_choice() != "native":
-        pipe.target.verify_widths = cal.widths = cal.padding()  # measured beats the default
+    cal.pad(pipe.target)  # measured beats the default
 
 
 def load_pair(

@@ -55,8 +55,9 @@ def calibrate(
 
             cal = calibration.measure(pipe, ctxs, max_width, progress=progress)
         calibration.save(cal)
+        cal.pad(pipe.target)  # what the widths run at with this calibration
     if as_json:
-        padding = {str(n): v for n, v in cal.padding().items()}
+        padding = {str(n): v for n, v in sorted(cal.widths.items())}
         print_json(
             {**cal.as_dict(), "padding": padding, "file": str(cal.path) if cal.path else None}
         )
@@ -82,8 +83,7 @@ def _print_table(cal, out) -> None:
         )
     out.print(table)
     out.print(f"drafter call: {cal.draft_ms:.3f} ms · attention: {cal.attention}")
-    pads = cal.padding()
-    if pads:  # where a wider forward costs less (core/calibration.py)
-        shown = ", ".join(f"{n}→{v}" for n, v in sorted(pads.items()))
+    if cal.widths:  # where a wider forward costs less (core/calibration.py)
+        shown = ", ".join(f"{n}→{v}" for n, v in sorted(cal.widths.items()))
         out.print(f"verify widths run padded: {shown} (OUTRIDER_MATMUL=native: never)")
     out.print(f"measured in {cal.seconds:.1f} s; kept in {cal.path or '(not writable)'}")

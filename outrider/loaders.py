@@ -94,7 +94,7 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise CheckpointError(f"could not load model {model}: {first}") from e
             target = Target(model_obj, tokenizer, family, config, name=model)
-            if getattr(family, "pads_verify", False):
+            if target.pads_verify:
                 target.pad_verifies(verify_pad(model_obj))  # until a calibration says
             return target
     mtype = config.get("model_type") or (config.get("text_config") or {}).get("model_type")

@@ -78,6 +78,12 @@ class Calibration:
                 out[n] = v
         return out
 
+    def pad(self, target: Any) -> None:
+        """Run `target`'s verify forwards at the widths this curve says cost less, where it
+        may pad (`Target.pads_verify`); `verify_cost` then reads the padded widths' costs."""
+        if target.pads_verify:
+            target.verify_widths = self.widths = self.padding()
+
     def _cost(self, width: int, context: int | None = None) -> float:
         """Seconds of a forward of `width` rows as measured (linear between the measured
         contexts, the nearest one outside them)."""
@@ -248,7 +254,26 @@ def measure(
     verify: dict[int, list[float]] = {}
     widths, target.verify_widths = target.verify_widths, {}  # the curve as MLX runs it
     try:
-        _measure_curves(target, ctxs, max_width, repeats, tap_ids, vocab, verify, progress)
+        with mx.stream(target.stream):
+            for i, context in enumerate(ctxs):
+                ids = mx.random.randint(1, vocab, (context + max_width,), key=mx.random.key(i))
+                prompt = ids[:context].tolist()
+                cache = target.make_cache()
+                target.prefill(prompt, cache, tap_ids)
+                mx.eval([c.state for c in cache])
+                curve = []
+                for w in range(1, max_width + 1):
+                    block = ids[context : context + w].astype(mx.uint32)
+
+                    def run(block=block, w=w, cache=cache) -> None:
+                        logits, taps = target.forward(block, cache, tap_ids)
+                        mx.eval(logits, *([] if taps is None else [taps]))
+                        target.rollback(cache, w)
+
+                    curve.append(round(_timed(run, repeats) * 1000, 4))
+                    if progress is not None:
+                        progress(i * max_width + w, len(ctxs) * max_width)
+                verify[context] = curve
     finally:
         target.verify_widths = widths
     with mx.stream(target.stream):
@@ -261,29 +286,6 @@ def measure(
         seconds=round(time.perf_counter() - t_start, 3),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
-
-
-def _measure_curves(target, ctxs, max_width, repeats, tap_ids, vocab, verify, progress) -> None:
-    with mx.stream(target.stream):
-        for i, context in enumerate(ctxs):
-            ids = mx.random.randint(1, vocab, (context + max_width,), key=mx.random.key(i))
-            prompt = ids[:context].tolist()
-            cache = target.make_cache()
-            target.prefill(prompt, cache, tap_ids)
-            mx.eval([c.state for c in cache])
-            curve = []
-            for w in range(1, max_width + 1):
-                block = ids[context : context + w].astype(mx.uint32)
-
-                def run(block=block, w=w, cache=cache) -> None:
-                    logits, taps = target.forward(block, cache, tap_ids)
-                    mx.eval(logits, *([] if taps is None else [taps]))
-                    target.rollback(cache, w)
-
-                curve.append(round(_timed(run, repeats) * 1000, 4))
-                if progress is not None:
-                    progress(i * max_width + w, len(ctxs) * max_width)
-            verify[context] = curve
 
 
 def _draft_ms(pipe: Any, vocab: int, repeats: int) -> float:
@@ -312,7 +314,7 @@ def calibrated(pipe: Any, progress: Any = None) -> tuple[Calibration, bool]:
     # and on a GPU, where a wider forward can cost less, up to PAD_PROBE_WIDTH for a target
     # that could run its verifies padded
     width = pipe.proposer.max_draft + 1
-    if mx.default_device() == mx.gpu and getattr(pipe.target.family, "pads_verify", False):
+    if mx.default_device() == mx.gpu and pipe.target.pads_verify:
         width = max(width, PAD_PROBE_WIDTH)
     cal = measure(pipe, max_width=min(MAX_WIDTH, width), progress=progress)
     save(cal)

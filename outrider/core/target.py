@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from .device import matmul_choice
 from .errors import Cancelled, OutriderError, UnsupportedTargetError
 from .family import (
     BatchedCache,
@@ -289,6 +290,12 @@ class Target:
             )
 
     # -- forward ---------------------------------------------------------------------------
+    @property
+    def pads_verify(self) -> bool:
+        """Whether verify forwards may run padded here: the family's rollback is a trim (its
+        `pads_verify`), and OUTRIDER_MATMUL is not `native`."""
+        return getattr(self.family, "pads_verify", False) and matmul_choice() != "native"
+
     def pad_verifies(self, width: int) -> None:
         """Run verify forwards of 2 to width - 1 rows padded to `width` (0: none)."""
         self.verify_widths = {n: width for n in range(2, width)}
