@@ -24,6 +24,7 @@ import time
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
 
 import outrider
 from outrider.core.device import verify_pad
@@ -31,6 +32,7 @@ from outrider.core.proposer import DraftContext
 from outrider.core.sampling import SamplingParams, greedy
 from outrider.core.target import Target
 from outrider.plugins.strategies.baseline import PlainProposer
+from outrider.plugins.targets import verify_attention
 from outrider.plugins.targets.dense import DenseFamily
 from outrider.testing import OracleProposer, build_model, cast_model
 
@@ -84,8 +86,11 @@ def make_target(shape: str, dtype: str) -> Target:
     if dtype == "4bit":
         nn.quantize(model, group_size=64, bits=4)
     mx.eval(model.parameters())
-    target = Target(model, None, DenseFamily(), qwen3_config(shape), name=f"qwen3-{shape}-{dtype}")
-    target.pad_verifies(verify_pad(model))  # what loading it chooses (OUTRIDER_MATMUL)
+    family = DenseFamily()
+    # what loading it chooses: the verify attention (OUTRIDER_ATTENTION) and padding
+    verify_attention.install(model, family.layers(model), lambda: make_prompt_cache(model))
+    target = Target(model, None, family, qwen3_config(shape), name=f"qwen3-{shape}-{dtype}")
+    target.pad_verifies(verify_pad(model))
     return target
 
 

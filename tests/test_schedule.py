@@ -295,3 +295,32 @@ def test_where_no_cap_can_pay_auto_decodes_plainly(qwen3_target, drafters):
     got = pipe.generate(ids, max_tokens=30, max_draft="auto", stop_tokens=set())
     assert got.tokens == plain_greedy(qwen3_target, ids, 30)
     assert not any(r.drafted for r in got.rounds) and not observed
+
+
+def test_one_slow_round_does_not_park_a_drafter_that_pays():
+    """A timed round that paid a kernel compile (1000x its calibrated cost, seen on the H200
+    when a new verify width first runs) moves the cost estimate one bounded step: the policy
+    keeps drafting, and nothing it measured live can make it call the machine hopeless."""
+    policy = calibrated(10.0, 0.5, 2.0)  # a GPU-like curve
+    ms = lambda k: policy.calibration.round_cost(k, 128)  # noqa: E731
+    for _ in range(policy.warmup):
+        policy.observe(4, 4, ms(4))
+    policy.observe(4, 4, 1000 * ms(4))  # the compile
+    for _ in range(6):
+        policy.observe(4, 4, ms(4))
+    assert policy.costs[4] < 2.0  # at most OUTLIER off, then decaying back
+    assert not policy.hopeless(8)
+    assert policy.choose(100) > 0
+
+
+def test_live_rounds_slower_than_the_curve_park_but_keep_probing():
+    """Rounds that really are far slower than calibrated (say, a busy host) park the drafter
+    through the live costs, yet the machine is not hopeless: probes keep asking."""
+    policy = calibrated(10.0, 0.5, 2.0)
+    policy.accept = [0.9] * 8
+    for _ in range(40):  # every drafting round 20x its calibrated cost
+        policy.observe(4, 1, 20 * policy.calibration.round_cost(4, 128))
+    assert policy.costs[4] > 10  # the estimate got there, a bounded step at a time
+    assert not policy.hopeless(8)
+    caps, gaps = probe_gaps(policy, 400)
+    assert caps and gaps  # parked, but probing

@@ -24,7 +24,10 @@ one, both halves are measured on the fly: c(k) is a running mean of this row's r
 k (a straight line through the measured ks estimates the others), and s_j comes from running
 per-position acceptance (the chance that draft j is accepted once drafts 1..j-1 were). The cap
 only decides how many drafts are verified, never which token is committed, so every choice is
-lossless.
+lossless. A timed round moves a cost estimate by a bounded step (`OUTLIER`): on a GPU the first
+round at a new verify width can pay a kernel compile hundreds of times its cost, and the policy
+is shared by every generation of a pipeline. Whether a machine is hopeless for drafting (no cap
+pays even at full acceptance) is read off the calibration alone, never off live rounds.
 
 A batch's rounds add a second, later cut (`BatchScheduler`, DSpark's prefix scheduler,
 `admit`): after every row has drafted, each row verifies only the drafts worth widening the
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 EMA = 0.25  # weight of the newest cost measurement
+OUTLIER = 2.0  # a timed round counts as at most this factor off the running estimate
 ACCEPT_EMA = 0.15  # weight of the newest round in the acceptance estimates
 LEARN = 6  # drafting rounds at the start cap (after the warm-up ones) before the first choice
 MARGIN = 1.03  # a cap must beat plain decoding by 3% to be worth its variance
@@ -100,9 +104,14 @@ class AutoCap:
         return 0
 
     def hopeless(self, limit: int) -> bool:
-        """Whether this machine's measured costs say no cap up to `limit` pays even if every
-        draft were accepted (then nothing is worth drafting, learning or probing)."""
-        return self.calibration is not None and not self.best(min(limit, self.ceiling), 1.0)
+        """Whether this machine's calibration says no cap up to `limit` pays even if every
+        draft were accepted (then nothing is worth drafting, learning or probing). It reads
+        the calibrated curve alone: live rounds rescale it for `best`, but a verdict nothing
+        will revisit must not rest on them (one round that paid a kernel compile would park a
+        pipeline's drafter for good)."""
+        if self.calibration is None:
+            return False
+        return not self.best(min(limit, self.ceiling), 1.0, live=False)
 
     def longest_gap(self, probe: int) -> int:
         """Plain steps between probes at most: enough that a probe at cap `probe` accepting
@@ -119,20 +128,26 @@ class AutoCap:
         self.catching_up = True
         return n
 
-    def best(self, limit: int, accept: float | None = None) -> int:
+    def best(self, limit: int, accept: float | None = None, live: bool = True) -> int:
         """argmax_k E(k) / c(k) over 0..limit (0 unless some k beats plain by MARGIN), with the
         measured acceptance, or with `accept` at every position (a probe's optimistic view:
-        the cap that would pay if the text turned easy to draft)."""
-        plain = 1.0 / self.cost(0)
+        the cap that would pay if the text turned easy to draft). `live=False` reads the
+        calibrated costs without what live rounds measured."""
+        cost = self.cost if live else self.calibrated_cost
+        plain = 1.0 / cost(0)
         best_k, best_rate = 0, plain * MARGIN
         survive, expected = 1.0, 1.0
         for k in range(1, limit + 1):
             survive *= self.accept[k - 1] if accept is None else accept
             expected += survive
-            rate = expected / self.cost(k)
+            rate = expected / cost(k)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
+
+    def calibrated_cost(self, k: int) -> float:
+        """Seconds a round at cap k per the calibration alone (at this context)."""
+        return self.calibration.round_cost(k, self.context)
 
     def cost(self, k: int) -> float:
         """Seconds a round at cap k: measured, else on the line through the measured drafting caps;
@@ -184,9 +199,18 @@ class AutoCap:
             curve = self.calibration.round_cost(k, self.context)
             seconds = seconds / curve if curve > 0 else 1.0
         if timed:
-            old = self.costs.get(k)
-            self.costs[k] = seconds if old is None else old + EMA * (seconds - old)
+            self.costs[k] = self._moved(self.costs.get(k), seconds)
         self._learn_acceptance(k, accepted)
+
+    def _moved(self, old: float | None, seconds: float) -> float:
+        """The running cost estimate after one more timed round. One outlier (a kernel
+        compile, a host hiccup) moves it a bounded step: a round counts as at most OUTLIER
+        times off the estimate, and a calibrated curve's ratio starts from 1."""
+        if old is None and self.calibration is None:
+            return seconds
+        anchor = 1.0 if old is None else old
+        seconds = min(max(seconds, anchor / OUTLIER), anchor * OUTLIER)
+        return seconds if old is None else old + EMA * (seconds - old)
 
     def _learn_acceptance(self, k: int, accepted: int) -> None:
         learn_acceptance(self.accept, k, accepted)
