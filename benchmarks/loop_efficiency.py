@@ -27,7 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 import outrider
-from outrider.core.device import verify_pad
+from outrider.core.device import PADDED_FROM, verify_pad
 from outrider.core.proposer import DraftContext
 from outrider.core.sampling import SamplingParams, greedy
 from outrider.core.target import Target
@@ -90,7 +90,7 @@ def make_target(shape: str, dtype: str) -> Target:
     # what loading it chooses: the verify attention (OUTRIDER_ATTENTION) and padding
     verify_attention.install(model, family.layers(model), lambda: make_prompt_cache(model))
     target = Target(model, None, family, qwen3_config(shape), name=f"qwen3-{shape}-{dtype}")
-    target.pad_verifies(verify_pad(model))
+    target.pad_verifies(verify_pad(model), PADDED_FROM)
     return target
 
 

@@ -82,6 +82,9 @@ def _print_table(cal, out) -> None:
             str(w + 1), *(f"{cal.verify_ms[c][w]:.3f} ({r:.2f}×)" for c, r in zip(ctxs, ratio))
         )
     out.print(table)
+    if cal.plain_ms:  # what auto weighs a drafting round against
+        steps = " · ".join(f"ctx {c}: {ms:.3f}" for c, ms in sorted(cal.plain_ms.items()))
+        out.print(f"plain step, pipelined (ms): {steps}")
     out.print(f"drafter call: {cal.draft_ms:.3f} ms · attention: {cal.attention}")
     if cal.widths:  # where a wider forward costs less (core/calibration.py)
         shown = ", ".join(f"{n}→{v}" for n, v in sorted(cal.widths.items()))

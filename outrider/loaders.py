@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .core import gguf
 from .core.checkpoint import open_checkpoint, read_config
-from .core.device import verify_pad
+from .core.device import PADDED_FROM, verify_pad
 from .core.drafter_spec import DrafterSpec
 from .core.errors import CheckpointError, ModelNotFoundError, OutriderError, UnsupportedTargetError
 from .core.hub import resolve_model
@@ -95,7 +95,7 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
                 raise CheckpointError(f"could not load model {model}: {first}") from e
             target = Target(model_obj, tokenizer, family, config, name=model)
             if target.pads_verify:
-                target.pad_verifies(verify_pad(model_obj))  # until a calibration says
+                target.pad_verifies(verify_pad(model_obj), PADDED_FROM)  # until a calibration says
             return target
     mtype = config.get("model_type") or (config.get("text_config") or {}).get("model_type")
     raise UnsupportedTargetError(

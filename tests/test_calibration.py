@@ -26,6 +26,8 @@ def test_measure_keeps_a_curve_per_context_and_a_drafter_cost(pipe, tmp_path):
     assert sorted(cal.verify_ms) == [16, 48]
     assert all(len(v) == 4 and all(t > 0 for t in v) for v in cal.verify_ms.values())
     assert cal.draft_ms > 0  # a drafter round costs something; lookup's would be 0
+    assert sorted(cal.plain_ms) == [16, 48] and all(t > 0 for t in cal.plain_ms.values())
+    assert cal.round_cost(0, 16) == pytest.approx(cal.plain_ms[16] / 1000)
     assert cal.key["mode"] == "dspark" and cal.key["drafter"] == pipe.drafter_ref
     path = calibration.save(cal, tmp_path)
     assert calibration.load(pipe, tmp_path) == cal
@@ -72,7 +74,32 @@ def test_calibrate_command_and_doctor(qwen3_target):
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
     assert set(data["verify_ms"]) == {"16", "32"} and len(data["verify_ms"]["16"]) == 3
+    assert set(data["plain_ms"]) == {"16", "32"}
+    table = runner.invoke(cli.app, [*args, "--contexts", "16,32", "--max-width", "2"])
+    assert table.exit_code == 0 and "plain step, pipelined" in table.output
     doctor = json.loads(runner.invoke(cli.app, ["doctor", "--json"]).stdout)
     assert [c["file"] for c in doctor["calibrations"]] == [data["file"]]
     bad = runner.invoke(cli.app, [*args, "--contexts", "16,x"])
     assert bad.exit_code == 2 and "--contexts takes integers" in bad.output
+
+
+def test_a_plain_step_costs_what_pipelined_decoding_measured():
+    """Decoding queues each plain step's forward before reading the token before it, so on a
+    GPU a plain step costs less than a one-row verify, which waits for its result: the policy
+    weighs drafting rounds against the step as it runs, measured per context (a calibration
+    from before that measurement falls back to the one-row verify)."""
+    verify = {100: [10.0, 10.5, 11.0], 1000: [20.0, 30.0, 40.0]}
+    cal = Calibration(key={}, verify_ms=verify, draft_ms=2.0, plain_ms={100: 6.0, 1000: 8.0})
+    assert cal.round_cost(0, 100) == pytest.approx(0.006)
+    assert cal.round_cost(0, 550) == pytest.approx(0.007)
+    assert cal.round_cost(0, 5000) == pytest.approx(0.008)
+    assert cal.round_cost(1, 100) == pytest.approx(0.002 + 0.0105)  # drafting rounds: as before
+    again = Calibration.from_dict(json.loads(json.dumps(cal.as_dict())))
+    assert again == cal
+    old = cal.as_dict()
+    del old["plain_ms"]
+    assert Calibration.from_dict(old).round_cost(0, 100) == pytest.approx(0.010)
+    policy = AutoCap(2, calibration=cal, context=100)
+    policy.accept = [0.5, 0.5]  # 1.75 tokens a 13 ms round against one per 6 ms: park
+    assert policy.best(2) == 0
+    assert AutoCap(2, calibration=Calibration({}, verify, draft_ms=2.0), context=100).best(2, 0.9)

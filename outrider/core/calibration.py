@@ -7,11 +7,13 @@ run, and only after a few warm-up rounds; a calibration measures them all up fro
 - the verify forward t(w) of w = 1..`max_width` rows, at a few context lengths (a forward's cost
   grows with the context it attends to), with the taps the drafter reads;
 - one drafter call at its full cap (what a drafting round adds to the verify);
+- a plain decoding step as decoding runs it (pipelined: the next forward is queued before the
+  current token is read), which is what a drafting round competes with;
 - which attention path `auto` takes here.
 
 The curve also says where a narrower verify is cheaper run wider (`padding`): on MLX's CUDA
-backend a quantized target's 8-row forward costs about what a one-row one does, and less than a
-5-row one. A target whose rollback is a trim then runs those widths padded (`Target.forward`),
+backend a quantized target's 8-row forward costs less than a 5-row one (about two one-row
+forwards against three on the H200). A target whose rollback is a trim then runs those widths padded (`Target.forward`),
 and the cost `auto` reads for them is the padded width's.
 
 A calibration is a small JSON file under outrider's cache folder, keyed by device, MLX version,
@@ -28,6 +30,7 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +44,10 @@ from .sampling import SamplingParams
 CONTEXTS = (128, 1024)  # context lengths the verify curve is measured at (capped by the window)
 MAX_WIDTH = 16
 REPEATS = 3
+PLAIN_STEPS = 8  # pipelined plain steps timed together at each context
 PAD_GAIN = 0.9  # a wider forward is worth padding to when it costs under this share
 PAD_PROBE_WIDTH = 8  # on a GPU, inline calibrations of a padding target measure this wide
-VERSION = 1
+VERSION = 2  # 2: pipelined plain steps measured (`plain_ms`)
 
 
 @dataclass
@@ -51,6 +55,9 @@ class Calibration:
     key: dict[str, str]
     verify_ms: dict[int, list[float]]  # context length -> t(w) for w = 1..len, milliseconds
     draft_ms: float = 0.0  # one drafter call at the full cap
+    # context length -> one plain step as decoding runs it (the next forward queued before the
+    # current token is read), milliseconds; empty: a one-row forward's verify cost stands in
+    plain_ms: dict[int, float] = field(default_factory=dict)
     attention: str = "native"
     seconds: float = 0.0  # how long measuring took
     created: str = ""
@@ -85,23 +92,15 @@ class Calibration:
             target.verify_widths = self.widths = self.padding()
 
     def _cost(self, width: int, context: int | None = None) -> float:
-        """Seconds of a forward of `width` rows as measured (linear between the measured
-        contexts, the nearest one outside them)."""
-        ctxs = sorted(self.verify_ms)
-        width = max(1, min(width, len(self.verify_ms[ctxs[0]])))
+        """Seconds of a forward of `width` rows as measured."""
+        width = max(1, min(width, len(self.verify_ms[min(self.verify_ms)])))
+        return _at_context({c: v[width - 1] for c, v in self.verify_ms.items()}, context) / 1000
 
-        def at(c: int) -> float:
-            return self.verify_ms[c][width - 1] / 1000
-
-        if context is None or context <= ctxs[0]:
-            return at(ctxs[0])
-        if context >= ctxs[-1]:
-            return at(ctxs[-1])
-        for lo, hi in zip(ctxs, ctxs[1:]):
-            if lo <= context <= hi:
-                f = (context - lo) / (hi - lo)
-                return at(lo) + f * (at(hi) - at(lo))
-        return at(ctxs[-1])  # pragma: no cover - the loop above covers every context
+    def plain_cost(self, context: int | None = None) -> float:
+        """Seconds of one plain decoding step, pipelined as decoding runs it."""
+        if not self.plain_ms:
+            return self._cost(1, context)
+        return _at_context(self.plain_ms, context) / 1000
 
     def batch_verify_cost(self, rows: int, width: int, context: int | None = None) -> float:
         """Seconds of a batched verify of `rows` rows padded to `width`, read off the one-row
@@ -117,8 +116,12 @@ class Calibration:
         return last + max(slope, 0.0) * (tokens - widest)
 
     def round_cost(self, k: int, context: int | None = None) -> float:
-        """Seconds of a round that drafts k tokens (k = 0: a plain step)."""
-        return (self.draft_ms / 1000 if k > 0 else 0.0) + self.verify_cost(k + 1, context)
+        """Seconds of a round that drafts k tokens (k = 0: a plain step, as decoding runs it:
+        on a GPU the host queues the next step while the device works, so it costs less than
+        a one-row verify, which waits for its result)."""
+        if k == 0:
+            return self.plain_cost(context)
+        return self.draft_ms / 1000 + self.verify_cost(k + 1, context)
 
     def summary(self) -> dict[str, Any]:
         """What a result reports: where it is kept, when it was made, the curve's shape."""
@@ -132,6 +135,7 @@ class Calibration:
             "verify_ms_wmax": curve[-1],
             "max_width": len(curve),
             "draft_ms": self.draft_ms,
+            "plain_ms": self.plain_ms.get(ctx),
             "padding": {str(n): v for n, v in sorted(self.widths.items())},
         }
 
@@ -140,6 +144,7 @@ class Calibration:
         out.pop("path")
         out.pop("widths")
         out["verify_ms"] = {str(c): v for c, v in self.verify_ms.items()}
+        out["plain_ms"] = {str(c): v for c, v in self.plain_ms.items()}
         return out
 
     @classmethod
@@ -151,6 +156,7 @@ class Calibration:
             key=dict(data["key"]),
             verify_ms=verify,
             draft_ms=float(data.get("draft_ms", 0.0)),
+            plain_ms={int(c): float(v) for c, v in data.get("plain_ms", {}).items()},
             attention=str(data.get("attention", "native")),
             seconds=float(data.get("seconds", 0.0)),
             created=str(data.get("created", "")),
@@ -212,6 +218,19 @@ def save(cal: Calibration, root: Path | None = None) -> Path | None:
     return path
 
 
+def _at_context(points: dict[int, float], context: int | None) -> float:
+    """A value measured at a few context lengths, read at `context`: linear between them,
+    the nearest one outside them."""
+    ctxs = sorted(points)
+    if context is None or context <= ctxs[0]:
+        return points[ctxs[0]]
+    if context >= ctxs[-1]:
+        return points[ctxs[-1]]
+    hi = next(c for c in ctxs if c >= context)
+    lo = ctxs[ctxs.index(hi) - 1]
+    return points[lo] + (context - lo) / (hi - lo) * (points[hi] - points[lo])
+
+
 def stored(root: Path | None = None) -> list[Calibration]:
     """Every valid calibration in the cache folder (for `outrider doctor`)."""
     out = []
@@ -252,6 +271,7 @@ def measure(
     ctxs = sorted({min(c, window - max_width - 1) if window else c for c in contexts})
     ctxs = [c for c in ctxs if c > 1] or [2]
     verify: dict[int, list[float]] = {}
+    plain: dict[int, float] = {}
     widths, target.verify_widths = target.verify_widths, {}  # the curve as MLX runs it
     try:
         with mx.stream(target.stream):
@@ -274,6 +294,9 @@ def measure(
                     if progress is not None:
                         progress(i * max_width + w, len(ctxs) * max_width)
                 verify[context] = curve
+                first = ids[context : context + 1].astype(mx.uint32)
+                steps = partial(_plain_steps, target, cache, first, tap_ids)
+                plain[context] = round(_timed(steps, repeats) / PLAIN_STEPS * 1000, 4)
     finally:
         target.verify_widths = widths
     with mx.stream(target.stream):
@@ -282,10 +305,29 @@ def measure(
         key=calibration_key(pipe),
         verify_ms=verify,
         draft_ms=draft_ms,
+        plain_ms=plain,
         attention="split" if split_attention() else "native",
         seconds=round(time.perf_counter() - t_start, 3),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
+
+
+def _plain_steps(target: Any, cache: list, first: mx.array, tap_ids: tuple[int, ...]) -> None:
+    """PLAIN_STEPS greedy steps as decoding runs them (each forward queued before the token
+    before it is read), then the cache rolled back to where it was."""
+
+    def step(y: mx.array) -> mx.array:
+        logits, _ = target.forward(y.reshape(1).astype(mx.uint32), cache, tap_ids)
+        nxt = mx.argmax(logits[-1])
+        mx.async_eval(nxt)
+        return nxt
+
+    cur = step(first)
+    for i in range(PLAIN_STEPS):
+        following = step(cur) if i < PLAIN_STEPS - 1 else None
+        cur.item()
+        cur = following
+    target.rollback(cache, PLAIN_STEPS)
 
 
 def _draft_ms(pipe: Any, vocab: int, repeats: int) -> float:

@@ -42,9 +42,10 @@ def split_attention() -> bool:
 MATMUL_ENV = "OUTRIDER_MATMUL"
 # MLX 0.32's CUDA backend multiplies 2-7 rows by a quantized matrix as that many one-row
 # products (reading the weights once per row) and switches to a kernel that reads them once
-# from 8 rows on; on the H200, 8 rows cost about what one row costs (benchmarks/
-# quantized_verify.py), so a narrower verify forward is cheaper padded to 8 rows.
+# from 8 rows on; on the H200 a whole 8-row forward of a 4-bit 8B costs what a 3-row one does
+# (benchmarks/quantized_verify.py), so a verify of 4-7 rows is cheaper padded to 8 rows.
 PADDED_VERIFY_ROWS = 8
+PADDED_FROM = 4  # 2 and 3 rows cost less unpadded (H200: 14.3 and 18.5 ms against 18.8 and 18.9)
 
 
 def matmul_choice() -> str:

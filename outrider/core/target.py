@@ -296,9 +296,9 @@ class Target:
         `pads_verify`), and OUTRIDER_MATMUL is not `native`."""
         return getattr(self.family, "pads_verify", False) and matmul_choice() != "native"
 
-    def pad_verifies(self, width: int) -> None:
-        """Run verify forwards of 2 to width - 1 rows padded to `width` (0: none)."""
-        self.verify_widths = {n: width for n in range(2, width)}
+    def pad_verifies(self, width: int, smallest: int = 2) -> None:
+        """Run verify forwards of `smallest` to width - 1 rows padded to `width` (0: none)."""
+        self.verify_widths = {n: width for n in range(max(2, smallest), width)}
 
     def forward(
         self, ids: mx.array, cache: list, tap_ids: tuple[int, ...] = ()

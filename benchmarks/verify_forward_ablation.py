@@ -1,0 +1,155 @@
+"""What a verify forward's width costs, and which part of the forward pays it.
+
+Part 1 (forwards): a random-weight Qwen3 of a real shape; one forward of w rows at a context,
+the key length growing by one between calls (as it does across rounds), with three attentions:
+MLX's own (`native`), plain matmul-softmax-matmul (`matmul`), and none at all (`none`: the
+projections, norms and head alone; wrong logits, timing only). Median ms per forward.
+
+Part 2 (--sdpa): 36 layers' `mx.fast.scaled_dot_product_attention` alone with Qwen3-8B's heads
+(32 query, 8 key/value, dim 128, bf16), the key length fixed or growing between calls (`+g`):
+mask "causal", a boolean mask array, and one call per query row (`split1`). Median ms, and the
+first call's in brackets.
+
+    python benchmarks/verify_forward_ablation.py --shape 8b --dtypes 4bit,bf16 --contexts 256,4224
+    python benchmarks/verify_forward_ablation.py --sdpa
+
+Receipts (H200): docs/receipts/verify_forward_ablation_h200.txt,
+docs/receipts/attention_key_lengths_h200.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+WIDTHS = (1, 2, 5, 8, 16, 64)
+
+
+def matmul_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+    """Causal attention of the last n positions as two matmuls and a softmax (grouped heads)."""
+    b, h, n, d = q.shape
+    kv, s = k.shape[1], k.shape[2]
+    q = (q * scale).reshape(b, kv, h // kv, n, d)
+    scores = q @ k[:, :, None].swapaxes(-1, -2)
+    seen = mx.arange(s)[None] <= mx.arange(s - n, s)[:, None]
+    scores = mx.where(seen, scores, mx.array(-float("inf"), scores.dtype))
+    return (mx.softmax(scores, axis=-1, precise=True) @ v[:, :, None]).reshape(b, h, n, d)
+
+
+class Ablated(nn.Module):
+    """A Qwen3 attention whose multi-row calls use `matmul_attention`, or skip attention."""
+
+    def __init__(self, attention: nn.Module, how: str) -> None:
+        super().__init__()
+        self.attention, self.how = attention, how
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        a = self.attention
+        b, n, _ = x.shape
+        if n == 1 and self.how == "matmul":
+            return a(x, mask=mask, cache=cache)
+        q = a.q_norm(a.q_proj(x).reshape(b, n, a.n_heads, -1)).transpose(0, 2, 1, 3)
+        k = a.k_norm(a.k_proj(x).reshape(b, n, a.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+        v = a.v_proj(x).reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
+        keys, values = cache.update_and_fetch(k, v)
+        out = q if self.how == "none" else matmul_attention(q, keys, values, a.scale)
+        return a.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+
+
+def median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def forwards(shape: str, dtypes: list[str], contexts: list[int], reps: int) -> None:
+    from loop_efficiency import make_target
+
+    for dtype in dtypes:
+        target = make_target(shape, dtype)
+        layers = target.family.layers(target.model)
+        own = [layer.self_attn for layer in layers]
+        for ctx in contexts:
+            for how in ("native", "matmul", "none"):
+                for layer, attention in zip(layers, own):
+                    layer.self_attn = attention if how == "native" else Ablated(attention, how)
+                cache = target.make_cache()
+                mx.eval(target.forward(mx.arange(10, 10 + ctx, dtype=mx.uint32), cache)[0])
+                row = []
+                for w in WIDTHS:
+                    times = []
+                    for r in range(reps):
+                        ids = mx.arange(100 + r, 100 + r + w, dtype=mx.uint32)
+                        mx.synchronize()
+                        t0 = time.perf_counter()
+                        mx.eval(target.forward(ids, cache)[0])
+                        mx.synchronize()
+                        times.append((time.perf_counter() - t0) * 1e3)
+                        target.rollback(cache, w - 1)  # one position more each call
+                    row.append(f"w{w} {median(times[1:]):6.2f}")
+                print(f"{shape} {dtype} ctx {ctx} {how:7s}: " + "  ".join(row), flush=True)
+        for layer, attention in zip(layers, own):
+            layer.self_attn = attention
+
+
+def attention(kind: str, q: mx.array, k: mx.array, v: mx.array, s: int) -> mx.array:
+    """One layer's attention of q over the first s keys, the way `kind` names."""
+    from mlx_lm.models.base import create_causal_mask
+
+    from outrider.plugins.targets.verify_attention import chunked_causal_attention
+
+    n, scale = q.shape[2], q.shape[-1] ** -0.5
+    k, v = k[:, :, :s], v[:, :, :s]
+    if kind == "split1":
+        return chunked_causal_attention(q, k, v, scale, chunk=1)
+    mask = None if n == 1 else "causal" if kind == "causal" else create_causal_mask(n, s - n)
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+def sdpa(contexts: list[int], reps: int) -> None:
+    heads, kv_heads, dim, layers = 32, 8, 128, 36
+    for s0 in contexts:
+        k = mx.random.normal((1, kv_heads, s0 + 3 * reps, dim)).astype(mx.bfloat16)
+        v = mx.random.normal((1, kv_heads, s0 + 3 * reps, dim)).astype(mx.bfloat16)
+        for n in WIDTHS:
+            q = mx.random.normal((1, heads, n, dim)).astype(mx.bfloat16)
+            cells = []
+            for kind in ("causal", "array", "split1"):
+                for step in (0, 3):  # the key length fixed, or 3 longer each rep
+                    times = []
+                    for r in range(reps):
+                        mx.synchronize()
+                        t0 = time.perf_counter()
+                        mx.eval([attention(kind, q, k, v, s0 + step * r) for _ in range(layers)])
+                        mx.synchronize()
+                        times.append((time.perf_counter() - t0) * 1e3)
+                    name = kind + ("+g" if step else "")
+                    cells.append(f"{name} {median(times):6.2f} ({times[0]:.0f})")
+            print(f"S {s0} L {n:3d}: " + " | ".join(cells), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="8b", help="random Qwen3 shape (0.6b, 8b)")
+    ap.add_argument("--dtypes", default="4bit,bf16")
+    ap.add_argument("--contexts", default="256,4224")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--sdpa", action="store_true", help="part 2 instead: attention alone")
+    args = ap.parse_args()
+    print(f"mlx {mx.__version__} {mx.default_device()}")
+    contexts = [int(c) for c in args.contexts.split(",")]
+    if args.sdpa:
+        sdpa(contexts, max(args.reps, 6))
+    else:
+        forwards(args.shape, args.dtypes.split(","), contexts, args.reps)
+
+
+if __name__ == "__main__":
+    main()
