@@ -127,3 +127,18 @@ def test_native_turns_measured_padding_off_too(qwen3_target, drafters, monkeypat
     monkeypatch.setenv("OUTRIDER_MATMUL", "native")
     again = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
     assert again.target.verify_widths == {}
+
+
+def test_pipelines_sharing_a_target_share_its_first_calibrated_padding(qwen3_target, drafters):
+    """A benchmark puts every mode on one target: the first calibration applied decides the
+    padding it runs, and a later pipeline's calibration reads its costs at those widths (two
+    measurements of one curve can differ by noise; the target runs only one padding)."""
+    pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark", max_draft=4)
+    first = curve_calibration([1.0, 1.6, 2.0, 2.4, 3.0, 3.3, 3.6, 1.1, 1.9])
+    first.pad(pipe.target)
+    assert pipe.target.verify_widths == {n: 8 for n in range(2, 8)}
+    other = curve_calibration([1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4, 2.6])  # pads nothing
+    other.pad(pipe.target)
+    assert pipe.target.verify_widths == {n: 8 for n in range(2, 8)}
+    assert other.widths == pipe.target.verify_widths
+    assert other.verify_cost(5) == pytest.approx(2.4e-3)  # read at width 8, which runs

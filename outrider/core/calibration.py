@@ -87,9 +87,15 @@ class Calibration:
 
     def pad(self, target: Any) -> None:
         """Run `target`'s verify forwards at the widths this curve says cost less, where it
-        may pad (`Target.pads_verify`); `verify_cost` then reads the padded widths' costs."""
-        if target.pads_verify:
-            target.verify_widths = self.widths = self.padding()
+        may pad (`Target.pads_verify`); `verify_cost` then reads the padded widths' costs.
+        A target shared by several pipelines (a benchmark's arms) keeps the padding of the
+        first calibration applied to it, and later ones read their costs at those widths: two
+        measurements of one target's curve can differ by noise, and the target runs one."""
+        if not target.pads_verify:
+            return
+        if not target.widths_calibrated:
+            target.verify_widths, target.widths_calibrated = self.padding(), True
+        self.widths = dict(target.verify_widths)
 
     def _cost(self, width: int, context: int | None = None) -> float:
         """Seconds of a forward of `width` rows as measured."""

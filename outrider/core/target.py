@@ -102,6 +102,9 @@ class Target:
         # a verify forward of n rows runs as verify_widths[n] rows, padded (core/device.py's
         # default, or the calibration's measured `padding`); empty: never
         self.verify_widths: dict[int, int] = {}
+        # whether a calibration chose them (`Calibration.pad`): the first one decides for every
+        # pipeline on this target, so what runs and what each policy's costs read agree
+        self.widths_calibrated = False
 
     @property
     def stream(self) -> mx.Stream:
