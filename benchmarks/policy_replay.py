@@ -13,6 +13,10 @@ never an evaluation set.
 
     python benchmarks/policy_replay.py --plain-ms 1.38 --round-ms 2.2 --per-draft-ms 0.1
     python benchmarks/policy_replay.py --plain-ms 10 --round-ms 35 --per-draft-ms 8   # a CPU
+
+It also prints, per fixed cap, the share of rounds that accept every draft: how often a
+pipelined round (one that drafts the next block while the verify runs, assuming all drafts are
+kept) would keep what it drafted ahead.
 """
 
 from __future__ import annotations
@@ -82,6 +86,22 @@ def replay(traces, cost, ceiling: int, start: int, fixed: int | None = None) -> 
     return tokens / seconds
 
 
+def full_acceptance(traces, k: int) -> float:
+    """The share of fixed-cap-k rounds whose k drafts are all accepted: how often a pipelined
+    round, which drafts the next block before the verify returns on the assumption that every
+    draft is kept, would keep that next block."""
+    full = rounds = 0
+    for trace in traces:
+        total, t = trace[2], 0
+        while t < total - 1:
+            cap = min(k, total - t - 1)
+            a = min(cap, run_length(trace, t))
+            full += a == cap
+            rounds += 1
+            t += a + 1
+    return full / max(1, rounds)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="outrider-demo/target")
@@ -122,8 +142,12 @@ def main() -> None:
     )
     for name, tps in rows:
         print(f"  {name:<12} {tps:9.1f} tok/s  {tps / plain:5.2f}x plain")
+    full = {k: full_acceptance(traces, k) for k in range(1, ceiling + 1)}
+    print("rounds accepting every draft, by fixed cap (a pipelined round's next draft kept):")
+    print("  " + "  ".join(f"cap {k}: {share:.0%}" for k, share in full.items()))
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+        out = {"args": vars(args), "rows": rows, "full_acceptance": full}
+        Path(args.json).write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
