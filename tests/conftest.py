@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 
@@ -21,6 +22,23 @@ PROMPTS = [
     "def fibonacci(n):",
     "What is 12 times 7? Answer: 12 times 7 is",
 ]
+
+
+def _freeze_what_lives_on() -> None:
+    """Move every object alive now (imported modules, collected tests) out of the cyclic
+    garbage collector's reach: they live for the whole session, and with half a million of them
+    each full collection took ~0.3 s (18 s of a quick run, most inside the server tests). Garbage
+    is collected first, so nothing that is freed is kept; objects made later are collected as
+    usual."""
+    gc.collect()
+    gc.freeze()
+
+
+_freeze_what_lives_on()  # pytest, mlx and outrider: the test modules' imports come next
+
+
+def pytest_collection_finish(session):
+    _freeze_what_lives_on()  # the test modules and what they import
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +88,8 @@ def drafters(models_dir, qwen3_target):
     }
 
 
-_PLAIN_CACHE: dict = {}
+_PLAIN_CACHE: dict = {}  # model path -> mlx-lm model
+_PLAIN_RUNS: dict = {}  # (model path, prompt, max_tokens) -> plain greedy tokens
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +122,17 @@ def fp32_close(a: mx.array, b: mx.array, atol: float, rtol: float = 0.0) -> bool
 
 
 def plain_greedy(model_path, prompt_ids: list[int], max_tokens: int) -> list[int]:
-    """mlx-lm's own plain greedy generation (the reference every mode must equal)."""
+    """mlx-lm's own plain greedy generation (the reference every mode must equal).
+
+    Greedy decoding is deterministic and a model folder's weights never change during the
+    session (the loaded model is kept per path too), so each (model, prompt, length) is
+    generated once and every later call gets a copy of the same tokens."""
     from mlx_lm.generate import generate_step
 
     key = str(model_path)
+    run = (key, tuple(int(t) for t in prompt_ids), max_tokens)
+    if run in _PLAIN_RUNS:
+        return list(_PLAIN_RUNS[run])
     if key not in _PLAIN_CACHE:
         _PLAIN_CACHE[key] = _load_plain(key)
     model = _PLAIN_CACHE[key]
@@ -115,6 +141,7 @@ def plain_greedy(model_path, prompt_ids: list[int], max_tokens: int) -> list[int
         out.append(int(tok))
         if len(out) == max_tokens:
             break
+    _PLAIN_RUNS[run] = tuple(out)
     return out
 
 

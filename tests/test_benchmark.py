@@ -15,7 +15,7 @@ from outrider.benchmark.runner import BenchConfig, LosslessError, check_lossless
 from outrider.benchmark.suites import SUITES, load_suite
 from outrider.core.plugins import Plugins
 from outrider.core.target import Target
-from outrider.testing import make_tiny_target
+from outrider.testing import make_tiny_drafter, make_tiny_target
 
 ARMS = ["baseline", "dspark", "dflash", "lookup", "mlx-lm", "mlx-lm-spec"]
 CELL_KEYS = {"suite", "mode", "accept_len", "decode_tps", "speedup", "ttft_s", "peak_memory_gb"}
@@ -25,6 +25,23 @@ CELL_KEYS = {"suite", "mode", "accept_len", "decode_tps", "speedup", "ttft_s", "
 def peer_draft(models_dir):
     """A one-layer model with the target's tokenizer, for mlx-lm's speculative decoding."""
     return make_tiny_target(models_dir / "peer-draft", seed=7, num_hidden_layers=1)
+
+
+@pytest.fixture(scope="module")
+def shallow(models_dir) -> dict:
+    """A 2-layer target and one-layer drafters for the runs over the shipped suites, whose
+    prompts run to hundreds of tokens: every prefill and verify costs per layer, and what these
+    tests check (the receipt, the lossless check) does not depend on depth."""
+    target = make_tiny_target(models_dir / "bench-target", num_hidden_layers=2)
+    return {
+        "target": target,
+        "dspark": make_tiny_drafter(
+            models_dir / "bench-dspark", target, "dspark", "deepspec", block_size=8, num_layers=1
+        ),
+        "dflash": make_tiny_drafter(
+            models_dir / "bench-dflash", target, "dflash", "deepspec", block_size=8, num_layers=1
+        ),
+    }
 
 
 def bench_args(target, *extra: str) -> list[str]:
@@ -43,18 +60,16 @@ def test_shipped_suites_take_turns_between_their_sources():
         assert all(p.text.strip() for p in prompts)
 
 
-def test_receipt_has_every_field_and_every_arm_is_lossless(
-    tmp_path, qwen3_target, drafters, peer_draft
-):
+def test_receipt_has_every_field_and_every_arm_is_lossless(tmp_path, shallow, peer_draft):
     receipt_path = tmp_path / "receipt.json"
     args = bench_args(
-        qwen3_target,
+        shallow["target"],
         "--modes",
         "baseline,dspark,dflash,lookup",
         "--dspark-drafter",
-        str(drafters["dspark"]),
+        str(shallow["dspark"]),
         "--dflash-drafter",
-        str(drafters["dflash-deepspec"]),
+        str(shallow["dflash"]),
         "--peer-draft-model",
         str(peer_draft),
         "--json",
@@ -113,32 +128,33 @@ def test_receipt_has_every_field_and_every_arm_is_lossless(
         assert all(tps > 0 for _, tps in points), arm
 
 
-def test_benchmark_reference_is_mlx_lm_plain_greedy(qwen3_target, drafters):
+def test_benchmark_reference_is_mlx_lm_plain_greedy(shallow):
+    target = shallow["target"]
     config = BenchConfig(
-        model=str(qwen3_target),
+        model=str(target),
         modes=["baseline", "dspark"],
         suites=["code"],
         trials=1,
         max_tokens=8,
         prompts_per_suite=2,
-        drafter=str(drafters["dspark"]),
+        drafter=str(shallow["dspark"]),
     )
     report = run_benchmark(config, Plugins(load_entrypoints=False))
     assert report.checked == 2 * 3  # baseline, dspark, mlx-lm on two prompts
-    eos = json.loads((qwen3_target / "config.json").read_text())["eos_token_id"]
+    eos = json.loads((target / "config.json").read_text())["eos_token_id"]
     for out in report.outputs.values():
-        plain = plain_greedy(qwen3_target, out["prompt"], 8)
+        plain = plain_greedy(target, out["prompt"], 8)
         tokens = out["tokens"]
         assert tokens == plain[: len(tokens)]
         assert len(tokens) == 8 or plain[len(tokens)] == eos
 
 
-def test_a_mode_that_changes_the_output_fails_the_run(monkeypatch, qwen3_target, drafters):
+def test_a_mode_that_changes_the_output_fails_the_run(monkeypatch, shallow):
     # A real bug class: rejected drafts left in the target's KV cache (no rollback). Baseline
     # and mlx-lm never roll back, so only the speculative mode is wrong.
     monkeypatch.setattr(Target, "rollback", lambda self, cache, n: None)
     args = bench_args(
-        qwen3_target, "--modes", "baseline,dspark", "--drafter", str(drafters["dspark"])
+        shallow["target"], "--modes", "baseline,dspark", "--drafter", str(shallow["dspark"])
     )
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 1

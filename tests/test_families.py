@@ -232,8 +232,13 @@ def test_sampled_output_follows_the_target_after_rollback(models_dir):
 
     from outrider.core.sampling import SamplingParams
 
-    target_path, _ = built(models_dir, "qwen3_5")
+    # two layers, a gated-delta (recurrent) one and a full-attention one: the hybrid at half
+    # the cost of each of the 400 runs
+    target_path = make_tiny_target(
+        models_dir / "fam-qwen3_5-2-layers", family="qwen3_5", num_hidden_layers=2
+    )
     target = outrider.load(str(target_path), mode="baseline").target
+    assert sorted(hasattr(c, "cache") for c in target.make_cache()) == [False, True]  # 1 recurrent
     proposer = TargetLikeProposer(target, SamplingParams(temperature=1.6, top_k=5))
     spec = outrider.pipeline_from_parts(target, proposer, "target-like", max_draft=1)
     prompt = [30 + 7 * i % 200 for i in range(2 * SLIDING_WINDOW + 3)]

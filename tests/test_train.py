@@ -71,9 +71,11 @@ def test_checkpoint_is_deepspec_and_decodes_losslessly(toy, dspark_run):
 
 def test_dflash_through_the_cli_with_json_progress(toy):
     out = toy["root"] / "dflash"
+    # batches of 4 windows of 64 (the toy config's are 8 of 96) cost under half as much and learn
+    # as far: measured 1.94 -> 4.43 at step 12 and 5.17 at step 24, as 8 of 96 reach at 24
     args = ["train", "--model", str(toy["target"]), "--kind", "dflash", "--data"]
-    args += [str(toy["prompts"]), "--out", str(out), "--steps", "24", "--batch-size", "8"]
-    args += ["--seq-len", "96", "--lr", "1e-2", "--block-size", "5", "--max-new-tokens", "40"]
+    args += [str(toy["prompts"]), "--out", str(out), "--steps", "24", "--batch-size", "4"]
+    args += ["--seq-len", "64", "--lr", "1e-2", "--block-size", "5", "--max-new-tokens", "40"]
     args += ["--held-out", "3", "--eval-tokens", "32", "--seed", "0", "--no-compile", "--json"]
     args += ["--eval-every", "12"]
     result = CliRunner().invoke(cli.app, args)
@@ -111,6 +113,7 @@ def test_init_fine_tunes_an_existing_drafter(toy, dspark_run, tmp_path):
 
 def test_an_interrupted_run_resumes_exactly(toy, tmp_path):
     small = dict(steps=6, save_every=3, log_every=1, batch_size=4, held_out=1, eval_tokens=8)
+    small.update(seq_len=64)  # short windows: resuming exactly does not depend on their width
     small.update(compile=False)  # the straight and the resumed run take the same path
     straight = train_drafter(config(toy, tmp_path / "straight", **small))
 
