@@ -27,6 +27,9 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.base import create_causal_mask
+
+from outrider.plugins.targets.verify_attention import chunked_causal_attention
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -101,10 +104,6 @@ def forwards(shape: str, dtypes: list[str], contexts: list[int], reps: int) -> N
 
 def attention(kind: str, q: mx.array, k: mx.array, v: mx.array, s: int) -> mx.array:
     """One layer's attention of q over the first s keys, the way `kind` names."""
-    from mlx_lm.models.base import create_causal_mask
-
-    from outrider.plugins.targets.verify_attention import chunked_causal_attention
-
     n, scale = q.shape[2], q.shape[-1] ** -0.5
     k, v = k[:, :, :s], v[:, :, :s]
     if kind == "split1":

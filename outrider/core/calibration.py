@@ -13,8 +13,8 @@ run, and only after a few warm-up rounds; a calibration measures them all up fro
 
 The curve also says where a narrower verify is cheaper run wider (`padding`): on MLX's CUDA
 backend a quantized target's 8-row forward costs less than a 5-row one (about two one-row
-forwards against three on the H200). A target whose rollback is a trim then runs those widths padded (`Target.forward`),
-and the cost `auto` reads for them is the padded width's.
+forwards against three on the H200). A target whose rollback is a trim then runs those widths
+padded (`Target.forward`), and the cost `auto` reads for them is the padded width's.
 
 A calibration is a small JSON file under outrider's cache folder, keyed by device, MLX version,
 target, drafter and mode, so every later run (generate, benchmark, the server) on this machine
