@@ -29,7 +29,9 @@ def train(
     max_new_tokens: int = Opt(256, "--max-new-tokens", help="Self-distilled answer length."),
     no_regenerate: bool = Opt(False, "--no-regenerate", help="Use the answers in --data."),
     distill_chunk: int = Opt(
-        256, "--distill-chunk", help="Prompts answered per kept chunk of self-distillation."
+        256,
+        "--distill-chunk",
+        help="Prompts answered per kept chunk of self-distillation, all at once (raise it on a big GPU).",
     ),
     continue_text: bool = Opt(
         False, "--continue-text", help="Self-distil documents too: the target continues them."

@@ -240,6 +240,294 @@ def stub(rng: random.Random) -> str:
     return form.format(name=name, args=args, doc=doc)
 
 
+def _ints(rng: random.Random, n: int = 0) -> list[int]:
+    return [rng.randint(-9, 30) for _ in range(n or rng.randint(3, 7))]
+
+
+def _word(rng: random.Random) -> str:
+    return rng.choice(SUBJECTS + TOPICS).split()[-1].strip(",.")
+
+
+def _sentence(rng: random.Random) -> str:
+    return rng.choice(SUBJECTS + TOPICS + CONCEPTS)
+
+
+def _runs(xs: list[int]) -> int:
+    best = run = 1 if xs else 0
+    for a, b in zip(xs, xs[1:]):
+        run = run + 1 if b > a else 1
+        best = max(best, run)
+    return best
+
+
+# Small functions written here, with a typed signature, a one-line description, the argument
+# sampler and a reference implementation: the implementation computes the examples a prompt
+# shows (doctest lines or asserts), so every example is true.
+TYPED = [
+    (
+        "sum_of_evens",
+        "(numbers: List[int]) -> int",
+        "Return the sum of the even numbers in the list.",
+        lambda r: (_ints(r),),
+        lambda xs: sum(x for x in xs if x % 2 == 0),
+    ),
+    (
+        "count_negatives",
+        "(numbers: List[int]) -> int",
+        "Count how many numbers in the list are negative.",
+        lambda r: (_ints(r),),
+        lambda xs: sum(x < 0 for x in xs),
+    ),
+    (
+        "running_max",
+        "(numbers: List[int]) -> List[int]",
+        "Return a list where each element is the largest number seen so far.",
+        lambda r: (_ints(r),),
+        lambda xs: [max(xs[: i + 1]) for i in range(len(xs))],
+    ),
+    (
+        "pairwise_differences",
+        "(numbers: List[int]) -> List[int]",
+        "Return the differences between each pair of neighbouring numbers.",
+        lambda r: (_ints(r),),
+        lambda xs: [b - a for a, b in zip(xs, xs[1:])],
+    ),
+    (
+        "longest_increasing_run",
+        "(numbers: List[int]) -> int",
+        "Return the length of the longest strictly increasing run of neighbouring numbers.",
+        lambda r: (_ints(r),),
+        _runs,
+    ),
+    (
+        "second_largest",
+        "(numbers: List[int]) -> int",
+        "Return the second largest distinct number in the list.",
+        lambda r: (sorted(set(_ints(r, 6)))[:5] + [99],),
+        lambda xs: sorted(set(xs))[-2],
+    ),
+    (
+        "rotate_left",
+        "(items: List[int], k: int) -> List[int]",
+        "Rotate the list to the left by k positions.",
+        lambda r: (_ints(r), r.randint(0, 4)),
+        lambda xs, k: xs[k % len(xs) :] + xs[: k % len(xs)],
+    ),
+    (
+        "chunk_list",
+        "(items: List[int], size: int) -> List[List[int]]",
+        "Split the list into consecutive chunks of the given size; the last chunk may be shorter.",
+        lambda r: (_ints(r), r.randint(2, 3)),
+        lambda xs, n: [xs[i : i + n] for i in range(0, len(xs), n)],
+    ),
+    (
+        "count_vowels",
+        "(text: str) -> int",
+        "Count the vowels (a, e, i, o, u) in a string.",
+        lambda r: (_sentence(r),),
+        lambda t: sum(c in "aeiou" for c in t.lower()),
+    ),
+    (
+        "reverse_words",
+        "(sentence: str) -> str",
+        "Return the sentence with its words in reverse order.",
+        lambda r: (_sentence(r),),
+        lambda t: " ".join(reversed(t.split())),
+    ),
+    (
+        "capitalize_words",
+        "(sentence: str) -> str",
+        "Capitalize the first letter of every word.",
+        lambda r: (_sentence(r),),
+        lambda t: " ".join(w[:1].upper() + w[1:] for w in t.split()),
+    ),
+    (
+        "is_palindrome",
+        "(text: str) -> bool",
+        "Check whether a string reads the same forwards and backwards, ignoring case.",
+        lambda r: (r.choice(["Level", "radar", "python", "Noon", "banana", "racecar", "abca"]),),
+        lambda t: t.lower() == t.lower()[::-1],
+    ),
+    (
+        "char_frequency",
+        "(text: str) -> Dict[str, int]",
+        "Return a dictionary mapping each character of the word to how often it appears.",
+        lambda r: (_word(r),),
+        lambda t: {c: t.count(c) for c in dict.fromkeys(t)},
+    ),
+    (
+        "remove_duplicates",
+        "(items: List[int]) -> List[int]",
+        "Remove duplicate numbers from the list, keeping the first occurrence of each.",
+        lambda r: ([r.randint(0, 5) for _ in range(7)],),
+        lambda xs: list(dict.fromkeys(xs)),
+    ),
+    (
+        "digit_sum",
+        "(n: int) -> int",
+        "Return the sum of the decimal digits of a non-negative integer.",
+        lambda r: (r.randint(0, 99999),),
+        lambda n: sum(map(int, str(n))),
+    ),
+    (
+        "is_prime",
+        "(n: int) -> bool",
+        "Check whether n is a prime number.",
+        lambda r: (r.randint(0, 60),),
+        lambda n: n > 1 and all(n % d for d in range(2, int(n**0.5) + 1)),
+    ),
+    (
+        "fizzbuzz_word",
+        "(n: int) -> str",
+        "Return 'Fizz' for multiples of 3, 'Buzz' for multiples of 5, 'FizzBuzz' for both, else the number as a string.",
+        lambda r: (r.randint(1, 40),),
+        lambda n: (
+            "FizzBuzz"
+            if n % 15 == 0
+            else "Fizz"
+            if n % 3 == 0
+            else "Buzz"
+            if n % 5 == 0
+            else str(n)
+        ),
+    ),
+    (
+        "to_binary",
+        "(n: int) -> str",
+        "Return the binary representation of a non-negative integer, without a prefix.",
+        lambda r: (r.randint(0, 300),),
+        lambda n: format(n, "b"),
+    ),
+    (
+        "count_words",
+        "(sentence: str) -> int",
+        "Count the words in a sentence.",
+        lambda r: (_sentence(r),),
+        lambda t: len(t.split()),
+    ),
+    (
+        "merge_sorted",
+        "(a: List[int], b: List[int]) -> List[int]",
+        "Merge two sorted lists into one sorted list.",
+        lambda r: (sorted(_ints(r, 3)), sorted(_ints(r, 4))),
+        lambda a, b: sorted(a + b),
+    ),
+    (
+        "common_elements",
+        "(a: List[int], b: List[int]) -> List[int]",
+        "Return the sorted list of numbers that appear in both lists.",
+        lambda r: ([r.randint(0, 9) for _ in range(5)], [r.randint(0, 9) for _ in range(5)]),
+        lambda a, b: sorted(set(a) & set(b)),
+    ),
+    (
+        "clamp_all",
+        "(numbers: List[int], low: int, high: int) -> List[int]",
+        "Clamp every number of the list into the range from low to high.",
+        lambda r: (_ints(r), 0, r.randint(5, 20)),
+        lambda xs, lo, hi: [min(max(x, lo), hi) for x in xs],
+    ),
+    (
+        "longest_word",
+        "(sentence: str) -> str",
+        "Return the longest word of the sentence; the first one if several are equally long.",
+        lambda r: (_sentence(r),),
+        lambda t: max(t.split(), key=len),
+    ),
+    (
+        "gcd",
+        "(a: int, b: int) -> int",
+        "Return the greatest common divisor of two positive integers.",
+        lambda r: (r.randint(1, 60), r.randint(1, 60)),
+        lambda a, b: __import__("math").gcd(a, b),
+    ),
+    (
+        "count_upper",
+        "(text: str) -> int",
+        "Count the uppercase letters in a string.",
+        lambda r: (_sentence(r).title(),),
+        lambda t: sum(c.isupper() for c in t),
+    ),
+    (
+        "squares_up_to",
+        "(n: int) -> List[int]",
+        "Return the squares of the numbers from 1 to n.",
+        lambda r: (r.randint(1, 7),),
+        lambda n: [i * i for i in range(1, n + 1)],
+    ),
+    (
+        "mean",
+        "(numbers: List[float]) -> float",
+        "Return the arithmetic mean of a non-empty list.",
+        lambda r: ([float(x) for x in _ints(r, 4)],),
+        lambda xs: sum(xs) / len(xs),
+    ),
+    (
+        "is_sorted",
+        "(numbers: List[int]) -> bool",
+        "Check whether the list is sorted in ascending order.",
+        lambda r: (r.choice([sorted(_ints(r)), _ints(r)]),),
+        lambda xs: xs == sorted(xs),
+    ),
+    (
+        "first_repeated",
+        "(text: str) -> str",
+        "Return the first character that appears twice in the string, or an empty string if none does.",
+        lambda r: (_word(r),),
+        lambda t: next((c for i, c in enumerate(t) if c in t[:i]), ""),
+    ),
+    (
+        "flatten",
+        "(nested: List[List[int]]) -> List[int]",
+        "Flatten a list of lists into one list.",
+        lambda r: ([_ints(r, 2) for _ in range(r.randint(2, 3))],),
+        lambda xss: [x for xs in xss for x in xs],
+    ),
+]
+TYPED_FORMS = [
+    "Write a solution to the following problem and make sure that it passes the tests:\n"
+    '```python\n{header}def {name}{sig}:\n    """ {doc}\n{doctests}    """\n\n```',
+    'Complete the following Python code:\n```python\n{header}def {name}{sig}:\n    """{doc}\n'
+    '{doctests}    """\n```',
+    "Write a function to {verb}. Your code should pass these tests:\n\n{asserts}",
+    "Write a python function `{name}` that does this: {doc}\n\n{asserts}",
+]
+
+
+def typed(rng: random.Random) -> str:
+    """A typed Python function to write, with examples its reference implementation computed."""
+    name, sig, doc, sample, fn = rng.choice(TYPED)
+    calls = []
+    for _ in range(rng.randint(2, 3)):
+        args = sample(rng)
+        calls.append((f"{name}({', '.join(repr(a) for a in args)})", repr(fn(*args))))
+    uses = [t for t in ("List", "Dict") if t + "[" in sig]
+    header = f"from typing import {', '.join(uses)}\n\n\n" if uses else ""
+    doctests = "".join(f"    >>> {call}\n    {result}\n" for call, result in calls)
+    asserts = "\n".join(f"assert {call} == {result}" for call, result in calls)
+    verb = doc[0].lower() + doc[1:].rstrip(".")
+    return rng.choice(TYPED_FORMS).format(
+        header=header, name=name, sig=sig, doc=doc, doctests=doctests, asserts=asserts, verb=verb
+    )
+
+
+def infinitive(task: str) -> str:
+    """'reverses a string' -> 'reverse a string'."""
+    verb, _, rest = task.partition(" ")
+    if verb.endswith("es") and verb[:-2].endswith(("ch", "sh", "x", "ss")):
+        verb = verb[:-2]
+    elif verb.endswith("s"):
+        verb = verb[:-1]
+    return f"{verb} {rest}"
+
+
+PLAIN_FORMS = [
+    "Write a python function to {task}.",
+    "Write a function to {task}.",
+    "Write a Python program to {task}.",
+    "Write a function that takes a list or a string as input and {task3}.",
+]
+
+
 # Modules written in Python whose public functions make good "write this function" prompts.
 STDLIB = [
     "base64",
@@ -354,7 +642,13 @@ def library(rng: random.Random) -> tuple[str, str]:
 def prompt(rng: random.Random) -> tuple[str, str]:
     """(kind, prompt text): code, chat or reasoning, weighted toward code."""
     kind = rng.choices(["code", "chat", "reasoning"], weights=[45, 30, 25])[0]
-    if kind == "code" and rng.random() < 0.5 and library_functions():
+    draw = rng.random()
+    if kind == "code" and draw < 0.3:
+        return kind, typed(rng)
+    if kind == "code" and draw < 0.45:
+        task = rng.choice(TASKS)
+        return kind, rng.choice(PLAIN_FORMS).format(task=infinitive(task), task3=task)
+    if kind == "code" and draw < 0.75 and library_functions():
         return library(rng)
     if kind == "code":
         if rng.random() < 0.4:

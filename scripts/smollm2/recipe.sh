@@ -16,7 +16,9 @@ prompts="${PROMPTS:-2048}"
 steps="${STEPS:-2400}"
 layers="${LAYERS:-2}"
 batch="${BATCH:-16}"
-seq_len="${SEQ_LEN:-384}"  # a prompt and its 256-token answer fit one window
+seq_len="${SEQ_LEN:-384}"  # a prompt and its answer fit one window
+max_new="${MAX_NEW:-256}"  # length of the target's self-distilled answers
+distill_chunk="${DISTILL_CHUNK:-256}"  # prompts the target answers at once (1024 suits an H200)
 dtype="${DTYPE:-bfloat16}"  # the drafter's embedding comes dequantized as float32; bf16 trains faster
 train_seconds="${TRAIN_SECONDS:-0}"  # 0: no limit
 stage="${STAGE:-all}"
@@ -35,7 +37,7 @@ train() {  # kind
   "${limit[@]}" "$py" -m outrider train --model "$model" --kind "$1" --data "$out/prompts.jsonl" \
     --out "$out/$1" --steps "$steps" --batch-size "$batch" --seq-len "$seq_len" --lr 6e-4 --layers "$layers" \
     --dtype "$dtype" \
-    --block-size 8 --max-new-tokens 256 --held-out 16 --eval-tokens 128 --log-every 50 \
+    --block-size 8 --max-new-tokens "$max_new" --distill-chunk "$distill_chunk" --held-out 16 --eval-tokens 128 --log-every 50 \
     --json "${resume[@]}" >> "$out/$1.log" 2>&1
 }
 
