@@ -278,10 +278,14 @@ class Target:
         plain = self.model(ids[None], cache=self.make_cache())[0]
         tapped, taps = self.forward(ids, self.make_cache(), layer_ids)
         mx.eval(plain, tapped, taps)
-        diff = mx.abs(plain.astype(mx.float32) - tapped.astype(mx.float32)).max().item()
+        plain, tapped = plain.astype(mx.float32), tapped.astype(mx.float32)
+        diff = mx.abs(plain - tapped).max().item()
+        # relative to the logits' scale: the tapped forward may run another attention kernel
+        # (split, padded), whose rounding differs by ~1e-4 of the logits on CUDA
+        scale = max(1.0, mx.abs(plain).max().item())
         width = taps.shape[-1] if taps is not None else 0
         if (
-            diff > 1e-3
+            diff > 1e-3 * scale
             or taps is None
             or taps.shape[0] != 4
             or width != len(layer_ids) * self.hidden_size
