@@ -17,6 +17,7 @@ import inspect
 import json
 import random
 import re
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -484,7 +485,7 @@ TYPED = [
     ),
 ]
 TYPED_FORMS = [
-    "Write a solution to the following problem and make sure that it passes the tests:\n"
+    "Implement this Python function so that the examples in its docstring hold:\n"
     '```python\n{header}def {name}{sig}:\n    """ {doc}\n{doctests}    """\n\n```',
     'Complete the following Python code:\n```python\n{header}def {name}{sig}:\n    """{doc}\n'
     '{doctests}    """\n```',
@@ -611,7 +612,9 @@ def library_functions() -> tuple[tuple[str, str, str, str], ...]:
     found = []
     for module_name in STDLIB:
         try:
-            module = importlib.import_module(module_name)
+            with warnings.catch_warnings():  # imghdr, uu, ...: deprecated, still documented
+                warnings.simplefilter("ignore", DeprecationWarning)
+                module = importlib.import_module(module_name)
         except Exception:  # removed in this Python, or no platform support
             continue
         for name, fn in sorted(vars(module).items()):
