@@ -11,6 +11,7 @@ from conftest import plain_greedy
 from typer.testing import CliRunner
 
 from outrider import cli
+from outrider.benchmark.records import Cell, Run, TrialStats
 from outrider.benchmark.runner import BenchConfig, LosslessError, check_lossless, run_benchmark
 from outrider.benchmark.suites import SUITES, load_suite
 from outrider.core.plugins import Plugins
@@ -106,6 +107,7 @@ def test_receipt_has_every_field_and_every_arm_is_lossless(tmp_path, shallow, pe
         if arm in ("baseline", "mlx-lm"):
             assert cell["accept_len"] == 1.0
             assert cell["accept_counts"] == []  # plain decoding: no speculative rounds
+            assert cell["drafted_share"] is None
         else:  # rounds by accept length: one trial, so the mean is the cell's accept length
             counts = cell["accept_counts"]
             assert counts and all(c >= 0 for c in counts) and counts[-1] > 0
@@ -118,6 +120,8 @@ def test_receipt_has_every_field_and_every_arm_is_lossless(tmp_path, shallow, pe
             assert sum((k + 1) * c for k, c in enumerate(counts)) >= cell["tokens"] - 2
             if arm != "mlx-lm-spec":
                 assert len(counts) - 1 <= settings["caps"][arm]
+            # fixed caps never park: rounds committed every decoded token
+            assert cell["drafted_share"] == pytest.approx(1.0)
     # every timed run, in run order, on one clock: 3 suites x 2 prompts per arm
     timeline = receipt["timeline"]
     assert set(timeline) == set(ARMS)
@@ -268,3 +272,14 @@ def test_benchmark_without_a_model_runs_the_demo_model(monkeypatch, tmp_path):
     assert result.exit_code == 0, result.output
     out = json.loads(receipt.read_text())
     assert out["command"].startswith(f"outrider benchmark --model {demo_target()}")
+
+
+def test_drafted_share_counts_what_rounds_committed_against_parked_steps():
+    # 10 tokens: the first from prefill, 3 from one round (2 drafts accepted), 6 plain steps
+    parked = Run(list(range(10)), 0.01, 0.1, accepts=[3], drafted=3)
+    drafting = Run(list(range(5)), 0.01, 0.1, accepts=[2, 2], drafted=4)
+    cell = Cell("code", "dspark", [TrialStats.of([parked, drafting])])
+    assert cell.drafted_share == pytest.approx(7 / 13)
+    assert cell.to_json()["drafted_share"] == pytest.approx(0.5385, abs=1e-4)
+    plain = Cell("code", "baseline", [TrialStats.of([Run(list(range(10)), 0.01, 0.1)])])
+    assert plain.drafted_share is None

@@ -43,7 +43,9 @@ def _timed(steps: Iterable[tuple[int, bool]], max_tokens: int, stop: set[int]) -
         accepts.append(drafted_run)
     ttft = (first - t0) if first is not None else 0.0
     decode = (last - first) if first is not None else 0.0
-    return Run(tokens, ttft, decode, accepts, mx.get_peak_memory() / 1e9)
+    # a speculative peer runs rounds only: every token after the first came from one
+    drafted = max(len(tokens) - 1, 0) if accepts else 0
+    return Run(tokens, ttft, decode, accepts, mx.get_peak_memory() / 1e9, drafted)
 
 
 def mlx_lm_plain(model: nn.Module, prompt: list[int], max_tokens: int, stop: set[int]) -> Run:
@@ -56,7 +58,7 @@ def mlx_lm_plain(model: nn.Module, prompt: list[int], max_tokens: int, stop: set
         run = _timed(((int(t), False) for t, _ in gen), max_tokens, stop)
     finally:
         gen.close()
-    run.accepts = []  # plain decoding: one token per forward, as outrider's baseline reports
+    run.accepts, run.drafted = [], 0  # plain decoding: one token per forward, as baseline
     return run
 
 

@@ -21,6 +21,7 @@ class Run:
     decode_s: float  # first token out -> last token out
     accepts: list[int] = field(default_factory=list)
     peak_memory_gb: float = 0.0
+    drafted: int = 0  # tokens committed by drafting rounds (the rest came from plain steps)
 
     @property
     def decode_tokens(self) -> int:
@@ -34,6 +35,7 @@ class Run:
             decode_s=result.decode_seconds,
             accepts=[r.accepted + 1 for r in result.rounds],
             peak_memory_gb=result.peak_memory_gb,
+            drafted=sum(len(r.committed) for r in result.rounds),
         )
 
 
@@ -62,6 +64,8 @@ class TrialStats:
     peak_memory_gb: float
     tokens: int
     accept_counts: list[int] = field(default_factory=list)  # rounds by accept length (above)
+    decoded: int = 0  # tokens after the first, over the runs
+    drafted: int = 0  # of those, tokens committed by drafting rounds (the rest: plain steps)
 
     @classmethod
     def of(cls, runs: list[Run]) -> TrialStats:
@@ -76,6 +80,8 @@ class TrialStats:
             peak_memory_gb=max((r.peak_memory_gb for r in runs), default=0.0),
             tokens=sum(len(r.tokens) for r in runs),
             accept_counts=accept_counts(accepts),
+            decoded=decoded,
+            drafted=sum(r.drafted for r in runs),
         )
 
 
@@ -116,7 +122,17 @@ class Cell:
             counts = add_counts(counts, t.accept_counts)
         return counts
 
+    @property
+    def drafted_share(self) -> float | None:
+        """The share of decoded tokens that drafting rounds committed, over every trial: how
+        much a `--max-draft auto` arm drafted rather than parked. None for a plain arm."""
+        decoded = sum(t.decoded for t in self.trials)
+        if not decoded or not any(t.accept_counts for t in self.trials):
+            return None
+        return sum(t.drafted for t in self.trials) / decoded
+
     def to_json(self) -> dict:
+        share = self.drafted_share
         return {
             "suite": self.suite,
             "mode": self.arm,
@@ -128,4 +144,5 @@ class Cell:
             "tokens": self.tokens,
             "trials_decode_tps": [round(t.decode_tps, 3) for t in self.trials],
             "accept_counts": self.accept_counts,
+            "drafted_share": None if share is None else round(share, 4),
         }

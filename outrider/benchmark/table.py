@@ -15,6 +15,7 @@ COLUMNS = (
     ("mode", "left"),
     ("cap", "right"),
     ("accept", "right"),
+    ("drafted", "right"),  # share of tokens from drafting rounds; the rest were plain steps
     ("decode tok/s", "right"),
     ("speed-up", "right"),
     ("TTFT ms", "right"),
@@ -47,11 +48,13 @@ def results_table(results: list[dict], caps: dict, title: str | None = None) -> 
         speedup = "—" if up is None else f"{up:.2f}×"
         if cell["mode"] != "baseline" and up is not None and up >= 1.0:
             speedup = f"[green]{speedup}[/green]"
+        share = cell.get("drafted_share")
         table.add_row(
             cell["suite"] if first else "",
             cell["mode"],
             str(caps.get(cell["mode"]) or "—"),
             f"{cell.get('accept_len', 0.0):.2f}",
+            "—" if share is None else f"{share:.0%}",
             f"{cell.get('decode_tps', 0.0):.1f}",
             speedup,
             f"{cell.get('ttft_s', 0.0) * 1e3:.1f}",
