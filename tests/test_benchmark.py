@@ -283,3 +283,19 @@ def test_drafted_share_counts_what_rounds_committed_against_parked_steps():
     assert cell.to_json()["drafted_share"] == pytest.approx(0.5385, abs=1e-4)
     plain = Cell("code", "baseline", [TrialStats.of([Run(list(range(10)), 0.01, 0.1)])])
     assert plain.drafted_share is None
+
+
+def test_an_auto_arm_keeps_its_calibration_in_the_receipt(tmp_path, shallow):
+    """What an auto arm's policy read (the costs it weighed rounds against) travels with the
+    receipt, so a run that parked can be explained afterwards; plain arms have none."""
+    receipt_path = tmp_path / "receipt.json"
+    args = bench_args(shallow["target"], "--modes", "baseline,lookup", "--suites", "code")
+    args += ["--max-draft", "auto", "--json", str(receipt_path)]
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    arms = {a["mode"]: a for a in json.loads(receipt_path.read_text())["arms"]}
+    assert arms["lookup"]["cap"] == "auto"
+    cal = arms["lookup"]["calibration"]
+    assert cal["verify_ms"] and cal["plain_ms"] and cal["key"]["mode"] == "lookup"
+    assert all(ms > 0 for curve in cal["verify_ms"].values() for ms in curve)
+    assert arms["baseline"]["calibration"] is None and arms["mlx-lm"]["calibration"] is None

@@ -81,6 +81,7 @@ class Arm:
     kind: str = "outrider"  # or "peer"
     cap: int | None = None
     drafter: str | None = None
+    calibration: dict | None = None  # the machine's costs the arm's `auto` policy read
 
 
 @dataclass
@@ -107,7 +108,8 @@ def _pipeline_arm(pipe: Pipeline, drafter: str | None) -> Arm:
         return Run.from_result(result)
 
     cap = "auto" if pipe.auto_cap else pipe.max_draft
-    return Arm(pipe.mode, generate, "outrider", cap, drafter)
+    cal = pipe.calibration
+    return Arm(pipe.mode, generate, "outrider", cap, drafter, cal.as_dict() if cal else None)
 
 
 def _assign_drafters(config: BenchConfig, plugins: Plugins, modes: list[str] | None) -> dict:
@@ -362,7 +364,16 @@ def run_benchmark(
             cells.append(cell)
     return Report(
         model=model_facts(target, config.model),
-        arms=[{"mode": a.name, "kind": a.kind, "cap": a.cap, "drafter": a.drafter} for a in arms],
+        arms=[
+            {
+                "mode": a.name,
+                "kind": a.kind,
+                "cap": a.cap,
+                "drafter": a.drafter,
+                "calibration": a.calibration,
+            }
+            for a in arms
+        ],
         suites={s: len(ps) for s, ps in suites.items()},
         cells=cells,
         divergences=divergences,
