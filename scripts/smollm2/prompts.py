@@ -525,7 +525,7 @@ PLAIN_FORMS = [
     "Write a python function to {task}.",
     "Write a function to {task}.",
     "Write a Python program to {task}.",
-    "Write a function that takes a list or a string as input and {task3}.",
+    "Write a function that takes a list or a string as input and {does}.",
 ]
 
 
@@ -650,7 +650,7 @@ def prompt(rng: random.Random) -> tuple[str, str]:
         return kind, typed(rng)
     if kind == "code" and draw < 0.45:
         task = rng.choice(TASKS)
-        return kind, rng.choice(PLAIN_FORMS).format(task=infinitive(task), task3=task)
+        return kind, rng.choice(PLAIN_FORMS).format(task=infinitive(task), does=task)
     if kind == "code" and draw < 0.75 and library_functions():
         return library(rng)
     if kind == "code":
