@@ -31,9 +31,11 @@ import platform
 import random
 import time
 
+import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.py)
+
+# isort: split
 import mlx.core as mx
 
-import outrider
 from outrider.benchmark.suites import load_suite
 from outrider.core import calibration
 

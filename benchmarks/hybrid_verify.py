@@ -22,6 +22,9 @@ import platform
 import statistics
 import time
 
+import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.py)
+
+# isort: split
 import mlx.core as mx
 
 from outrider.core.target import Target

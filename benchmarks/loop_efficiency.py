@@ -22,11 +22,13 @@ import statistics
 import sys
 import time
 
+import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.py)
+
+# isort: split
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-import outrider
 from outrider.core.device import PADDED_FROM, verify_pad
 from outrider.core.proposer import DraftContext
 from outrider.core.sampling import SamplingParams, greedy

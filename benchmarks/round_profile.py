@@ -22,6 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.py)
+
+# isort: split
 import mlx.core as mx  # noqa: E402
 
 from outrider.api import load  # noqa: E402

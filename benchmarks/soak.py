@@ -27,6 +27,9 @@ import threading
 import time
 from pathlib import Path
 
+import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.py)
+
+# isort: split
 import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -106,7 +109,6 @@ def main() -> int:
     import openai
     from live_server import live_server
 
-    import outrider
     from outrider.core.prefix_cache import GB, PrefixCache
     from outrider.prompts import encode_messages
     from outrider.server.engine import LoadSpec

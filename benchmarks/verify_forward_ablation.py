@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.py)
+
+# isort: split
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask

@@ -8,6 +8,12 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from .core import blas
+
+# before anything imports MLX: its CPU backend then multiplies with an optimized BLAS if one is
+# installed (core/blas.py says why and how)
+blas.preload()
+
 try:
     __version__ = version("outrider")
 except PackageNotFoundError:  # a source checkout on PYTHONPATH

@@ -481,6 +481,7 @@ def doctor_report() -> dict:
     except OutriderError as e:
         report["attention"] = None
         problems.append(str(e))
+    report["cpu_blas"] = _blas_report()
     report["hf_cache"] = _place(Path(constants.HF_HUB_CACHE))
     report["lmstudio_dirs"] = [_place(p) for p in lmstudio_roots()]
     report["outrider_cache"] = _place(cache_root())
@@ -489,6 +490,19 @@ def doctor_report() -> dict:
     ]
     report["problems"] = problems
     return report
+
+
+def _blas_report() -> str:
+    """The BLAS MLX's CPU backend multiplies floats with (core/blas.py)."""
+    from .core import blas
+
+    state = blas.state()
+    if state.optimized:
+        return state.path
+    hint = ""
+    if sys.platform.startswith("linux") and "not found" in state.note:
+        hint = " (Debian/Ubuntu: apt install libopenblas0)"
+    return f"MLX's own: {state.note}{hint}"
 
 
 def _shown(value: Any) -> str:

@@ -6,6 +6,11 @@ import gc
 import os
 import tempfile
 
+# MLX before outrider, on purpose: this process keeps MLX's bundled reference BLAS
+# (outrider/core/blas.py loads an optimized one only into processes that import outrider
+# first), whose rows come out bit for bit the same at every forward width, which the rollback
+# and split-verify tests compare. tests/test_cpu_blas.py checks the optimized BLAS in fresh
+# processes; subprocess tests (the CLI, the server) run on whatever this machine has.
 import mlx.core as mx
 import pytest
 

@@ -324,3 +324,32 @@ def test_live_rounds_slower_than_the_curve_park_but_keep_probing():
     assert not policy.hopeless(8)
     caps, gaps = probe_gaps(policy, 400)
     assert caps and gaps  # parked, but probing
+
+
+def test_a_probe_taken_whole_brings_the_next_probe_sooner_and_a_failed_one_later():
+    """Parked on hard text: a probe whose drafts are all kept resets the interval (the text may
+    have turned easy; one probe moves the acceptance estimate only a little), a failed one
+    doubles it."""
+    for accepted, want in (("all", 16), ("none", 32)):
+        policy = trained(6, lambda k: 1.0 + 0.5 * k, 0.2)
+        assert policy.choose(100) == 0
+        policy.plain_run(100)
+        probe = policy.choose(100)
+        assert probe > 0 and policy.interval == 32
+        policy.observe(probe, probe if accepted == "all" else 0, 1.0 + 0.5 * probe)
+        assert policy.choose(100) == 0, "one probe does not unpark"
+        assert policy.interval == want, accepted
+
+
+def test_a_new_generation_starts_with_a_probe_when_parked():
+    """A pipeline's policy parked by one text probes at once on the next text, instead of
+    waiting out the interval the last text left."""
+    policy = trained(6, lambda k: 1.0 + 0.5 * k, 0.2)
+    policy.plain_run(100)
+    policy.observe(policy.choose(100), 0, 3.0)  # a failed probe: the interval doubled
+    assert policy.choose(100) == 0 and policy.parked == 0
+    policy.new_generation()
+    assert policy.choose(100) > 0
+    drafting = trained(6, lambda k: 1.0 + 0.02 * k, 0.9)
+    drafting.new_generation()
+    assert drafting.choose(100) == 6, "a policy that drafts goes on drafting"

@@ -43,7 +43,9 @@ from .sampling import SamplingParams
 
 CONTEXTS = (128, 1024)  # context lengths the verify curve is measured at (capped by the window)
 MAX_WIDTH = 16
-REPEATS = 3
+REPEATS = 3  # timed passes over the widths at least
+MAX_REPEATS = 15  # and at most, as many as fit PASS_BUDGET
+PASS_BUDGET = 0.5  # seconds of timed passes per context length, where a pass is cheap
 PLAIN_STEPS = 8  # pipelined plain steps timed together at each context
 PAD_GAIN = 0.9  # a wider forward is worth padding to when it costs under this share
 PAD_PROBE_WIDTH = 8  # on a GPU, inline calibrations of a padding target measure this wide
@@ -287,22 +289,15 @@ def measure(
                 cache = target.make_cache()
                 target.prefill(prompt, cache, tap_ids)
                 mx.eval([c.state for c in cache])
-                curve = []
-                for w in range(1, max_width + 1):
-                    block = ids[context : context + w].astype(mx.uint32)
-
-                    def run(block=block, w=w, cache=cache) -> None:
-                        logits, taps = target.forward(block, cache, tap_ids)
-                        mx.eval(logits, *([] if taps is None else [taps]))
-                        target.rollback(cache, w)
-
-                    curve.append(round(_timed(run, repeats) * 1000, 4))
-                    if progress is not None:
-                        progress(i * max_width + w, len(ctxs) * max_width)
-                verify[context] = curve
+                runs = [partial(_verify, target, cache, ids[context : context + w], tap_ids)
+                        for w in range(1, max_width + 1)]  # fmt: skip
                 first = ids[context : context + 1].astype(mx.uint32)
-                steps = partial(_plain_steps, target, cache, first, tap_ids)
-                plain[context] = round(_timed(steps, repeats) / PLAIN_STEPS * 1000, 4)
+                runs.append(partial(_plain_steps, target, cache, first, tap_ids))
+                timed = _interleaved(runs, repeats)  # the widths, then the plain steps
+                verify[context] = timed[:-1]
+                plain[context] = round(timed[-1] / PLAIN_STEPS, 4)
+                if progress is not None:
+                    progress((i + 1) * max_width, len(ctxs) * max_width)
     finally:
         target.verify_widths = widths
     with mx.stream(target.stream):
@@ -316,6 +311,31 @@ def measure(
         seconds=round(time.perf_counter() - t_start, 3),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
+
+
+def _verify(target: Any, cache: list, block: mx.array, tap_ids: tuple[int, ...]) -> None:
+    """One verify forward of `block` (evaluated), rolled back."""
+    logits, taps = target.forward(block.astype(mx.uint32), cache, tap_ids)
+    mx.eval(logits, *([] if taps is None else [taps]))
+    target.rollback(cache, block.shape[0])
+
+
+def _interleaved(runs: list, repeats: int) -> list[float]:
+    """Median milliseconds of each run, timed in passes over all of them (one untimed pass
+    first), so that a slow moment of the host lands on every width alike instead of on one.
+    At least `repeats` passes, more (up to MAX_REPEATS) while they fit PASS_BUDGET."""
+    times: list[list[float]] = [[] for _ in runs]
+    t0 = time.perf_counter()
+    for run in runs:
+        run()
+    warm = time.perf_counter() - t0
+    passes = max(repeats, min(MAX_REPEATS, int(PASS_BUDGET / max(warm, 1e-6))))
+    for _ in range(passes):
+        for run, seen in zip(runs, times):
+            t = time.perf_counter()
+            run()
+            seen.append(time.perf_counter() - t)
+    return [round(statistics.median(seen) * 1000, 4) for seen in times]
 
 
 def _plain_steps(target: Any, cache: list, first: mx.array, tap_ids: tuple[int, ...]) -> None:

@@ -67,3 +67,58 @@ def verify_pad(model: Any) -> int:
         for _, m in model.named_modules()
     )
     return PADDED_VERIFY_ROWS if quantized else 0
+
+
+# Dequantized float32 weights may take at most this share of the machine's memory.
+DENSE_MEMORY_SHARE = 0.25
+
+
+def dense_on_cpu(model: Any) -> bool:
+    """Whether a quantized target runs dequantized in float32 here: on the CPU, with an
+    optimized BLAS loaded (core/blas.py), unless OUTRIDER_MATMUL=native, when its float32
+    weights fit DENSE_MEMORY_SHARE of the memory.
+
+    MLX's CPU quantized matmul multiplies row by row (a 5-row verify forward of the demo target
+    costs 3.2x one row, 44 against 14 ms, on 2 cores) and its float16 products are slower
+    still; float32 products through OpenBLAS cost about the same for 1 to 8 rows. Plain
+    decoding, every mode and the benchmark's mlx-lm arm then run the same float32 model."""
+    from . import blas
+
+    if matmul_choice() == "native" or mx.default_device() != mx.cpu:
+        return False
+    if not blas.state().optimized:
+        return False
+    quantized = [m for _, m in model.named_modules() if _is_quantized(m)]
+    if not quantized:
+        return False
+    weights = sum(m.weight.size * 32 // m.bits for m in quantized)
+    return weights * 4 <= DENSE_MEMORY_SHARE * _memory_bytes()
+
+
+def _is_quantized(module: Any) -> bool:
+    return isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)) and (
+        getattr(module, "mode", "affine") == "affine"
+    )
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+def make_dense(model: Any) -> None:
+    """Dequantize `model`'s quantized layers in place (mlx-lm's `dequantize_model`), every
+    floating parameter in float32 first, so the float32 weights are exact."""
+    from mlx.utils import tree_map
+    from mlx_lm.utils import dequantize_model
+
+    model.update(
+        tree_map(
+            lambda a: a.astype(mx.float32) if mx.issubdtype(a.dtype, mx.floating) else a,
+            model.parameters(),
+        )
+    )
+    dequantize_model(model)
+    mx.eval(model.parameters())

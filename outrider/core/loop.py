@@ -224,6 +224,7 @@ def decode(
         cap_limit = min(max_draft, proposer.max_draft)
     if policy is not None:
         policy.context = len(prompt)
+        policy.new_generation()
         if policy.hopeless(cap_limit):  # plain decoding outright: no taps, no drafter upkeep
             cap_limit = 0
     procs = penalties.processors() if penalties is not None and penalties.active else []

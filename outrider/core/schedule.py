@@ -7,9 +7,12 @@ nothing (a plain step, k = 0) when no k beats plain decoding's 1 / c(0): specula
 then probed again after `probe_every` plain steps, because acceptance changes with the text. The
 interval doubles while probes keep saying no, up to what keeps a failed probe's cost under
 `PROBE_BUDGET` of the plain steps around it (a few dozen steps on a launch-bound GPU, where a
-probe costs about one extra forward; hundreds on a CPU, where every verify row costs). A probe
-drafts the cap that would pay were the text easy to draft (one draft where none would).
-One policy serves every generation of a pipeline, so what it measured carries over.
+probe costs about one extra forward; hundreds on a CPU, where every verify row costs), and
+falls back to `probe_every` when a probe's drafts are all accepted (the text may have turned
+easy; one such probe moves the acceptance estimate only a little). A probe drafts the cap that
+would pay were the text easy to draft (one draft where none would). One policy serves every
+generation of a pipeline, so what it measured carries over; a new generation that finds it
+parked starts with a probe, because the text that parked it was another one.
 
 Acceptance moves slowly (`ACCEPT_EMA`) and the first `LEARN` drafting rounds run at the start
 cap: the opening tokens of an answer are often the hardest to draft, and a handful of them must
@@ -68,6 +71,7 @@ class AutoCap:
     parked: int = 0  # plain steps since the last probe (or since parking)
     interval: int = 0  # plain steps between probes now
     catching_up: bool = False  # plain steps ran since the last drafting round
+    probing: bool = False  # the round chosen last is a probe
     # Costs measured up front on this machine (core/calibration.py), and the context length
     # the next round runs at: live measurements rescale the calibrated curve instead of a line.
     calibration: Any = None
@@ -100,8 +104,14 @@ class AutoCap:
             self.parked = 0
             probe = self.best(limit, PROBE_ACCEPT) or 1
             self.interval = min(2 * self.interval, self.longest_gap(probe))
+            self.probing = True
             return probe
         return 0
+
+    def new_generation(self) -> None:
+        """Another text starts (a pipeline's policy serves them all): if speculation is
+        parked, its first choice is a probe, since what parked it was another text."""
+        self.parked = max(self.parked, self.interval)
 
     def hopeless(self, limit: int) -> bool:
         """Whether this machine's calibration says no cap up to `limit` pays even if every
@@ -195,6 +205,9 @@ class AutoCap:
         timed = seen >= self.warmup and not (k > 0 and self.catching_up)
         if k > 0:
             self.catching_up = False
+            if self.probing and accepted >= k:  # a probe taken whole: look again soon
+                self.interval = self.probe_every
+            self.probing = False
         if timed and self.calibration is not None:
             curve = self.calibration.round_cost(k, self.context)
             seconds = seconds / curve if curve > 0 else 1.0

@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from ...core.device import dense_on_cpu, make_dense
 from ...core.errors import CheckpointError
 
 
@@ -49,7 +50,11 @@ def quantize(
     keep: Callable[[str, nn.Module], bool] = lambda path, module: False,
 ) -> None:
     """Quantise the linear and embedding layers MLX can (width divisible by the group, more
-    than one row) to `bits` (16: leave as stored), except where `keep(path, module)`."""
+    than one row) to `bits` (16: leave as stored), except where `keep(path, module)`.
+
+    On a CPU with an optimized BLAS the quantized values then run dequantized in float32
+    (`core/device.py`'s `dense_on_cpu`), as the target's do: MLX's CPU quantized matmul costs
+    a drafter's block of rows row by row."""
     if bits not in (4, 8, 16):
         raise ValueError(f"drafter bits must be 16, 8 or 4, got {bits}")
     if bits < 16:
@@ -64,4 +69,6 @@ def quantize(
                 and not keep(path, m)
             ),
         )
+        if dense_on_cpu(model):
+            make_dense(model)
     mx.eval(model.parameters())
