@@ -1,15 +1,19 @@
 """How fast a target answers prompts for self-distillation, and where the time goes.
 
-`outrider train` has the target answer every training prompt (mlx-lm's `BatchGenerator`,
-`outrider/train/data.py`'s `greedy_generator`). For SmolLM2-135M's Q4_1 GGUF on an H200 that ran
-at ~1.8k tokens/s at 1,024 rows, far under what a 135M model should do. This times, per weight
-form of the same model (as loaded; dequantized to float16; to bfloat16):
+`outrider train` has the target answer every training prompt (`outrider/train/data.py`). With
+mlx-lm's `BatchGenerator` that ran at ~1.8k tokens/s at 1,024 rows for SmolLM2-135M's Q4_1
+GGUF on an H200, far under what a 135M model should do. This times, per weight form of the same
+model (`loaded`: as loaded; `dense`: what self-distillation answers with now,
+`answering_target`, its quantized weights dequantized to the type of its scales; `float16`,
+`bfloat16`: dequantized to that type):
 
 * one batched decode forward of `--rows` rows over a `--context`-token cache;
-* `greedy_generator` answering `--prompts` prompts of the synthetic training mix
-  (`scripts/smollm2/prompts.py`, never an evaluation set), `--max-new` tokens each;
+* answering `--prompts` prompts of the synthetic training mix (`scripts/smollm2/prompts.py`,
+  never an evaluation set), `--max-new` tokens each, `--rows` at a time, with each engine of
+  `--engines`: `batched` (`batched_greedy`, the one `outrider train` uses) and `mlx-lm`
+  (`BatchGenerator`);
 
-and how many answers of each dequantized form equal the loaded model's, token for token.
+and how many answers equal the first form's and engine's, token for token.
 
     python benchmarks/distill_throughput.py --prompts 1024 --rows 1024 --max-new 64
 """
@@ -36,7 +40,7 @@ from mlx_lm.utils import dequantize_model  # noqa: E402
 
 from outrider.core.plugins import Plugins  # noqa: E402
 from outrider.loaders import load_target  # noqa: E402
-from outrider.train.data import greedy_generator  # noqa: E402
+from outrider.train.data import answering_target, greedy_generator  # noqa: E402
 
 
 def mix_prompts(tokenizer, count: int) -> list[list[int]]:
@@ -83,41 +87,44 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=256, help="BatchGenerator's batch")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--context", type=int, default=192)
-    ap.add_argument("--forms", default="loaded,float16,bfloat16")
+    ap.add_argument("--forms", default="loaded,dense")
+    ap.add_argument("--engines", default="batched,mlx-lm")
     args = ap.parse_args()
     plugins = Plugins()
     print(f"device {mx.default_device()}, mlx {mx.__version__}", flush=True)
-    answers = {}
+    answers: dict[str, list] = {}
     for form in args.forms.split(","):
         target = load_target(plugins, args.model)
-        model = target.model
-        if form != "loaded":
-            model = dequantized(model, getattr(mx, form))
+        if form == "dense":
+            target = answering_target(target)
+        elif form != "loaded":
+            dequantized(target.model, getattr(mx, form))
         prompts = mix_prompts(target.tokenizer, args.prompts)
-        f1 = forward_ms(model, 1, args.context)
-        fr = forward_ms(model, args.rows, args.context)
-        gen = greedy_generator(
-            SimpleNamespace(model=model, eos_token_ids=target.eos_token_ids),
-            args.max_new,
-            batch_size=args.rows,
-        )
-        gen(prompts[:8], 4)  # compile and warm
-        t = time.perf_counter()
-        out = gen(prompts)
-        seconds = time.perf_counter() - t
-        tokens = sum(len(a) for a in out)
-        answers[form] = out
-        same = ""
-        if form != "loaded" and "loaded" in answers:
-            n = sum(a == b for a, b in zip(out, answers["loaded"]))
-            same = f"  answers equal to the loaded model's: {n}/{len(out)}"
-        print(
-            f"{form:<9} forward 1 row {f1:7.2f} ms, {args.rows} rows {fr:8.2f} ms | "
-            f"{len(prompts)} prompts x {args.max_new} new: {seconds:6.1f} s, "
-            f"{tokens / seconds:8.0f} tok/s{same}",
-            flush=True,
-        )
-        del target, model
+        f1 = forward_ms(target.model, 1, args.context)
+        fr = forward_ms(target.model, args.rows, args.context)
+        print(f"{form:<9} forward 1 row {f1:7.2f} ms, {args.rows} rows {fr:8.2f} ms", flush=True)
+        for engine in args.engines.split(","):
+            answerer = target
+            if engine == "mlx-lm":  # no `batches`: greedy_generator takes BatchGenerator
+                answerer = SimpleNamespace(model=target.model, eos_token_ids=target.eos_token_ids)
+            gen = greedy_generator(answerer, args.max_new, batch_size=args.rows)
+            gen(prompts[:8], 4)  # compile and warm
+            t = time.perf_counter()
+            out = gen(prompts)
+            seconds = time.perf_counter() - t
+            tokens = sum(len(a) for a in out)
+            same = ""
+            if answers:
+                first, ref = next(iter(answers.items()))
+                n = sum(a == b for a, b in zip(out, ref))
+                same = f"  equal to {first}: {n}/{len(out)}"
+            answers[f"{form}/{engine}"] = out
+            print(
+                f"  {engine:<8} {len(prompts)} prompts x {args.max_new} new, {args.rows} at a "
+                f"time: {seconds:6.1f} s, {tokens / seconds:8.0f} tok/s{same}",
+                flush=True,
+            )
+        del target
         mx.clear_cache()
 
 

@@ -341,15 +341,42 @@ def test_a_probe_taken_whole_brings_the_next_probe_sooner_and_a_failed_one_later
         assert policy.interval == want, accepted
 
 
-def test_a_new_generation_starts_with_a_probe_when_parked():
-    """A pipeline's policy parked by one text probes at once on the next text, instead of
-    waiting out the interval the last text left."""
+def test_a_new_generation_probes_after_the_first_interval_again_when_parked():
+    """A pipeline's policy parked by one text probes the next text after `probe_every` plain
+    steps (past its opening, the hardest part to draft), instead of waiting out the interval
+    the last text's failed probes grew."""
     policy = trained(6, lambda k: 1.0 + 0.5 * k, 0.2)
-    policy.plain_run(100)
-    policy.observe(policy.choose(100), 0, 3.0)  # a failed probe: the interval doubled
-    assert policy.choose(100) == 0 and policy.parked == 0
+    for _ in range(3):  # failed probes: the interval grows
+        policy.plain_run(1000)
+        policy.observe(policy.choose(100), 0, 3.0)
+    assert policy.interval > 64
     policy.new_generation()
+    assert policy.choose(100) == 0 and policy.plain_run(1000) == 16
     assert policy.choose(100) > 0
     drafting = trained(6, lambda k: 1.0 + 0.02 * k, 0.9)
     drafting.new_generation()
     assert drafting.choose(100) == 6, "a policy that drafts goes on drafting"
+
+
+def test_time_outside_the_loop_counts_toward_plain_steps_and_rounds_alike():
+    """Inside the loop a round costs 2.2 plain steps and commits 1.94 tokens: parked. A caller
+    that keeps every step as long again as a plain step (detokenising, streaming) pays that per
+    token when parked but once per round when drafting: then drafting is faster, and the
+    policy, told the caller's time, drafts."""
+    policy = trained(4, lambda k: 1.0 if k == 0 else 2.2, 0.5)
+    assert policy.choose(100) == 0
+    for _ in range(10):
+        policy.observe_outside(1.0)
+    assert policy.outside == pytest.approx(1.0)
+    assert policy.choose(100) == 4
+    policy.observe_outside(100.0)  # one stall of the caller moves the estimate a bounded step
+    assert policy.outside == pytest.approx(1.25)
+
+
+def test_auto_tells_its_policy_how_long_the_caller_kept_each_step(qwen3_target, drafters):
+    pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
+    steps = 0
+    for _ in pipe.stream(PROMPTS[1], max_tokens=24, max_draft="auto"):
+        steps += 1
+    assert steps > 1
+    assert pipe.cap_policy is not None and pipe.cap_policy.outside > 0

@@ -88,11 +88,17 @@ def dense_on_cpu(model: Any) -> bool:
         return False
     if not blas.state().optimized:
         return False
+    return dense_fits(model, 4)
+
+
+def dense_fits(model: Any, itemsize: int) -> bool:
+    """Whether `model` has quantized layers, and their weights dequantized to `itemsize`-byte
+    floats fit DENSE_MEMORY_SHARE of the machine's memory."""
     quantized = [m for _, m in model.named_modules() if _is_quantized(m)]
     if not quantized:
         return False
     weights = sum(m.weight.size * 32 // m.bits for m in quantized)
-    return weights * 4 <= DENSE_MEMORY_SHARE * _memory_bytes()
+    return weights * itemsize <= DENSE_MEMORY_SHARE * _memory_bytes()
 
 
 def _is_quantized(module: Any) -> bool:
@@ -108,17 +114,25 @@ def _memory_bytes() -> int:
         return 0
 
 
-def make_dense(model: Any) -> None:
+def make_dense(model: Any, dtype: mx.Dtype = mx.float32) -> None:
     """Dequantize `model`'s quantized layers in place (mlx-lm's `dequantize_model`), every
-    floating parameter in float32 first, so the float32 weights are exact."""
+    floating parameter cast to `dtype` first, so the dequantized weights are exact in float32
+    (and rounded once in a half type)."""
     from mlx.utils import tree_map
     from mlx_lm.utils import dequantize_model
 
-    model.update(
-        tree_map(
-            lambda a: a.astype(mx.float32) if mx.issubdtype(a.dtype, mx.floating) else a,
-            model.parameters(),
-        )
-    )
+    def cast(a: mx.array) -> mx.array:
+        return a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a
+
+    model.update(tree_map(cast, model.parameters()))
     dequantize_model(model)
+    model.update(tree_map(cast, model.parameters()))
     mx.eval(model.parameters())
+
+
+def scales_dtype(model: Any) -> mx.Dtype | None:
+    """The float type of a quantized model's scales (what its activations run in), or None."""
+    for _, m in model.named_modules():
+        if _is_quantized(m):
+            return m.scales.dtype
+    return None

@@ -267,7 +267,7 @@ def decode(
                 policy.plain_run(1)
             caps = [k]
         (step,) = verify_round(target, rows, cache, caps)
-        yield step
+        yield from _handed(step, policy)
 
 
 def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
@@ -309,10 +309,20 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
             row.policy.observe(0, 0, seconds)
         if row.done and not last:
             target.rollback(cache, 1)  # the forward queued past the end
-        yield Step("plain", [], 0, kept, seconds, row.stopper.finish_reason)
+        yield from _handed(
+            Step("plain", [], 0, kept, seconds, row.stopper.finish_reason), row.policy
+        )
         if row.done or last:
             return
         cur, cur_taps = following
+
+
+def _handed(step: Step, policy: AutoCap | None) -> Iterator[Step]:
+    """Yield `step`, and tell the policy how long the caller kept it (`observe_outside`)."""
+    t = time.perf_counter()
+    yield step
+    if policy is not None:
+        policy.observe_outside(time.perf_counter() - t)
 
 
 class Shadow:

@@ -12,7 +12,7 @@ falls back to `probe_every` when a probe's drafts are all accepted (the text may
 easy; one such probe moves the acceptance estimate only a little). A probe drafts the cap that
 would pay were the text easy to draft (one draft where none would). One policy serves every
 generation of a pipeline, so what it measured carries over; a new generation that finds it
-parked starts with a probe, because the text that parked it was another one.
+parked probes after `probe_every` steps again, because the text that parked it was another.
 
 Acceptance moves slowly (`ACCEPT_EMA`) and the first `LEARN` drafting rounds run at the start
 cap: the opening tokens of an answer are often the hardest to draft, and a handful of them must
@@ -72,6 +72,9 @@ class AutoCap:
     interval: int = 0  # plain steps between probes now
     catching_up: bool = False  # plain steps ran since the last drafting round
     probing: bool = False  # the round chosen last is a probe
+    # seconds a step spends outside the loop (whoever consumes the generation: detokenising,
+    # streaming, the benchmark's bookkeeping), once per step whatever it commits; running mean
+    outside: float = 0.0
     # Costs measured up front on this machine (core/calibration.py), and the context length
     # the next round runs at: live measurements rescale the calibrated curve instead of a line.
     calibration: Any = None
@@ -110,8 +113,9 @@ class AutoCap:
 
     def new_generation(self) -> None:
         """Another text starts (a pipeline's policy serves them all): if speculation is
-        parked, its first choice is a probe, since what parked it was another text."""
-        self.parked = max(self.parked, self.interval)
+        parked, it probes again after `probe_every` steps (what parked it was another text),
+        not at once (an answer's opening tokens are its hardest to draft)."""
+        self.parked, self.interval = 0, self.probe_every
 
     def hopeless(self, limit: int) -> bool:
         """Whether this machine's calibration says no cap up to `limit` pays even if every
@@ -162,7 +166,11 @@ class AutoCap:
     def cost(self, k: int) -> float:
         """Seconds a round at cap k: measured, else on the line through the measured drafting caps;
         with a calibration, the calibrated curve at this context times what live rounds cost
-        against it (they add the host's own work: sampling, acceptance, the sync)."""
+        against it (they add the host's own work: sampling, acceptance, the sync). Either way
+        plus the time a step spends outside the loop (`observe_outside`)."""
+        return self._loop_cost(k) + self.outside
+
+    def _loop_cost(self, k: int) -> float:
         measured = {j: c for j, c in self.costs.items() if self.rounds.get(j, 0) > self.warmup}
         if self.calibration is not None:
             ratio = measured.get(k)
@@ -185,6 +193,16 @@ class AutoCap:
         var = sum((x - mx_) ** 2 for x in xs)
         slope = sum((x - mx_) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
         return max(my + slope * (k - mx_), min(ys) * 0.5)
+
+    def observe_outside(self, seconds: float) -> None:
+        """Time from handing a step to the caller until the loop resumed. A plain step pays it
+        per token and a round once for all it commits, so it counts toward both costs: the
+        loop's own timings miss it, and on a launch-bound GPU it is a third of a plain step."""
+        if not self.outside:
+            self.outside = seconds
+            return
+        seconds = min(seconds, OUTLIER * self.outside)  # a hiccup of the caller's moves it a step
+        self.outside += EMA * (seconds - self.outside)
 
     def observe_unverified(self, k: int, accepted: int) -> None:
         """A draft of k tokens that was not verified but checked against the tokens that

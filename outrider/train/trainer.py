@@ -96,7 +96,8 @@ def _windows(
     ask = None
     if cfg.regenerate:
         store = D.AnswerStore.open(root / "distill", made_for, cfg.resume)
-        generate = D.greedy_generator(target, cfg.max_new_tokens, batch_size=cfg.distill_chunk)
+        answering = D.answering_target(target)
+        generate = D.greedy_generator(answering, cfg.max_new_tokens, batch_size=cfg.distill_chunk)
         ask = D.Answers(generate, store, progress)
     try:
         seqs = D.build_sequences(
