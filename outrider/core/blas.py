@@ -19,7 +19,6 @@ outrider compares every mode with plain decoding in the same process, so both us
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 import sysconfig
@@ -52,15 +51,12 @@ def candidates() -> list[str]:
     chosen = os.environ.get(BLAS_ENV, "").strip()
     if chosen:
         return [] if chosen.lower() == "reference" else [chosen]
-    out = []
-    found = ctypes.util.find_library("openblas")
-    if found:
-        out.append(found)
-    out += [
+    # by soname (the dynamic loader's own search, no subprocess: this runs at every import)
+    return [
         "libopenblas.so.0",
+        "libopenblas.so",
         str(Path(sysconfig.get_paths()["purelib"]) / "cmeel.prefix" / "lib" / "libopenblas.so.0"),
     ]
-    return list(dict.fromkeys(out))
 
 
 def preload() -> BlasState:
