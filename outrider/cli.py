@@ -500,7 +500,7 @@ def _blas_report() -> str:
     if state.optimized:
         return state.path
     hint = ""
-    if sys.platform.startswith("linux") and "not found" in state.note:
+    if state.note == blas.NOT_FOUND:
         hint = " (Debian/Ubuntu: apt install libopenblas0)"
     return f"MLX's own: {state.note}{hint}"
 

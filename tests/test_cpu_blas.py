@@ -162,3 +162,15 @@ def test_every_mode_matches_plain_decoding_on_a_dense_target_under_an_optimized_
     assert got["blas"] and got["target_dense"]
     assert got["drafter_dense_dspark"] and got["drafter_dense_dflash"]
     assert got["modes"] == {"dspark": True, "dflash": True, "lookup": True}
+
+
+def test_doctor_says_how_to_install_openblas_only_where_none_was_found(monkeypatch) -> None:
+    from outrider.cli import _blas_report
+
+    monkeypatch.setattr(blas, "state", lambda: blas.BlasState(note=blas.NOT_FOUND))
+    assert "apt install libopenblas0" in _blas_report()
+    late = "MLX was imported before outrider: it keeps its bundled BLAS"
+    monkeypatch.setattr(blas, "state", lambda: blas.BlasState(note=late))
+    assert _blas_report() == f"MLX's own: {late}"
+    monkeypatch.setattr(blas, "state", lambda: blas.BlasState(path="/lib/libopenblas.so.0"))
+    assert _blas_report() == "/lib/libopenblas.so.0"

@@ -43,14 +43,16 @@ class BlasState:
         return {"optimized": self.optimized, "path": self.path, "note": self.note}
 
 
-_STATE = BlasState(note="not checked")  # one per process, as the dynamic linker's choice is
+NOT_FOUND = "no OpenBLAS found: MLX's CPU backend uses its reference BLAS"
+
+_STATE: BlasState | None = None  # one per process, as the dynamic linker's choice is
 
 
 def candidates() -> list[str]:
     """Libraries to try, best first (OUTRIDER_BLAS alone when it names one)."""
     chosen = os.environ.get(BLAS_ENV, "").strip()
     if chosen:
-        return [] if chosen.lower() == "reference" else [chosen]
+        return [chosen]
     # by soname (the dynamic loader's own search, no subprocess: this runs at every import)
     return [
         "libopenblas.so.0",
@@ -63,7 +65,7 @@ def preload() -> BlasState:
     """Load an optimized BLAS into the global symbol scope for MLX's CPU backend, if one is
     installed and MLX is not imported yet. Never raises: the reference BLAS still works."""
     global _STATE
-    if _STATE.note != "not checked":
+    if _STATE is not None:
         return _STATE
     if not sys.platform.startswith("linux"):
         _STATE = BlasState(note="not Linux: MLX uses its platform's BLAS")
@@ -72,7 +74,7 @@ def preload() -> BlasState:
     elif os.environ.get(BLAS_ENV, "").strip().lower() == "reference":
         _STATE = BlasState(note=f"{BLAS_ENV}=reference")
     else:
-        _STATE = BlasState(note="no OpenBLAS found: MLX's CPU backend uses its reference BLAS")
+        _STATE = BlasState(note=NOT_FOUND)
         errors = []
         for name in candidates():
             try:
@@ -91,7 +93,7 @@ def preload() -> BlasState:
 
 def state() -> BlasState:
     """What `preload` did in this process."""
-    return _STATE
+    return _STATE if _STATE is not None else BlasState(note="not checked")
 
 
 def _where(lib: ctypes.CDLL, name: str) -> str:

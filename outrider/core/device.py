@@ -8,6 +8,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import blas
 from .errors import OutriderError
 
 
@@ -62,10 +63,7 @@ def verify_pad(model: Any) -> int:
     layers, unless OUTRIDER_MATMUL=native."""
     if matmul_choice() == "native" or not on_cuda_gpu():
         return 0
-    quantized = any(
-        isinstance(m, nn.QuantizedLinear) and getattr(m, "mode", "affine") == "affine"
-        for _, m in model.named_modules()
-    )
+    quantized = any(_is_quantized(m, (nn.QuantizedLinear,)) for _, m in model.named_modules())
     return PADDED_VERIFY_ROWS if quantized else 0
 
 
@@ -82,8 +80,6 @@ def dense_on_cpu(model: Any) -> bool:
     costs 3.2x one row, 44 against 14 ms, on 2 cores) and its float16 products are slower
     still; float32 products through OpenBLAS cost about the same for 1 to 8 rows. Plain
     decoding, every mode and the benchmark's mlx-lm arm then run the same float32 model."""
-    from . import blas
-
     if matmul_choice() == "native" or mx.default_device() != mx.cpu:
         return False
     if not blas.state().optimized:
@@ -101,10 +97,11 @@ def dense_fits(model: Any, itemsize: int) -> bool:
     return weights * itemsize <= DENSE_MEMORY_SHARE * _memory_bytes()
 
 
-def _is_quantized(module: Any) -> bool:
-    return isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)) and (
-        getattr(module, "mode", "affine") == "affine"
-    )
+def _is_quantized(
+    module: Any, kinds: tuple[type, ...] = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+) -> bool:
+    """Whether `module` is one of `kinds` holding MLX affine-quantized weights."""
+    return isinstance(module, kinds) and getattr(module, "mode", "affine") == "affine"
 
 
 def _memory_bytes() -> int:
@@ -125,8 +122,7 @@ def make_dense(model: Any, dtype: mx.Dtype = mx.float32) -> None:
         return a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a
 
     model.update(tree_map(cast, model.parameters()))
-    dequantize_model(model)
-    model.update(tree_map(cast, model.parameters()))
+    dequantize_model(model)  # its weights come out in the scales' type, `dtype` by now
     mx.eval(model.parameters())
 
 
