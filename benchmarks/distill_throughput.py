@@ -4,10 +4,12 @@
 mlx-lm's `BatchGenerator` that ran at ~1.8k tokens/s at 1,024 rows for SmolLM2-135M's Q4_1
 GGUF on an H200, far under what a 135M model should do. This times, per weight form of the same
 model (`loaded`: as loaded; `dense`: what self-distillation answers with now,
-`answering_target`, its quantized weights dequantized to the type of its scales; `float16`,
+`teacher_target`, its quantized weights dequantized to the type of its scales; `float16`,
 `bfloat16`: dequantized to that type):
 
-* one batched decode forward of `--rows` rows over a `--context`-token cache;
+* one batched decode forward of `--rows` rows over a `--context`-token cache, and one training
+  forward of `--train-batch` windows of `--seq-len` tokens (what `outrider train` runs every
+  step, from the same form: `teacher_target`);
 * answering `--prompts` prompts of the synthetic training mix (`scripts/smollm2/prompts.py`,
   never an evaluation set), `--max-new` tokens each, `--rows` at a time, with each engine of
   `--engines`: `batched` (`batched_greedy`, the one `outrider train` uses) and `mlx-lm`
@@ -40,7 +42,7 @@ from mlx_lm.utils import dequantize_model  # noqa: E402
 
 from outrider.core.plugins import Plugins  # noqa: E402
 from outrider.loaders import load_target  # noqa: E402
-from outrider.train.data import answering_target, greedy_generator  # noqa: E402
+from outrider.train.data import greedy_generator, teacher_target  # noqa: E402
 
 
 def mix_prompts(tokenizer, count: int) -> list[list[int]]:
@@ -80,6 +82,17 @@ def forward_ms(model, rows: int, context: int, reps: int = 5) -> float:
     return sorted(times[1:])[reps // 2] * 1000
 
 
+def training_forward_ms(model, batch: int, seq_len: int, reps: int = 5) -> float:
+    """One training step's target forward: whole windows, no cache."""
+    ids = mx.ones((batch, seq_len), dtype=mx.uint32)
+    times = []
+    for _ in range(reps + 1):
+        t = time.perf_counter()
+        mx.eval(model(ids))
+        times.append(time.perf_counter() - t)
+    return sorted(times[1:])[reps // 2] * 1000
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -87,6 +100,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=256, help="BatchGenerator's batch")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--context", type=int, default=192)
+    ap.add_argument("--train-batch", type=int, default=32, help="training windows per step")
+    ap.add_argument("--seq-len", type=int, default=384, help="tokens per training window")
     ap.add_argument("--forms", default="loaded,dense")
     ap.add_argument("--engines", default="batched,mlx-lm")
     args = ap.parse_args()
@@ -96,13 +111,18 @@ def main() -> None:
     for form in args.forms.split(","):
         target = load_target(plugins, args.model)
         if form == "dense":
-            target = answering_target(target)
+            target = teacher_target(target)
         elif form != "loaded":
             dequantized(target.model, getattr(mx, form))
         prompts = mix_prompts(target.tokenizer, args.prompts)
         f1 = forward_ms(target.model, 1, args.context)
         fr = forward_ms(target.model, args.rows, args.context)
-        print(f"{form:<9} forward 1 row {f1:7.2f} ms, {args.rows} rows {fr:8.2f} ms", flush=True)
+        ft = training_forward_ms(target.model, args.train_batch, args.seq_len)
+        print(
+            f"{form:<9} forward 1 row {f1:7.2f} ms, {args.rows} rows {fr:8.2f} ms, training "
+            f"{args.train_batch}x{args.seq_len} {ft:8.2f} ms",
+            flush=True,
+        )
         for engine in args.engines.split(","):
             answerer = target
             if engine == "mlx-lm":  # no `batches`: greedy_generator takes BatchGenerator

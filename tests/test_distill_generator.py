@@ -54,7 +54,7 @@ def test_a_quantized_target_answers_from_a_dequantized_copy_and_stays_quantized(
     import mlx.core as mx
     import mlx.nn as nn
 
-    from outrider.train.data import answering_target
+    from outrider.train.data import teacher_target
 
     target = outrider.load(str(qwen3_target), mode="baseline").target
     nn.quantize(target.model, group_size=32, bits=8)
@@ -64,7 +64,7 @@ def test_a_quantized_target_answers_from_a_dequantized_copy_and_stays_quantized(
         return sum(isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules())
 
     assert quantized(target.model) > 0
-    answering = answering_target(target)
+    answering = teacher_target(target)
     assert answering is not target and quantized(answering.model) == 0
     assert quantized(target.model) > 0, "the target itself keeps its quantized weights"
     ids = mx.array([target.tokenizer.encode(PROMPTS[1])])
@@ -72,4 +72,36 @@ def test_a_quantized_target_answers_from_a_dequantized_copy_and_stays_quantized(
     assert got.dtype == want.dtype
     assert mx.allclose(got, want, atol=1e-4, rtol=1e-4).item()
     plain = outrider.load(str(qwen3_target), mode="baseline").target
-    assert answering_target(plain) is plain, "a float target answers itself"
+    assert teacher_target(plain) is plain, "a float target answers itself"
+
+
+def test_prompts_prefilled_together_give_each_rows_own_prefill(qwen3_target):
+    """Several groups (a small budget), rows returned in the order given, and the next step of
+    every row equal to that row's own cache's."""
+    import mlx.core as mx
+
+    target = outrider.load(str(qwen3_target), mode="baseline").target
+    prompts = [target.tokenizer.encode(p) for p in PROMPTS]
+    lengths = sorted(map(len, prompts))
+    assert lengths[0] < lengths[-1]
+    last, rows = target.prefill_rows(prompts, budget=2 * lengths[-1])
+    assert last.shape[0] == len(prompts)
+    nxt = mx.argmax(last, axis=-1)[:, None].astype(mx.uint32)
+    step, _ = target.forward_rows(nxt, rows)
+    for i, prompt in enumerate(prompts):
+        cache = target.make_cache()
+        want, _ = target.prefill(prompt, cache)
+        assert mx.allclose(last[i], want, atol=1e-4, rtol=1e-4).item(), i
+        own, _ = target.forward(nxt[i], cache)
+        assert mx.allclose(step[i, -1], own[-1], atol=1e-4, rtol=1e-4).item(), i
+
+
+def test_a_recurrent_target_prefills_each_prompt_on_its_own(models_dir):
+    from outrider.testing import make_tiny_target
+
+    path = make_tiny_target(models_dir / "distill-qwen3_next", family="qwen3_next")
+    pipe = outrider.load(str(path), mode="baseline")
+    prompts = [pipe.target.tokenizer.encode(p) for p in PROMPTS[:3]]
+    assert pipe.target.prefill_rows(prompts) is None
+    want = [pipe.generate(p, max_tokens=5, stop_tokens=set()).tokens for p in prompts]
+    assert batched_greedy(pipe.target, prompts, 5, set()) == want

@@ -262,3 +262,30 @@ def test_progress_views_show_loss_speed_and_acceptance(dspark_run):
         view(event)
     shown = live.getvalue()
     assert "24/24" in shown and "accept" in shown and "held-out acceptance (init" in shown
+
+
+def test_a_quantized_target_trains_from_its_dequantized_teacher(toy, tmp_path):
+    """The teacher (a dequantized copy) answers and runs the training forwards; the drafter
+    learns the quantized target's choices, measured by the real loop on that target."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import load_model
+
+    model, cfg = load_model(Path(toy["target"]))
+    nn.quantize(model, group_size=32, bits=8)
+    quantized = tmp_path / "target-8bit"
+    quantized.mkdir()
+    for f in Path(toy["target"]).iterdir():
+        if f.name not in ("model.safetensors", "config.json"):
+            (quantized / f.name).write_bytes(f.read_bytes())
+    mx.save_safetensors(
+        str(quantized / "model.safetensors"), dict(tree_flatten(model.parameters()))
+    )
+    (quantized / "config.json").write_text(
+        json.dumps({**cfg, "quantization": {"group_size": 32, "bits": 8}})
+    )
+    report = train_drafter(
+        toy_train_config({**toy, "target": quantized}, tmp_path / "drafter", kind="dflash")
+    )
+    assert report.lossless
+    assert report.accept_trained >= report.accept_init + 1.0, (report.init, report.trained)

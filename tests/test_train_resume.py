@@ -188,3 +188,37 @@ def test_resume_help_says_what_it_reuses():
     result = CliRunner().invoke(cli.app, ["train", "--help"], terminal_width=200)
     shown = " ".join(result.output.replace("│", " ").split())
     assert "interrupted self-distillation" in shown and "--max-new-tokens" in shown
+
+
+def test_sigterm_stops_a_background_run_with_a_checkpoint(toy, tmp_path):
+    """`timeout`, `kill` and schedulers send SIGTERM; a script's background job has SIGINT
+    ignored. Either way the run stops as Ctrl-C stops it: a checkpoint and how to resume."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    args = [
+        sys.executable, "-m", "outrider", "train", "--model", str(toy["target"]),
+        "--data", str(toy["prompts"]), "--out", str(out), "--steps", "100000",
+        "--batch-size", "4", "--seq-len", "96", "--block-size", "5", "--max-new-tokens", "40",
+        "--held-out", "0", "--seed", "0", "--log-every", "1", "--json",
+    ]  # fmt: skip
+    # as bash starts a background job of a script: SIGINT ignored
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        env={**os.environ, "OUTRIDER_MATMUL": "native"},
+    )
+    for line in proc.stdout:
+        if json.loads(line)["event"] == "step":
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate()
+    assert proc.returncode == 130, err
+    assert "run again with --resume" in err
+    assert list((out / "checkpoints").glob("step_*")), "a checkpoint at the last applied step"

@@ -417,6 +417,56 @@ class Target:
         all_taps = mx.concatenate(taps, axis=0) if taps else None
         return logits[-1], all_taps
 
+    def prefill_rows(
+        self, prompts: list[list[int]], budget: int = 8192
+    ) -> tuple[mx.array, BatchedCache] | None:
+        """Several prompts prefilled together, as mlx-lm's batched generation does: prompts of
+        similar length left-padded into one forward of up to `budget` tokens (in chunks of
+        PREFILL_CHUNK columns, then the last column alone), the groups' rows then joined into
+        one cache, in the order given. Returns (the logits of every prompt's last position
+        [B, V], the cache), or None where the family cannot pad rows (recurrent state, sliding
+        windows, a quantized KV cache): prefill each prompt on its own then. A row's values
+        differ from its one-row prefill by rounding only (the padding is masked)."""
+        padded = getattr(self.family, "padded_rows", None)
+        if padded is None or self.kv_bits or not prompts or min(map(len, prompts)) < 1:
+            return None
+        template = self.make_cache()
+        if padded(template, [0]) is None:
+            return None
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        cache: BatchedCache | None = None
+        last: list[mx.array] = []
+        with mx.stream(self.stream):
+            lo = 0
+            while lo < len(order):
+                hi = lo + 1
+                while hi < len(order) and (hi - lo + 1) * len(prompts[order[hi]]) <= budget:
+                    hi += 1
+                group = order[lo:hi]
+                width = len(prompts[group[-1]])
+                pads = [width - len(prompts[i]) for i in group]
+                ids = mx.array(
+                    [[0] * pad + prompts[i] for pad, i in zip(pads, group)], dtype=mx.uint32
+                )
+                rows = padded(template, pads)
+                for start in range(0, width - 1, PREFILL_CHUNK):
+                    self.forward_rows(ids[:, start : min(start + PREFILL_CHUNK, width - 1)], rows)
+                    mx.eval([c.state for c in rows])
+                logits, _ = self.forward_rows(ids[:, -1:], rows)
+                last.append(logits[:, -1])
+                mx.eval(last[-1], [c.state for c in rows])
+                if cache is None:
+                    cache = rows
+                else:
+                    self.family.extend_rows(cache, rows)
+                lo = hi
+            back = [0] * len(order)  # the sorted position of each prompt
+            for at, i in enumerate(order):
+                back[i] = at
+            self.family.filter_rows(cache, back)
+            firsts = mx.concatenate(last, axis=0)[mx.array(back, dtype=mx.int32)]
+        return firsts, cache
+
     def final_rows(self, hit: bool) -> int:
         """How many of a prefill's last tokens its final forward takes (at most).
 

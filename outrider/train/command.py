@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import typer
@@ -104,11 +107,27 @@ def train(
         else:
             view = PlainLines()
         try:
-            train_drafter(cfg, on_event=view)
+            with stop_on_sigterm():
+                train_drafter(cfg, on_event=view)
         except (KeyboardInterrupt, Interrupted) as e:  # one line that says what is kept
             raise interrupted(cfg, view, e) from None
         finally:
             view.close()
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM stops a run as Ctrl-C does (a checkpoint at the last applied step): what
+    `timeout`, `kill`, job schedulers and container runtimes send. A script's background job
+    cannot use SIGINT for this, since the shell starts such jobs with SIGINT ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def interrupted(cfg, view, error: BaseException) -> Exception:

@@ -227,12 +227,14 @@ def greedy_generator(target, max_new_tokens: int, batch_size: int = 256) -> Gene
     return generate
 
 
-def answering_target(target):
-    """The target self-distillation asks: for a quantized target, a copy with its weights
+def teacher_target(target):
+    """The target training learns from: for a quantized target, a copy with its weights
     dequantized (in the type of its scales, what it computes in), where that fits memory; else
-    the target. MLX's quantized matmul at hundreds of rows is slow (a 512-row decode step of
-    SmolLM2's Q4_1 GGUF: 144 ms on an H200, 9 ms dequantized; benchmarks/distill_throughput.py).
-    The answers are then the dequantized model's greedy ones: the same weights, other rounding."""
+    the target. It answers the self-distillation prompts and runs the training forwards (taps
+    and next-token distributions). MLX's quantized matmul at hundreds of rows is slow (a
+    512-row decode step of SmolLM2's Q4_1 GGUF: 144 ms on an H200, 9 ms dequantized;
+    benchmarks/distill_throughput.py). Same weights, other rounding: the drafter is measured
+    against the target itself. Make it before installing taps on the target."""
     import copy
 
     from ..core.device import dense_fits, make_dense, scales_dtype
@@ -249,8 +251,9 @@ def answering_target(target):
 def batched_greedy(
     target, prompts: list[list[int]], limit: int, stops: set[int]
 ) -> list[list[int]]:
-    """Greedy answers of up to `limit` tokens: each prompt prefilled on its own (the target's
-    prefill), then every row decoded together, one forward and one argmax a step for all of
+    """Greedy answers of up to `limit` tokens: the prompts prefilled together in left-padded
+    batches where the target can (`Target.prefill_rows`; else each on its own), then every row
+    decoded together, one forward and one argmax a step for all of
     them, the next step queued before this one is read. A row that ended keeps being computed
     (cheaper than reshaping the cache) and its tokens are dropped. mlx-lm's `BatchGenerator`
     spent ~0.3 s of host work a step at 512 rows on an H200 (benchmarks/distill_throughput.py),
@@ -260,15 +263,20 @@ def batched_greedy(
     if not prompts or limit < 1:
         return [[] for _ in prompts]
     with mx.stream(target.stream):
-        caches, firsts = [], []
-        for prompt in prompts:
-            cache = target.make_cache()
-            logits, _ = target.prefill(prompt, cache)
-            firsts.append(mx.argmax(logits))
-            caches.append(cache)
-        rows = target.merge_rows(caches)
-        del caches
-        y = mx.stack(firsts).astype(mx.uint32)
+        together = target.prefill_rows(prompts)
+        if together is not None:
+            last, rows = together
+            y = mx.argmax(last, axis=-1).astype(mx.uint32)
+        else:
+            caches, firsts = [], []
+            for prompt in prompts:
+                cache = target.make_cache()
+                logits, _ = target.prefill(prompt, cache)
+                firsts.append(mx.argmax(logits))
+                caches.append(cache)
+            rows = target.merge_rows(caches)
+            del caches
+            y = mx.stack(firsts).astype(mx.uint32)
         answers: list[list[int]] = [[] for _ in prompts]
         open_rows = set(range(len(prompts)))
         for step in range(limit):

@@ -77,10 +77,15 @@ def _kept_windows(cfg: TrainConfig, saved: Path, made_for: dict) -> D.Windows | 
 
 
 def _windows(
-    cfg: TrainConfig, target: Target, train: list[D.Record], root: Path, emit: Callable
+    cfg: TrainConfig,
+    target: Target,
+    teacher: Target,
+    train: list[D.Record],
+    root: Path,
+    emit: Callable,
 ) -> D.Windows:
     """Tokenised (and self-distilled) training windows; kept under checkpoints/ for --resume,
-    and the target's answers kept chunk by chunk under checkpoints/distill/ as they come."""
+    and the teacher's answers kept chunk by chunk under checkpoints/distill/ as they come."""
     saved = root / "windows.safetensors"
     made_for = _made_for(cfg, target, train)
     window_key = {**made_for, "seq_len": cfg.seq_len, "regenerate": cfg.regenerate}
@@ -96,8 +101,7 @@ def _windows(
     ask = None
     if cfg.regenerate:
         store = D.AnswerStore.open(root / "distill", made_for, cfg.resume)
-        answering = D.answering_target(target)
-        generate = D.greedy_generator(answering, cfg.max_new_tokens, batch_size=cfg.distill_chunk)
+        generate = D.greedy_generator(teacher, cfg.max_new_tokens, batch_size=cfg.distill_chunk)
         ask = D.Answers(generate, store, progress)
     try:
         seqs = D.build_sequences(
@@ -261,6 +265,7 @@ def train_drafter(cfg: TrainConfig, on_event: Callable[[Event], None] | None = N
     records = D.read_records(cfg.data)
     train, held = D.split_held_out(records, cfg.held_out, cfg.seed)
     target = load_target(plugins, cfg.model)
+    teacher = D.teacher_target(target)  # answers and runs the training forwards
     prompts = D.held_out_prompts(held, target.tokenizer, cfg.thinking)
 
     init_dir = root / "init"
@@ -270,10 +275,11 @@ def train_drafter(cfg: TrainConfig, on_event: Callable[[Event], None] | None = N
     else:
         config, weights = _new_or_init(cfg, target, plugins)
         save_drafter(init_dir, config, weights, compute_dtype(cfg, weights))
-    target.install_taps(tuple(config["target_layer_ids"]))
-    wins = _windows(cfg, target, train, root, emit)
+    teacher.install_taps(tuple(config["target_layer_ids"]))
+    wins = _windows(cfg, target, teacher, train, root, emit)
+    mx.clear_cache()  # the self-distillation's batched caches: another run may share the device
 
-    run = DrafterRun(cfg, target, config, weights)
+    run = DrafterRun(cfg, teacher, config, weights)
     start_step, state = 0, {}
     latest = latest_checkpoint(root) if cfg.resume else None
     if latest is not None:

@@ -7,8 +7,9 @@
 #   bash scripts/smollm2/recipe.sh OUT            # prompts, both drafters, the benchmark
 #   STAGE=train bash scripts/smollm2/recipe.sh OUT   # or one stage: prompts | train | bench
 #
-# A training run stopped by TRAIN_SECONDS (SIGINT) keeps its checkpoint; the next `train` stage
-# resumes it. Settings come from the environment (defaults below).
+# A training run stopped by TRAIN_SECONDS (SIGTERM) keeps its checkpoint; the next `train` stage
+# resumes it. Settings come from the environment (defaults below); STEPS_dspark / STEPS_dflash
+# override STEPS for one kind, BENCH_ARGS adds arguments to the benchmark (TAG names its receipt).
 set -euo pipefail
 out="${1:?usage: recipe.sh OUT}"
 model="${MODEL:-HuggingFaceTB/SmolLM2-135M-Instruct}"
@@ -21,6 +22,8 @@ max_new="${MAX_NEW:-256}"  # length of the target's self-distilled answers
 distill_chunk="${DISTILL_CHUNK:-256}"  # prompts the target answers at once (1024 suits an H200)
 dtype="${DTYPE:-bfloat16}"  # the drafter's embedding comes dequantized as float32; bf16 trains faster
 train_seconds="${TRAIN_SECONDS:-0}"  # 0: no limit
+held_out="${HELD_OUT:-16}"  # prompts kept out of training, to measure acceptance on
+eval_tokens="${EVAL_TOKENS:-128}"
 stage="${STAGE:-all}"
 py="${PYTHON:-python3}"
 mkdir -p "$out"
@@ -30,26 +33,48 @@ if [ "$stage" = all ] || [ "$stage" = prompts ]; then
 fi
 
 train() {  # kind
+  local kind_steps="STEPS_$1"  # STEPS_dspark, STEPS_dflash: one kind's own step count
   local resume=()
   [ -d "$out/$1/checkpoints" ] && resume=(--resume)
   local limit=()
-  [ "$train_seconds" != 0 ] && limit=(timeout -s INT "$train_seconds")
+  [ "$train_seconds" != 0 ] && limit=(timeout "$train_seconds")
   "${limit[@]}" "$py" -m outrider train --model "$model" --kind "$1" --data "$out/prompts.jsonl" \
-    --out "$out/$1" --steps "$steps" --batch-size "$batch" --seq-len "$seq_len" --lr 6e-4 --layers "$layers" \
+    --out "$out/$1" --steps "${!kind_steps:-$steps}" --batch-size "$batch" --seq-len "$seq_len" --lr 6e-4 --layers "$layers" \
     --dtype "$dtype" \
-    --block-size 8 --max-new-tokens "$max_new" --distill-chunk "$distill_chunk" --held-out 16 --eval-tokens 128 --log-every 50 \
+    --block-size 8 --max-new-tokens "$max_new" --distill-chunk "$distill_chunk" --held-out "$held_out" --eval-tokens "$eval_tokens" --log-every 50 \
     --json "${resume[@]}" >> "$out/$1.log" 2>&1
 }
 
-# KINDS picks the drafters (one after the other: two MLX processes side by side on one GPU ran
-# out of its memory during self-distillation, each growing its own buffer cache).
-if [ "$stage" = all ] || [ "$stage" = train ]; then
-  for kind in ${KINDS:-dspark dflash}; do
-    status=0
-    train "$kind" || status=$?
-    tail -n 2 "$out/$kind.log"
-    [ "$status" = 0 ] || { echo "$kind training stopped (status $status): run the train stage again"; exit "$status"; }
+# KINDS picks the drafters. The first one self-distils the prompts; the others then train on
+# its windows side by side with it (each its own process on the one GPU; two processes that
+# both self-distilled ran out of the H200's memory, each growing its own buffer cache).
+share() {  # kind: wait for the first kind's windows, then start from a copy of them
+  local windows="$out/$first/checkpoints/windows.safetensors"
+  while [ ! -f "$windows" ]; do
+    kill -0 "$first_pid" 2>/dev/null || { echo "$1: $first stopped before its windows were written"; return 1; }
+    sleep 5
   done
+  mkdir -p "$out/$1/checkpoints"
+  [ -f "$out/$1/checkpoints/windows.safetensors" ] || cp "$windows" "$out/$1/checkpoints/"
+  train "$1"
+}
+
+if [ "$stage" = all ] || [ "$stage" = train ]; then
+  read -r -a kinds <<< "${KINDS:-dspark dflash}"
+  first="${kinds[0]}"
+  train "$first" & first_pid=$!
+  pids=("$first_pid")
+  for kind in "${kinds[@]:1}"; do
+    share "$kind" & pids+=($!)
+  done
+  failed=0
+  for i in "${!kinds[@]}"; do
+    status=0
+    wait "${pids[$i]}" || status=$?
+    tail -n 2 "$out/${kinds[$i]}.log"
+    [ "$status" = 0 ] || { echo "${kinds[$i]} training stopped (status $status): run the train stage again"; failed=$status; }
+  done
+  [ "$failed" = 0 ] || exit "$failed"
 fi
 
 # The benchmark: every trained drafter, lookup and baseline, with `--max-draft auto` (each mode
@@ -65,6 +90,6 @@ if [ "$stage" = all ] || [ "$stage" = bench ]; then
   for cap in ${CAPS:-auto}; do
     "$py" -m outrider benchmark --model "$model" "${drafters[@]}" --modes "$modes,lookup" \
       --suites chat,code,math --trials "${TRIALS:-3}" --prompts-per-suite "${PER_SUITE:-10}" \
-      --max-tokens 128 --max-draft "$cap" --json "$out/smollm2_receipt_$cap.json"
+      --max-tokens 128 --max-draft "$cap" ${BENCH_ARGS:-} --json "$out/smollm2_receipt_$cap${TAG:-}.json"
   done
 fi

@@ -105,6 +105,14 @@ class BatchedRows:
     """The batching members of a family whose layers hold `KVCache`s, rotating (sliding-window)
     caches and recurrent state."""
 
+    def padded_rows(self, cache: list, left_padding: list[int]) -> BatchedCache | None:
+        """Empty rows for one left-padded forward of several prompts (mlx-lm's batched
+        prefill), shaped after the fresh one-row `cache`; None where a layer keeps recurrent
+        state or a window, which the padding tokens would enter."""
+        if {type(c).__name__ for c in cache} != {"KVCache"}:
+            return None
+        return BatchedCache(BatchKVCache(list(left_padding)) for _ in cache)
+
     def merge_rows(self, caches: list[list]) -> BatchedCache:
         """One batched cache from one-row caches (their rows, in order)."""
         return BatchedCache(_merge_layer(layer) for layer in zip(*caches, strict=True))
