@@ -324,3 +324,16 @@ def test_auto_falls_back_to_lookup_naming_each_reason(qwen3_target, tmp_path):
     assert note.startswith("--mode auto runs lookup for tiny")
     assert "warp: no warp strategy is installed" in note and "MysteryDraftModel" in note
     assert "nobody/gone" in note
+
+
+def test_a_receipt_of_an_auto_run_checks_clean(contributed):
+    """`--max-draft auto` writes "auto" as the arm's cap: a valid receipt."""
+
+    def lookup_auto(receipt):
+        receipt["settings"]["caps"]["lookup"] = "auto"
+        for arm in receipt["arms"]:
+            if arm["mode"] == "lookup":
+                arm["cap"] = "auto"
+
+    _edit_receipt(contributed, lookup_auto)
+    assert _check(contributed / "targets.toml")[:2] == (0, [])
