@@ -177,3 +177,17 @@ def pip_install_example(folder, site) -> None:
         check=True,
         capture_output=True,
     )
+
+
+@pytest.fixture
+def ctrl_c_as_in_a_terminal():
+    """SIGINT as a terminal's foreground command has it, however the suite was started: a
+    script's background job (`pytest &`, some CI runners) has SIGINT ignored, and outrider leaves
+    an ignored Ctrl-C ignored (tests/test_interrupt.py tests that), so a test of Ctrl-C would
+    see nothing."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)

@@ -156,6 +156,7 @@ def test_terminal_watcher_prints_plain_lines_off_a_terminal(tmp_path, monkeypatc
     assert lines[1].startswith("downloaded someone/tiny (0.0 GB in ")
 
 
+@pytest.mark.usefixtures("ctrl_c_as_in_a_terminal")
 def test_ctrl_c_stops_the_download_at_once(tmp_path, monkeypatch):
     """Ctrl-C lands in the waiting thread; the download thread stops at its next chunk."""
     import _thread
@@ -179,6 +180,7 @@ def test_ctrl_c_stops_the_download_at_once(tmp_path, monkeypatch):
     assert seen.get("stopped_by") == "DownloadCancelled" and seen["chunks"] < 2000, seen
 
 
+@pytest.mark.usefixtures("ctrl_c_as_in_a_terminal")
 def test_ctrl_c_during_a_download_exits_130(tmp_path, monkeypatch):
     import _thread
 

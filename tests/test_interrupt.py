@@ -29,6 +29,9 @@ from outrider import api, cli, telemetry
 from outrider.testing import make_tiny_drafter, make_tiny_target, make_toy_training_set
 from outrider.train import progress
 
+# however the suite was started, Ctrl-C reaches these tests (conftest.py)
+pytestmark = pytest.mark.usefixtures("ctrl_c_as_in_a_terminal")
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The quick brown fox jumps over the lazy dog."
 MAX_TOKENS = 24
@@ -278,9 +281,20 @@ OUTRIDER = [str(Path(sys.executable).parent / "outrider")]
 LONG = ["generate", "--prompt", "hi", "--raw", "--max-tokens", "100000"]
 
 
+def ctrl_c_reaches() -> None:
+    """In the child before it runs: SIGINT as a terminal's foreground command has it. A suite
+    started as a script's background job (`pytest &`, some CI runners) has SIGINT ignored, and
+    an ignored signal stays ignored across exec, so no Ctrl-C would reach the child."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(cmd: list[str], tmp_path: Path) -> tuple[subprocess.Popen, Output, Output]:
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment(tmp_path)
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=environment(tmp_path),
+        preexec_fn=ctrl_c_reaches,
     )
     return proc, Output(proc.stdout.fileno()), Output(proc.stderr.fileno())
 
@@ -333,7 +347,12 @@ def test_real_ctrl_c_on_a_terminal(tmp_path):
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
     proc = subprocess.Popen(
-        OUTRIDER + LONG, stdin=slave, stdout=slave, stderr=slave, env=environment(tmp_path)
+        OUTRIDER + LONG,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=environment(tmp_path),
+        preexec_fn=ctrl_c_reaches,
     )
     os.close(slave)
     screen = Output(master)
@@ -378,7 +397,7 @@ def test_serve_ctrl_c_after_a_request_exits_130(models):
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "outrider", "serve", "-m", models["target"], "--mode", "lookup",
            "--port", str(port)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches)
     try:
         for line in proc.stderr:  # wait for the server to say it listens (no fixed sleep)
             if "listening on" in line:
