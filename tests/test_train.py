@@ -285,7 +285,9 @@ def test_a_quantized_target_trains_from_its_dequantized_teacher(toy, tmp_path):
         json.dumps({**cfg, "quantization": {"group_size": 32, "bits": 8}})
     )
     report = train_drafter(
-        toy_train_config({**toy, "target": quantized}, tmp_path / "drafter", kind="dflash", steps=12)
+        toy_train_config(
+            {**toy, "target": quantized}, tmp_path / "drafter", kind="dflash", steps=12
+        )
     )
     assert report.lossless
     assert report.accept_trained >= report.accept_init + 1.0, (report.init, report.trained)
