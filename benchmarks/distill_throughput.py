@@ -42,7 +42,7 @@ from mlx_lm.utils import dequantize_model  # noqa: E402
 
 from outrider.core.plugins import Plugins  # noqa: E402
 from outrider.loaders import load_target  # noqa: E402
-from outrider.train.data import greedy_generator, teacher_target  # noqa: E402
+from outrider.train.teacher import greedy_generator, teacher_target  # noqa: E402
 
 
 def mix_prompts(tokenizer, count: int) -> list[list[int]]:

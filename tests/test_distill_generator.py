@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import outrider
-from outrider.train.data import batched_greedy, greedy_generator
+from outrider.train.teacher import batched_greedy, greedy_generator
 
 PROMPTS = [
     "def add(a, b):",
@@ -54,7 +54,7 @@ def test_a_quantized_target_answers_from_a_dequantized_copy_and_stays_quantized(
     import mlx.core as mx
     import mlx.nn as nn
 
-    from outrider.train.data import teacher_target
+    from outrider.train.teacher import teacher_target
 
     target = outrider.load(str(qwen3_target), mode="baseline").target
     nn.quantize(target.model, group_size=32, bits=8)

@@ -39,6 +39,7 @@ from .package import (
 )
 from .report import Acceptance, acceptance, checkpoint_acceptance, plain_outputs
 from .run import DrafterRun, compute_dtype, latest_checkpoint, prune_checkpoints
+from .teacher import greedy_generator, teacher_target
 
 __all__ = ["TrainConfig", "TrainReport", "train_drafter"]
 
@@ -77,17 +78,14 @@ def _kept_windows(cfg: TrainConfig, saved: Path, made_for: dict) -> D.Windows | 
 
 
 def _windows(
-    cfg: TrainConfig,
-    target: Target,
-    teacher: Target,
-    train: list[D.Record],
-    root: Path,
-    emit: Callable,
+    cfg: TrainConfig, teacher: Target, train: list[D.Record], root: Path, emit: Callable
 ) -> D.Windows:
     """Tokenised (and self-distilled) training windows; kept under checkpoints/ for --resume,
-    and the teacher's answers kept chunk by chunk under checkpoints/distill/ as they come."""
+    and the teacher's answers kept chunk by chunk under checkpoints/distill/ as they come.
+    The teacher shares the target's config and tokenizer, so what they were made for is the
+    target's."""
     saved = root / "windows.safetensors"
-    made_for = _made_for(cfg, target, train)
+    made_for = _made_for(cfg, teacher, train)
     window_key = {**made_for, "seq_len": cfg.seq_len, "regenerate": cfg.regenerate}
     kept = _kept_windows(cfg, saved, window_key)
     if kept is not None:
@@ -101,12 +99,12 @@ def _windows(
     ask = None
     if cfg.regenerate:
         store = D.AnswerStore.open(root / "distill", made_for, cfg.resume)
-        generate = D.greedy_generator(teacher, cfg.max_new_tokens, batch_size=cfg.distill_chunk)
+        generate = greedy_generator(teacher, cfg.max_new_tokens, batch_size=cfg.distill_chunk)
         ask = D.Answers(generate, store, progress)
     try:
         seqs = D.build_sequences(
             train,
-            target.tokenizer,
+            teacher.tokenizer,
             ask,
             cfg.thinking,
             continue_text=cfg.seq_len if cfg.continue_text else 0,
@@ -265,7 +263,7 @@ def train_drafter(cfg: TrainConfig, on_event: Callable[[Event], None] | None = N
     records = D.read_records(cfg.data)
     train, held = D.split_held_out(records, cfg.held_out, cfg.seed)
     target = load_target(plugins, cfg.model)
-    teacher = D.teacher_target(target)  # answers and runs the training forwards
+    teacher = teacher_target(target)  # answers and runs the training forwards
     prompts = D.held_out_prompts(held, target.tokenizer, cfg.thinking)
 
     init_dir = root / "init"
@@ -276,7 +274,7 @@ def train_drafter(cfg: TrainConfig, on_event: Callable[[Event], None] | None = N
         config, weights = _new_or_init(cfg, target, plugins)
         save_drafter(init_dir, config, weights, compute_dtype(cfg, weights))
     teacher.install_taps(tuple(config["target_layer_ids"]))
-    wins = _windows(cfg, target, teacher, train, root, emit)
+    wins = _windows(cfg, teacher, train, root, emit)
     mx.clear_cache()  # the self-distillation's batched caches: another run may share the device
 
     run = DrafterRun(cfg, teacher, config, weights)
