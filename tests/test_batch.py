@@ -209,6 +209,51 @@ def test_rolled_back_rows_hold_exactly_their_own_positions(qwen3_target):
             assert mx.allclose(k1, k2, atol=1e-5).item()
 
 
+def test_uneven_rollbacks_keep_every_row_what_it_holds_alone(qwen3_target):
+    """Rounds of random widths, each row rejecting its own count (so rows move their oldest
+    columns into their rejected slots), a row leaving and one joining: every round's logits
+    are each row's alone, and a row taken out holds its tokens in order, so a one-row
+    rollback after that drops its newest tokens."""
+    target = outrider.load(str(qwen3_target), mode="baseline").target
+    rng = random.Random(3)
+    vocab = int(target.config["vocab_size"])
+    ids = lambda n: [rng.randrange(2, vocab) for _ in range(n)]  # noqa: E731
+    history, caches = [], []
+    for n in (5, 9, 14, 20):
+        history.append(ids(n))
+        caches.append(target.make_cache())
+        target.forward(mx.array(history[-1], dtype=mx.uint32), caches[-1])
+    batched = target.merge_rows(caches)
+    for round_ in range(12):
+        width = rng.randrange(1, 7)
+        block = [ids(width) for _ in history]
+        logits, _ = target.forward_rows(mx.array(block, dtype=mx.uint32), batched)
+        rejected = [rng.randrange(0, width) for _ in history]
+        for i, row in enumerate(history):
+            alone, _ = target.forward(
+                mx.array(row + block[i], dtype=mx.uint32), target.make_cache()
+            )
+            assert mx.allclose(logits[i], alone[-width:], atol=1e-4).item(), (round_, i)
+            history[i] = row + block[i][: width - rejected[i]]
+        target.rollback_rows(batched, rejected)
+        if round_ == 5:
+            target.filter_rows(batched, [0, 2, 3])
+            history.pop(1)
+            history.append(ids(11))
+            joining = target.make_cache()
+            target.forward(mx.array(history[-1], dtype=mx.uint32), joining)
+            target.extend_rows(batched, target.merge_rows([joining]))
+    for i, row in enumerate(history):
+        mine = target.extract_row(batched, i)
+        target.rollback(mine, 2)
+        alone = target.make_cache()
+        target.forward(mx.array(row[:-2], dtype=mx.uint32), alone)
+        for got, want in zip(mine, alone):
+            assert got.offset == want.offset == len(row) - 2
+            keys = got.state[0][..., : got.offset, :]
+            assert mx.allclose(keys, want.state[0][..., : want.offset, :], atol=1e-5).item()
+
+
 def test_llama_rows_match_each_row_alone(llama_target):
     pipe = outrider.load(str(llama_target), mode="lookup")
     rows = prompts(pipe)[:3]

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll
+import numpy as np
+from mlx_lm.models.cache import BatchKVCache, KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from ...core.device import split_attention
@@ -57,8 +58,9 @@ class _Call:
 
     before: mx.array  # [R] each row's context length: its new rows' first position
     block: mx.array  # [D] each drafting row's context length after the call: its block's
-    shifts: mx.array | None  # [R, 1] how far each row rolls right (its padding); None: none
-    drop: int  # leading columns no row uses after the roll, cut off
+    shifts: mx.array | None  # [R, 1] how much each row's padding grows; None: none
+    source: mx.array | None  # [R, 1, E, 1] the column each of the last E columns takes
+    drop: int  # leading columns no row uses after the call, cut off
     drafting: mx.array | None  # [D] the rows that run a block (None: every row)
     mask: mx.array | None  # [D, 1, 1, keys + block] keys a drafting row sees (None: all)
 
@@ -68,12 +70,13 @@ class ContextRows:
     `BatchKVCache` a layer, rows left-padded (every row's last context row in the same column).
 
     A call appends each row's new context rows, padded to the widest with the padding after the
-    row's own rows, then rolls each row right by its padding so that it becomes left padding
-    (the trick `BatchedRows.rollback_rows` plays on the target's cache); leading columns that
-    are padding in every row are dropped. Each row is roped at its own positions and its padding
-    is masked, so a row attends to exactly the keys it has alone. Rows move in (`add`) and out
-    (`take`, `keep`) between calls; lengths and padding are kept on the host, so none of this
-    waits for the device.
+    row's own rows; a padded row then moves its oldest columns into those trailing slots and its
+    left padding grows by as many (the trick `BatchedRows.rollback_rows` plays on the target's
+    cache: a row's keys in another order are the same keys to attention, each roped at its own
+    position, and the context is never cut back, so the order never matters); leading columns
+    that are padding in every row are dropped. Each row's padding is masked, so a row attends to
+    exactly the keys it has alone. Rows move in (`add`) and out (`take`, `keep`) between
+    calls; lengths and padding are kept on the host, so none of this waits for the device.
     """
 
     def __init__(self, n_layers: int) -> None:
@@ -110,6 +113,7 @@ class ContextRows:
             mx.array(self.lengths, dtype=mx.int32),
             mx.array([after[i] for i in drafting], dtype=mx.int32),
             mx.array(shifts, dtype=mx.int32)[:, None] if any(shifts) else None,
+            self._moves(shifts, after, self.width + widest),
             drop,
             None if every else mx.array(drafting, dtype=mx.int32),
             mask,
@@ -117,6 +121,20 @@ class ContextRows:
         for layer in self.layers:  # context rows go in at `before`; no context: the block
             layer.offset = self.call.before if widest else self.call.block
         self.lengths, self.pads = after, pads
+
+    def _moves(self, shifts: list[int], after: list[int], end: int) -> mx.array | None:
+        """Where the last columns come from once a call has written `end` columns: row i,
+        shifts[i] slots of padding at its end, fills the last min(shifts[i], after[i]) of
+        them with its oldest columns (see the class). None: no row moves any."""
+        moves = [min(e, n) for e, n in zip(shifts, after, strict=True)]
+        width = max(moves, default=0)
+        if not width:
+            return None
+        source = np.tile(np.arange(end - width, end), (len(moves), 1))
+        for i, (pad, m) in enumerate(zip(self.pads, moves, strict=True)):
+            if m:
+                source[i, width - m :] = np.arange(pad, pad + m)
+        return mx.array(source, dtype=mx.int32)[:, None, :, None]
 
     def end(self) -> None:
         self.call = None
@@ -188,18 +206,19 @@ class RowsLayerCache:
         call = self.rows.call
         kv = self.kv
         kv.update_and_fetch(keys, values)
-        if call.shifts is not None or call.drop:
-            end, drop = kv._idx, call.drop
-            k, v = kv.keys[..., :end, :], kv.values[..., :end, :]
-            if call.shifts is not None:
-                k = dynamic_roll(k, call.shifts, axis=2)
-                v = dynamic_roll(v, call.shifts, axis=2)
-                kv.left_padding = kv.left_padding + call.shifts[:, 0]
-                kv.offset = kv.offset - call.shifts[:, 0]
-            kv.keys[..., : end - drop, :] = k[..., drop:, :]
-            kv.values[..., : end - drop, :] = v[..., drop:, :]
-            kv._idx = end - drop
-            kv.left_padding = kv.left_padding - drop
+        end = kv._idx
+        if call.source is not None:
+            start = end - call.source.shape[2]
+            kv.keys[..., start:end, :] = mx.take_along_axis(kv.keys, call.source, 2)
+            kv.values[..., start:end, :] = mx.take_along_axis(kv.values, call.source, 2)
+        if call.shifts is not None:
+            kv.left_padding = kv.left_padding + call.shifts[:, 0]
+            kv.offset = kv.offset - call.shifts[:, 0]
+        if call.drop:  # a view: the next write that needs room copies what is left
+            kv.keys = kv.keys[..., call.drop :, :]
+            kv.values = kv.values[..., call.drop :, :]
+            kv._idx = end - call.drop
+            kv.left_padding = kv.left_padding - call.drop
         self.offset = call.block
         return self._drafting(*kv.keys_and_values())
 

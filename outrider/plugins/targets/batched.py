@@ -5,10 +5,15 @@ mlx-lm's `BatchKVCache` keeps rows left-padded: every row's last position sits a
 column, each row has its own rope offset, and its mask hides each row's padding. A verify
 round writes the same number of columns for every row, but rows keep different numbers of
 them. Rolling back: every row drops what all rows rejected (a trim), then a row that rejected
-e more than that rolls its columns right by e. Its rejected columns wrap round to the front,
-where they become padding that its mask hides, so each row's keys, values and positions are
-exactly those of its own accepted tokens. A row's output therefore equals what it produces
-alone, up to the rounding of batched matmuls.
+e more than that moves its e oldest columns into the slots its rejected ones leave at the end,
+and its padding grows by e, so its mask hides exactly its rejected columns. Attention does not
+depend on the order of keys (each key carries its position in its rotation), so each row's
+keys, values and positions are exactly those of its own accepted tokens; `RowColumns` keeps,
+on the host, which token each column holds, and a row taken out of the batch (`extract_row`)
+gets its columns back in order. Moving e columns a row costs what the round wrote; rolling
+every row's whole length right (what an earlier version did) cost as much as the verify
+forward itself on a CPU. A row's output therefore equals what it produces alone, up to the
+rounding of batched matmuls and of the order its keys are summed in.
 
 Recurrent layers hold one state per row (no padding: a state has no length). Their rollback
 replays the layer's mixer over each row's accepted prefix from the state before the round,
@@ -27,7 +32,10 @@ latest tokens (`max_size - 1` kept + the anchor + its accepted drafts), all its 
 
 from __future__ import annotations
 
+from collections import deque
+
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, dynamic_roll
 
 from ...core.errors import UnsupportedTargetError
@@ -75,6 +83,63 @@ class WindowRows(BatchRotatingKVCache):
             self.offset = self.offset - shifts[:, 0]
 
 
+class RowColumns:
+    """Which of its tokens each column of a row holds, for every row of a batch's KV layers
+    (they all hold the same columns), on the host.
+
+    Row i's tokens sit in columns [idx - len(rows[i]), idx); rows[i][c] is the position (in
+    the row's own sequence) of the token in its c-th column. Only `forward_rows` writes
+    columns between two family calls, the same number for every row, so each call first
+    `catch_up`s with the layers' column count."""
+
+    def __init__(self, lengths: list[int], idx: int) -> None:
+        self.rows = [deque(range(n)) for n in lengths]
+        self.idx = idx
+
+    def catch_up(self, idx: int) -> None:
+        """Every row got idx - self.idx new tokens, in order, at the end."""
+        for row in self.rows:
+            n = len(row)
+            row.extend(range(n, n + idx - self.idx))
+        self.idx = idx
+
+    def rollback(self, common: int, extra: list[int]) -> mx.array | None:
+        """Every row drops its last `common` columns; row i then drops extra[i] more and moves
+        its oldest min(extra[i], kept) columns into the slots those leave. Returns, for the
+        last E columns (E the most any row moves), the column each one takes its key from
+        ([rows, 1, E, 1], for `take_along_axis`), or None when no row moves any."""
+        self.idx -= common
+        moves = []
+        for row, e in zip(self.rows, extra, strict=True):
+            for _ in range(common + e):
+                row.pop()
+            pad = self.idx - len(row) - e  # its first column, before its padding grows
+            m = min(e, len(row))
+            row.rotate(-m)
+            moves.append((pad, m))
+        width = max(m for _, m in moves)
+        if not width:
+            return None
+        tail = np.arange(self.idx - width, self.idx)
+        source = np.tile(tail, (len(moves), 1))
+        for i, (pad, m) in enumerate(moves):
+            if m:
+                source[i, width - m :] = np.arange(pad, pad + m)
+        return mx.array(source, dtype=mx.int32)[:, None, :, None]
+
+    def in_order(self, i: int) -> list[int] | None:
+        """Row i's columns in the order of its tokens (None: they already are)."""
+        row = self.rows[i]
+        order = np.argsort(np.fromiter(row, dtype=np.int64, count=len(row)), kind="stable")
+        if np.all(order[1:] > order[:-1]):
+            return None
+        return (order + self.idx - len(row)).tolist()
+
+
+def _first_kv(cache: list) -> BatchKVCache | None:
+    return next((c for c in cache if type(c) is BatchKVCache), None)
+
+
 def _merge_layer(layer: tuple):
     # By class name: a multimodal checkpoint's language tower (mlx-vlm) uses mlx-vlm's own
     # cache classes, which hold the same fields as mlx-lm's.
@@ -101,6 +166,14 @@ def _merge_layer(layer: tuple):
     )
 
 
+def _columns(cache: BatchedCache) -> RowColumns | None:
+    """The cache's column map, caught up with what forwards wrote since the last call."""
+    columns = getattr(cache, "columns", None)
+    if columns is not None:
+        columns.catch_up(_first_kv(cache)._idx)
+    return columns
+
+
 class BatchedRows:
     """The batching members of a family whose layers hold `KVCache`s, rotating (sliding-window)
     caches and recurrent state."""
@@ -115,28 +188,52 @@ class BatchedRows:
 
     def merge_rows(self, caches: list[list]) -> BatchedCache:
         """One batched cache from one-row caches (their rows, in order)."""
-        return BatchedCache(_merge_layer(layer) for layer in zip(*caches, strict=True))
+        merged = BatchedCache(_merge_layer(layer) for layer in zip(*caches, strict=True))
+        kv = _first_kv(merged)
+        if kv is not None:
+            at = merged.index(kv)
+            merged.columns = RowColumns([c[at].offset for c in caches], kv._idx)
+        return merged
 
     def extend_rows(self, cache: BatchedCache, rows: BatchedCache) -> None:
         """Append the rows of `rows` to `cache`, in place."""
+        mine_cols, theirs_cols = _columns(cache), _columns(rows)
         for mine, theirs in zip(cache, rows, strict=True):
             mine.extend(theirs)
+        if mine_cols is not None and theirs_cols is not None:
+            mine_cols.rows += theirs_cols.rows
+            mine_cols.idx = _first_kv(cache)._idx
 
     def filter_rows(self, cache: BatchedCache, keep: list[int]) -> None:
         """Keep only rows `keep` (in that order), in place."""
+        columns = _columns(cache)
         index = mx.array(keep, dtype=mx.int32)
         for c in cache:
             c.filter(index)
+        if columns is not None:
+            columns.rows = [columns.rows[i] for i in keep]
+            columns.idx = _first_kv(cache)._idx  # mlx-lm drops the padding all rows share
 
     def extract_row(self, cache: BatchedCache, row: int) -> list:
-        """Row `row` as a one-row cache (a copy)."""
-        return [c.extract(row) for c in cache]
+        """Row `row` as a one-row cache (a copy), its KV columns in the order of its tokens."""
+        columns = _columns(cache)
+        order = None if columns is None else columns.in_order(row)
+        out = [c.extract(row) for c in cache]
+        if order is not None:
+            index = mx.array(order, dtype=mx.int32)
+            for c, one in zip(cache, out, strict=True):
+                if type(c) is BatchKVCache:
+                    one.keys = mx.contiguous(mx.take(c.keys[row : row + 1], index, axis=2))
+                    one.values = mx.contiguous(mx.take(c.values[row : row + 1], index, axis=2))
+        return out
 
     def rollback_rows(self, cache: BatchedCache, n: list[int]) -> None:
         """Drop the last n[i] positions of row i."""
         common = min(n)
         extra = [k - common for k in n]
         shifts = mx.array(extra, dtype=mx.int32)[:, None] if any(extra) else None
+        columns = _columns(cache)
+        source = None if columns is None else columns.rollback(common, extra)
         for c in cache:
             if isinstance(c, RecordingArraysCache):
                 c.rollback_rows(n)
@@ -149,7 +246,12 @@ class BatchedRows:
             if shifts is None:
                 continue
             end = c._idx
-            c.keys[..., :end, :] = dynamic_roll(c.keys[..., :end, :], shifts, axis=2)
-            c.values[..., :end, :] = dynamic_roll(c.values[..., :end, :], shifts, axis=2)
+            if columns is None:  # no column map: roll each row's whole length
+                c.keys[..., :end, :] = dynamic_roll(c.keys[..., :end, :], shifts, axis=2)
+                c.values[..., :end, :] = dynamic_roll(c.values[..., :end, :], shifts, axis=2)
+            elif source is not None:
+                start = end - source.shape[2]
+                c.keys[..., start:end, :] = mx.take_along_axis(c.keys, source, 2)
+                c.values[..., start:end, :] = mx.take_along_axis(c.values, source, 2)
             c.left_padding = c.left_padding + shifts[:, 0]
             c.offset = c.offset - shifts[:, 0]
