@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 from mlx_lm.models.cache import BatchKVCache, KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
@@ -26,6 +25,7 @@ from ...core.device import split_attention
 from ...core.draft_vocab import DraftVocab, read_draft_vocab
 from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
+from ..targets.batched import move_columns, tail_moves
 from .drafter_weights import load_strict, quantize
 
 
@@ -113,7 +113,7 @@ class ContextRows:
             mx.array(self.lengths, dtype=mx.int32),
             mx.array([after[i] for i in drafting], dtype=mx.int32),
             mx.array(shifts, dtype=mx.int32)[:, None] if any(shifts) else None,
-            self._moves(shifts, after, self.width + widest),
+            tail_moves(self.pads, [min(e, n) for e, n in zip(shifts, after)], self.width + widest),
             drop,
             None if every else mx.array(drafting, dtype=mx.int32),
             mask,
@@ -121,20 +121,6 @@ class ContextRows:
         for layer in self.layers:  # context rows go in at `before`; no context: the block
             layer.offset = self.call.before if widest else self.call.block
         self.lengths, self.pads = after, pads
-
-    def _moves(self, shifts: list[int], after: list[int], end: int) -> mx.array | None:
-        """Where the last columns come from once a call has written `end` columns: row i,
-        shifts[i] slots of padding at its end, fills the last min(shifts[i], after[i]) of
-        them with its oldest columns (see the class). None: no row moves any."""
-        moves = [min(e, n) for e, n in zip(shifts, after, strict=True)]
-        width = max(moves, default=0)
-        if not width:
-            return None
-        source = np.tile(np.arange(end - width, end), (len(moves), 1))
-        for i, (pad, m) in enumerate(zip(self.pads, moves, strict=True)):
-            if m:
-                source[i, width - m :] = np.arange(pad, pad + m)
-        return mx.array(source, dtype=mx.int32)[:, None, :, None]
 
     def end(self) -> None:
         self.call = None
@@ -207,10 +193,8 @@ class RowsLayerCache:
         kv = self.kv
         kv.update_and_fetch(keys, values)
         end = kv._idx
-        if call.source is not None:
-            start = end - call.source.shape[2]
-            kv.keys[..., start:end, :] = mx.take_along_axis(kv.keys, call.source, 2)
-            kv.values[..., start:end, :] = mx.take_along_axis(kv.values, call.source, 2)
+        if call.source is not None:  # a padded row's oldest columns into its trailing slots
+            move_columns(kv, call.source)
         if call.shifts is not None:
             kv.left_padding = kv.left_padding + call.shifts[:, 0]
             kv.offset = kv.offset - call.shifts[:, 0]

@@ -36,7 +36,7 @@ from collections import deque
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, dynamic_roll
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, dynamic_roll
 
 from ...core.errors import UnsupportedTargetError
 from ...core.family import BatchedCache
@@ -105,27 +105,17 @@ class RowColumns:
 
     def rollback(self, common: int, extra: list[int]) -> mx.array | None:
         """Every row drops its last `common` columns; row i then drops extra[i] more and moves
-        its oldest min(extra[i], kept) columns into the slots those leave. Returns, for the
-        last E columns (E the most any row moves), the column each one takes its key from
-        ([rows, 1, E, 1], for `take_along_axis`), or None when no row moves any."""
+        its oldest min(extra[i], kept) columns into the slots those leave (`tail_moves`'
+        map, None when no row moves any)."""
         self.idx -= common
-        moves = []
+        starts, counts = [], []
         for row, e in zip(self.rows, extra, strict=True):
             for _ in range(common + e):
                 row.pop()
-            pad = self.idx - len(row) - e  # its first column, before its padding grows
-            m = min(e, len(row))
-            row.rotate(-m)
-            moves.append((pad, m))
-        width = max(m for _, m in moves)
-        if not width:
-            return None
-        tail = np.arange(self.idx - width, self.idx)
-        source = np.tile(tail, (len(moves), 1))
-        for i, (pad, m) in enumerate(moves):
-            if m:
-                source[i, width - m :] = np.arange(pad, pad + m)
-        return mx.array(source, dtype=mx.int32)[:, None, :, None]
+            starts.append(self.idx - len(row) - e)  # its first column, before its padding grows
+            counts.append(min(e, len(row)))
+            row.rotate(-counts[-1])
+        return tail_moves(starts, counts, self.idx)
 
     def in_order(self, i: int) -> list[int] | None:
         """Row i's columns in the order of its tokens (None: they already are)."""
@@ -134,6 +124,28 @@ class RowColumns:
         if np.all(order[1:] > order[:-1]):
             return None
         return (order + self.idx - len(row)).tolist()
+
+
+def tail_moves(starts: list[int], counts: list[int], end: int) -> mx.array | None:
+    """Row i moves its counts[i] columns from starts[i] on into its last counts[i] columns
+    before `end`: for the last E columns (E the most any row moves), the column each takes its
+    key from ([rows, 1, E, 1], for `move_columns`), or None when no row moves any."""
+    width = max(counts, default=0)
+    if not width:
+        return None
+    source = np.tile(np.arange(end - width, end), (len(counts), 1))
+    for i, (start, m) in enumerate(zip(starts, counts, strict=True)):
+        if m:
+            source[i, width - m :] = np.arange(start, start + m)
+    return mx.array(source, dtype=mx.int32)[:, None, :, None]
+
+
+def move_columns(c: BatchKVCache, source: mx.array) -> None:
+    """Carry out `tail_moves`' map on a batched KV cache whose columns end at `c._idx`."""
+    end = c._idx
+    start = end - source.shape[2]
+    c.keys[..., start:end, :] = mx.take_along_axis(c.keys, source, 2)
+    c.values[..., start:end, :] = mx.take_along_axis(c.values, source, 2)
 
 
 def _first_kv(cache: list) -> BatchKVCache | None:
@@ -218,13 +230,19 @@ class BatchedRows:
         """Row `row` as a one-row cache (a copy), its KV columns in the order of its tokens."""
         columns = _columns(cache)
         order = None if columns is None else columns.in_order(row)
-        out = [c.extract(row) for c in cache]
-        if order is not None:
-            index = mx.array(order, dtype=mx.int32)
-            for c, one in zip(cache, out, strict=True):
-                if type(c) is BatchKVCache:
-                    one.keys = mx.contiguous(mx.take(c.keys[row : row + 1], index, axis=2))
-                    one.values = mx.contiguous(mx.take(c.values[row : row + 1], index, axis=2))
+        if order is None:
+            return [c.extract(row) for c in cache]
+        index = mx.array(order, dtype=mx.int32)
+        out = []
+        for c in cache:
+            if type(c) is not BatchKVCache:
+                out.append(c.extract(row))
+                continue
+            one = KVCache()
+            one.keys = mx.contiguous(mx.take(c.keys[row : row + 1], index, axis=2))
+            one.values = mx.contiguous(mx.take(c.values[row : row + 1], index, axis=2))
+            one.offset = len(order)
+            out.append(one)
         return out
 
     def rollback_rows(self, cache: BatchedCache, n: list[int]) -> None:
@@ -250,8 +268,6 @@ class BatchedRows:
                 c.keys[..., :end, :] = dynamic_roll(c.keys[..., :end, :], shifts, axis=2)
                 c.values[..., :end, :] = dynamic_roll(c.values[..., :end, :], shifts, axis=2)
             elif source is not None:
-                start = end - source.shape[2]
-                c.keys[..., start:end, :] = mx.take_along_axis(c.keys, source, 2)
-                c.values[..., start:end, :] = mx.take_along_axis(c.values, source, 2)
+                move_columns(c, source)
             c.left_padding = c.left_padding + shifts[:, 0]
             c.offset = c.offset - shifts[:, 0]
