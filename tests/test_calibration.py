@@ -38,6 +38,20 @@ def test_measure_keeps_a_curve_per_context_and_a_drafter_cost(pipe, tmp_path):
     assert calibration.load(pipe, tmp_path) is None and calibration.stored(tmp_path) == []
 
 
+def test_a_chain_drafter_is_timed_on_the_same_context_every_call(qwen3_target, tmp_path):
+    """EAGLE-3 keeps the rows it drafts until their verification is observed; timing it call
+    after call must not pile them up (it raised "context out of step" on the second call),
+    and auto then runs it losslessly."""
+    from outrider.testing import make_tiny_drafter
+
+    drafter = make_tiny_drafter(tmp_path / "e3", qwen3_target, "eagle3", "deepspec")
+    auto = outrider.load(str(qwen3_target), str(drafter), "eagle3", max_draft="auto")
+    assert auto.calibration is not None and auto.calibration.draft_ms > 0
+    ids = auto.encode(PROMPTS[0])
+    got = auto.generate(ids, max_tokens=20, stop_tokens=set())
+    assert got.tokens == plain_greedy(qwen3_target, ids, 20)
+
+
 def test_auto_measures_once_then_is_the_default_and_stays_lossless(qwen3_target, drafters):
     auto = outrider.load(str(qwen3_target), str(drafters["dspark"]), "dspark", max_draft="auto")
     assert auto.calibration is not None and any("calibrated" in n for n in auto.notes)

@@ -232,8 +232,10 @@ def test_bad_data_is_named(tmp_path, line, message):
 def test_cli_refuses_bad_options_before_loading(tmp_path):
     runner = CliRunner()
     base = ["train", "--model", str(tmp_path / "none"), "--data", str(tmp_path), "--out"]
-    bad = runner.invoke(cli.app, [*base, str(tmp_path / "o"), "--kind", "eagle3"])
-    assert bad.exit_code == 2 and "error: --kind must be dspark or dflash" in bad.output
+    bad = runner.invoke(cli.app, [*base, str(tmp_path / "o"), "--kind", "medusa"])
+    assert bad.exit_code == 2 and "error: --kind must be dspark, dflash or eagle3" in bad.output
+    bad = runner.invoke(cli.app, [*base, str(tmp_path / "o"), "--kind", "eagle3", "--layers", "2"])
+    assert bad.exit_code == 2 and "EAGLE-3 drafters have one layer" in bad.output
     bad = runner.invoke(cli.app, [*base, str(tmp_path / "o"), "--seq-len", "4"])
     assert bad.exit_code == 2 and "--seq-len must be >= 16" in bad.output
     missing = runner.invoke(cli.app, [*base, str(tmp_path / "o"), "--data", "nope.jsonl"])

@@ -34,6 +34,7 @@ def benchmark(
     ),
     dspark_drafter: str | None = Opt(None, "--dspark-drafter", help="Drafter for dspark."),
     dflash_drafter: str | None = Opt(None, "--dflash-drafter", help="Drafter for dflash."),
+    eagle3_drafter: str | None = Opt(None, "--eagle3-drafter", help="Drafter for eagle3."),
     modes: str | None = Opt(
         None,
         "--modes",
@@ -116,6 +117,7 @@ def benchmark(
                 "--drafter": drafter,
                 "--dspark-drafter": dspark_drafter,
                 "--dflash-drafter": dflash_drafter,
+                "--eagle3-drafter": eagle3_drafter,
                 "--modes": modes,
                 "--suites": suites,
                 "--prompts": prompts,
@@ -157,7 +159,13 @@ def benchmark(
             prompts_per_suite=prompts_per_suite,
             drafter=drafter,
             drafters={
-                m: d for m, d in (("dspark", dspark_drafter), ("dflash", dflash_drafter)) if d
+                m: d
+                for m, d in (
+                    ("dspark", dspark_drafter),
+                    ("dflash", dflash_drafter),
+                    ("eagle3", eagle3_drafter),
+                )
+                if d
             },
             peer_draft_model=peer_draft_model,
             draft_model=draft_model,
@@ -177,6 +185,7 @@ def benchmark(
                 "--drafter": drafter,
                 "--dspark-drafter": dspark_drafter,
                 "--dflash-drafter": dflash_drafter,
+                "--eagle3-drafter": eagle3_drafter,
                 "--modes": modes,
                 "--suites": ",".join(suite_list) or None,
                 "--prompts": list(prompts or ()) or None,

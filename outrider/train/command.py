@@ -16,7 +16,7 @@ Opt = typer.Option
 
 def train(
     model: str = Opt(..., "--model", "-m", help="Target folder or repo id."),
-    kind: str = Opt("dspark", "--kind", help="dspark or dflash."),
+    kind: str = Opt("dspark", "--kind", help="dspark, dflash or eagle3."),
     data: list[str] = Opt(
         ..., "--data", help="jsonl ({'turns': [...]} / {'text': ...}), text file or folder."
     ),
@@ -26,7 +26,11 @@ def train(
     seq_len: int = Opt(512, "--seq-len", help="Tokens per training window."),
     lr: float = Opt(6e-4, "--lr", help="Peak learning rate (AdamW)."),
     warmup: int | None = Opt(None, "--warmup", help="Warm-up steps (default: 4% of --steps)."),
-    block_size: int = Opt(7, "--block-size", help="Block: anchor + masks (drafts per call)."),
+    block_size: int = Opt(
+        7,
+        "--block-size",
+        help="Block: anchor + masks (drafts per call); for eagle3 the chain's training depth.",
+    ),
     layers: int | None = Opt(None, "--layers", help="Drafter layers (default: from target)."),
     init: str | None = Opt(None, "--init", help="Fine-tune this DeepSpec drafter."),
     max_new_tokens: int = Opt(256, "--max-new-tokens", help="Self-distilled answer length."),
@@ -60,7 +64,8 @@ def train(
     no_compile: bool = Opt(False, "--no-compile", help="Skip mx.compile of the step."),
     as_json: bool = Opt(False, "--json", help="Progress and report as JSON lines."),
 ) -> None:
-    """Train a DSpark or DFlash drafter for a target, online (the target runs alongside)."""
+    """Train a DSpark, DFlash or EAGLE-3 drafter for a target, online (the target runs
+    alongside)."""
     from ..cli_common import console as _console
     from ..cli_common import user_errors
     from ..core.errors import Interrupted

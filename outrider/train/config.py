@@ -8,6 +8,7 @@ import mlx.core as mx
 
 from ..core.errors import OutriderError
 
+KINDS = ("dspark", "dflash", "eagle3")
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
@@ -50,8 +51,10 @@ class TrainConfig:
     distill_chunk: int = 256
 
     def check(self) -> None:
-        if self.kind not in ("dspark", "dflash"):
-            raise OutriderError(f"--kind must be dspark or dflash, got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise OutriderError(f"--kind must be dspark, dflash or eagle3, got {self.kind!r}")
+        if self.kind == "eagle3" and self.layers not in (None, 1):
+            raise OutriderError(f"EAGLE-3 drafters have one layer; --layers {self.layers}")
         for name in (
             "steps",
             "batch_size",

@@ -2,9 +2,11 @@
 
 The config is a copy of the target's with DeepSpec's drafter fields (deepseek-ai/DeepSpec,
 `deepspec/modeling/dspark/qwen3/config.py`: `num_target_layers`, `block_size`, `mask_token_id`,
-`target_layer_ids`, the Markov and confidence-head fields, `tie_word_embeddings` false);
-the weights are DeepSpec's tensor names, with frozen copies of the target's embedding and output
-head. The DeepSpec format plugin reads both back, so a trained drafter loads with `--drafter`.
+`target_layer_ids`, the Markov and confidence-head fields, `tie_word_embeddings` false; for
+EAGLE-3 `deepspec/modeling/eagle3/qwen3/config.py`: one layer, `ttt_length`,
+`step_loss_decay`); the weights are DeepSpec's tensor names, with frozen copies of the target's
+embedding and output head. The DeepSpec and EAGLE-3 format plugins read both back, so a trained
+drafter loads with `--drafter`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from ..core.drafter_spec import DrafterSpec
 from ..core.errors import OutriderError
 from ..core.target import Target
 from ..plugins.formats.deepspec import DeepSpecFormat
+from ..plugins.formats.eagle3 import Eagle3Format
 from ..plugins.strategies.block_drafter import BlockDrafter
+from ..plugins.strategies.eagle3_drafter import Eagle3Drafter
 
 # Fields of a target's config that describe its packaging, not a drafter's.
 DROPPED = ("quantization", "quantization_config", "auto_map", "layer_types", "text_config")
@@ -78,28 +82,45 @@ def drafter_config(
     markov_type: str,
     num_anchors: int,
 ) -> dict:
-    """DeepSpec's config.json for a new drafter of `target`."""
+    """DeepSpec's config.json for a new drafter of `target` (for EAGLE-3, `block_size` is the
+    training-time-test depth, `ttt_length`)."""
     tcfg = target_text_config(target)
     cfg = {k: v for k, v in copy.deepcopy(tcfg).items() if k not in DROPPED}
     hidden, heads = int(tcfg["hidden_size"]), int(tcfg["num_attention_heads"])
     vocab = int(tcfg["vocab_size"])
+    shape = dict(
+        model_type="qwen3",  # the drafter's own layers are Qwen3's (q/k norms), any target
+        num_target_layers=target.num_layers,
+        target_layer_ids=list(tap_ids),
+        tie_word_embeddings=False,
+        head_dim=int(tcfg.get("head_dim") or hidden // heads),
+        num_key_value_heads=int(tcfg.get("num_key_value_heads") or heads),
+    )
+    if kind == "eagle3":
+        if num_layers != 1:
+            raise OutriderError(f"EAGLE-3 drafters have one layer, not {num_layers} (--layers)")
+        cfg.update(
+            architectures=["Qwen3Eagle3Model"],
+            num_hidden_layers=1,
+            draft_num_hidden_layers=1,
+            layer_types=["full_attention"],
+            ttt_length=block_size,
+            step_loss_decay=0.8,
+            **shape,
+        )
+        return cfg
     dspark = kind == "dspark"
     rank = markov_rank if dspark else 0
     cfg.update(
         architectures=["Qwen3DSparkModel"],
-        model_type="qwen3",
         num_hidden_layers=num_layers,
-        num_target_layers=target.num_layers,
         layer_types=["full_attention"] * num_layers,
         block_size=block_size,
         mask_token_id=mask_token_id(target, vocab),
-        target_layer_ids=list(tap_ids),
         num_anchors=num_anchors,
         enable_confidence_head=dspark,
         markov_rank=rank,
-        tie_word_embeddings=False,
-        head_dim=int(tcfg.get("head_dim") or hidden // heads),
-        num_key_value_heads=int(tcfg.get("num_key_value_heads") or heads),
+        **shape,
     )
     if dspark:
         cfg["confidence_head_with_markov"] = rank > 0
@@ -108,9 +129,19 @@ def drafter_config(
     return cfg
 
 
+def is_eagle3(config: dict) -> bool:
+    return "Qwen3Eagle3Model" in (config.get("architectures") or [])
+
+
 def spec_from(config: dict, weights: dict[str, mx.array]) -> DrafterSpec:
-    """The canonical description, read by the DeepSpec format plugin itself."""
-    return DeepSpecFormat().translate(Checkpoint(Path("."), config, dict(weights)))
+    """The canonical description, read by the format plugin that reads it back."""
+    fmt = Eagle3Format() if is_eagle3(config) else DeepSpecFormat()
+    return fmt.translate(Checkpoint(Path("."), config, dict(weights)))
+
+
+def network(spec: DrafterSpec) -> nn.Module:
+    """The inference network of a drafter kind: what training updates is what decoding runs."""
+    return Eagle3Drafter(spec) if spec.kind == "eagle3" else BlockDrafter(spec)
 
 
 def _dense_weight(module: nn.Module) -> mx.array:
@@ -145,7 +176,7 @@ def initial_weights(config: dict, target: Target, seed: int) -> dict[str, mx.arr
     """Random drafter weights (mlx's initialisers) with the target's embedding and head."""
     spec = spec_from(config, {})
     mx.random.seed(seed)
-    model = BlockDrafter(spec)
+    model = network(spec)
     weights = dict(tree_flatten(model.parameters()))
     embed, head = target_embedding_and_head(target)
     weights["embed_tokens.weight"] = embed

@@ -17,18 +17,11 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from ..core.device import on_cuda_gpu
 from ..core.errors import OutriderError
 from ..core.target import Target
-from ..plugins.strategies.block_drafter import BlockDrafter
+from . import objectives as block
+from . import ttt
 from .config import DTYPES, TrainConfig
-from .objectives import (
-    Batch,
-    LossWeights,
-    check_block_forward,
-    gather_rows,
-    losses,
-    sample_anchors,
-    slot_positions,
-)
-from .package import spec_from
+from .objectives import Batch, LossWeights, gather_rows
+from .package import network, spec_from
 
 FROZEN = ("embed_tokens", "lm_head")  # DeepSpec: copies of the target's, never trained
 
@@ -59,14 +52,17 @@ class DrafterRun:
         self.dtype = compute_dtype(cfg, weights)
         spec = spec_from(config, weights)
         self.spec = spec
-        self.model = BlockDrafter(spec)
+        self.chain = spec.kind == "eagle3"  # EAGLE-3's TTT chain, else a block drafter
+        self.depth = spec.ttt_length if self.chain else spec.block_size
+        self.model = network(spec)
         self.model.load_weights(list(spec.weights.items()), strict=True)
         self.model.set_dtype(self.dtype)
         for name in FROZEN:
             self.model[name].freeze()
         # Relative bounds: MLX's CUDA backend runs float32 matmuls in TF32 (a 10-bit mantissa,
         # ~1e-3 relative, seen on an H200); a position or mask mismatch is off by order one.
-        diff = check_block_forward(self.model)
+        check = ttt.check_chain_forward if self.chain else block.check_block_forward
+        diff = check(self.model)
         if diff > (1e-2 if self.dtype == mx.float32 else 0.1):
             raise OutriderError(
                 f"the batched training forward disagrees with the inference forward on this "
@@ -89,9 +85,13 @@ class DrafterRun:
         model, dtype, mask_id = self.model, self.dtype, self.spec.mask_token_id
         weights, clip = self.weights_for_loss, self.cfg.grad_clip
 
+        chain, depth = self.chain, self.depth
+
         def loss_fn(params, arrays):
             model.update(tree_map(lambda a: a.astype(dtype), params))
-            return losses(model, Batch(*arrays), mask_id, weights)
+            if chain:
+                return ttt.losses(model, Batch(*arrays), depth)
+            return block.losses(model, Batch(*arrays), mask_id, weights)
 
         grad_fn = mx.value_and_grad(loss_fn)
 
@@ -110,18 +110,21 @@ class DrafterRun:
     def compile_stalls(self) -> bool:
         """The compiled DSpark step stalled on MLX's CUDA backend (H200, mlx 0.32.4: one step in
         200 s, where the same step uncompiled runs ~25 steps/s), so DSpark trains uncompiled on
-        a CUDA GPU; DFlash's compiled step is fine there."""
+        a CUDA GPU; DFlash's compiled step is fine there. EAGLE-3's compiled step has not been
+        tried there, so it trains uncompiled too."""
         on_cuda = on_cuda_gpu()
-        return on_cuda and self.cfg.kind == "dspark"
+        return on_cuda and self.cfg.kind in ("dspark", "eagle3")
 
     def make_batch(self, ids_np: np.ndarray, mask_np: np.ndarray, step: int) -> Batch:
         """Run the target over the windows and gather what the loss needs."""
         ids = mx.array(ids_np)
         logits, taps = self.target.forward_batch(ids, tuple(self.spec.target_layer_ids))
         rng = np.random.default_rng([self.cfg.seed, step, 1])
-        anchors_np, keep_np = sample_anchors(mask_np, self.n_anchors, rng)
+        sample = ttt.chain_anchors if self.chain else block.sample_anchors
+        anchors_np, keep_np = sample(mask_np, self.n_anchors, rng)
         anchors = mx.array(anchors_np)
-        rows = gather_rows(logits, slot_positions(anchors, self.spec.block_size))
+        where = ttt.target_positions if self.chain else block.slot_positions
+        rows = gather_rows(logits, where(anchors, self.depth))
         probs = mx.softmax(rows.astype(mx.float32), axis=-1)
         return Batch(
             ids,

@@ -154,14 +154,14 @@ def _new_or_init(cfg: TrainConfig, target: Target, plugins: Plugins) -> tuple[di
         if spec.format != "deepspec":
             raise OutriderError(
                 f"--init {cfg.init} is a {spec.format} drafter; outrider trains DeepSpec-packaged "
-                "drafters (DSpark / DFlash)"
+                "drafters (DSpark / DFlash / EAGLE-3)"
             )
         if spec.kind != cfg.kind:
             raise OutriderError(f"--init {cfg.init} is a {spec.kind} drafter, not {cfg.kind}")
         config = read_config(resolve_model(cfg.init, "drafter", True))
         return config, dict(spec.weights)
     hidden = target.hidden_size
-    layers = cfg.layers or default_layers(target.num_layers)
+    layers = cfg.layers or (1 if cfg.kind == "eagle3" else default_layers(target.num_layers))
     config = drafter_config(
         target,
         cfg.kind,
@@ -251,7 +251,7 @@ def _steps(
 
 
 def train_drafter(cfg: TrainConfig, on_event: Callable[[Event], None] | None = None) -> TrainReport:
-    """Train a DSpark / DFlash drafter for `cfg.model` and write it to `cfg.out`."""
+    """Train a DSpark / DFlash / EAGLE-3 drafter for `cfg.model` and write it to `cfg.out`."""
     cfg.check()
     emit = on_event or (lambda e: None)
     out = Path(cfg.out)

