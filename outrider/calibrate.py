@@ -85,7 +85,8 @@ def _print_table(cal, out) -> None:
     if cal.plain_ms:  # what auto weighs a drafting round against
         steps = " · ".join(f"ctx {c}: {ms:.3f}" for c, ms in sorted(cal.plain_ms.items()))
         out.print(f"plain step, pipelined (ms): {steps}")
-    out.print(f"drafter call: {cal.draft_ms:.3f} ms · attention: {cal.attention}")
+    more = f" + {cal.draft_ms_per_token:.3f} ms a further draft" if cal.draft_ms_per_token else ""
+    out.print(f"drafter call: {cal.draft_ms:.3f} ms{more} · attention: {cal.attention}")
     if cal.widths:  # where a wider forward costs less (core/calibration.py)
         shown = ", ".join(f"{n}→{v}" for n, v in sorted(cal.widths.items()))
         out.print(f"verify widths run padded: {shown} (OUTRIDER_MATMUL=native: never)")

@@ -38,6 +38,13 @@ def test_measure_keeps_a_curve_per_context_and_a_drafter_cost(pipe, tmp_path):
     assert calibration.load(pipe, tmp_path) is None and calibration.stored(tmp_path) == []
 
 
+def test_a_rounds_drafter_cost_is_a_fixed_call_plus_a_cost_per_further_draft():
+    cal = Calibration(key={}, verify_ms={128: [10.0] * 8}, draft_ms=2.0, draft_ms_per_token=0.5)
+    assert cal.round_cost(1, 128) == pytest.approx((2.0 + 10.0) / 1000)
+    assert cal.round_cost(5, 128) == pytest.approx((2.0 + 4 * 0.5 + 10.0) / 1000)
+    assert Calibration.from_dict(cal.as_dict()) == cal  # kept and read back
+
+
 def test_a_chain_drafter_is_timed_on_the_same_context_every_call(qwen3_target, tmp_path):
     """EAGLE-3 keeps the rows it drafts until their verification is observed; timing it call
     after call must not pile them up (it raised "context out of step" on the second call),
@@ -45,10 +52,14 @@ def test_a_chain_drafter_is_timed_on_the_same_context_every_call(qwen3_target, t
     from outrider.testing import make_tiny_drafter
 
     drafter = make_tiny_drafter(tmp_path / "e3", qwen3_target, "eagle3", "deepspec")
-    auto = outrider.load(str(qwen3_target), str(drafter), "eagle3", max_draft="auto")
-    assert auto.calibration is not None and auto.calibration.draft_ms > 0
-    ids = auto.encode(PROMPTS[0])
-    got = auto.generate(ids, max_tokens=20, stop_tokens=set())
+    pipe = outrider.load(str(qwen3_target), str(drafter), "eagle3")
+    cal = calibration.measure(pipe, contexts=(16,), max_width=8, repeats=2)
+    assert cal.draft_ms > 0
+    # the chain runs its layer once a draft: a round's drafter cost grows with its cap
+    assert cal.draft_ms_per_token > 0 and cal.draft_cost(7) > cal.draft_cost(1)
+    pipe.calibration = cal
+    ids = pipe.encode(PROMPTS[0])
+    got = pipe.generate(ids, max_tokens=20, max_draft="auto", stop_tokens=set())
     assert got.tokens == plain_greedy(qwen3_target, ids, 20)
 
 

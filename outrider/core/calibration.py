@@ -29,6 +29,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -49,14 +50,19 @@ PASS_BUDGET = 0.5  # seconds of timed passes per context length, where a pass is
 PLAIN_STEPS = 8  # pipelined plain steps timed together at each context
 PAD_GAIN = 0.9  # a wider forward is worth padding to when it costs under this share
 PAD_PROBE_WIDTH = 8  # on a GPU, inline calibrations of a padding target measure this wide
-VERSION = 2  # 2: pipelined plain steps measured (`plain_ms`)
+# 2: pipelined plain steps measured (`plain_ms`); 3: the drafter timed at one draft and at its
+# full cap (`draft_ms`, `draft_ms_per_token`)
+VERSION = 3
 
 
 @dataclass
 class Calibration:
     key: dict[str, str]
     verify_ms: dict[int, list[float]]  # context length -> t(w) for w = 1..len, milliseconds
-    draft_ms: float = 0.0  # one drafter call at the full cap
+    draft_ms: float = 0.0  # one drafter call that drafts one token
+    # what each further draft adds to the call: a chain drafter (EAGLE-3) runs its layer once a
+    # draft, a DSpark head steps once a slot; a block drafter's backbone call is the fixed part
+    draft_ms_per_token: float = 0.0
     # context length -> one plain step as decoding runs it (the next forward queued before the
     # current token is read), milliseconds; empty: a one-row forward's verify cost stands in
     plain_ms: dict[int, float] = field(default_factory=dict)
@@ -129,7 +135,11 @@ class Calibration:
         a one-row verify, which waits for its result)."""
         if k == 0:
             return self.plain_cost(context)
-        return self.draft_ms / 1000 + self.verify_cost(k + 1, context)
+        return self.draft_cost(k) + self.verify_cost(k + 1, context)
+
+    def draft_cost(self, k: int) -> float:
+        """Seconds of the drafter's call when it drafts k >= 1 tokens."""
+        return (self.draft_ms + self.draft_ms_per_token * max(0, k - 1)) / 1000
 
     def summary(self) -> dict[str, Any]:
         """What a result reports: where it is kept, when it was made, the curve's shape."""
@@ -164,6 +174,7 @@ class Calibration:
             key=dict(data["key"]),
             verify_ms=verify,
             draft_ms=float(data.get("draft_ms", 0.0)),
+            draft_ms_per_token=float(data.get("draft_ms_per_token", 0.0)),
             plain_ms={int(c): float(v) for c, v in data.get("plain_ms", {}).items()},
             attention=str(data.get("attention", "native")),
             seconds=float(data.get("seconds", 0.0)),
@@ -301,11 +312,12 @@ def measure(
     finally:
         target.verify_widths = widths
     with mx.stream(target.stream):
-        draft_ms = _draft_ms(pipe, vocab, repeats)
+        draft_ms, per_token = _draft_ms(pipe, vocab, repeats)
     return Calibration(
         key=calibration_key(pipe),
         verify_ms=verify,
         draft_ms=draft_ms,
+        draft_ms_per_token=per_token,
         plain_ms=plain,
         attention="split" if split_attention() else "native",
         seconds=round(time.perf_counter() - t_start, 3),
@@ -356,24 +368,33 @@ def _plain_steps(target: Any, cache: list, first: mx.array, tap_ids: tuple[int, 
     target.rollback(cache, PLAIN_STEPS)
 
 
-def _draft_ms(pipe: Any, vocab: int, repeats: int) -> float:
-    """One drafter call at the full cap, on the context of a short generation."""
+def _draft_ms(pipe: Any, vocab: int, repeats: int) -> tuple[float, float]:
+    """(ms of a drafter call that drafts one token, ms each further draft adds), from calls at
+    one draft and at the pipeline's widest cap, on the context of a short generation."""
     proposer = pipe.proposer
     if not proposer.max_draft or not proposer.tap_layer_ids:
-        return 0.0  # drafter-free strategies draft on the host, in microseconds
+        return 0.0, 0.0  # drafter-free strategies draft on the host, in microseconds
+    widest = min(proposer.max_draft, pipe.max_draft or proposer.max_draft, MAX_WIDTH - 1)
     prompt = [int(t) for t in mx.random.randint(1, vocab, (32,), key=mx.random.key(1)).tolist()]
-    result = pipe.generate(prompt, max_tokens=8, max_draft=proposer.max_draft, stop_tokens=set())
+    result = pipe.generate(prompt, max_tokens=8, max_draft=widest, stop_tokens=set())
     history = prompt + result.tokens
-    ctx = DraftContext(history, proposer.max_draft, SamplingParams())
 
-    def run() -> None:
-        proposal = proposer.propose(ctx)
-        mx.eval(proposal.tokens)
-        # as if its verification accepted nothing and brought no taps: a chain drafter (EAGLE-3)
-        # drops the rows it drafted, so the next call meets the same context
-        proposer.observe(0, None)
+    def call(cap: int) -> Callable[[], None]:
+        ctx = DraftContext(history, cap, SamplingParams())
 
-    return round(_timed(run, repeats) * 1000, 4)
+        def run() -> None:
+            mx.eval(proposer.propose(ctx).tokens)
+            # as if its verification accepted nothing and brought no taps: a chain drafter
+            # (EAGLE-3) drops the rows it drafted, so the next call meets the same context
+            proposer.observe(0, None)
+
+        return run
+
+    one = _timed(call(1), repeats) * 1000
+    if widest <= 1:
+        return round(one, 4), 0.0
+    full = _timed(call(widest), repeats) * 1000
+    return round(one, 4), round(max(0.0, full - one) / (widest - 1), 4)
 
 
 def calibrated(pipe: Any, progress: Any = None) -> tuple[Calibration, bool]:

@@ -45,10 +45,10 @@ def _heads(x: mx.array, count: int) -> mx.array:
     return x.reshape(b, s, count, -1).transpose(0, 2, 1, 3)
 
 
-def _qk(layer: Eagle3Layer, x: mx.array, count: int, proj: str, norm: str) -> mx.array:
-    attn = layer.self_attn
-    y = _heads(getattr(attn, proj)(x), count)
-    return getattr(attn, norm)(y) if norm in attn else y
+def _normed(layer: Eagle3Layer, which: str, x: mx.array) -> mx.array:
+    """Qwen3 layers norm q and k per head (`q_norm`, `k_norm`); Llama layers do not."""
+    norm = f"{which}_norm"
+    return layer.self_attn[norm](x) if norm in layer.self_attn else x
 
 
 def _rope_rows(layer: Eagle3Layer, x: mx.array, offsets: mx.array) -> mx.array:
@@ -81,7 +81,7 @@ def chain_forward(
     nxt = mx.concatenate([ids[:, 1:], ids[:, :1]], axis=1).astype(mx.uint32)
     g0 = drafter.project(taps.reshape(b * t, -1)).reshape(b, t, -1).astype(dtype)
     x0, residual0 = _layer_input(layer, drafter.embed_tokens(nxt), g0)
-    keys = [attn.rope(_qk(layer, x0, n_kv, "k_proj", "k_norm"))]
+    keys = [attn.rope(_normed(layer, "k", _heads(attn.k_proj(x0), n_kv)))]
     values = [_heads(attn.v_proj(x0), n_kv)]
     context = mx.arange(t)[None, None, :] <= anchors[:, :, None]  # [b, N, T]
     own = mx.broadcast_to(mx.eye(n_anchors, dtype=mx.bool_)[None], (b, n_anchors, n_anchors))
@@ -93,10 +93,11 @@ def chain_forward(
         if j > 0:  # row a's chain: its own last output with token a+j+1, at position a+j
             token = gather_rows(ids, anchors[..., None] + j + 1)[:, :, 0].astype(mx.uint32)
             x, residual = _layer_input(layer, drafter.embed_tokens(token), outputs[-1])
-            k = _rope_rows(layer, _qk(layer, x, n_kv, "k_proj", "k_norm"), anchors + j)
-            keys.append(k)
+            k = _normed(layer, "k", _heads(attn.k_proj(x), n_kv))
+            keys.append(_rope_rows(layer, k, anchors + j))
             values.append(_heads(attn.v_proj(x), n_kv))
-        q = _rope_rows(layer, _qk(layer, x, n_heads, "q_proj", "q_norm"), anchors + j)
+        q = _normed(layer, "q", _heads(attn.q_proj(x), n_heads))
+        q = _rope_rows(layer, q, anchors + j)
         mask = mx.concatenate([context] + [own] * j, axis=-1)[:, None]
         out = mx.fast.scaled_dot_product_attention(
             q,
