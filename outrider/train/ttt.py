@@ -117,7 +117,8 @@ def losses(
 ) -> tuple[mx.array, dict[str, mx.array]]:
     """Σ_j decay^j · soft-CE(target, step j) over the sampled rows, each step divided by the
     kept rows (DeepSpec's "local_mean": unsupervised rows add 0, the divisor counts them all);
-    and the teacher-forced greedy accept length `tau`, as DeepSpec logs it."""
+    and `tau`, the teacher-forced greedy chain length against the window's own tokens (DeepSpec
+    logs it against the target's argmax; self-distilled windows hold exactly those)."""
     t = batch.ids.shape[1]
     outputs = chain_forward(drafter, batch.ids, batch.taps, batch.anchors, depth)
     kept = batch.keep.astype(mx.float32)
