@@ -16,6 +16,9 @@ import pytest
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# rich draws tables as wide as the terminal; the tests read them at one width, whether run in a
+# terminal or in a pytest-xdist worker (which has none, so rich would fall back to 80 columns)
+os.environ["COLUMNS"] = "200"
 # outrider's own cache (calibrations, converted drafters) never touches the user's: a fresh
 # folder for the session, and one per test (below) for what tests store there.
 os.environ["OUTRIDER_CACHE"] = tempfile.mkdtemp(prefix="outrider-cache-")

@@ -84,6 +84,7 @@ NOT_RUN = {
     "pip install -e .": "installs from the package index (network); the Mac spelling",
     "pip install -e '.[cuda]'": "installs from the package index (network); NVIDIA",
     "python -m pytest": "the test suite itself, this test included",
+    "python -m pytest -m 'not slow'": "the quick tier of the suite itself, this test included",
     "outrider claude": "launches Claude Code (tests/test_claude_code.py runs it, slow tier)",
     "outrider train --model TARGET --kind dspark --data prompts.jsonl --out my-drafter": (
         "TARGET and prompts.jsonl are placeholders and the default run is 1000 steps; "
