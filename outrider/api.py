@@ -10,7 +10,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .core import calibration, loop
+from .core import calibration, kernels, loop
 from .core.batch import Batch, fork
 from .core.calibration import Calibration
 from .core.drafter_spec import DrafterSpec
@@ -521,6 +521,9 @@ def load(
     pipe = Pipeline(target, proposer, mode, cap, spec, pair, options, notes, ref, prefix_cache)
     pipe.auto_cap = auto_cap and proposer.max_draft > 0
     pipe.cap_given = isinstance(requested_cap, int)
+    _, seconds = kernels.warm_at_load(target, proposer)
+    if seconds >= 1.0:  # a cold machine: MLX compiled kernels (it keeps them on disk)
+        notes.append(f"prepared the quantized GPU kernels in {seconds:.0f} s (once per machine)")
     if proposer.max_draft > 0 and (pipe.auto_cap or requested_cap is None):
         _calibrate(pipe, measure=pipe.auto_cap)
     if isinstance(proposer, LookupAssist):

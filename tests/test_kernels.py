@@ -1,0 +1,71 @@
+"""Warming MLX's CUDA quantized kernels at load (core/kernels.py): what runs, and that it
+changes nothing a generation sees."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+import outrider
+from outrider.core import kernels
+from outrider.core.device import on_cuda_gpu
+from outrider.testing.targets import build_model, tiny_config
+
+
+def _quantized(seed: int = 1, bits: int = 4) -> nn.Module:
+    model = build_model(tiny_config("qwen3"), seed=seed)
+    nn.quantize(model, group_size=64, bits=bits)
+    return model
+
+
+def test_one_product_per_distinct_quantized_shape():
+    model = _quantized()
+    shapes = {
+        (m.weight.shape[0], m.weight.shape[-1] * 32 // m.bits)
+        for _, m in model.named_modules()
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    }
+    products = kernels.quantized_products([model, model])  # a model named twice counts once
+    assert len(products) == len(shapes) > 1
+    assert {(p[0].shape[0], p[5]) for p in products} == shapes
+    # another bit width is another kernel
+    assert len(kernels.quantized_products([model, _quantized(bits=8)])) == 2 * len(shapes)
+    assert kernels.quantized_products([build_model(tiny_config("qwen3"), seed=1)]) == []
+
+
+def test_warming_runs_each_product_at_each_row_tile_and_matches_the_layer():
+    model = _quantized()
+    n = len(kernels.quantized_products([model]))
+    assert kernels.warm_quantized_kernels([model]) == n * len(kernels.TILE_ROWS)
+    # the product it runs is the layer's own: same result for the same rows
+    layer = next(m for _, m in model.named_modules() if isinstance(m, nn.QuantizedLinear))
+    w, scales, biases, group, bits, width, dtype = kernels.quantized_products([layer])[0]
+    x = mx.random.normal((17, width)).astype(dtype)
+    direct = mx.quantized_matmul(x, w, scales, biases, True, group, bits)
+    assert mx.array_equal(direct, layer(x) - (layer["bias"] if "bias" in layer else 0)).item()
+
+
+def test_pipeline_models_finds_the_drafter_inside_lookup_assistance(qwen3_target, drafters):
+    pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark", max_draft=4)
+    models = kernels.pipeline_models(pipe.target, pipe.proposer)
+    assert models[0] is pipe.target.model
+    assert len(models) == 2 and type(models[1]).__name__ == "BlockDrafter"
+    plain = outrider.load(str(qwen3_target), mode="lookup")
+    assert kernels.pipeline_models(plain.target, plain.proposer) == [plain.target.model]
+
+
+def test_load_warms_only_on_a_cuda_gpu_and_output_is_unchanged():
+    # the shipped pair: an 8-bit target (kept quantized in this process, whose BLAS is MLX's
+    # reference one) and a DSpark drafter quantized to 4 bits at load
+    pipe = outrider.load("outrider-demo/target", "outrider-demo/dspark", mode="dspark")
+    models = kernels.pipeline_models(pipe.target, pipe.proposer)
+    products = kernels.quantized_products(models)
+    assert {p[4] for p in products} == {8, 4}  # the target's and the drafter's
+    ran = kernels.warm_at_load(pipe.target, pipe.proposer)[0]
+    assert ran == (len(products) * len(kernels.TILE_ROWS) if on_cuda_gpu() else 0)
+    prompt = "def fibonacci(n):"
+    before = pipe.generate(prompt, max_tokens=12, max_draft=4)
+    assert kernels.warm_quantized_kernels(models) == len(products) * len(kernels.TILE_ROWS)
+    after = pipe.generate(prompt, max_tokens=12, max_draft=4)
+    plain = outrider.load("outrider-demo/target", mode="baseline", target=pipe.target)
+    assert after.tokens == before.tokens == plain.generate(prompt, max_tokens=12).tokens
