@@ -39,15 +39,16 @@ def calibrate(
             raise OutriderError("--contexts needs lengths of at least 2 tokens")
         if not 1 <= max_width <= 64:
             raise OutriderError(f"--max-width must be in 1..64, got {max_width}")
-        pipe = load(
-            model or demo_target(),
-            drafter,
-            mode,
-            drafter_bits=drafter_bits,
-            kv_bits=kv_bits,
-            plugins=plugins(),
-        )
         err = console(stderr=True)
+        with err.status(f"loading {model or 'the demo pair'}"):
+            pipe = load(
+                model or demo_target(),
+                drafter,
+                mode,
+                drafter_bits=drafter_bits,
+                kv_bits=kv_bits,
+                plugins=plugins(),
+            )
         with err.status("measuring…") as status:
 
             def progress(done: int, total: int) -> None:

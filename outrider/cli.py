@@ -171,19 +171,22 @@ def generate(
         if model is None:
             model = demo_target()
             typer.echo(f"note: no --model given; using the demo pair in {pair_dir()}", err=True)
-        pipe = load(
-            model,
-            drafter,
-            mode,
-            max_draft=max_draft,
-            drafter_bits=drafter_bits,
-            kv_bits=kv_bits,
-            confidence_threshold=confidence_threshold,
-            plugins=plugins(),
-            draft_model=draft_model,
-            num_draft_tokens=num_draft_tokens,
-            lookup_drafts=False if no_lookup_drafts else None,
-        )
+        # a spinner on a terminal: a first `auto` run measures the machine, and a cold CUDA
+        # machine compiles its quantized kernels, each for up to minutes (once)
+        with _console(stderr=True).status(f"loading {model}"):
+            pipe = load(
+                model,
+                drafter,
+                mode,
+                max_draft=max_draft,
+                drafter_bits=drafter_bits,
+                kv_bits=kv_bits,
+                confidence_threshold=confidence_threshold,
+                plugins=plugins(),
+                draft_model=draft_model,
+                num_draft_tokens=num_draft_tokens,
+                lookup_drafts=False if no_lookup_drafts else None,
+            )
         for note in pipe.notes:
             _warn(note)
         if max_draft == 0:  # mlx-dspark's spelling of the full block; baseline is --mode baseline

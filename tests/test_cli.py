@@ -260,6 +260,36 @@ def test_plain_output_when_stdout_is_not_a_terminal(models, json_runs):
     assert "accept" in lines[0] and "mode dspark · cap" in lines[0]
 
 
+def test_a_terminal_sees_a_spinner_while_the_model_loads(models):
+    """Loading can take minutes (a first `auto` run measures the machine; a cold CUDA machine
+    compiles kernels): a terminal shows what is loading; the test above shows a pipe does not."""
+    import pty
+
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "OUTRIDER_DEBUG"}
+    env.update({"PYTHONPATH": str(ROOT), "TERM": "xterm"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "outrider", *generate_args(models, "lookup")],
+        stdout=subprocess.DEVNULL,
+        stderr=follower,
+        env=env,
+    )
+    os.close(follower)  # the child holds the terminal now: reads end when it exits
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)  # read as it comes: a full terminal would block it
+        except OSError:  # EIO: the child's end is closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    proc.wait()
+    assert proc.returncode == 0
+    assert f"loading {models['target']}".encode() in seen
+
+
 def test_plain_streaming_matches_the_result(models, json_runs):
     result = invoke(*generate_args(models, "lookup"))
     assert result.exit_code == 0, result.output
