@@ -9,6 +9,7 @@ import mlx.nn as nn
 import outrider
 from outrider.core import kernels
 from outrider.core.device import on_cuda_gpu
+from outrider.testing import make_tiny_target
 from outrider.testing.targets import build_model, tiny_config
 
 
@@ -52,6 +53,14 @@ def test_pipeline_models_finds_the_drafter_inside_lookup_assistance(qwen3_target
     assert len(models) == 2 and type(models[1]).__name__ == "BlockDrafter"
     plain = outrider.load(str(qwen3_target), mode="lookup")
     assert kernels.pipeline_models(plain.target, plain.proposer) == [plain.target.model]
+
+
+def test_pipeline_models_finds_a_draft_model(qwen3_target, models_dir):
+    draft = make_tiny_target(models_dir / "kernels-draft", "qwen3", seed=7, num_hidden_layers=1)
+    pipe = outrider.load(str(qwen3_target), mode="draft", draft_model=str(draft))
+    models = kernels.pipeline_models(pipe.target, pipe.proposer)
+    assert len(models) == 2 and models[0] is pipe.target.model
+    assert models[1] is not models[0] and len(models[1].layers) == 1
 
 
 def test_load_warms_only_on_a_cuda_gpu_and_output_is_unchanged():
