@@ -171,8 +171,7 @@ def generate(
         if model is None:
             model = demo_target()
             typer.echo(f"note: no --model given; using the demo pair in {pair_dir()}", err=True)
-        # a spinner on a terminal: a first `auto` run measures the machine, and a cold CUDA
-        # machine compiles its quantized kernels, each for up to minutes (once)
+        # a spinner on a terminal: a first `auto` run or a cold CUDA machine takes minutes
         with _console(stderr=True).status(f"loading {model}"):
             pipe = load(
                 model,

@@ -56,12 +56,20 @@ def generate_args(models: dict[str, str], mode: str, *extra: str) -> list[str]:
     return args + ["--max-tokens", "24", *extra]
 
 
-def run_module(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The real entry point (`python -m outrider`), stdout a pipe, not a terminal."""
+def module_env(env: dict | None = None) -> dict:
+    """This environment for a `python -m outrider` child: this checkout, no debug tracebacks."""
     full_env = {k: v for k, v in os.environ.items() if k != "OUTRIDER_DEBUG"}
     full_env.update({"PYTHONPATH": str(ROOT), **(env or {})})
+    return full_env
+
+
+def run_module(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real entry point (`python -m outrider`), stdout a pipe, not a terminal."""
     return subprocess.run(
-        [sys.executable, "-m", "outrider", *args], capture_output=True, env=full_env, timeout=300
+        [sys.executable, "-m", "outrider", *args],
+        capture_output=True,
+        env=module_env(env),
+        timeout=300,
     )
 
 
@@ -266,13 +274,11 @@ def test_a_terminal_sees_a_spinner_while_the_model_loads(models):
     import pty
 
     leader, follower = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if k != "OUTRIDER_DEBUG"}
-    env.update({"PYTHONPATH": str(ROOT), "TERM": "xterm"})
     proc = subprocess.Popen(
         [sys.executable, "-m", "outrider", *generate_args(models, "lookup")],
         stdout=subprocess.DEVNULL,
         stderr=follower,
-        env=env,
+        env=module_env({"TERM": "xterm"}),
     )
     os.close(follower)  # the child holds the terminal now: reads end when it exits
     seen = b""

@@ -63,7 +63,7 @@ def verify_pad(model: Any) -> int:
     layers, unless OUTRIDER_MATMUL=native."""
     if matmul_choice() == "native" or not on_cuda_gpu():
         return 0
-    quantized = any(_is_quantized(m, (nn.QuantizedLinear,)) for _, m in model.named_modules())
+    quantized = any(is_quantized(m, (nn.QuantizedLinear,)) for _, m in model.named_modules())
     return PADDED_VERIFY_ROWS if quantized else 0
 
 
@@ -90,14 +90,14 @@ def dense_on_cpu(model: Any) -> bool:
 def dense_fits(model: Any, itemsize: int) -> bool:
     """Whether `model` has quantized layers, and their weights dequantized to `itemsize`-byte
     floats fit DENSE_MEMORY_SHARE of the machine's memory."""
-    quantized = [m for _, m in model.named_modules() if _is_quantized(m)]
+    quantized = [m for _, m in model.named_modules() if is_quantized(m)]
     if not quantized:
         return False
     weights = sum(m.weight.size * 32 // m.bits for m in quantized)
     return weights * itemsize <= DENSE_MEMORY_SHARE * _memory_bytes()
 
 
-def _is_quantized(
+def is_quantized(
     module: Any, kinds: tuple[type, ...] = (nn.QuantizedLinear, nn.QuantizedEmbedding)
 ) -> bool:
     """Whether `module` is one of `kinds` holding MLX affine-quantized weights."""
@@ -129,6 +129,6 @@ def make_dense(model: Any, dtype: mx.Dtype = mx.float32) -> None:
 def scales_dtype(model: Any) -> mx.Dtype | None:
     """The float type of a quantized model's scales (what its activations run in), or None."""
     for _, m in model.named_modules():
-        if _is_quantized(m):
+        if is_quantized(m):
             return m.scales.dtype
     return None

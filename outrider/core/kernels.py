@@ -3,7 +3,7 @@
 MLX 0.32's CUDA backend builds its quantized matrix kernels (the ones for 8 rows and more;
 fewer rows take a precompiled one-row kernel) with NVRTC the first time each is needed: one
 kernel per activation type, bits, group size and row tile (16, 32 or 64 rows). On the H200's
-host each took 20-45 s to compile (`docs/benchmarks.md`, "A seventh run"). MLX keeps them on
+host each took 18-46 s to compile (`docs/benchmarks.md`, "A seventh run"). MLX keeps them on
 disk afterwards (`MLX_PTX_CACHE_DIR`, else `/tmp/mlx/<version>/ptx`), so it happens once per
 machine, but it happens where the shape first occurs: a verify of 17 rows met mid-answer froze
 that answer for half a minute. Running each distinct quantized product of the pipeline's models
@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .device import on_cuda_gpu
+from .device import is_quantized, on_cuda_gpu
 
 # One row count inside each of the kernel's row tiles: 8-16, 17-32 and 33 or more rows.
 TILE_ROWS = (8, 17, 33)
@@ -31,9 +31,7 @@ def quantized_products(models: Iterable[nn.Module]) -> list[tuple]:
     seen, out = set(), []
     for model in models:
         for _, m in model.named_modules():
-            if not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-                continue
-            if getattr(m, "mode", "affine") != "affine":
+            if not is_quantized(m):
                 continue
             width = m.weight.shape[-1] * 32 // m.bits
             key = (m.weight.shape[0], width, m.bits, m.group_size, m.scales.dtype)
@@ -62,25 +60,12 @@ def warm_quantized_kernels(models: Iterable[nn.Module], rows: tuple[int, ...] = 
 
 
 def pipeline_models(target: Any, proposer: Any) -> list[nn.Module]:
-    """The modules a pipeline computes with: the target's, and the drafter (or draft model) a
-    proposer holds, also inside a wrapper such as lookup assistance (its `inner`)."""
-    models = [target.model]
-    pending, seen = [proposer], set()
-    while pending:
-        obj = pending.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        for name in ("drafter", "draft", "inner"):
-            value = getattr(obj, name, None)
-            if isinstance(value, nn.Module):
-                models.append(value)
-            elif value is not None and hasattr(value, "model") and name == "draft":
-                models.append(value.model)  # a draft model loads as a Target
-            elif value is not None and name == "inner":
-                pending.append(value)
-    unique = {id(m): m for m in models if isinstance(m, nn.Module)}  # a wrapper shares its drafter
-    return list(unique.values())
+    """The modules a pipeline computes with: the target's, and the drafter (or the draft model,
+    which loads as a Target) its proposer holds. A wrapper such as lookup assistance hands its
+    inner proposer's members through."""
+    drafter = getattr(proposer, "drafter", None)
+    draft = getattr(getattr(proposer, "draft", None), "model", None)
+    return [target.model, *(m for m in (drafter, draft) if isinstance(m, nn.Module))]
 
 
 def warm_at_load(target: Any, proposer: Any) -> tuple[int, float]:
