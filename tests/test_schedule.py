@@ -144,17 +144,37 @@ def test_parked_steps_keep_the_drafter_and_the_prefix_cache_in_step(
     assert first.to_json()["max_draft"] == "auto"
 
 
+def launch_bound(k: int) -> float:
+    """A GPU's round: a drafter call and a sync cost 0.4 of a plain step, a verify row 0.03."""
+    return 1.0 + (0.4 + 0.03 * k if k else 0.0)
+
+
 def test_a_probe_drafts_the_cap_that_would_pay_and_unparks_when_it_does():
     """Cheap verify rows (a launch-bound GPU) but hard text: parked. The probe drafts the cap
     that would pay on easy text, and when the text turned easy, drafting resumes."""
-    policy = trained(6, lambda k: 1.0 + 0.5 * k, 0.2)
+    policy = trained(6, launch_bound, 0.2)
     assert policy.choose(100) == 0
     policy.plain_run(100)
     probe = policy.choose(100)
-    assert probe > 1
+    assert probe == 6
     for _ in range(4):  # the text got easy: every draft accepted
-        policy.observe(probe, probe, 1.0 + 0.5 * probe)
+        policy.observe(probe, probe, launch_bound(probe))
     assert policy.choose(100) > 0 and policy.parked == 0
+
+
+def test_a_probe_widens_as_the_parked_run_grows_where_verify_rows_cost():
+    """A drafting round costs 0.3 of a plain step plus 0.3 a draft (a CPU): the full cap would
+    pay on easy text, but each draft past a probe's first loses 0.3 of a step when nothing is
+    accepted. Each probe drafts what 1.5% of the plain steps before it affords: one draft after
+    the first 16 steps, then wider as the intervals grow (each as long as the probe before it
+    needs for its whole loss to be 1.5%), up to the cap."""
+    cpu = lambda k: 1.0 + (0.3 + 0.3 * k if k else 0.0)  # noqa: E731
+    policy = trained(6, cpu, 0.2)
+    assert policy.best(100, 0.9) == 6
+    caps, gaps = probe_gaps(policy, 600)
+    assert caps[0] == 1 and caps == sorted(caps) and len(set(caps)) > 3 and caps[-1] == 6
+    for k, steps in zip(caps, [16, *gaps]):  # a probe's drafts past its first fit the budget
+        assert cpu(k) - cpu(1) <= 0.015 * (steps + 1) + 1e-9, (caps, gaps)
 
 
 # -- the batch's prefix scheduler (DSpark paper, Algorithm 1) ----------------------------------
@@ -345,7 +365,7 @@ def test_a_new_generation_probes_after_the_first_interval_again_when_parked():
     """A pipeline's policy parked by one text probes the next text after `probe_every` plain
     steps (past its opening, the hardest part to draft), instead of waiting out the interval
     the last text's failed probes grew."""
-    policy = trained(6, lambda k: 1.0 + 0.5 * k, 0.2)
+    policy = trained(6, lambda k: 1.0 + (1.0 + 0.03 * k if k else 0.0), 0.2)
     for _ in range(3):  # failed probes: the interval grows
         policy.plain_run(1000)
         policy.observe(policy.choose(100), 0, 3.0)

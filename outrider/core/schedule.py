@@ -10,7 +10,10 @@ interval doubles while probes keep saying no, up to what keeps a failed probe's 
 probe costs about one extra forward; hundreds on a CPU, where every verify row costs), and
 falls back to `probe_every` when a probe's drafts are all accepted (the text may have turned
 easy; one such probe moves the acceptance estimate only a little). A probe drafts the cap that
-would pay were the text easy to draft (one draft where none would). One policy serves every
+would pay were the text easy to draft (one draft where none would), its drafts past the
+first cut to what the plain steps since the last probe can afford to lose (`affordable`): on
+a CPU, where every verify row costs about a plain step, early probes draft one token and only
+a long parked run affords the full cap. One policy serves every
 generation of a pipeline, so what it measured carries over; a new generation that finds it
 parked probes after `probe_every` steps again, because the text that parked it was another.
 
@@ -104,8 +107,8 @@ class AutoCap:
             self.parked, self.interval = 0, self.probe_every
             return best
         if self.parked >= self.interval:  # a probe: does speculation pay again?
-            self.parked = 0
-            probe = self.best(limit, PROBE_ACCEPT) or 1
+            steps, self.parked = self.parked, 0
+            probe = self.affordable(self.best(limit, PROBE_ACCEPT) or 1, steps)
             self.interval = min(2 * self.interval, self.longest_gap(probe))
             self.probing = True
             return probe
@@ -134,6 +137,19 @@ class AutoCap:
         lost = max(0.0, self.cost(probe) - plain)
         gap = lost / (PROBE_BUDGET * plain) if plain > 0 else MAX_INTERVAL
         return int(max(self.probe_every, min(MAX_INTERVAL, gap)))
+
+    def affordable(self, cap: int, steps: int) -> int:
+        """The widest probe up to `cap` whose drafts past the first, should it accept
+        nothing, cost at most PROBE_BUDGET of the `steps` plain steps since the last probe.
+        Probing at all costs a one-draft round (`longest_gap` spaces those); the width is what
+        this bounds. On a launch-bound GPU, where a wider verify costs little more, probes
+        keep the full cap; on a CPU, where every verify row costs about a plain step, early
+        probes draft one token and only a long parked run affords the cap."""
+        allowance = PROBE_BUDGET * steps * self.cost(0)
+        one = self.cost(1)
+        while cap > 1 and self.cost(cap) - one > allowance:
+            cap -= 1
+        return cap
 
     def plain_run(self, remaining: int) -> int:
         """How many plain steps to take now: up to the next probe (at least one)."""
