@@ -34,6 +34,28 @@ def test_one_product_per_distinct_quantized_shape():
     assert kernels.quantized_products([build_model(tiny_config("qwen3"), seed=1)]) == []
 
 
+def test_products_run_at_the_type_the_model_computes_in_not_the_scales_type():
+    """A GGUF target keeps float16 scales but float32 norms: its activations are float32, and
+    the quantized products see float32 inputs, so that is the type to warm (warming float16
+    compiled kernels no generation used)."""
+    model = build_model(tiny_config("qwen3"), seed=1)
+    model.set_dtype(mx.float16)
+    nn.quantize(model, group_size=64, bits=4)
+    for _, m in model.named_modules():
+        if isinstance(m, nn.RMSNorm):
+            m.weight = m.weight.astype(mx.float32)
+    assert kernels.compute_dtype(model) == mx.float32
+    products = kernels.quantized_products([model])
+    assert {p[1].dtype for p in products} == {mx.float16}  # the scales
+    assert {p[6] for p in products} == {mx.float32}
+    # and float32 is what the first layer's projections receive: the normed embedding
+    embedded = model.model.embed_tokens(mx.array([[1, 2, 3]]))
+    assert embedded.dtype == mx.float16
+    assert model.layers[0].input_layernorm(embedded).dtype == mx.float32
+    # a model quantized whole (scales and norms in one type) warms in that type
+    assert {p[6] for p in kernels.quantized_products([_quantized()])} == {mx.float32}
+
+
 def test_warming_runs_each_product_at_each_row_tile_and_matches_the_layer():
     model = _quantized()
     n = len(kernels.quantized_products([model]))

@@ -8,11 +8,17 @@ disk afterwards (`MLX_PTX_CACHE_DIR`, else `/tmp/mlx/<version>/ptx`), so it happ
 machine, but it happens where the shape first occurs: a verify of 17 rows met mid-answer froze
 that answer for half a minute. Running each distinct quantized product of the pipeline's models
 once per row tile moves every compile to load time, where a warm machine pays milliseconds.
+
+The activation type is the model's compute type (that of its unquantized floating weights:
+norms, biases), not the type of the quantization scales: a GGUF target keeps float16 scales
+but computes in float32, and warming it at float16 compiled six kernels no generation used
+(about five minutes on the H200, `docs/benchmarks.md`, "An eighth run").
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,21 +31,37 @@ from .device import is_quantized, on_cuda_gpu
 TILE_ROWS = (8, 17, 33)
 
 
+def compute_dtype(model: nn.Module) -> mx.Dtype | None:
+    """The floating type `model` computes in: the most common type among the floating arrays
+    of its unquantized modules (norms, biases, unquantized layers); None when it has none."""
+    counts: Counter = Counter()
+    for _, m in model.named_modules():
+        if is_quantized(m):
+            continue
+        for v in m.values():  # a module's own arrays, not its children's
+            if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.floating):
+                counts[v.dtype] += 1
+    return counts.most_common(1)[0][0] if counts else None
+
+
 def quantized_products(models: Iterable[nn.Module]) -> list[tuple]:
     """The distinct affine-quantized products of `models`' linear layers and tied heads:
-    (weight, scales, biases, group size, bits, input width, activation type) per shape."""
+    (weight, scales, biases, group size, bits, input width, activation type) per shape. The
+    activation type is the model's compute type (`compute_dtype`), else the scales' type."""
     seen, out = set(), []
     for model in models:
+        activation = compute_dtype(model)
         for _, m in model.named_modules():
             if not is_quantized(m):
                 continue
+            dtype = activation or m.scales.dtype
             width = m.weight.shape[-1] * 32 // m.bits
-            key = (m.weight.shape[0], width, m.bits, m.group_size, m.scales.dtype)
+            key = (m.weight.shape[0], width, m.bits, m.group_size, dtype)
             if key in seen:
                 continue
             seen.add(key)
             biases = m.get("biases")
-            out.append((m.weight, m.scales, biases, m.group_size, m.bits, width, m.scales.dtype))
+            out.append((m.weight, m.scales, biases, m.group_size, m.bits, width, dtype))
     return out
 
 
