@@ -4,11 +4,15 @@ For one loaded pair, times (medians over many repeats, after warm-up):
 
 * one sync of a trivial graph (the fixed cost of any `mx.eval`);
 * the target's verify forward at widths 1, 5, 8: Python graph build, then eval;
-* each drafter's proposal at caps 4 and 7: build, then eval;
+* each drafter's proposal at each cap (`--caps`, default 4 and 7): build, then eval;
 * whole greedy rounds on a real prompt, split into propose / verify build / eval / host work.
 
     python benchmarks/round_profile.py                     # the demo pair
     python benchmarks/round_profile.py --model M --dspark-drafter D --dflash-drafter D
+    python benchmarks/round_profile.py --model HuggingFaceTB/SmolLM2-135M-Instruct \
+        --dspark-drafter D --dflash-drafter none --eagle3-drafter E --caps 1,4,7
+
+A drafter given as `none` is left out.
 """
 
 from __future__ import annotations
@@ -92,22 +96,40 @@ def rounds(pipe, ids: list[int], n: int, cap: int) -> dict[str, list[float]]:
     return phases
 
 
+def _columns(taps: mx.array, have: tuple[int, ...], want: tuple[int, ...], hidden: int):
+    """The columns of `want`'s layers out of taps captured for the layers `have`."""
+    if have == want:
+        return taps
+    parts = [taps[:, have.index(j) * hidden : (have.index(j) + 1) * hidden] for j in want]
+    return mx.concatenate(parts, axis=-1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="outrider-demo/target")
     ap.add_argument("--dspark-drafter", default="outrider-demo/dspark")
     ap.add_argument("--dflash-drafter", default="outrider-demo/dflash")
+    ap.add_argument("--eagle3-drafter", default="none")
+    ap.add_argument("--caps", default="4,7", help="the caps proposals and rounds run at")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
+    caps = [int(c) for c in args.caps.split(",")]
 
     base = load(args.model, mode="baseline")
     target = base.target
-    pipes = {
-        "dspark": load(args.model, args.dspark_drafter, mode="dspark", target=target),
-        "dflash": load(args.model, args.dflash_drafter, mode="dflash", target=target),
-        "lookup": load(args.model, mode="lookup", target=target),
+    drafters = {
+        "dspark": args.dspark_drafter,
+        "dflash": args.dflash_drafter,
+        "eagle3": args.eagle3_drafter,
     }
-    tap_ids = tuple(pipes["dspark"].proposer.tap_layer_ids)
+    pipes = {
+        mode: load(args.model, path, mode=mode, target=target)
+        for mode, path in drafters.items()
+        if path and path != "none"
+    }
+    drafting = list(pipes)
+    pipes["lookup"] = load(args.model, mode="lookup", target=target)
+    tap_ids = tuple(sorted({j for p in pipes.values() for j in p.proposer.tap_layer_ids}))
     prompt = base.encode("Write a Python function that returns the n-th Fibonacci number.")
     print(f"device {mx.default_device()}, mlx {mx.__version__}, reps {args.reps} (medians, ms)")
 
@@ -117,8 +139,9 @@ def main() -> None:
         print(f"\ntrivial eval            build {ms(b)}  eval {ms(e)}")
 
         cache = target.make_cache()
-        _, taps = target.prefill(prompt, cache, tap_ids)
+        last, taps = target.prefill(prompt, cache, tap_ids)
         mx.eval(taps)
+        context = prompt + [greedy(last).item()]  # what a round after the prefill sees
         print()
         for w in (1, 5, 8):
             ids = mx.array(list(range(3, 3 + w)), dtype=mx.uint32)
@@ -132,21 +155,25 @@ def main() -> None:
                 print(f"{label:<24}build {ms(b)}  eval {ms(e)}")
 
         print()
-        for mode in ("dspark", "dflash"):
+        for mode in drafting:
             proposer = pipes[mode].proposer
-            for cap in (4, 7):
-                proposer.start(prompt, taps)
-                mx.eval(proposer.propose(DraftContext(prompt, cap, SamplingParams(), None)).tokens)
+            own = tuple(proposer.tap_layer_ids)
+            mine = None if taps is None else _columns(taps, tap_ids, own, target.hidden_size)
+            for cap in caps:
+                proposer.start(prompt, mine)
+                mx.eval(proposer.propose(DraftContext(context, cap, SamplingParams(), None)).tokens)
+                proposer.observe(0, None)  # a chained drafter drops its speculative rows
                 b, e = timed(
                     lambda p=proposer, c=cap: (
-                        p.propose(DraftContext(prompt, c, SamplingParams(), None)).tokens
+                        p.propose(DraftContext(context, c, SamplingParams(), None)).tokens
                     ),
                     args.reps,
+                    after=lambda p=proposer: p.observe(0, None),
                 )
                 print(f"{mode} propose cap {cap:<5}build {ms(b)}  eval {ms(e)}")
 
     print("\nwhole greedy rounds: propose | verify build | eval | host (ms, medians)")
-    for mode, cap in (("dspark", 4), ("dspark", 7), ("dflash", 4), ("dflash", 7), ("lookup", 6)):
+    for mode, cap in [(m, c) for m in drafting for c in caps] + [("lookup", 6)]:
         rounds(pipes[mode], prompt, 8, cap)  # warm-up
         ph = rounds(pipes[mode], prompt, 60, cap)
         total = statistics.median([sum(x) for x in zip(*ph.values())])

@@ -395,3 +395,21 @@ def test_sampled_reduced_vocabulary_matches_target_distribution(
     assert 0.03 * drafted < accepted < drafted  # both acceptance and rejection exercised
     stat, dof = chi_square(counts, expected, n)
     assert stat < chi2_critical(dof), f"chi2 {stat:.1f} with {dof} dof"
+
+
+def test_a_drafter_for_a_quantized_target_gets_its_embedding_and_head_dequantized(tmp_path):
+    """The shipped demo target stores its embedding 8-bit quantized: a test drafter made for
+    it carries the dequantized table (the packed one has another shape), loads, and decodes
+    what plain decoding does."""
+    from outrider.demo import pair_dir
+
+    target = pair_dir() / "target"
+    path = make_tiny_drafter(tmp_path / "e3", target, "eagle3", "deepspec")
+    hidden = json.loads((target / "config.json").read_text())["hidden_size"]
+    assert mx.load(str(path / "model.safetensors"))["embed_tokens.weight"].shape[-1] == hidden
+    pipe = outrider.load(str(target), str(path), mode="eagle3", max_draft=3)
+    prompt = "def add(a, b):"
+    plain = outrider.load(str(target), mode="baseline", target=pipe.target)
+    assert (
+        pipe.generate(prompt, max_tokens=12).tokens == plain.generate(prompt, max_tokens=12).tokens
+    )

@@ -91,10 +91,30 @@ def _weight(weights: dict, suffixes: tuple[str, ...], default=None):
 
 
 def target_embedding_and_head(target: Path) -> tuple[mx.array, mx.array]:
-    """The target's input embedding and output head (the embedding when tied)."""
+    """The target's input embedding and output head (the embedding when tied), dequantized
+    where the target stores them quantized (mlx-lm's `quantization` config)."""
     tw = mx.load(str(target / "model.safetensors"))
-    embed = _weight(tw, ("embed_tokens.weight", "embeddings.weight"))
-    return embed, _weight(tw, ("lm_head.weight",), embed)
+    quant = json.loads((target / "config.json").read_text()).get("quantization") or {}
+
+    def read(suffixes: tuple[str, ...], default=None):
+        for name, value in tw.items():
+            if not name.endswith(suffixes) or "per_layer" in name:
+                continue
+            scales = tw.get(name[: -len("weight")] + "scales")
+            if scales is None:
+                return value
+            stem = name[: -len("weight")]
+            return mx.dequantize(
+                value,
+                scales,
+                tw.get(stem + "biases"),
+                group_size=quant.get("group_size", 64),
+                bits=quant.get("bits", 4),
+            ).astype(scales.dtype)
+        return _weight(tw, suffixes, default)
+
+    embed = read(("embed_tokens.weight", "embeddings.weight"))
+    return embed, read(("lm_head.weight",), embed)
 
 
 def default_tap_ids(num_layers: int, n: int = 3) -> list[int]:
