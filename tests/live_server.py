@@ -4,8 +4,10 @@ tests: a real uvicorn, a real engine thread, a tiny model."""
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
+import traceback
 from contextlib import contextmanager
 
 import uvicorn
@@ -62,6 +64,17 @@ def live_server(
         server.should_exit = True
         thread.join(timeout=10)
         engine.stop()
+
+
+def thread_stacks() -> str:
+    """Every thread's stack and the engine's state, for the message of a wait that ran out: a
+    hang then says where each thread was."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        stack = "".join(traceback.format_stack(frame))
+        parts.append(f"--- thread {names.get(ident, ident)}\n{stack}")
+    return "\n".join(parts)
 
 
 def sse_frames(response) -> list[str]:

@@ -15,7 +15,7 @@ import anthropic
 import openai
 import pytest
 import requests
-from live_server import live_server
+from live_server import live_server, thread_stacks
 
 from outrider.server.engine import LoadSpec, default_loader
 from outrider.server.generation import Limits
@@ -353,7 +353,8 @@ def test_a_client_that_leaves_during_prefill_stops_it_within_one_chunk(scripted)
         body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 4, "stream": True}
         response = requests.post(url + "/v1/messages", json=body, stream=True)
         assert next(response.iter_lines()).startswith(b"event: message_start")
-        assert gate["entered"].wait(120)
+        entered = gate["entered"].wait(120)  # a hang guard, not a timing assertion
+        assert entered, f"state {engine.state}, queue {engine._jobs.qsize()}\n{thread_stacks()}"
         job = engine._current
         response.close()  # the client goes away mid-prefill
         deadline = time.monotonic() + 120  # a hang guard, not a timing assertion
