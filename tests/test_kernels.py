@@ -8,7 +8,7 @@ import mlx.nn as nn
 
 import outrider
 from outrider.core import kernels
-from outrider.core.device import on_cuda_gpu
+from outrider.core.device import compute_dtype, on_cuda_gpu
 from outrider.testing import make_tiny_target
 from outrider.testing.targets import build_model, tiny_config
 
@@ -44,7 +44,7 @@ def test_products_run_at_the_type_the_model_computes_in_not_the_scales_type():
     for _, m in model.named_modules():
         if isinstance(m, nn.RMSNorm):
             m.weight = m.weight.astype(mx.float32)
-    assert kernels.compute_dtype(model) == mx.float32
+    assert compute_dtype(model) == mx.float32
     products = kernels.quantized_products([model])
     assert {p[1].dtype for p in products} == {mx.float16}  # the scales
     assert {p[6] for p in products} == {mx.float32}

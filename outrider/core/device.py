@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Any
 
 import mlx.core as mx
@@ -127,8 +128,22 @@ def make_dense(model: Any, dtype: mx.Dtype = mx.float32) -> None:
 
 
 def scales_dtype(model: Any) -> mx.Dtype | None:
-    """The float type of a quantized model's scales (what its activations run in), or None."""
+    """The float type of a quantized model's scales, or None. Not always what it computes in
+    (`compute_dtype`): a GGUF target keeps float16 scales and computes in float32."""
     for _, m in model.named_modules():
         if is_quantized(m):
             return m.scales.dtype
     return None
+
+
+def compute_dtype(model: Any) -> mx.Dtype | None:
+    """The floating type `model` computes in: the most common type among the floating arrays
+    of its unquantized modules (norms, biases, unquantized layers); None when it has none."""
+    counts: Counter = Counter()
+    for _, m in model.named_modules():
+        if is_quantized(m):
+            continue
+        for v in m.values():  # a module's own arrays, not its children's
+            if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.floating):
+                counts[v.dtype] += 1
+    return counts.most_common(1)[0][0] if counts else None

@@ -18,30 +18,16 @@ but computes in float32, and warming it at float16 compiled six kernels no gener
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .device import is_quantized, on_cuda_gpu
+from .device import compute_dtype, is_quantized, on_cuda_gpu
 
 # One row count inside each of the kernel's row tiles: 8-16, 17-32 and 33 or more rows.
 TILE_ROWS = (8, 17, 33)
-
-
-def compute_dtype(model: nn.Module) -> mx.Dtype | None:
-    """The floating type `model` computes in: the most common type among the floating arrays
-    of its unquantized modules (norms, biases, unquantized layers); None when it has none."""
-    counts: Counter = Counter()
-    for _, m in model.named_modules():
-        if is_quantized(m):
-            continue
-        for v in m.values():  # a module's own arrays, not its children's
-            if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.floating):
-                counts[v.dtype] += 1
-    return counts.most_common(1)[0][0] if counts else None
 
 
 def quantized_products(models: Iterable[nn.Module]) -> list[tuple]:

@@ -80,11 +80,16 @@ def target_text_config(target: Path) -> dict:
     return tcfg
 
 
+def _named(weights: dict, suffixes: tuple[str, ...]) -> str | None:
+    """The name of the one tensor that ends with a suffix (embedding / head of any family)."""
+    return next((n for n in weights if n.endswith(suffixes) and "per_layer" not in n), None)
+
+
 def _weight(weights: dict, suffixes: tuple[str, ...], default=None):
     """The one tensor whose name ends with a suffix (embedding / head of any family)."""
-    for name, value in weights.items():
-        if name.endswith(suffixes) and "per_layer" not in name:
-            return value
+    name = _named(weights, suffixes)
+    if name is not None:
+        return weights[name]
     if default is None:
         raise KeyError(f"no tensor named *{suffixes[0]}")
     return default
@@ -96,22 +101,19 @@ def target_embedding_and_head(target: Path) -> tuple[mx.array, mx.array]:
     tw = mx.load(str(target / "model.safetensors"))
     quant = json.loads((target / "config.json").read_text()).get("quantization") or {}
 
-    def read(suffixes: tuple[str, ...], default=None):
-        for name, value in tw.items():
-            if not name.endswith(suffixes) or "per_layer" in name:
-                continue
-            scales = tw.get(name[: -len("weight")] + "scales")
-            if scales is None:
-                return value
-            stem = name[: -len("weight")]
-            return mx.dequantize(
-                value,
-                scales,
-                tw.get(stem + "biases"),
-                group_size=quant.get("group_size", 64),
-                bits=quant.get("bits", 4),
-            ).astype(scales.dtype)
-        return _weight(tw, suffixes, default)
+    def read(suffixes: tuple[str, ...], default=None) -> mx.array:
+        name = _named(tw, suffixes)
+        stem = "" if name is None else name[: -len("weight")]
+        if name is None or stem + "scales" not in tw:
+            return _weight(tw, suffixes, default)
+        scales = tw[stem + "scales"]
+        return mx.dequantize(
+            tw[name],
+            scales,
+            tw.get(stem + "biases"),
+            group_size=quant.get("group_size", 64),
+            bits=quant.get("bits", 4),
+        ).astype(scales.dtype)
 
     embed = read(("embed_tokens.weight", "embeddings.weight"))
     return embed, read(("lm_head.weight",), embed)

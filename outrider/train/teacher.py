@@ -27,9 +27,10 @@ def greedy_generator(target, max_new_tokens: int, batch_size: int = 256) -> Gene
 
 def teacher_target(target):
     """The target training learns from: for a quantized target, a copy with its weights
-    dequantized (in the type of its scales, what it computes in), where that fits memory; else
-    the target. It answers the self-distillation prompts and runs the training forwards (taps
-    and next-token distributions). MLX's quantized matmul at hundreds of rows is slow (a
+    dequantized (in the type of its scales: a GGUF target's float16, though the target itself
+    computes in float32), where that fits memory; else the target. It answers the
+    self-distillation prompts and runs the training forwards (taps and next-token
+    distributions). MLX's quantized matmul at hundreds of rows is slow (a
     512-row decode step of SmolLM2's Q4_1 GGUF: 144 ms on an H200, 9 ms dequantized;
     benchmarks/distill_throughput.py). Same weights, other rounding: the drafter is measured
     against the target itself. Make it before installing taps on the target."""
