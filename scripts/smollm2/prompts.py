@@ -1,9 +1,10 @@
 """A synthetic prompt mix for self-distilling SmolLM2's drafters: code, chat and reasoning.
 
-Every prompt is built here from templates and word lists, or from the docstrings of this Python's
-own standard library (a function to write from its signature and its documentation), seeded, so
-the mix is reproducible on one Python version and shares nothing with public evaluation sets (MT-Bench, HumanEval, MBPP, GSM8K, MATH-500 and the
-rest are never read). The target answers each prompt itself during training; these are only the
+Every prompt is built here from templates and word lists, or from this Python's own standard
+library (stdlib_prompts.py: functions and classes to write from their documentation, real
+functions of its source to explain, test, rewrite or translate), seeded, so the mix is
+reproducible on one Python version and shares nothing with public evaluation sets (MT-Bench,
+HumanEval, MBPP, GSM8K, MATH-500 and the rest are never read). The target answers each prompt itself during training; these are only the
 questions.
 
     python scripts/smollm2/prompts.py --count 4096 --out prompts.jsonl
@@ -12,14 +13,20 @@ questions.
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import json
 import random
-import re
-import warnings
-from functools import cache
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, stdlib_prompts.py
+from stdlib_prompts import (  # noqa: E402
+    library,
+    library_class,
+    library_classes,
+    library_functions,
+    source,
+    source_functions,
+)
 
 LANGUAGES = ["Python", "JavaScript", "Go", "Rust", "C", "Java", "Ruby", "TypeScript"]
 TASKS = [
@@ -529,129 +536,21 @@ PLAIN_FORMS = [
 ]
 
 
-# Modules written in Python whose public functions make good "write this function" prompts.
-STDLIB = [
-    "base64",
-    "bisect",
-    "calendar",
-    "colorsys",
-    "copy",
-    "csv",
-    "datetime",
-    "difflib",
-    "email.utils",
-    "filecmp",
-    "fnmatch",
-    "fractions",
-    "ftplib",
-    "functools",
-    "glob",
-    "gzip",
-    "hashlib",
-    "heapq",
-    "html",
-    "http.cookies",
-    "imghdr",
-    "ipaddress",
-    "json",
-    "keyword",
-    "linecache",
-    "locale",
-    "mimetypes",
-    "netrc",
-    "ntpath",
-    "operator",
-    "os",
-    "pathlib",
-    "pkgutil",
-    "platform",
-    "posixpath",
-    "pprint",
-    "quopri",
-    "random",
-    "re",
-    "reprlib",
-    "shlex",
-    "shutil",
-    "smtplib",
-    "statistics",
-    "string",
-    "tarfile",
-    "tempfile",
-    "textwrap",
-    "timeit",
-    "tokenize",
-    "traceback",
-    "types",
-    "urllib.parse",
-    "uu",
-    "uuid",
-    "warnings",
-    "wave",
-    "webbrowser",
-    "zipfile",
-]
-STUB_FORMS = [
-    'Complete this Python function:\n\n```python\ndef {name}{sig}:\n    """{doc}"""\n```',
-    'def {name}{sig}:\n    """{doc}\n    """\n',
-    "Write a Python function `{name}{sig}`. {doc}",
-    "Implement `{name}{sig}` yourself, without importing `{module}`. What it should do: {doc}",
-    "Write {name}{sig} in Python and test it with two examples.\n\n{doc}",
-]
-LIBRARY_CHAT = [
-    "What does `{module}.{name}` do in Python? Show a short example.",
-    "When would I use Python's `{module}` module? Give two examples.",
-    "Explain this Python documentation to a beginner: {doc}",
-    "Write a small Python script that uses `{module}.{name}` and explain each line.",
-]
-
-
-@cache
-def library_functions() -> tuple[tuple[str, str, str, str], ...]:
-    """(module, name, signature, first docstring paragraph) of documented stdlib functions."""
-    found = []
-    for module_name in STDLIB:
-        try:
-            with warnings.catch_warnings():  # imghdr, uu, ...: deprecated, still documented
-                warnings.simplefilter("ignore", DeprecationWarning)
-                module = importlib.import_module(module_name)
-        except Exception:  # removed in this Python, or no platform support
-            continue
-        for name, fn in sorted(vars(module).items()):
-            if name.startswith("_") or not inspect.isfunction(fn):
-                continue
-            if getattr(fn, "__module__", None) != module.__name__:
-                continue
-            doc = (inspect.getdoc(fn) or "").split("\n\n")[0].strip()
-            try:
-                sig = str(inspect.signature(fn))
-            except (TypeError, ValueError):
-                continue
-            if 20 <= len(doc) <= 400 and len(sig) <= 80:
-                # a default that is a function prints with its address: keep its name only
-                sig = re.sub(r"<function (\S+) at 0x[0-9a-f]+>", r"\1", sig)
-                found.append((module_name, name, sig, " ".join(doc.split())))
-    return tuple(found)
-
-
-def library(rng: random.Random) -> tuple[str, str]:
-    """A code or chat prompt about one standard-library function."""
-    module, name, sig, doc = rng.choice(library_functions())
-    if rng.random() < 0.75:
-        return "code", rng.choice(STUB_FORMS).format(module=module, name=name, sig=sig, doc=doc)
-    return "chat", rng.choice(LIBRARY_CHAT).format(module=module, name=name, doc=doc)
-
-
 def prompt(rng: random.Random) -> tuple[str, str]:
-    """(kind, prompt text): code, chat or reasoning, weighted toward code."""
-    kind = rng.choices(["code", "chat", "reasoning"], weights=[45, 30, 25])[0]
+    """(kind, prompt text): code, chat or reasoning, weighted toward code; half the code
+    prompts come from the standard library's own functions, methods and classes."""
+    kind = rng.choices(["code", "chat", "reasoning"], weights=[50, 28, 22])[0]
     draw = rng.random()
-    if kind == "code" and draw < 0.3:
+    if kind == "code" and draw < 0.35 and source_functions():
+        return kind, source(rng)
+    if kind == "code" and draw < 0.45 and library_classes():
+        return kind, library_class(rng)
+    if kind == "code" and draw < 0.6:
         return kind, typed(rng)
-    if kind == "code" and draw < 0.45:
+    if kind == "code" and draw < 0.68:
         task = rng.choice(TASKS)
         return kind, rng.choice(PLAIN_FORMS).format(task=infinitive(task), does=task)
-    if kind == "code" and draw < 0.75 and library_functions():
+    if kind == "code" and draw < 0.88 and library_functions():
         return library(rng)
     if kind == "code":
         if rng.random() < 0.4:
