@@ -73,9 +73,12 @@ def test_split_verify_is_lossless_in_every_mode(request, tmp_path, monkeypatch, 
     dflash = make_tiny_drafter(tmp_path / "df", target, "dflash", "deepspec", block_size=8)
     pipes = [outrider.load(str(target), str(dspark), mode="dspark")]
     pipes.append(outrider.load(str(target), str(dflash), mode="dflash", target=pipes[0].target))
+    eagle3 = make_tiny_drafter(tmp_path / "e3", target, "eagle3", "deepspec")
+    pipes.append(outrider.load(str(target), str(eagle3), mode="eagle3", target=pipes[0].target))
     pipes.append(outrider.load(str(target), mode="lookup", target=pipes[0].target))
     assert all(isinstance(a, ChunkedAttention) for a in attentions(pipes[0]))
     assert all(layer.self_attn.fold_rows for layer in pipes[0].proposer.drafter.layers)
+    assert all(layer.self_attn.split_rows for layer in pipes[2].proposer.drafter.layers)
     for pipe in pipes:
         for cap in (2, 4, 7):
             for prompt in PROMPTS[:2]:
@@ -137,6 +140,31 @@ def test_folded_block_rows_give_the_same_draft_attention(drafters, qwen3_target)
         block = pipe.target.embed(mx.array([prompt[-1]] + [0] * 7, dtype=mx.uint32))[None]
         hidden.append(proposer.drafter.backbone(block, taps, proposer.drafter.make_cache()))
     assert fp32_close(hidden[0], hidden[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_split_eagle3_catch_up_rows_give_the_same_drafter_output(tmp_path, qwen3_target, dtype):
+    """EAGLE-3 catches up on a verify's committed rows several at a time; split into one-query
+    kernel calls (3 float32 rows, 1 half-precision row a call) they attend as one call does."""
+    from outrider.testing import make_tiny_drafter
+
+    eagle3 = make_tiny_drafter(tmp_path / "e3", qwen3_target, "eagle3", "deepspec")
+    pipe = outrider.load(str(qwen3_target), str(eagle3), mode="eagle3")
+    drafter = pipe.proposer.drafter
+    cast_model(drafter, dtype)
+    keys = mx.random.split(mx.random.key(0))
+    g = mx.random.normal((1, 24, drafter.layers[0].hidden_norm.weight.shape[0]), key=keys[0])
+    embeds = mx.random.normal(g.shape, key=keys[1]).astype(dtype)
+    out = []
+    for split in (False, True):
+        drafter.layers[0].self_attn.split_rows = split
+        cache = drafter.make_cache()
+        rows = [drafter.step(embeds[:, :17], g[:, :17], cache)]  # a prompt: MLX's own call
+        for a, b in ((17, 19), (19, 24)):  # catch-ups of 2 and 5 rows
+            rows.append(drafter.step(embeds[:, a:b], g[:, a:b], cache))
+        out.append(mx.concatenate(rows, axis=1).astype(mx.float32))
+    tol = 1e-5 if dtype == mx.float32 else 3e-2
+    assert mx.allclose(out[0], out[1], atol=tol, rtol=tol).item()
 
 
 def test_half_precision_is_split_only_when_asked(monkeypatch, qwen3_target):

@@ -20,8 +20,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
+from ...core.device import split_attention
 from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
+from ..targets.verify_attention import MAX_ROWS, chunked_causal_attention
 from .block_drafter import DraftMLP, drafter_rope
 from .drafter_weights import load_strict, quantize
 
@@ -40,6 +42,13 @@ class Eagle3Attention(nn.Module):
             self.q_norm = nn.RMSNorm(hd, eps=spec.rms_norm_eps)
             self.k_norm = nn.RMSNorm(hd, eps=spec.rms_norm_eps)
         self.rope = drafter_rope(spec, hd)
+        # Several rows at once (the rows a verify committed, caught up when the next round
+        # drafts) go to the one-query kernel in causal chunks: on MLX's CUDA backend a
+        # half-precision multi-row call builds a cuDNN graph for every new key length, which
+        # made a 2-row catch-up cost ~35 ms on the H200 (a whole round of the SmolLM2 pair
+        # takes ~6; benchmarks/round_profile.py). A drafter has one layer and a few rows:
+        # one kernel call a row costs microseconds.
+        self.split_rows = False
 
     def __call__(self, x: mx.array, cache: KVCache) -> mx.array:
         b, n, _ = x.shape
@@ -52,8 +61,11 @@ class Eagle3Attention(nn.Module):
         q = self.rope(q, offset=cache.offset)
         k = self.rope(k, offset=cache.offset)
         keys, values = cache.update_and_fetch(k, v)
-        mask = "causal" if n > 1 else None
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        if self.split_rows and 1 < n <= MAX_ROWS:  # a round's catch-up rows, on a CUDA GPU
+            out = chunked_causal_attention(q, keys, values, self.scale)
+        else:
+            mask = "causal" if n > 1 else None
+            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
 
 
@@ -141,4 +153,7 @@ def load_eagle3_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) 
     # The network holds them now; only the vocabulary map stays with the spec.
     spec.weights = {k: v for k, v in spec.weights.items() if k == "d2t"}
     quantize(model, bits, group_size)
+    if split_attention():
+        for layer in model.layers:
+            layer.self_attn.split_rows = True
     return model
