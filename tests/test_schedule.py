@@ -57,6 +57,54 @@ def test_a_costly_probe_waits_longer():
     assert gaps[:4] == [32, 64, 128, 256] and set(gaps[3:]) == {256}
 
 
+def test_a_small_cap_whose_drafts_are_all_kept_tries_a_wider_one():
+    """Hard text (a chat) taught the policy that second drafts fail and left it at cap 1. The
+    text turns easy: every round keeps its one draft. Rounds at cap 1 never reach position 2,
+    so only optimism about the position past a cap taken whole widens the cap again; once
+    wider rounds run, they teach the real acceptance there."""
+    policy = trained(8, lambda k: 1.0 + 0.05 * k, 0.9)
+    policy.accept = [0.9] + [0.05] * 7  # what the hard text left behind past the first draft
+    assert policy.choose(100) == 1
+    caps = []
+    for _ in range(80):  # easy text: every draft is accepted
+        k = policy.choose(100)
+        caps.append(k)
+        policy.observe(k, k, 1.0 + 0.05 * k)
+    assert caps[0] == 1 and caps[-1] == 8 and caps == sorted(caps)
+
+
+def test_optimism_past_the_cap_is_corrected_by_the_rounds_it_buys():
+    """Rounds at cap 1 taken whole lift position 2; rounds at cap 2 that lose the second draft
+    bring it back down four times as fast, so the policy stays mostly at cap 1 (it keeps
+    trying cap 2 now and then: the price of noticing when the text turns easy)."""
+    policy = trained(8, lambda k: 1.0 + 0.3 * k, 0.9)
+    policy.accept = [0.95] + [0.05] * 7
+    caps = []
+    for _ in range(300):
+        k = policy.choose(100)
+        caps.append(k)
+        policy.observe(k, min(k, 1), 1.0 + 0.3 * k)  # the first draft always kept, never the second
+    assert 2 in caps  # it did try
+    assert set(caps) == {1, 2} and caps[-100:].count(1) >= 70  # and learned that it rarely pays
+
+
+def test_one_probe_on_text_that_turned_easy_unparks_the_drafter():
+    """Hard text parked the drafter (acceptance 0.2 everywhere). The next probe keeps all its
+    drafts but the last: a probe samples text the estimates have not seen for tens of steps, so it
+    weighs more than a drafting round (PROBE_EMA), and drafting resumes at once instead of
+    after several probes spaced ever further apart."""
+    policy = trained(8, lambda k: 1.6 + 0.05 * k if k else 1.0, 0.2)
+    assert policy.choose(100) == 0
+    k = 0
+    while not k:
+        k = policy.choose(100)
+        if not k:
+            policy.plain_run(100)
+    assert policy.probing and k >= 3
+    policy.observe(k, k - 1, 1.6 + 0.05 * k)
+    assert policy.choose(100) > 0
+
+
 def test_an_intermediate_cost_picks_an_intermediate_cap():
     policy = trained(8, lambda k: 1.0 + 0.25 * k, 0.7)
     # E(k) / c(k) with s_j = 0.7^j: best at k = 2 (1.19 tokens per unit, vs 1.0 plain)

@@ -21,7 +21,13 @@ Acceptance moves slowly (`ACCEPT_EMA`) and the first `LEARN` drafting rounds run
 cap: the opening tokens of an answer are often the hardest to draft, and a handful of them must
 not park a drafter that pays over the rest. The first drafting round after plain steps is not
 timed: a model drafter first catches up on the plain tokens' hidden states there, a cost the
-rounds that follow do not pay.
+rounds that follow do not pay. A round that keeps all its k drafts lifts the estimate at
+position k+1 a little (`OPTIMISM`): no round at cap k reaches that position, so without it a
+policy that hard text (a chat) left at a small cap would stay there on easy text (code, math)
+that follows it in the same pipeline. A probe's acceptance weighs more than a drafting
+round's (`PROBE_EMA`): it samples text the estimates have not seen for tens of steps, and at
+the drafting rounds' weight a drafter parked by hard text took several probes, spaced ever
+further apart, to notice easy text (benchmarks/policy_replay.py measured both).
 
 With a calibration (core/calibration.py: the verify cost at every width, measured once per
 machine and model), c(k) comes from its curve at the current context length, scaled by what
@@ -49,12 +55,14 @@ from typing import Any
 EMA = 0.25  # weight of the newest cost measurement
 OUTLIER = 2.0  # a timed round counts as at most this factor off the running estimate
 ACCEPT_EMA = 0.15  # weight of the newest round in the acceptance estimates
+PROBE_EMA = 0.4  # a probe's weight: it samples text the estimates have not seen for a while
 LEARN = 6  # drafting rounds at the start cap (after the warm-up ones) before the first choice
 MARGIN = 1.03  # a cap must beat plain decoding by 3% to be worth its variance
 MAX_INTERVAL = 256  # plain steps between probes, at most
 PROBE_ACCEPT = 0.9  # a probe drafts the cap that would pay at this acceptance (else one)
 PROBE_BUDGET = 0.015  # a failed probe may cost at most this share of the plain steps before it
 PRIOR_ACCEPT = 0.7  # a draft position's acceptance before any round has reached it
+OPTIMISM = 0.25  # a round that keeps all k drafts lifts position k+1 by this share of a hit
 
 
 @dataclass
@@ -236,6 +244,7 @@ class AutoCap:
         seen = self.rounds.get(k, 0)
         self.rounds[k] = seen + 1
         self.drafting += k > 0
+        probe = self.probing and k > 0
         timed = seen >= self.warmup and not (k > 0 and self.catching_up)
         if k > 0:
             self.catching_up = False
@@ -247,7 +256,7 @@ class AutoCap:
             seconds = seconds / curve if curve > 0 else 1.0
         if timed:
             self.costs[k] = self._moved(self.costs.get(k), seconds)
-        self._learn_acceptance(k, accepted)
+        learn_acceptance(self.accept, k, accepted, PROBE_EMA if probe else ACCEPT_EMA)
 
     def _moved(self, old: float | None, seconds: float) -> float:
         """The running cost estimate after one more timed round. One outlier (a kernel
@@ -263,14 +272,22 @@ class AutoCap:
         learn_acceptance(self.accept, k, accepted)
 
 
-def learn_acceptance(accept: list[float], k: int, accepted: int) -> None:
+def learn_acceptance(
+    accept: list[float], k: int, accepted: int, weight: float = ACCEPT_EMA
+) -> None:
     """Move the running per-position acceptance (P(draft j accepted | drafts before it were))
     by a round that verified k drafts and kept `accepted`. Only the positions the round reached
     move, so a round cut short teaches nothing about the drafts it did not verify."""
     accept.extend([PRIOR_ACCEPT] * (k - len(accept)))
     for j in range(min(accepted + 1, k)):  # positions reached: 1..accepted+1
         hit = 1.0 if j < accepted else 0.0
-        accept[j] += ACCEPT_EMA * (hit - accept[j])
+        accept[j] += weight * (hit - accept[j])
+    if 0 < k == accepted and k < len(accept):
+        # Every draft kept: the text may now go further than the estimate past the cap says,
+        # and no round at this cap reaches that position to correct it (a policy that hard text
+        # left at cap 1 would stay there on easy text). Lift it a little, as a hit at a
+        # quarter of the weight; the wider rounds this buys teach the truth there.
+        accept[k] += OPTIMISM * weight * (1.0 - accept[k])
 
 
 def admit(survival: list[list[float]], cost: Callable[[int, int], float]) -> list[int]:
