@@ -80,7 +80,9 @@ def test_split_verify_is_lossless_in_every_mode(request, tmp_path, monkeypatch, 
     assert all(layer.self_attn.fold_rows for layer in pipes[0].proposer.drafter.layers)
     assert all(layer.self_attn.split_rows for layer in pipes[2].proposer.drafter.layers)
     for pipe in pipes:
-        for cap in (2, 4, 7):
+        # EAGLE-3's split is in its drafter alone (what it drafts, never what is committed):
+        # one cap checks it decodes; test_split_eagle3_catch_up_rows_... checks its attention
+        for cap in (4,) if pipe.mode == "eagle3" else (2, 4, 7):
             for prompt in PROMPTS[:2]:
                 ids = pipe.encode(prompt)
                 want = plain_greedy(target, ids, 40)
