@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
     with exit_on_signals():
         if args.work is not None:
             return build(args, p, args.work.resolve())
-        with tempfile.TemporaryDirectory(prefix="outrider-demo-") as work:
+        # the pid names whose scratch it is (tests running recipes side by side check their own)
+        with tempfile.TemporaryDirectory(prefix=f"outrider-demo-{os.getpid()}-") as work:
             return build(args, p, Path(work))
 
 

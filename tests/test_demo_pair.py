@@ -89,11 +89,15 @@ def recipe(tmp_path_factory) -> Path:
     # The system temp folder, not a fresh one: MLX's CPU backend keeps the kernels `mx.compile`
     # builds there, and an empty TMPDIR makes the recipe rebuild them (~4x slower).
     temp = Path(tempfile.gettempdir())
-    before = set(temp.glob("outrider-demo-*"))
-    proc = run_recipe(*args)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert set(temp.glob("outrider-demo-*")) <= before  # its scratch folder went with it
-    assert "total" in proc.stdout and "hardware" in proc.stdout  # the summary was printed
+    proc = start_recipe(*args)
+    try:
+        stdout, stderr = proc.communicate()
+    finally:
+        end_group(proc)
+    assert proc.returncode == 0, stderr[-2000:]
+    # its scratch folder (named with its pid: other workers' recipes may be running) went
+    assert not list(temp.glob(f"outrider-demo-{proc.pid}-*"))
+    assert "total" in stdout and "hardware" in stdout  # the summary was printed
     return out
 
 
