@@ -299,3 +299,10 @@ def test_an_auto_arm_keeps_its_calibration_in_the_receipt(tmp_path, shallow):
     assert cal["verify_ms"] and cal["plain_ms"] and cal["key"]["mode"] == "lookup"
     assert all(ms > 0 for curve in cal["verify_ms"].values() for ms in curve)
     assert arms["baseline"]["calibration"] is None and arms["mlx-lm"]["calibration"] is None
+    # and what the policy believed once the suite was done: acceptance, costs, probes, parked
+    policy = arms["lookup"]["policy"]["code#1"]
+    assert policy["accept"] and all(0.0 <= a <= 1.0 for a in policy["accept"])
+    assert set(policy["round_ms"]) >= {"0", "1"} and all(v > 0 for v in policy["round_ms"].values())
+    assert isinstance(policy["parked"], bool) and policy["probes"] >= 0
+    assert sum(policy["rounds"].values()) > 0  # it saw the suite's rounds and plain steps
+    assert arms["baseline"]["policy"] is None

@@ -82,6 +82,7 @@ class Arm:
     cap: int | None = None
     drafter: str | None = None
     calibration: dict | None = None  # the machine's costs the arm's `auto` policy read
+    policy: Callable[[], dict | None] | None = None  # what its `auto` policy believes now
 
 
 @dataclass
@@ -107,9 +108,14 @@ def _pipeline_arm(pipe: Pipeline, drafter: str | None) -> Arm:
         result = pipe.generate(prompt, max_tokens=max_tokens, stop_tokens=stop)
         return Run.from_result(result)
 
+    def policy() -> dict | None:
+        return None if pipe.cap_policy is None else pipe.cap_policy.snapshot()
+
     cap = "auto" if pipe.auto_cap else pipe.max_draft
     cal = pipe.calibration
-    return Arm(pipe.mode, generate, "outrider", cap, drafter, cal.as_dict() if cal else None)
+    return Arm(
+        pipe.mode, generate, "outrider", cap, drafter, cal.as_dict() if cal else None, policy
+    )
 
 
 def _assign_drafters(config: BenchConfig, plugins: Plugins, modes: list[str] | None) -> dict:
@@ -327,6 +333,7 @@ def run_benchmark(
     divergences: list[dict] = []
     checked = 0
     timeline: dict[str, list[list[float]]] = {arm.name: [] for arm in arms}
+    policies: dict[str, dict[str, dict]] = {}
     t0 = time.perf_counter()
     for trial in range(config.trials):
         for suite, prompts in suites.items():
@@ -351,6 +358,10 @@ def run_benchmark(
                     if tie is not None:
                         divergences.append(tie)
                     runs.setdefault((suite, arm.name, trial), []).append(run)
+            for arm in arms:  # where each arm's `auto` stood after this suite
+                state = arm.policy() if arm.policy is not None else None
+                if state is not None:
+                    policies.setdefault(arm.name, {})[f"{suite}#{trial + 1}"] = state
 
     cells = []
     for suite in suites:
@@ -371,6 +382,7 @@ def run_benchmark(
                 "cap": a.cap,
                 "drafter": a.drafter,
                 "calibration": a.calibration,
+                "policy": policies.get(a.name),  # suite#trial -> what `auto` believed then
             }
             for a in arms
         ],

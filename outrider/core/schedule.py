@@ -90,6 +90,7 @@ class AutoCap:
     # the next round runs at: live measurements rescale the calibrated curve instead of a line.
     calibration: Any = None
     context: int | None = None
+    probes: int = 0  # probes taken since the policy began
 
     def __post_init__(self) -> None:
         self.accept = [PRIOR_ACCEPT] * self.ceiling  # a prior the first rounds overwrite
@@ -119,8 +120,29 @@ class AutoCap:
             probe = self.affordable(self.best(limit, PROBE_ACCEPT) or 1, steps)
             self.interval = min(2 * self.interval, self.longest_gap(probe))
             self.probing = True
+            self.probes += 1
             return probe
         return 0
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the policy believes now, for a receipt: per-position acceptance, each cap's
+        round cost (ms, at the last context; with a calibration also the live/calibrated
+        ratio), the time outside the loop, rounds seen per cap, probes, and whether it is
+        parked. Where a benchmark's `auto` parked or drafted, this says why."""
+        caps = sorted(self.rounds)
+        out: dict[str, Any] = {
+            "accept": [round(a, 3) for a in self.accept],
+            "round_ms": {str(k): round(self.cost(k) * 1e3, 3) for k in range(self.ceiling + 1)},
+            "outside_ms": round(self.outside * 1e3, 3),
+            "rounds": {str(k): self.rounds[k] for k in caps},
+            "probes": self.probes,
+            "parked": self.best(self.ceiling) == 0,
+        }
+        if self.calibration is not None:
+            out["live_over_calibrated"] = {
+                str(k): round(self.costs[k], 3) for k in sorted(self.costs)
+            }
+        return out
 
     def new_generation(self) -> None:
         """Another text starts (a pipeline's policy serves them all): if speculation is
