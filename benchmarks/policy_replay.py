@@ -105,6 +105,15 @@ def replay(traces, cost, ceiling: int, start: int, fixed: int | None = None):
     return rates, drafted / max(1, tokens)
 
 
+def linear_cost(plain_ms: float, round_ms: float, per_draft_ms: float):
+    """Seconds of a plain step (k = 0) or of a round drafting k tokens."""
+
+    def cost(k: int) -> float:
+        return (plain_ms if k == 0 else round_ms + per_draft_ms * (k - 1)) / 1e3
+
+    return cost
+
+
 def speed(rates) -> float:
     """Tokens per second over several traces' (tokens, seconds)."""
     return sum(n for n, _ in rates) / max(1e-12, sum(s for _, s in rates))
@@ -184,11 +193,7 @@ def main() -> None:
     traces = [t for g in groups.values() for t in g]
     sizes = {g: len(v) for g, v in groups.items()}
 
-    def cost(k: int) -> float:
-        if k == 0:
-            return args.plain_ms / 1e3
-        return (args.round_ms + args.per_draft_ms * (k - 1)) / 1e3
-
+    cost = linear_cost(args.plain_ms, args.round_ms, args.per_draft_ms)
     plain = 1e3 / args.plain_ms
     rows = []
     for k in [*range(ceiling + 1), None]:

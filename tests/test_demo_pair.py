@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -55,14 +56,22 @@ def end_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_recipe(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+@dataclass
+class RecipeRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    pid: int  # the recipe's process: its scratch folder is named with it
+
+
+def run_recipe(*args: str, env: dict | None = None) -> RecipeRun:
     """The recipe to its end, however long it takes (no wall-clock limit), then its group ended."""
     proc = start_recipe(*args, env=env)
     try:
         stdout, stderr = proc.communicate()
     finally:
         end_group(proc)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return RecipeRun(proc.returncode, stdout, stderr, proc.pid)
 
 
 def group_workers(pgid: int) -> list[int]:
@@ -89,15 +98,11 @@ def recipe(tmp_path_factory) -> Path:
     # The system temp folder, not a fresh one: MLX's CPU backend keeps the kernels `mx.compile`
     # builds there, and an empty TMPDIR makes the recipe rebuild them (~4x slower).
     temp = Path(tempfile.gettempdir())
-    proc = start_recipe(*args)
-    try:
-        stdout, stderr = proc.communicate()
-    finally:
-        end_group(proc)
-    assert proc.returncode == 0, stderr[-2000:]
+    proc = run_recipe(*args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     # its scratch folder (named with its pid: other workers' recipes may be running) went
     assert not list(temp.glob(f"outrider-demo-{proc.pid}-*"))
-    assert "total" in stdout and "hardware" in stdout  # the summary was printed
+    assert "total" in proc.stdout and "hardware" in proc.stdout  # the summary was printed
     return out
 
 

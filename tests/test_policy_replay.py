@@ -36,9 +36,7 @@ def test_auto_keeps_up_with_the_best_fixed_cap_across_kinds_of_text(
     saved = json.loads(TRACES.read_text())
     traces = [t for group in saved["groups"].values() for t in group]
 
-    def cost(k: int) -> float:
-        return (plain_ms if k == 0 else round_ms + per_draft_ms * (k - 1)) / 1e3
-
+    cost = replay.linear_cost(plain_ms, round_ms, per_draft_ms)
     ceiling = saved["ceiling"]
     fixed = [
         replay.speed(replay.replay(traces, cost, ceiling, 4, k)[0]) for k in range(ceiling + 1)

@@ -255,7 +255,7 @@ class AutoCap:
         followed (a host drafter's, while parked): `accepted` of them matched. It teaches
         acceptance only; no round ran, so nothing about cost."""
         if 0 < k <= self.ceiling:
-            self._learn_acceptance(k, accepted)
+            learn_acceptance(self.accept, k, accepted)
 
     def observe(self, k: int, accepted: int, seconds: float) -> None:
         """What a round at cap k did: `accepted` drafts kept, in `seconds`. A round wider
@@ -289,9 +289,6 @@ class AutoCap:
         anchor = 1.0 if old is None else old
         seconds = min(max(seconds, anchor / OUTLIER), anchor * OUTLIER)
         return seconds if old is None else old + EMA * (seconds - old)
-
-    def _learn_acceptance(self, k: int, accepted: int) -> None:
-        learn_acceptance(self.accept, k, accepted)
 
 
 def learn_acceptance(

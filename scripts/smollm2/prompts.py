@@ -4,8 +4,8 @@ Every prompt is built here from templates and word lists, or from this Python's 
 library (stdlib_prompts.py: functions and classes to write from their documentation, real
 functions of its source to explain, test, rewrite or translate), seeded, so the mix is
 reproducible on one Python version and shares nothing with public evaluation sets (MT-Bench,
-HumanEval, MBPP, GSM8K, MATH-500 and the rest are never read). The target answers each prompt itself during training; these are only the
-questions.
+HumanEval, MBPP, GSM8K, MATH-500 and the rest are never read). The target answers each prompt
+itself during training; these are only the questions.
 
     python scripts/smollm2/prompts.py --count 4096 --out prompts.jsonl
 """

@@ -21,6 +21,7 @@ import textwrap
 import warnings
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 # Modules written in Python whose public functions make good "write this function" prompts.
 STDLIB = [
@@ -100,16 +101,24 @@ LIBRARY_CHAT = [
 
 
 @cache
-def library_functions() -> tuple[tuple[str, str, str, str], ...]:
-    """(module, name, signature, first docstring paragraph) of documented stdlib functions."""
+def stdlib_modules() -> tuple[tuple[str, Any], ...]:
+    """(name, module) of the STDLIB modules this Python has."""
     found = []
     for module_name in STDLIB:
         try:
             with warnings.catch_warnings():  # imghdr, uu, ...: deprecated, still documented
                 warnings.simplefilter("ignore", DeprecationWarning)
-                module = importlib.import_module(module_name)
+                found.append((module_name, importlib.import_module(module_name)))
         except Exception:  # removed in this Python, or no platform support
             continue
+    return tuple(found)
+
+
+@cache
+def library_functions() -> tuple[tuple[str, str, str, str], ...]:
+    """(module, name, signature, first docstring paragraph) of documented stdlib functions."""
+    found = []
+    for module_name, module in stdlib_modules():
         for name, fn in sorted(vars(module).items()):
             if name.startswith("_") or not inspect.isfunction(fn):
                 continue
@@ -191,13 +200,7 @@ def source_functions() -> tuple[str, ...]:
 def library_classes() -> tuple[tuple[str, str, str], ...]:
     """(module, name, first docstring paragraph) of documented classes of STDLIB."""
     found = []
-    for module_name in STDLIB:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                module = importlib.import_module(module_name)
-        except Exception:
-            continue
+    for module_name, module in stdlib_modules():
         for name, cls in sorted(vars(module).items()):
             if name.startswith("_") or not inspect.isclass(cls):
                 continue
