@@ -130,8 +130,11 @@ def library_functions() -> tuple[tuple[str, str, str, str], ...]:
             except (TypeError, ValueError):
                 continue
             if 20 <= len(doc) <= 400 and len(sig) <= 80:
-                # a default that is a function prints with its address: keep its name only
-                sig = re.sub(r"<function (\S+) at 0x[0-9a-f]+>", r"\1", sig)
+                # a default that is a function or a bound built-in prints with its address
+                # (another each run): keep its name only
+                sig = re.sub(
+                    r"<(?:function|built-in method) (\S+)[^<>]* at 0x[0-9a-f]+>", r"\1", sig
+                )
                 found.append((module_name, name, sig, " ".join(doc.split())))
     return tuple(found)
 
