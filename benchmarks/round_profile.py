@@ -5,7 +5,8 @@ For one loaded pair, times (medians over many repeats, after warm-up):
 * one sync of a trivial graph (the fixed cost of any `mx.eval`);
 * the target's verify forward at widths 1, 5, 8: Python graph build, then eval;
 * each drafter's proposal at each cap (`--caps`, default 4 and 7): build, then eval;
-* whole greedy rounds on a real prompt, split into propose / verify build / eval / host work.
+* whole greedy rounds on a real prompt, split into propose / verify build / eval / host work,
+  as the loop runs them and with the drafter's graph started ahead of the verify graph.
 
     python benchmarks/round_profile.py                     # the demo pair
     python benchmarks/round_profile.py --model M --dspark-drafter D --dflash-drafter D
@@ -57,8 +58,11 @@ def timed(build, reps: int, after=None) -> tuple[list[float], list[float]]:
     return b[3:], e[3:]
 
 
-def rounds(pipe, ids: list[int], n: int, cap: int) -> dict[str, list[float]]:
-    """The loop's greedy round (core/loop.py), with a timer between its phases."""
+def rounds(pipe, ids: list[int], n: int, cap: int, ahead: bool) -> dict[str, list[float]]:
+    """The loop's greedy round (core/loop.py), with a timer between its phases. `ahead`
+    starts the drafter's graph computing before the verify graph is built (the loop does not:
+    on the H200 such rounds were no faster, docs/performance.md); without it everything is
+    evaluated at the round's one sync."""
     target, proposer = pipe.target, pipe.proposer
     tap_ids = tuple(proposer.tap_layer_ids)
     cache = target.make_cache()
@@ -78,6 +82,8 @@ def rounds(pipe, ids: list[int], n: int, cap: int) -> dict[str, list[float]]:
                 )
             else:
                 inputs = mx.array([history[-1], *proposal.host], dtype=mx.uint32)
+            if ahead and proposal.host is None:
+                mx.async_eval(proposal.tokens)
             t1 = time.perf_counter()
             logits, vtaps = target.forward(inputs, cache, tap_ids)
             tokens = greedy(logits)
@@ -173,12 +179,19 @@ def main() -> None:
                 print(f"{mode} propose cap {cap:<5}build {ms(b)}  eval {ms(e)}")
 
     print("\nwhole greedy rounds: propose | verify build | eval | host (ms, medians)")
-    for mode, cap in [(m, c) for m in drafting for c in caps] + [("lookup", 6)]:
-        rounds(pipes[mode], prompt, 8, cap)  # warm-up
-        ph = rounds(pipes[mode], prompt, 60, cap)
+    print(
+        "('ahead': the drafter's graph starts before the verify graph is built; the loop does not)"
+    )
+    runs = [(m, c, a) for m in drafting for c in caps for a in (False, True)] + [
+        ("lookup", 6, False)
+    ]
+    for mode, cap, ahead in runs:
+        rounds(pipes[mode], prompt, 8, cap, ahead)  # warm-up
+        ph = rounds(pipes[mode], prompt, 60, cap, ahead)
         total = statistics.median([sum(x) for x in zip(*ph.values())])
         parts = " | ".join(ms(v) for v in ph.values())
-        print(f"{mode:<7}cap {cap}  {parts}  = {1e3 * total:7.3f}")
+        label = f"{mode} cap {cap}" + (" ahead" if ahead else "")
+        print(f"{label:<20}{parts}  = {1e3 * total:7.3f}")
 
 
 if __name__ == "__main__":

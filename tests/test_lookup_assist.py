@@ -59,3 +59,28 @@ def test_a_calibrated_curve_bounds_the_copy_by_its_cost():
     assert LookupAssist(Inner(), calibration=steep)._copy(text, room) == [40, 41]
     assert LookupAssist(Inner())._copy(text, 3) == [40, 41, 42]  # never past the tokens left
     assert LookupAssist(Inner())._copy([1, 2, 3, 9, 1, 2, 3], room) == []  # match < min_match
+
+
+def test_a_given_cap_bounds_the_copy_and_the_copy_still_drafts(dspark, qwen3_target):
+    """With --max-draft given, a copy may be no longer than the cap; one that fills it still
+    drafts the round where the drafter has been getting less accepted (before, a copy had to
+    be longer than the cap, so a given cap switched lookup drafts off)."""
+    pipe, wrapped = assisted(dspark)
+    ids = pipe.encode(PROMPTS[1])
+    got = pipe.generate(ids, max_tokens=80, max_draft=4, stop_tokens=set())
+    assert got.tokens == plain_greedy(qwen3_target, ids, 80)
+    assert wrapped.lookup_rounds > 0
+    assert max(len(r.drafted) for r in got.rounds) <= 4
+
+
+def test_copy_ready_says_what_a_one_draft_round_would_draft():
+    class Inner:
+        name, tap_layer_ids, max_draft = "x", (), 4
+
+    text = list(range(50)) + list(range(40))  # the last 40 tokens copy the first 40
+    assist = LookupAssist(Inner())
+    assert assist.copy_ready(text, 100)
+    assert not assist.copy_ready(text, 0)  # no token left to draft
+    assert not assist.copy_ready(list(range(90)), 100)  # nothing repeats
+    assist._accepted = 40.0  # a drafter getting more accepted than the copy would carry
+    assert not assist.copy_ready(text, 100)

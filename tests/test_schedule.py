@@ -192,6 +192,35 @@ def test_parked_steps_keep_the_drafter_and_the_prefix_cache_in_step(
     assert first.to_json()["max_draft"] == "auto"
 
 
+def test_a_parked_drafter_still_verifies_what_the_text_copies(qwen3_target, drafters, monkeypatch):
+    """Parked, auto takes pipelined plain steps; where the text turns out to repeat itself the
+    steps stop and a round verifies the lookup copy. Copies teach the policy nothing about the
+    drafter, and the output is plain greedy's."""
+    pipe = outrider.load(
+        str(qwen3_target), str(drafters["dspark"]), mode="dspark", max_draft="auto"
+    )
+    ids = pipe.encode(PROMPTS[1])
+    want = plain_greedy(qwen3_target, ids, 80)
+    seen: list[int] = []
+
+    class Parked(AutoCap):  # the drafter never pays: every choice parks
+        def choose(self, limit: int) -> int:
+            return 0
+
+        def observe(self, k: int, accepted: int, seconds: float) -> None:
+            seen.append(k)
+            super().observe(k, accepted, seconds)
+
+    monkeypatch.setattr(loop, "AutoCap", Parked)
+    copies = pipe.proposer.lookup_rounds
+    got = pipe.generate(ids, max_tokens=80, stop_tokens=set())
+    assert got.tokens == want
+    drafted = [r for r in got.rounds if r.drafted]
+    assert drafted and len(drafted) == pipe.proposer.lookup_rounds - copies
+    assert sum(r.accepted for r in drafted) > len(drafted)  # the copies were worth verifying
+    assert seen and set(seen) == {0}  # plain steps only: the copies taught it nothing
+
+
 def launch_bound(k: int) -> float:
     """A GPU's round: a drafter call and a sync cost 0.4 of a plain step, a verify row 0.03."""
     return 1.0 + (0.4 + 0.03 * k if k else 0.0)

@@ -260,9 +260,15 @@ def decode(
         if policy is not None:
             policy.context = len(row.history)
             k = policy.choose(max(0, min(cap_limit, stopper.remaining - 1)))
-            if k == 0 and pipelinable:  # parked: pipelined plain steps until the next probe
-                yield from _plain_run(target, row, cache, policy.plain_run(stopper.remaining))
+            if k == 0 and pipelinable and not _copy_ready(row):
+                # parked: pipelined plain steps until the next probe, or until the text turns
+                # out to copy itself (then the round below verifies the copy, drafter or not)
+                n = policy.plain_run(stopper.remaining)
+                taken = yield from _plain_run(target, row, cache, n)
+                policy.plain_unused(n - taken)
                 continue
+            if k == 0 and pipelinable:
+                k = 1  # the lookup copy drafts this round (plugins/strategies/lookup_assist.py)
             if k == 0:
                 policy.plain_run(1)
             caps = [k]
@@ -270,11 +276,21 @@ def decode(
         yield from _handed(step, policy)
 
 
+def _copy_ready(row: Row) -> bool:
+    """Whether the row's proposer holds a lookup copy of the text worth a round now (asked
+    while `auto` has parked the drafter; see `Proposer`)."""
+    ready = getattr(row.proposer, "copy_ready", None)
+    if ready is None or not row.long_copies:
+        return False
+    return ready(row.history, max(0, row.stopper.remaining - 1))
+
+
 def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
     """Up to n plain steps inside a speculative generation, pipelined as `_plain_steps` (the
     next forward is queued before the current token is read). Each forwarded token's taps go
     to the proposer and the record, and the cache ends holding the history but its anchor,
-    as after a round, so drafting resumes where these steps stop."""
+    as after a round, so drafting resumes where these steps stop. They stop early where the
+    proposer finds a lookup copy (`_copy_ready`); returns the steps taken."""
     tap_ids = tuple(row.proposer.tap_layer_ids)
 
     def step(y: mx.array) -> tuple[mx.array, mx.array | None]:
@@ -292,7 +308,7 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
         if i and row.wants_cancel():
             row.stopper.finish_reason = "cancelled"
             yield Step("plain", [], 0, [], 0.0, "cancelled")
-            return
+            return i
         if not last:
             following = step(cur)  # queued before cur is read
         token = cur.item()
@@ -307,14 +323,16 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
         seconds = time.perf_counter() - t
         if row.policy is not None:
             row.policy.observe(0, 0, seconds)
-        if row.done and not last:
-            target.rollback(cache, 1)  # the forward queued past the end
+        stop = row.done or (not last and _copy_ready(row))
+        if stop and not last:
+            target.rollback(cache, 1)  # the forward queued past where these steps end
         yield from _handed(
             Step("plain", [], 0, kept, seconds, row.stopper.finish_reason), row.policy
         )
-        if row.done or last:
-            return
+        if stop or last:
+            return i + 1
         cur, cur_taps = following
+    return n
 
 
 def _handed(step: Step, policy: AutoCap | None) -> Iterator[Step]:
@@ -457,9 +475,9 @@ def verify_round(
     seconds = time.perf_counter() - t
     for row, proposal, step, cap in zip(rows, proposals, steps, asked):
         step.seconds = seconds
-        if scheduler is not None and 0 < proposal.k <= cap:  # a lookup copy is not the row's
+        if scheduler is not None and 0 < proposal.k <= cap and not proposal.copied:
             learn_acceptance(row.accept, proposal.k, step.accepted)
-        if row.policy is None:
+        if row.policy is None or proposal.copied:  # a lookup copy says nothing of the drafter
             continue
         if step.cut:  # the scheduler chose this width, not the policy: acceptance only
             row.policy.observe_unverified(proposal.k, step.accepted)

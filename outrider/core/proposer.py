@@ -16,6 +16,8 @@ class Proposal:
 
     `probs` [k, V] is the distribution each draft was sampled from (None: chosen
     deterministically, i.e. one-hot); `confidence` [k] is the drafter's own per-slot estimate.
+    `copied` marks a lookup copy standing in for the drafter's block: what it accepts says
+    nothing about the drafter, so the cap policies learn nothing from it.
     """
 
     tokens: mx.array
@@ -23,14 +25,15 @@ class Proposal:
     probs: mx.array | None = None
     confidence: mx.array | None = None
     host: list[int] | None = None  # the same ids on the host, when the proposer made them there
+    copied: bool = False
 
     @classmethod
     def empty(cls) -> Proposal:
         return cls(tokens=mx.zeros((0,), dtype=mx.uint32), k=0, host=[])
 
     @classmethod
-    def from_list(cls, ids: list[int]) -> Proposal:
-        return cls(tokens=mx.array(ids, dtype=mx.uint32), k=len(ids), host=list(ids))
+    def from_list(cls, ids: list[int], copied: bool = False) -> Proposal:
+        return cls(tokens=mx.array(ids, dtype=mx.uint32), k=len(ids), host=list(ids), copied=copied)
 
     def first(self, n: int) -> Proposal:
         """The first n drafts (all of them when n >= k), with their q rows and confidences:
@@ -45,6 +48,7 @@ class Proposal:
             probs=None if self.probs is None else self.probs[:n],
             confidence=None if self.confidence is None else self.confidence[:n],
             host=None if self.host is None else self.host[:n],
+            copied=self.copied,
         )
 
 
@@ -68,7 +72,10 @@ class Proposer(Protocol):
     drafter-free strategies. A proposer that drafts on the host in microseconds may say
     `drafts_on_host = True`: while `--max-draft auto` has parked speculation, the loop then asks
     it for drafts it does not verify and checks them against the tokens that follow, so the
-    policy keeps learning acceptance for free (`core/schedule.py`).
+    policy keeps learning acceptance for free (`core/schedule.py`). A proposer that can tell
+    cheaply whether it holds a lookup copy of the context may offer `copy_ready(tokens, room)`:
+    a parked `auto` then asks it after every plain step and verifies the copy when it says yes
+    (`plugins/strategies/lookup_assist.py`).
     """
 
     name: str

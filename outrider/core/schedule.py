@@ -188,6 +188,11 @@ class AutoCap:
         self.catching_up = True
         return n
 
+    def plain_unused(self, steps: int) -> None:
+        """A plain run ended `steps` short of what `plain_run` granted (a lookup copy turned
+        up): they do not count toward the next probe."""
+        self.parked -= steps
+
     def best(self, limit: int, accept: float | None = None, live: bool = True) -> int:
         """argmax_k E(k) / c(k) over 0..limit (0 unless some k beats plain by MARGIN), with the
         measured acceptance, or with `accept` at every position (a probe's optimistic view:

@@ -10,7 +10,9 @@
 # A training run stopped by TRAIN_SECONDS (SIGTERM) keeps its checkpoint; the next `train` stage
 # resumes it. Settings come from the environment (defaults below); STEPS_dspark / STEPS_dflash /
 # STEPS_eagle3 override STEPS for one kind (LAYERS_<kind>, BLOCK_<kind> likewise), BENCH_ARGS
-# adds arguments to the benchmark (TAG names its receipt).
+# adds arguments to the benchmark (TAG names its receipt). INIT=DIR fine-tunes that drafter
+# instead of starting afresh (with a lower LR, say LR=3e-4, and prompts of another PROMPT_SEED
+# than its first run's, so the mix brings tasks it has not seen).
 set -euo pipefail
 out="${1:?usage: recipe.sh OUT}"
 model="${MODEL:-HuggingFaceTB/SmolLM2-135M-Instruct}"
@@ -30,11 +32,15 @@ train_seconds="${TRAIN_SECONDS:-0}"  # 0: no limit
 held_out="${HELD_OUT:-16}"  # prompts kept out of training, to measure acceptance on
 eval_tokens="${EVAL_TOKENS:-128}"
 stage="${STAGE:-all}"
+lr="${LR:-6e-4}"
+prompt_seed="${PROMPT_SEED:-0}"
+init=()
+[ -n "${INIT:-}" ] && init=(--init "$INIT")
 py="${PYTHON:-python3}"
 mkdir -p "$out"
 
 if [ "$stage" = all ] || [ "$stage" = prompts ]; then
-  "$py" scripts/smollm2/prompts.py --count "$prompts" --seed 0 --out "$out/prompts.jsonl"
+  "$py" scripts/smollm2/prompts.py --count "$prompts" --seed "$prompt_seed" --out "$out/prompts.jsonl"
 fi
 
 train() {  # kind
@@ -44,7 +50,7 @@ train() {  # kind
   local limit=()
   [ "$train_seconds" != 0 ] && limit=(timeout "$train_seconds")
   "${limit[@]}" "$py" -m outrider train --model "$model" --kind "$1" --data "$out/prompts.jsonl" \
-    --out "$out/$1" --steps "${!kind_steps:-$steps}" --batch-size "$batch" --seq-len "$seq_len" --lr 6e-4 --layers "${!kind_layers:-$layers}" \
+    --out "$out/$1" --steps "${!kind_steps:-$steps}" --batch-size "$batch" --seq-len "$seq_len" --lr "$lr" "${init[@]}" --layers "${!kind_layers:-$layers}" \
     --dtype "$dtype" \
     --block-size "${!kind_block:-$block}" --max-new-tokens "$max_new" --distill-chunk "$distill_chunk" --held-out "$held_out" --eval-tokens "$eval_tokens" --log-every 50 \
     --json "${resume[@]}" >> "$out/$1.log" 2>&1

@@ -51,6 +51,7 @@ class LookupAssist:
         self._indexed = 0
         self._accepted = float(inner.max_draft) / 2  # running mean of the drafter's accepts
         self._looked = False
+        self._bound: tuple[object, int] | None = None  # (calibration, widest copy it allows)
 
     def __getattr__(self, name: str):
         if name == "inner":  # not set yet (a copy being built): no recursion
@@ -93,17 +94,28 @@ class LookupAssist:
             drafted = [
                 p.propose(c) if c.cap > 0 else Proposal.empty() for p, c in zip(inners, asks)
             ]
-        return [d if c is None else Proposal.from_list(c) for c, d in zip(copies, drafted)]
+        return [d if c is None else Proposal.from_list(c, True) for c, d in zip(copies, drafted)]
+
+    def copy_ready(self, tokens: list[int], room: int) -> bool:
+        """Whether a round at cap 1 would verify a lookup copy of `tokens`' end (at most `room`
+        drafts): what a parked `auto` asks after each plain step (core/loop.py)."""
+        return self._wins(self._copy(tokens, room), 1, room)
 
     def _lookup(self, ctx: DraftContext) -> list[int] | None:
         """This round's lookup copy, or None when the drafter drafts it."""
         room = int(ctx.extras.get("room", ctx.cap))
         copy = self._copy(ctx.tokens, room)
-        self._looked = len(copy) > max(ctx.cap, self._accepted + 1)
+        self._looked = self._wins(copy, ctx.cap, room)
         if not self._looked:
             return None
         self.lookup_rounds += 1
         return copy
+
+    def _wins(self, copy: list[int], cap: int, room: int) -> bool:
+        """A copy drafts the round when it is longer than what the drafter has been getting
+        accepted, and longer than the round's cap or as long as the round may draft at all
+        (a given cap bounds the copy too)."""
+        return len(copy) > self._accepted + 1 and (len(copy) > cap or len(copy) >= room > 0)
 
     def _copy(self, tokens: list[int], room: int) -> list[int]:
         """The continuation of the longest earlier match of the text's end, as long as the
@@ -128,10 +140,13 @@ class LookupAssist:
         `WIDE_COST` one-row forwards (no bound without a calibration)."""
         if self.calibration is None:
             return self.max_lookup
+        if self._bound is not None and self._bound[0] is self.calibration:
+            return self._bound[1]
         one = self.calibration.verify_cost(1)
         widest = 0
         for w in range(2, self.max_lookup + 2):
             if self.calibration.verify_cost(w) > WIDE_COST * one:
                 break
             widest = w - 1
-        return max(widest, 1)
+        self._bound = (self.calibration, max(widest, 1))
+        return self._bound[1]
