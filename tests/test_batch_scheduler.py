@@ -103,6 +103,10 @@ def test_a_lookup_copy_stays_whole_and_its_width_is_free():
     assert sched.keep([12, 4], [4, 4], conf, [[], []]) == [12, 4]
     assert sched.keep([0, 4], [4, 4], conf, [[], []]) == [0, 4]  # one drafting row: no cut
     assert sched.rounds == 1
+    # under a given cap a copy may be no wider than it: still whole, and still free
+    low = [[0.1] * 4, conf[1]]  # as a draft, the first row would be cut on these
+    assert sched.keep([4, 4], [4, 4], low, [[], []], copied=[True, False]) == [4, 4]
+    assert sched.keep([4, 4], [4, 4], low, [[], []])[0] == 0  # a draft: cut
 
 
 def test_a_cut_proposal_keeps_its_q_rows_confidences_and_host_ids():

@@ -510,7 +510,8 @@ def _schedule(
     ]
     accept = [row.accept for row in rows]
     context = max(len(row.history) for row in rows)
-    keep = scheduler.keep([p.k for p in proposals], asked, confidence, accept, context)
+    copied = [p.copied for p in proposals]
+    keep = scheduler.keep([p.k for p in proposals], asked, confidence, accept, context, copied)
     return [p.first(n) for p, n in zip(proposals, keep)]
 
 

@@ -386,17 +386,20 @@ class BatchScheduler:
         confidence: list[list[float] | None],
         accept: list[list[float]],
         context: int | None = None,
+        copied: list[bool] | None = None,
     ) -> list[int]:
         """How many of its drafts each row verifies this round.
 
-        `drafted[r]`: the drafts row r proposed; `asked[r]`: the cap it was asked for (a lookup
-        copy past it is sized by the copy's match, `lookup_assist.py`: it stays whole, and the
-        width it sets costs the others nothing); `confidence[r]`: the drafter's per-slot
-        acceptance estimates, or None; `accept[r]`: the row's running per-position acceptance
+        `drafted[r]`: the drafts row r proposed; `asked[r]`: the cap it was asked for;
+        `copied[r]`: its drafts are a lookup copy (`lookup_assist.py`), sized by the copy's
+        match: it stays whole, and the width it sets costs the others nothing (so does any
+        draft past its row's cap); `confidence[r]`: the drafter's per-slot acceptance
+        estimates, or None; `accept[r]`: the row's running per-position acceptance
         (`learn_acceptance`); `context`: the longest row's context length."""
         if sum(1 for k in drafted if k > 0) < 2:
             return list(drafted)
-        fixed = [k > cap for k, cap in zip(drafted, asked, strict=True)]
+        copied = copied or [False] * len(drafted)
+        fixed = [k > cap or c for k, cap, c in zip(drafted, asked, copied, strict=True)]
         survivals = [
             [] if f or k == 0 else survival(_conditional(c, a, k))
             for k, f, c, a in zip(drafted, fixed, confidence, accept, strict=True)
