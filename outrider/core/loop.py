@@ -260,16 +260,16 @@ def decode(
         if policy is not None:
             policy.context = len(row.history)
             k = policy.choose(max(0, min(cap_limit, stopper.remaining - 1)))
-            if k == 0 and pipelinable and not _copy_ready(row):
-                # parked: pipelined plain steps until the next probe, or until the text turns
-                # out to copy itself (then the round below verifies the copy, drafter or not)
-                n = policy.plain_run(stopper.remaining)
-                taken = yield from _plain_run(target, row, cache, n)
-                policy.plain_unused(n - taken)
-                continue
             if k == 0 and pipelinable:
+                if not _copy_ready(row):
+                    # parked: pipelined plain steps until the next probe, or until the text
+                    # turns out to copy itself (then a round verifies the copy, drafter or not)
+                    n = policy.plain_run(stopper.remaining)
+                    taken = yield from _plain_run(target, row, cache, n)
+                    policy.plain_unused(n - taken)
+                    continue
                 k = 1  # the lookup copy drafts this round (plugins/strategies/lookup_assist.py)
-            if k == 0:
+            elif k == 0:
                 policy.plain_run(1)
             caps = [k]
         (step,) = verify_round(target, rows, cache, caps)
