@@ -405,9 +405,28 @@ def test_one_slow_round_does_not_park_a_drafter_that_pays():
     policy.observe(4, 4, 1000 * ms(4))  # the compile
     for _ in range(6):
         policy.observe(4, 4, ms(4))
-    assert policy.costs[4] < 2.0  # at most OUTLIER off, then decaying back
+    assert policy.scale[True] < 2.0  # at most OUTLIER off, then decaying back
     assert not policy.hopeless(8)
     assert policy.choose(100) > 0
+
+
+def test_a_cap_that_ran_slow_for_a_while_is_not_left_at_that_cost():
+    """Drafting rounds of every cap share one live scale over the calibrated curve. With a
+    scale per cap, a cap whose rounds once ran slow (a busy minute, a compile) kept that cost,
+    lost to a smaller cap, and was never timed again (on the H200, cap 7 read 3x its curve
+    while cap 4 read 1.9x); here the rounds that follow at the curve's cost bring it back."""
+    policy = calibrated(10.0, 0.5, 2.0)  # a GPU-like curve
+    policy.accept = [0.9] * 8
+    ms = lambda k: policy.calibration.round_cost(k, 128)  # noqa: E731
+    for _ in range(policy.warmup + 4):
+        policy.observe(4, 4, ms(4))
+    for _ in range(policy.warmup + 6):  # a slow minute while it drafted the full cap
+        policy.observe(8, 8, 4 * ms(8))
+    assert policy.cost(8) > 2 * ms(8)  # the slow rounds count
+    for _ in range(30):  # then every round costs what the curve says
+        k = policy.choose(100)
+        policy.observe(k, k, ms(k))
+    assert policy.choose(100) == 8
 
 
 def test_live_rounds_slower_than_the_curve_park_but_keep_probing():
@@ -417,7 +436,7 @@ def test_live_rounds_slower_than_the_curve_park_but_keep_probing():
     policy.accept = [0.9] * 8
     for _ in range(40):  # every drafting round 20x its calibrated cost
         policy.observe(4, 1, 20 * policy.calibration.round_cost(4, 128))
-    assert policy.costs[4] > 10  # the estimate got there, a bounded step at a time
+    assert policy.scale[True] > 10  # the estimate got there, a bounded step at a time
     assert not policy.hopeless(8)
     caps, gaps = probe_gaps(policy, 400)
     assert caps and gaps  # parked, but probing

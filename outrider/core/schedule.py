@@ -31,7 +31,12 @@ further apart, to notice easy text (benchmarks/policy_replay.py measured both).
 
 With a calibration (core/calibration.py: the verify cost at every width, measured once per
 machine and model), c(k) comes from its curve at the current context length, scaled by what
-live rounds cost against it, and no plain steps are spent measuring plain decoding. Without
+live rounds cost against it, and no plain steps are spent measuring plain decoding. Drafting
+rounds of every cap share one live scale (plain steps, pipelined, have their own): the curve
+already says how cost moves with width, and what live rounds add (a busy host, the sync) moves
+every width alike. A scale per cap went stale: a cap whose few rounds ran slow (a kernel
+compile, a busy minute) kept that estimate, was never chosen again, so never re-measured, and
+on the H200 a cap-7 round read 3x its curve while cap 4 read 1.9x and plain steps 1.6x. Without
 one, both halves are measured on the fly: c(k) is a running mean of this row's round times at each
 k (a straight line through the measured ks estimates the others), and s_j comes from running
 per-position acceptance (the chance that draft j is accepted once drafts 1..j-1 were). The cap
@@ -73,9 +78,11 @@ class AutoCap:
     start: int = 4  # the cap of the first rounds (while nothing is measured)
     probe_every: int = 16  # plain steps before the first probe once parked
     warmup: int = 2  # first rounds at each k: compile and cache warm-up, not timed
-    # k drafted -> seconds a round; with a calibration, the round's time over the calibrated
-    # curve at the context it ran at (so what was measured short carries to long contexts)
+    # k drafted -> seconds a round (without a calibration)
     costs: dict[int, float] = field(default_factory=dict)
+    # with a calibration: drafting round? -> live time over the calibrated curve at the context
+    # it ran at (so what was measured short carries to long contexts), one scale for all caps
+    scale: dict[bool, float] = field(default_factory=dict)
     rounds: dict[int, int] = field(default_factory=dict)  # k drafted -> rounds seen
     drafting: int = 0  # rounds that drafted something
     accept: list[float] = field(default_factory=list)  # per position: P(accept | reached)
@@ -140,7 +147,7 @@ class AutoCap:
         }
         if self.calibration is not None:
             out["live_over_calibrated"] = {
-                str(k): round(self.costs[k], 3) for k in sorted(self.costs)
+                ("drafting" if k else "plain"): round(v, 3) for k, v in sorted(self.scale.items())
             }
         return out
 
@@ -222,13 +229,9 @@ class AutoCap:
         return self._loop_cost(k) + self.outside
 
     def _loop_cost(self, k: int) -> float:
-        measured = {j: c for j, c in self.costs.items() if self.rounds.get(j, 0) > self.warmup}
         if self.calibration is not None:
-            ratio = measured.get(k)
-            if ratio is None:  # drafting rounds scale drafting rounds: plain steps are pipelined
-                ratios = sorted(r for j, r in measured.items() if (j > 0) == (k > 0))
-                ratio = ratios[len(ratios) // 2] if ratios else 1.0
-            return self.calibration.round_cost(k, self.context) * ratio
+            return self.calibration.round_cost(k, self.context) * self.scale.get(k > 0, 1.0)
+        measured = {j: c for j, c in self.costs.items() if self.rounds.get(j, 0) > self.warmup}
         if k in measured:
             return measured[k]
         # a drafting round is not a plain step plus drafts (it pays a drafter call and a sync
@@ -280,8 +283,9 @@ class AutoCap:
             self.probing = False
         if timed and self.calibration is not None:
             curve = self.calibration.round_cost(k, self.context)
-            seconds = seconds / curve if curve > 0 else 1.0
-        if timed:
+            ratio = seconds / curve if curve > 0 else 1.0
+            self.scale[k > 0] = self._moved(self.scale.get(k > 0), ratio)
+        elif timed:
             self.costs[k] = self._moved(self.costs.get(k), seconds)
         learn_acceptance(self.accept, k, accepted, PROBE_EMA if probe else ACCEPT_EMA)
 
