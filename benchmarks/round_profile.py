@@ -121,6 +121,10 @@ def main() -> None:
     args = ap.parse_args()
     caps = [int(c) for c in args.caps.split(",")]
 
+    # on a fresh CUDA machine loading can take minutes (MLX builds kernels on first use): say
+    # so at once, so a run cut short by a time limit still shows where it stood
+    print(f"loading {args.model} and its drafters…", flush=True)
+    started = time.perf_counter()
     base = load(args.model, mode="baseline")
     target = base.target
     drafters = {
@@ -137,6 +141,7 @@ def main() -> None:
     pipes["lookup"] = load(args.model, mode="lookup", target=target)
     tap_ids = tuple(sorted({j for p in pipes.values() for j in p.proposer.tap_layer_ids}))
     prompt = base.encode("Write a Python function that returns the n-th Fibonacci number.")
+    print(f"loaded in {time.perf_counter() - started:.1f} s", flush=True)
     print(f"device {mx.default_device()}, mlx {mx.__version__}, reps {args.reps} (medians, ms)")
 
     with mx.stream(target.stream):
