@@ -266,9 +266,9 @@ class AutoCap:
             learn_acceptance(self.accept, k, accepted)
 
     def observe(self, k: int, accepted: int, seconds: float) -> None:
-        """What a round at cap k did: `accepted` drafts kept, in `seconds`. A round wider
-        than the drafter's ceiling (a lookup copy, plugins/strategies/lookup_assist.py) is not
-        the drafter's and teaches the policy nothing."""
+        """What a round at cap k did: `accepted` drafts kept, in `seconds`. Lookup copies
+        never come here (the loop skips `Proposal.copied`: they are not the drafter's); a k
+        past the drafter's ceiling, where the per-position estimates stop, is ignored."""
         if k > self.ceiling:
             return
         seen = self.rounds.get(k, 0)
