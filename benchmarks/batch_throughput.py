@@ -14,6 +14,15 @@ nothing, so it would only measure cost). With a real model the prompts are the f
 Greedy rows of a batch may differ from single requests only at fp ties (batched matmuls round
 differently on some backends); the table counts rows that differ, and `--strict` fails on any.
 
+`--requests N` (N > B) models B clients that each send their next request the moment the
+last one ends: N requests, at most B decoding at once, each waiting one joining the round a
+row finishes (`Pipeline.generate_batch(max_batch=B)`, the server's continuous batching),
+against the same N one at a time. With N = B (the default) all rows start together and the
+batch drains to its slowest row.
+
+    python benchmarks/batch_throughput.py --modes baseline,dspark --batch 8 --requests 32 \
+        --suite code,math,chat
+
 `--scheduler` picks the batched arm's drafts: `off` (the default) verifies every row's cap, `on`
 lets DSpark's prefix scheduler cut them (core/schedule.py `BatchScheduler`), `both` runs the
 batched arm both ways and prints the scheduler's throughput over the fixed cap's and the share
@@ -29,6 +38,7 @@ import argparse
 import json
 import platform
 import random
+import sys
 import time
 
 import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.py)
@@ -49,10 +59,11 @@ def timed(fn):
 
 
 def run_mode(
-    pipe, prompts: list[list[int]], max_tokens: int, repeats: int, arms: list[bool]
+    pipe, prompts: list[list[int]], width: int, max_tokens: int, repeats: int, arms: list[bool]
 ) -> dict:
-    """One at a time against batched, the batched arm with the scheduler off and/or on (`arms`;
-    the first is reported under the receipts' names, a second as `scheduled_*`)."""
+    """One at a time against batched (at most `width` rows at once), the batched arm with the
+    scheduler off and/or on (`arms`; the first is reported under the receipts' names, a second
+    as `scheduled_*`)."""
     kwargs = dict(max_tokens=max_tokens, stop_tokens=set())
     for on in arms:  # warm-up (compiles)
         pipe.schedule_batches = on
@@ -64,7 +75,7 @@ def run_mode(
         seq_times.append(s)
         for on in arms:
             pipe.schedule_batches = on
-            outs[on], b = timed(lambda: pipe.generate_batch(prompts, **kwargs))
+            outs[on], b = timed(lambda: pipe.generate_batch(prompts, max_batch=width, **kwargs))
             times[on].append(b)
     tokens = sum(len(r.tokens) for r in singles)
     seq = sorted(seq_times)[repeats // 2]
@@ -120,9 +131,8 @@ def random_target_pipes(args, modes: list[str]) -> tuple[dict, list[list[int]]]:
     target = make_target(args.shape, args.dtype)
     rng = random.Random(0)
     vocab = int(target.config["vocab_size"])
-    prompts = [[rng.randrange(10, vocab - 10) for _ in range(args.prompt_len)]]
-    prompts += [[rng.randrange(10, vocab - 10) for _ in range(args.prompt_len + 7 * i)]
-                for i in range(1, args.batch)]  # fmt: skip
+    prompts = [[rng.randrange(10, vocab - 10) for _ in range(args.prompt_len + 7 * (i % 8))]
+               for i in range(args.requests)]  # fmt: skip
     plain = outrider.Pipeline(target, PlainProposer(), "baseline", 0)
     pipes = {}
     for mode in modes:
@@ -137,6 +147,14 @@ def random_target_pipes(args, modes: list[str]) -> tuple[dict, list[list[int]]]:
         else:
             raise SystemExit(f"--shape runs baseline and oracle, not {mode}")
     return pipes, prompts
+
+
+def suite_texts(suites: str, n: int) -> list[str]:
+    """`n` prompts taken from the named suites in turn (cycling when they run out)."""
+    lists = [[p.text for p in load_suite(s.strip())] for s in suites.split(",") if s.strip()]
+    merged = [t for group in zip(*lists) for t in group]
+    merged += [t for lst in lists for t in lst[len(merged) // len(lists) :]]
+    return [merged[i % len(merged)] for i in range(n)]
 
 
 def accept(value: float | None) -> str:
@@ -173,12 +191,17 @@ def main() -> None:
     ap.add_argument("--modes", default="baseline,dspark")
     ap.add_argument("--shape", help="a random-weight qwen3 of this shape (0.6b, 8b) instead")
     ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=8, help="rows decoding at once (B)")
+    ap.add_argument(
+        "--requests", type=int, help="requests in all (default: B; more join as rows end)"
+    )
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=128, help="with --shape")
     ap.add_argument("--oracle-rate", type=float, default=0.8)
     ap.add_argument("--cap", type=int, default=4, help="with --shape: the oracle's cap")
-    ap.add_argument("--suite", default="code")
+    ap.add_argument(
+        "--suite", default="code", help="one suite, or several (code,math,chat) in turn"
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--strict", action="store_true", help="fail when any row differs")
     ap.add_argument(
@@ -190,6 +213,9 @@ def main() -> None:
     ap.add_argument("--json", help="also write the numbers here")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.requests = args.requests or args.batch
+    if args.requests < args.batch:
+        raise SystemExit("--requests must be at least --batch")
 
     if args.shape:
         pipes, prompts = random_target_pipes(args, modes)
@@ -200,15 +226,16 @@ def main() -> None:
         name = args.model or demo_target()
         pipes = {m: outrider.load(name, args.drafter, mode=m) for m in modes}
         first = next(iter(pipes.values()))
-        texts = [p.text for p in load_suite(args.suite, args.batch)]
-        prompts = [first.encode(t) for t in texts]
+        prompts = [first.encode(t) for t in suite_texts(args.suite, args.requests)]
     arms = {"off": [False], "on": [True], "both": [False, True]}[args.scheduler]
     if True in arms:
         for pipe in pipes.values():
             attach_calibration(pipe)
-    rows = [run_mode(pipes[m], prompts, args.max_tokens, args.repeats, arms) for m in modes]
+    rows = [
+        run_mode(pipes[m], prompts, args.batch, args.max_tokens, args.repeats, arms) for m in modes
+    ]
 
-    print(f"{name} · B = {len(prompts)} · {args.max_tokens} tokens each · {platform.machine()}"
+    print(f"{name} · B = {args.batch} · {len(prompts)} requests · {args.max_tokens} tokens each · {platform.machine()}"
           f" · mlx {mx.__version__} · {mx.default_device()}")  # fmt: skip
     print(f"batched arm: {'fixed cap, then ' if len(arms) == 2 else ''}"
           f"{'prefix scheduler' if arms[-1] else 'fixed cap'}")  # fmt: skip
@@ -228,7 +255,9 @@ def main() -> None:
             line += f"  (cut {r['drafts_cut']} of {r['drafts_proposed']} drafts)"
         print(line)
     if args.json:
-        meta = {"model": name, "batch": len(prompts), "max_tokens": args.max_tokens,
+        meta = {"model": name, "batch": args.batch, "requests": len(prompts),
+                "suite": None if args.shape else args.suite, "max_tokens": args.max_tokens,
+                "command": " ".join(sys.argv),
                 "device": str(mx.default_device()), "mlx": mx.__version__}  # fmt: skip
         with open(args.json, "w") as f:
             json.dump({**meta, "rows": rows}, f, indent=2)

@@ -11,6 +11,13 @@ checked equal to the cache-off run's, or parted only at an fp tie (checked; else
     python benchmarks/prefix_cache.py --model mlx-community/Qwen3-4B-4bit --system-tokens 4096
     python benchmarks/prefix_cache.py --shape 8b --dtype bf16  # random weights, Qwen3-8B's shape
 
+`--cold` measures what a real conversation meets on a GPU whose kernels depend on the shapes
+(MLX's CUDA attention builds a cuDNN graph per query and key length): each repeat is a new
+conversation whose system prompt is a little longer than the last one's, so no shape was seen
+before. Its turns 1..N run with the cache on (turn 1 a miss), then turn N's prompt is
+prefilled with the cache off twice: the first time cold, as a fresh request meets it, the
+second time warm.
+
 The H200 targets of issue 12: TTFT ratio >= 20x at turn 5 with a 4k-token system prompt, and
 >= 50x on an exact repeat.
 """
@@ -59,10 +66,42 @@ def tie_or_fail(target, prompt: list[int], got: list[int], want: list[int]) -> d
     return {"position": i, "logits": [a, b], "max": top}
 
 
-def conversation(vocab: int, args: argparse.Namespace, seed: int = 0) -> tuple[list, list]:
+def conversation(
+    vocab: int, args: argparse.Namespace, seed: int = 0, longer: int = 0
+) -> tuple[list, list]:
     rng = random.Random(seed)
     ids = lambda n: [rng.randrange(10, vocab - 10) for _ in range(n)]  # noqa: E731
-    return ids(args.system_tokens), [ids(args.user_tokens) for _ in range(args.turns)]
+    return ids(args.system_tokens + longer), [ids(args.user_tokens) for _ in range(args.turns)]
+
+
+def cold_runs(pipe, vocab: int, args: argparse.Namespace) -> dict:
+    """`--cold`: per repeat a new conversation at new lengths, its turns with the cache on,
+    then its last prompt with the cache off, cold and warm. Medians over the repeats."""
+    turns, off_cold, off_warm, ties, same = [], [], [], [], True
+    for r in range(args.repeats):
+        system, users = conversation(vocab, args, seed=r + 1, longer=17 * (r + 1))
+        pipe.prefix_cache = PrefixCache.from_gb(args.gb)
+        history, times = list(system), []
+        for user in users:
+            history += user
+            prompt = list(history)
+            s, answer = ttft(pipe, prompt, args.answer_tokens, args.max_draft)
+            times.append(s)
+            history += answer
+        pipe.prefix_cache = None
+        cold, off_answer = ttft(pipe, prompt, args.answer_tokens, args.max_draft)
+        warm, _ = ttft(pipe, prompt, args.answer_tokens, args.max_draft)
+        if answer != off_answer:
+            ties.append(tie_or_fail(pipe.target, prompt, answer, off_answer))
+        same &= answer == off_answer
+        turns.append(times)
+        off_cold.append(cold)
+        off_warm.append(warm)
+        print(f"  repeat {r}: {len(prompt)} prompt tokens, turns (ms) "
+              + " ".join(f"{t * 1e3:.1f}" for t in times)
+              + f" | cache off cold {cold * 1e3:.1f}, warm {warm * 1e3:.1f}")  # fmt: skip
+    return {"turns": turns, "off_cold": off_cold, "off_warm": off_warm, "identical": same,
+            "fp_ties": ties}  # fmt: skip
 
 
 def main() -> None:
@@ -81,6 +120,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--gb", type=float, default=4.0)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median)")
+    ap.add_argument("--cold", action="store_true", help="new shapes every repeat (see above)")
     ap.add_argument("--json", help="also write the numbers here")
     args = ap.parse_args()
 
@@ -100,6 +140,26 @@ def main() -> None:
             model = str(make_tiny_target(Path(tempfile.mkdtemp()) / "qwen3", family="qwen3"))
         pipe = outrider.load(model, args.drafter, mode=args.mode)
     vocab = int(pipe.target.config.get("vocab_size") or 32000)
+    if args.cold:
+        ttft(pipe, list(range(10, 10 + args.user_tokens)), 2, args.max_draft)  # load-time work
+        got = cold_runs(pipe, vocab, args)
+        mid = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        last = mid([t[-1] for t in got["turns"]])
+        rows = [
+            (f"turn {args.turns} cold", mid(got["off_cold"]), last),
+            (f"turn {args.turns} vs warm off", mid(got["off_warm"]), last),
+        ]
+        print(f"model {model}  mode {pipe.mode}  --cold, {args.repeats} conversations")
+        print(f"{'scenario':<22} {'TTFT off (ms)':>14} {'TTFT on (ms)':>13} {'ratio':>8}")
+        for name, a, b in rows:
+            print(f"{name:<22} {a * 1e3:>14.2f} {b * 1e3:>13.2f} {a / b:>7.1f}x")
+        print("outputs identical with the cache on:", got["identical"],
+              f"(fp ties: {len(got['fp_ties'])})" if got["fp_ties"] else "")  # fmt: skip
+        if args.json:
+            rows_out = [{"scenario": n, "ttft_off_s": a, "ttft_on_s": b} for n, a, b in rows]
+            out = {"model": model, "mode": pipe.mode, "cold": True, **got, "rows": rows_out}
+            Path(args.json).write_text(json.dumps(out, indent=2))
+        return
     system, users = conversation(vocab, args)
 
     # the conversation's prompts, built from the model's own answers (cache off)

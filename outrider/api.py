@@ -286,30 +286,44 @@ class Pipeline:
 
     def generate_batch(
         self, prompts: Sequence[str | list[int]], *, system: str | None = None,
-        raw: bool = False, thinking: bool | None = None, **kwargs: Any,
+        raw: bool = False, thinking: bool | None = None, max_batch: int | None = None,
+        **kwargs: Any,
     ) -> list[Result]:  # fmt: skip
         """Generate for several prompts together: their rows share every target forward, and
         each result is what `generate` gives for that prompt alone (the keywords of
-        `start_row`; `seed` seeds every row alike). Needs a target family that batches.
-        Where the batch scheduler cuts drafts (`batch_scheduler`), a sampled row follows the
-        same distribution but no longer draws the same tokens for the same seed."""
+        `start_row`; `seed` seeds every row alike). With `max_batch`, at most that many rows
+        decode at once and the next prompt joins (after its own prefill) the round a row
+        finishes, as the server's continuous batching does. Needs a target family that
+        batches. Where the batch scheduler cuts drafts (`batch_scheduler`), a sampled row
+        follows the same distribution but no longer draws the same tokens for the same seed."""
+        if max_batch is not None and max_batch < 1:
+            raise OutriderError(f"max_batch must be >= 1, got {max_batch}")
+        width = len(prompts) if max_batch is None else max_batch
         batch = self.make_batch()
-        starts = []
-        for prompt in prompts:
-            ids = self.encode(prompt, system=system, raw=raw, thinking=thinking)
-            start = self.start_row(ids, **kwargs)
-            starts.append(start)
-            if start.row is not None:
-                batch.join(start.row, start.cache)
-        collectors = {id(s.row): s.collector for s in starts if s.row is not None}
+        waiting = list(enumerate(prompts))[::-1]
+        collectors: dict[int, Collector] = {}
+        results: list[Result | None] = [None] * len(prompts)
+
+        def admit() -> None:
+            while waiting and len(batch) < width:
+                i, prompt = waiting.pop()
+                ids = self.encode(prompt, system=system, raw=raw, thinking=thinking)
+                start = self.start_row(ids, **kwargs)
+                results[i] = start.collector.result
+                if start.row is not None:
+                    collectors[id(start.row)] = start.collector
+                    batch.join(start.row, start.cache)
+
+        admit()
         while len(batch):
             for row, step in batch.round():
                 collectors[id(row)].add(step)
-        for start in starts:
-            start.collector.result.decode_seconds = sum(
-                r.seconds for r in start.collector.result.rounds
-            )
-        return [start.collector.result for start in starts]
+                if row.done:
+                    del collectors[id(row)]
+            admit()
+        for result in results:
+            result.decode_seconds = sum(r.seconds for r in result.rounds)
+        return results
 
     def make_batch(self) -> Batch:
         """An empty batch on this target, with the prefix scheduler when it runs here."""

@@ -115,6 +115,38 @@ def test_rows_finish_at_different_rounds(pipes):
     assert batch[0].finish_reason == "stop" and len(batch[0].tokens) < 30
 
 
+def test_rows_join_as_others_finish_under_a_width_limit(pipes):
+    """With `max_batch`, the waiting prompts join the rounds a row leaves (continuous
+    batching, as the server runs it): every row still gets what it gets alone, and no round
+    is wider than the limit."""
+    pipe = pipes["dspark"]
+    rows = prompts(pipe)
+    first = pipe.generate(rows[0], max_tokens=20, stop_tokens=set()).tokens
+    kwargs = dict(max_tokens=20, stop_tokens={first[4]})  # row 0 leaves early, row 2 joins
+    widths = []
+    make_batch = pipe.make_batch
+
+    def watched_batch():
+        batch = make_batch()
+        run = batch.round
+        batch.round = lambda: (widths.append(len(batch)), run())[1]
+        return batch
+
+    pipe.make_batch = watched_batch
+    try:
+        batch = pipe.generate_batch(rows, max_batch=2, **kwargs)
+    finally:
+        del pipe.make_batch
+    singles = alone(pipe, rows, **kwargs)
+    assert [(r.tokens, r.finish_reason) for r in batch] == [
+        (r.tokens, r.finish_reason) for r in singles
+    ]
+    assert max(widths) == 2 and widths.count(2) > len(widths) // 2
+    assert sum(len(r.rounds) for r in batch) == sum(widths)  # every row ran in some round
+    with pytest.raises(outrider.OutriderError, match="max_batch"):
+        pipe.generate_batch(rows, max_batch=0)
+
+
 @pytest.mark.parametrize("mode", ["dspark", "lookup", "baseline"])
 def test_sampled_rows_match_each_row_alone(pipes, mode):
     """Each row draws from its own key stream, as it would alone: the same seed gives the

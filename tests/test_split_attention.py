@@ -169,15 +169,108 @@ def test_split_eagle3_catch_up_rows_give_the_same_drafter_output(tmp_path, qwen3
     assert mx.allclose(out[0], out[1], atol=tol, rtol=tol).item()
 
 
-def test_half_precision_is_split_only_when_asked(monkeypatch, qwen3_target):
+def test_half_precision_splits_verify_rows_and_unfuses_the_rest_on_a_cuda_gpu(
+    monkeypatch, qwen3_target
+):
+    """Where attention is rerouted (`auto` on a CUDA GPU), a half-precision model's verify rows
+    go one per kernel call and its other multi-row calls take matmul attention; `native`
+    leaves it alone."""
     monkeypatch.setenv(ATTENTION_ENV, "native")
     target = outrider.load(str(qwen3_target), mode="baseline").target
     cast_model(target.model, mx.bfloat16)
     layers = target.family.layers(target.model)
+    assert not verify_attention.install(target.model, layers, target.make_cache)
     monkeypatch.setattr(verify_attention, "split_attention", lambda: True)  # as on a CUDA GPU
     monkeypatch.setenv(ATTENTION_ENV, "auto")
-    assert not verify_attention.install(target.model, layers, target.make_cache)
-    assert not any(isinstance(layer.self_attn, ChunkedAttention) for layer in layers)
-    monkeypatch.setenv(ATTENTION_ENV, "split")
     assert verify_attention.install(target.model, layers, target.make_cache)
-    assert all(layer.self_attn.half for layer in layers)
+    assert all(
+        isinstance(layer.self_attn, ChunkedAttention)
+        and layer.self_attn.half
+        and layer.self_attn.unfused
+        for layer in layers
+    )
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 2, 9, 16), (1, 4, 4, 30, 16), (2, 8, 2, 40, 64)])
+def test_matmul_attention_gives_the_fused_causal_attention(shape):
+    b, h, kv, n, d = shape
+    keys = mx.random.split(mx.random.key(n), 3)
+    q = mx.random.normal((b, h, n, d), key=keys[0])
+    k = mx.random.normal((b, kv, 50, d), key=keys[1])
+    v = mx.random.normal((b, kv, 50, d), key=keys[2])
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=d**-0.5, mask="causal")
+    got = verify_attention.matmul_attention(q, k, v, d**-0.5)
+    assert got.shape == want.shape
+    assert mx.allclose(got, want, atol=1e-5).item()
+
+
+def test_mid_size_half_precision_forwards_take_matmul_attention(monkeypatch, qwen3_target):
+    """In half precision a verify, a prefix hit's suffix or a prefill's last chunk (2 rows to
+    fewer than a prefill chunk) runs as matmul attention, with the model's own logits; one
+    row and full prefill chunks keep MLX's kernels."""
+    target = outrider.load(str(qwen3_target), mode="baseline").target
+    cast_model(target.model, mx.bfloat16)
+    layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
+    calls = []
+    matmul = verify_attention.matmul_attention
+
+    def counted(q, k, v, scale, mask=None):
+        calls.append(q.shape[2])
+        return matmul(q, k, v, scale, mask)
+
+    monkeypatch.setattr(verify_attention, "matmul_attention", counted)
+    prompt = list(range(5, 45))
+    for rows in (1, 8, 40, verify_attention.UNFUSED_BELOW):
+        ids = mx.array([5 + i % 250 for i in range(rows)], dtype=mx.uint32)
+        out = []
+        for wrap in (True, False):
+            for layer in layers:
+                attn = layer.self_attn
+                inner = attn.attention if isinstance(attn, ChunkedAttention) else attn
+                layer.self_attn = ChunkedAttention(inner, unfused=True) if wrap else inner
+            cache = target.make_cache()
+            target.prefill(prompt, cache)  # its chunk of 39 rows before the last token
+            assert calls == ([39] * len(layers) if wrap else [])
+            calls.clear()
+            out.append(target.forward(ids, cache)[0].astype(mx.float32))
+            if wrap:
+                wrapped = list(calls)
+                calls.clear()
+        tol = 5e-2 * mx.abs(out[1]).max().item()
+        assert fp32_close(out[0], out[1], atol=tol), f"{rows} rows"
+        assert wrapped == ([rows] * len(layers) if rows in (8, 40) else []), f"{rows} rows"
+
+
+def test_batched_half_precision_rows_take_matmul_attention(monkeypatch, qwen3_target):
+    """A batch's multi-row forward (left-padded rows, each masked to its own columns) runs as
+    matmul attention in half precision and gives the model's own logits for every row."""
+    target = outrider.load(str(qwen3_target), mode="baseline").target
+    cast_model(target.model, mx.bfloat16)
+    layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
+    calls = []
+    matmul = verify_attention.matmul_attention
+
+    def counted(q, k, v, scale, mask=None):
+        calls.append(None if mask is None else mask.shape)
+        return matmul(q, k, v, scale, mask)
+
+    monkeypatch.setattr(verify_attention, "matmul_attention", counted)
+    prompts = [list(range(5, 5 + n)) for n in (9, 23, 14)]
+    block = mx.array([[40 + r + c for c in range(5)] for r in range(3)], dtype=mx.uint32)
+    out = []
+    for wrap in (True, False):
+        for layer in layers:
+            attn = layer.self_attn
+            inner = attn.attention if isinstance(attn, ChunkedAttention) else attn
+            layer.self_attn = ChunkedAttention(inner, half=True, unfused=True) if wrap else inner
+        caches = []
+        for ids in prompts:
+            caches.append(target.make_cache())
+            target.prefill(ids, caches[-1])
+        calls.clear()  # the prefills' own chunks are not what this checks
+        rows = target.merge_rows(caches)
+        out.append(target.forward_rows(block, rows)[0].astype(mx.float32))
+        if wrap:
+            assert calls == [(3, 1, 5, 23 + 5)] * len(layers)  # every row, its own mask
+    tol = 5e-2 * mx.abs(out[1]).max().item()
+    assert fp32_close(out[0], out[1], atol=tol)

@@ -30,12 +30,13 @@ def attention_choice() -> str:
 
 
 def split_attention() -> bool:
-    """Whether verify and draft attention are split to fit MLX's fused one-query kernel.
+    """Whether multi-row attention is rerouted: verify and draft rows split to fit MLX's fused
+    one-query kernel, and other multi-row half-precision calls run as plain matmuls.
 
     That kernel takes fewer than 4 query rows on MLX's CUDA backend (up to 8 on Metal, and the
-    CPU runs every width as the same unfused ops), so `auto` splits on CUDA only; `split` and
-    `native` force the choice. What `auto` leaves alone in half precision: see
-    plugins/targets/verify_attention.py.
+    CPU runs every width as the same unfused ops), and its half-precision path for more rows
+    builds a cuDNN graph per new shape, so `auto` reroutes on CUDA only; `split` and `native`
+    force the choice. See plugins/targets/verify_attention.py.
     """
     choice = attention_choice()
     return choice == "split" or (choice == "auto" and on_cuda_gpu())

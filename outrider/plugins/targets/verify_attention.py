@@ -1,20 +1,37 @@
-"""Verify attention that stays on MLX's one-query attention kernel, for CUDA GPUs.
+"""Multi-row attention that avoids MLX's slow CUDA cases: verify rows on the one-query kernel,
+wider and batched forwards in half precision on plain matmuls.
 
 On MLX's CUDA backend `mx.fast.scaled_dot_product_attention` runs its fused vector kernel only
 for fewer than 4 float32 query rows (one row in half precision); a verify forward of 5 or 8 rows
 (cap 4 or 7) falls back to separate matmul, mask and softmax kernels in float32, which made a
 5-row forward of the demo target cost 1.8x a one-row one on the H200
-(docs/receipts/verify_kernels_h200.txt); in half precision (measured with head dim 64) it goes
-to cuDNN, which builds a new graph for each key length. Split into causal chunks the kernel takes, each chunk seeing the keys up to
-its own last row, the same attention runs as a few fused kernels, and each row is computed by
-the kernel plain decoding uses.
+(docs/receipts/verify_kernels_h200.txt). Split into causal chunks the kernel takes, each chunk
+seeing the keys up to its own last row, the same attention runs as a few fused kernels, and
+each row is computed by the kernel plain decoding uses.
 
-`ChunkedAttention` wraps one model instance's attention module (never the class): widths one
-kernel call takes, prefill chunks and any call it does not recognise go to the wrapped module
-unchanged. By default only float32 models are split (see CHUNK for half precision). It knows
-the mlx-lm attention layout shared by llama, qwen2, qwen3 and mistral (q/k/v/o projections,
-optional per-head q/k norms, one rope); `install` checks that layout and then checks on a short
-input that the wrapped forward agrees with the model's own before it keeps the wrappers.
+In half precision, MLX 0.32's CUDA attention for two or more query rows is cuDNN's, and it
+builds a cuDNN graph for every new combination of query length, key length and mask shape
+(45-70 ms for the 8B shape on the H200), keeping the last 256. Speculative decoding meets a
+new key length every round, a batch with a new mask every round, and a prefix-cache hit's
+suffix or a prefill's last, shorter chunk a new pair in nearly every request. Measured on the
+H200 with shapes no earlier request had met (docs/performance.md, "Attention shapes on CUDA"):
+turn 5 of a conversation with an 8B model took 70 ms to its first token with MLX's own path
+and 30 ms with the paths below; 32 requests through 8 batched rows of a 0.6B model, with drafts
+right 4 times in 5, ran at 251 tok/s against 658-687. So in half precision a verify's rows go
+one per kernel call (the vector kernel, or cuDNN's decoding graph, which is keyed by the cache
+buffer's size and so reused), and forwards of more rows than a verify (fewer than a full
+prefill chunk, with a bounded score matrix) and every multi-row batched forward run as matmul,
+mask and softmax (what MLX computes where it has no fused kernel), whose kernels do not depend
+on the lengths. Full 512-row prefill chunks keep cuDNN: their shapes repeat from one request
+to the next.
+
+`ChunkedAttention` wraps one model instance's attention module (never the class); one-row
+calls, full prefill chunks and any call it does not recognise go to the wrapped module
+unchanged. It knows the mlx-lm attention layout shared by llama, qwen2, qwen3 and mistral
+(q/k/v/o projections, optional per-head q/k norms, one rope); `install` checks that layout and
+then checks on a short input that the wrapped forward agrees with the model's own before it
+keeps the wrappers. `OUTRIDER_ATTENTION=native` leaves MLX's own path everywhere; `split`
+installs the wrappers on any device (the CPU tests use it).
 """
 
 from __future__ import annotations
@@ -24,18 +41,23 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from ...core.device import attention_choice, split_attention
+from ...core.device import split_attention
 from ...core.wrapper import PassThrough
 
-# Query rows per kernel call: MLX's CUDA vector kernel takes up to 3 float32 rows, and one row
-# in half precision. Half precision is split only when OUTRIDER_ATTENTION=split asks for it:
-# with head dim 64 on the H200, MLX's own path there builds a cuDNN graph for every new key
-# length (40-60 ms a verify forward, once per round) and one row per call fixes that, but for
-# other head dims it was not measured, and one row per call may cost more than MLX's own path.
+# Query rows per kernel call in a verify: MLX's CUDA vector kernel takes up to 3 float32 rows,
+# and one row in half precision.
 CHUNK = {mx.float32: 3}
-MAX_ROWS = 16  # wider forwards (prefill) keep MLX's own attention
+MAX_ROWS = 16  # wider forwards (prefill) are not split
+# Half-precision forwards of 2 to UNFUSED_BELOW - 1 rows that are not split take matmul
+# attention when their score matrix (rows x heads x queries x keys) holds at most
+# UNFUSED_SCORES entries: the prefill's own chunks (core/target.py PREFILL_CHUNK, 512 rows)
+# keep cuDNN, and so does a long context, where the scores would cost more memory traffic than
+# a graph build costs time.
+UNFUSED_BELOW = 512
+UNFUSED_SCORES = 1 << 27
+HALF = (mx.float16, mx.bfloat16)
 LAYOUT = ("q_proj", "k_proj", "v_proj", "o_proj", "rope")
 MODULES = ("llama", "qwen2", "qwen3", "mistral")  # mlx_lm.models.* with that exact layout
 # How far the probe's logits may part, relative to the largest |logit|: kernel shapes round
@@ -64,22 +86,68 @@ def chunked_causal_attention(
     return mx.concatenate(parts, axis=2)
 
 
+def matmul_attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None = None
+) -> mx.array:
+    """Attention of q [B, H, L, D] over k, v [B, Hkv, S, D] as matmul, mask and softmax, no
+    kernel of which depends on L or S. `mask` is a boolean [B, 1, L, S] (True: attend; a
+    batch's causal mask with each row's padding); None means causal, the last L keys being
+    the queries' own."""
+    b, h, n, d = q.shape
+    kv_heads, s = k.shape[1], k.shape[2]
+    q = (q * scale).reshape(b, kv_heads, h // kv_heads, n, d)
+    scores = q @ mx.expand_dims(k, 2).swapaxes(-1, -2)  # [B, Hkv, repeats, L, S]
+    if mask is None:
+        mask = mx.arange(s)[None] <= mx.arange(s - n, s)[:, None]  # row i: keys to s-n+i
+    else:
+        mask = mx.expand_dims(mask, 2)
+    scores = mx.where(mask, scores, mx.array(-mx.inf, scores.dtype))
+    weights = mx.softmax(scores, axis=-1, precise=True)
+    return (weights @ mx.expand_dims(v, 2)).reshape(b, h, n, d)
+
+
 class ChunkedAttention(PassThrough):
-    """One decoder layer's attention, with verify-width calls split into kernel-sized chunks."""
+    """One decoder layer's attention, with verify-width calls split into kernel-sized chunks
+    (`half`: half-precision ones too) and, with `unfused`, the other multi-row half-precision
+    calls run as plain matmuls."""
 
     wrapped = "attention"
 
-    def __init__(self, attention: nn.Module, half: bool = False) -> None:
+    def __init__(self, attention: nn.Module, half: bool = False, unfused: bool = False) -> None:
         super().__init__()
         self.attention = attention
         self.half = half  # split half-precision calls too, one row per kernel call
+        self.unfused = unfused  # other multi-row half-precision calls: matmul attention
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         a = self.attention
         b, n, _ = x.shape
-        chunk = CHUNK.get(x.dtype, 1 if self.half else MAX_ROWS)
-        if not (chunk < n <= MAX_ROWS and type(cache) is KVCache and _is_causal(mask)):
-            return a(x, mask=mask, cache=cache)
+        kind = type(cache)
+        if kind is KVCache and _is_causal(mask):
+            chunk = CHUNK.get(x.dtype, 1 if self.half else MAX_ROWS)
+            if chunk < n <= MAX_ROWS:
+                attend = lambda q, k, v: chunked_causal_attention(q, k, v, a.scale, chunk)  # noqa: E731
+                return self._attend(x, cache, attend)
+            if self._unfused(x, n, cache.offset + n):
+                return self._attend(x, cache, lambda q, k, v: matmul_attention(q, k, v, a.scale))
+        elif kind is BatchKVCache and isinstance(mask, mx.array) and mask.dtype == mx.bool_:
+            if self._unfused(x, n, cache._idx + n):
+                attend = lambda q, k, v: matmul_attention(q, k, v, a.scale, mask)  # noqa: E731
+                return self._attend(x, cache, attend)
+        return a(x, mask=mask, cache=cache)
+
+    def _unfused(self, x: mx.array, n: int, keys: int) -> bool:
+        """Whether this call takes matmul attention: half precision, 2 to UNFUSED_BELOW - 1
+        rows, and a score matrix within UNFUSED_SCORES."""
+        scores = x.shape[0] * self.attention.n_heads * n * keys
+        return (
+            self.unfused and x.dtype in HALF and 1 < n < UNFUSED_BELOW and scores <= UNFUSED_SCORES
+        )
+
+    def _attend(self, x: mx.array, cache: Any, attend: Callable) -> mx.array:
+        """The wrapped layer's projections, norms, rope and cache update around `attend`."""
+        a = self.attention
+        b, n, _ = x.shape
         q = a.q_proj(x).reshape(b, n, a.n_heads, -1)
         k = a.k_proj(x).reshape(b, n, a.n_kv_heads, -1)
         if "q_norm" in a:
@@ -90,7 +158,7 @@ class ChunkedAttention(PassThrough):
         q = a.rope(q, offset=cache.offset)
         k = a.rope(k, offset=cache.offset)
         keys, values = cache.update_and_fetch(k, v)
-        out = chunked_causal_attention(q, keys, values, a.scale, chunk)
+        out = attend(q, keys, values)
         return a.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
 
 
@@ -116,17 +184,16 @@ def install(model: nn.Module, layers: list, make_cache: Callable[[], list]) -> b
     gives the model's own logits. Returns whether the wrappers stay."""
     if not split_attention():
         return False
-    half = attention_choice() == "split"
     attentions = [getattr(layer, "self_attn", None) for layer in layers]
     if not attentions or not all(a is not None and fits(a) for a in attentions):
         return False
     reference, dtype = _probe(model, make_cache)
-    if dtype not in CHUNK and not half:
-        return False  # half precision stays on MLX's own path unless asked (see CHUNK)
+    if dtype not in CHUNK and dtype not in HALF:
+        return False
     originals = []
     for layer in layers:
         originals.append(layer.self_attn)
-        layer.self_attn = ChunkedAttention(layer.self_attn, half)
+        layer.self_attn = ChunkedAttention(layer.self_attn, dtype in HALF, unfused=dtype in HALF)
     got, _ = _probe(model, make_cache)
     limit = PROBE_TOLERANCE.get(dtype, HALF_PROBE_TOLERANCE) * mx.abs(reference).max().item()
     if mx.abs(got - reference).max().item() > limit + 1e-6:
@@ -137,11 +204,14 @@ def install(model: nn.Module, layers: list, make_cache: Callable[[], list]) -> b
 
 
 def _probe(model: nn.Module, make_cache: Callable[[], list]) -> tuple[mx.array, mx.Dtype]:
-    """Logits (as float32, and their own dtype) of an 8-row verify after a 4-token prefill:
-    chunks of 3, 3 and 2 rows in float32, 8 single rows in half precision."""
+    """Logits (as float32, and their own dtype) of an 8-row verify after a 4-token prefill
+    (chunks of 3, 3 and 2 rows in float32, 8 single rows in half precision), then of a 20-row
+    forward (matmul attention in half precision)."""
     cache = make_cache()
     model(mx.array([[1, 2, 3, 4]], dtype=mx.uint32), cache=cache)
-    logits = model(mx.array([[5, 6, 7, 8, 9, 10, 11, 12]], dtype=mx.uint32), cache=cache)
+    verify = model(mx.array([list(range(5, 13))], dtype=mx.uint32), cache=cache)
+    wide = model(mx.array([list(range(13, 33))], dtype=mx.uint32), cache=cache)
+    logits = mx.concatenate([verify, wide], axis=1)
     as_f32 = logits.astype(mx.float32)
     mx.eval(as_f32)
     return as_f32, logits.dtype
