@@ -51,8 +51,10 @@ PLAIN_STEPS = 8  # pipelined plain steps timed together at each context
 PAD_GAIN = 0.9  # a wider forward is worth padding to when it costs under this share
 PAD_PROBE_WIDTH = 8  # on a GPU, inline calibrations of a padding target measure this wide
 # 2: pipelined plain steps measured (`plain_ms`); 3: the drafter timed at one draft and at its
-# full cap (`draft_ms`, `draft_ms_per_token`)
-VERSION = 3
+# full cap (`draft_ms`, `draft_ms_per_token`); 4: half-precision targets on CUDA verify with
+# rerouted attention (plugins/targets/verify_attention.py), so curves measured on MLX's own
+# path no longer describe them
+VERSION = 4
 
 
 @dataclass
