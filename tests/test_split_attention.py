@@ -204,10 +204,18 @@ def test_matmul_attention_gives_the_fused_causal_attention(shape):
     assert mx.allclose(got, want, atol=1e-5).item()
 
 
-def test_mid_size_half_precision_forwards_take_matmul_attention(monkeypatch, qwen3_target):
-    """In half precision a verify, a prefix hit's suffix or a prefill's last chunk (2 rows to
-    fewer than a prefill chunk) runs as matmul attention, with the model's own logits; one
-    row and full prefill chunks keep MLX's kernels."""
+def set_wrappers(layers: list, **kwargs) -> None:
+    """Wrap every layer's attention in `ChunkedAttention(**kwargs)`, or unwrap it (none)."""
+    for layer in layers:
+        attn = layer.self_attn
+        inner = attn.attention if isinstance(attn, ChunkedAttention) else attn
+        layer.self_attn = ChunkedAttention(inner, **kwargs) if kwargs else inner
+
+
+@pytest.fixture
+def half_target(monkeypatch, qwen3_target):
+    """The tiny qwen3 in bfloat16, its decoder layers, and a list that hears every
+    `matmul_attention` call (the query length, or the mask's shape where one is given)."""
     target = outrider.load(str(qwen3_target), mode="baseline").target
     cast_model(target.model, mx.bfloat16)
     layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
@@ -215,19 +223,24 @@ def test_mid_size_half_precision_forwards_take_matmul_attention(monkeypatch, qwe
     matmul = verify_attention.matmul_attention
 
     def counted(q, k, v, scale, mask=None):
-        calls.append(q.shape[2])
+        calls.append(q.shape[2] if mask is None else mask.shape)
         return matmul(q, k, v, scale, mask)
 
     monkeypatch.setattr(verify_attention, "matmul_attention", counted)
+    return target, layers, calls
+
+
+def test_mid_size_half_precision_forwards_take_matmul_attention(half_target):
+    """In half precision a verify, a prefix hit's suffix or a prefill's last chunk (2 rows to
+    fewer than a prefill chunk) runs as matmul attention, with the model's own logits; one
+    row and full prefill chunks keep MLX's kernels."""
+    target, layers, calls = half_target
     prompt = list(range(5, 45))
     for rows in (1, 8, 40, verify_attention.UNFUSED_BELOW):
         ids = mx.array([5 + i % 250 for i in range(rows)], dtype=mx.uint32)
         out = []
         for wrap in (True, False):
-            for layer in layers:
-                attn = layer.self_attn
-                inner = attn.attention if isinstance(attn, ChunkedAttention) else attn
-                layer.self_attn = ChunkedAttention(inner, unfused=True) if wrap else inner
+            set_wrappers(layers, **({"unfused": True} if wrap else {}))
             cache = target.make_cache()
             target.prefill(prompt, cache)  # its chunk of 39 rows before the last token
             assert calls == ([39] * len(layers) if wrap else [])
@@ -241,28 +254,15 @@ def test_mid_size_half_precision_forwards_take_matmul_attention(monkeypatch, qwe
         assert wrapped == ([rows] * len(layers) if rows in (8, 40) else []), f"{rows} rows"
 
 
-def test_batched_half_precision_rows_take_matmul_attention(monkeypatch, qwen3_target):
+def test_batched_half_precision_rows_take_matmul_attention(half_target):
     """A batch's multi-row forward (left-padded rows, each masked to its own columns) runs as
     matmul attention in half precision and gives the model's own logits for every row."""
-    target = outrider.load(str(qwen3_target), mode="baseline").target
-    cast_model(target.model, mx.bfloat16)
-    layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
-    calls = []
-    matmul = verify_attention.matmul_attention
-
-    def counted(q, k, v, scale, mask=None):
-        calls.append(None if mask is None else mask.shape)
-        return matmul(q, k, v, scale, mask)
-
-    monkeypatch.setattr(verify_attention, "matmul_attention", counted)
+    target, layers, calls = half_target
     prompts = [list(range(5, 5 + n)) for n in (9, 23, 14)]
     block = mx.array([[40 + r + c for c in range(5)] for r in range(3)], dtype=mx.uint32)
     out = []
     for wrap in (True, False):
-        for layer in layers:
-            attn = layer.self_attn
-            inner = attn.attention if isinstance(attn, ChunkedAttention) else attn
-            layer.self_attn = ChunkedAttention(inner, half=True, unfused=True) if wrap else inner
+        set_wrappers(layers, **({"half": True, "unfused": True} if wrap else {}))
         caches = []
         for ids in prompts:
             caches.append(target.make_cache())
