@@ -123,6 +123,20 @@ def test_a_probe_that_disagrees_keeps_the_models_attention(monkeypatch, qwen3_ta
     assert not any(isinstance(a, ChunkedAttention) for a in attentions(pipe))
 
 
+def test_a_probe_that_fails_keeps_the_models_attention(monkeypatch, qwen3_target):
+    """A layout that only looks like a known one (here: the re-stated forward raises) leaves
+    the model as it was, and loading goes on."""
+    monkeypatch.setenv(ATTENTION_ENV, "split")
+
+    def broken(q, k, v, scale, chunk=None):
+        raise ValueError("[broadcast_shapes] shapes cannot be broadcast")
+
+    monkeypatch.setattr(verify_attention, "chunked_causal_attention", broken)
+    pipe = outrider.load(str(qwen3_target), mode="baseline")
+    assert not any(isinstance(a, ChunkedAttention) for a in attentions(pipe))
+    assert pipe.generate("hello", max_tokens=4).tokens
+
+
 def test_only_the_known_attention_layout_is_wrapped():
     assert not verify_attention.fits(nn.Linear(4, 4))
     assert not verify_attention.install(nn.Linear(4, 4), [nn.Linear(4, 4)], list)
@@ -274,3 +288,56 @@ def test_batched_half_precision_rows_take_matmul_attention(half_target):
             assert calls == [(3, 1, 5, 23 + 5)] * len(layers)  # every row, its own mask
     tol = 5e-2 * mx.abs(out[1]).max().item()
     assert fp32_close(out[0], out[1], atol=tol)
+
+
+@pytest.fixture(scope="module")
+def hybrid_target(tmp_path_factory):
+    """A tiny gated-delta hybrid (qwen3_5): linear-attention layers between attention ones."""
+    from outrider.testing import make_tiny_target
+
+    return make_tiny_target(tmp_path_factory.mktemp("hybrid") / "qwen3_5", family="qwen3_5")
+
+
+def test_a_hybrids_attention_layers_are_split_and_stay_lossless(
+    monkeypatch, tmp_path, hybrid_target
+):
+    """Qwen3.5's attention layers (qwen3_next's gated layout) are wrapped and its linear ones
+    left alone; DSpark and lookup still give plain greedy decoding at every cap."""
+    from outrider.testing import make_tiny_drafter
+
+    monkeypatch.setenv(ATTENTION_ENV, "split")
+    dspark = make_tiny_drafter(tmp_path / "ds", hybrid_target, "dspark", "deepspec", block_size=8)
+    pipes = [outrider.load(str(hybrid_target), str(dspark), mode="dspark")]
+    pipes.append(outrider.load(str(hybrid_target), mode="lookup", target=pipes[0].target))
+    layers = [getattr(x, "layer", x) for x in pipes[0].target.family.layers(pipes[0].target.model)]
+    wrapped = [isinstance(layer.get("self_attn"), ChunkedAttention) for layer in layers]
+    assert wrapped == ["self_attn" in layer for layer in layers] and 0 < sum(wrapped) < len(layers)
+    assert all(layer.self_attn.gated for layer in layers if "self_attn" in layer)
+    for pipe in pipes:
+        for cap in (2, 5):
+            ids = pipe.encode(PROMPTS[1])
+            got = pipe.generate(ids, max_tokens=32, max_draft=cap, stop_tokens=set())
+            assert got.tokens == plain_greedy(hybrid_target, ids, 32), f"{pipe.mode} cap {cap}"
+
+
+def test_a_hybrids_half_precision_attention_gives_its_own_logits(hybrid_target):
+    """The gated layout re-stated (gate split off the query projection, output times its
+    sigmoid): 8 verify rows one per kernel call and 40 rows as matmul attention give the
+    layer's own logits in bfloat16."""
+    target = outrider.load(str(hybrid_target), mode="baseline").target
+    cast_model(target.model, mx.bfloat16)
+    layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
+    layers = [layer for layer in layers if "self_attn" in layer]
+    assert all(verify_attention.fits(layer.self_attn) for layer in layers)
+    prompt = list(range(5, 30))
+    for rows in (8, 40):
+        ids = mx.array([5 + i % 250 for i in range(rows)], dtype=mx.uint32)
+        out = []
+        for wrap in (True, False):
+            set_wrappers(layers, **({"half": True, "unfused": True} if wrap else {}))
+            cache = target.make_cache()
+            target.prefill(prompt, cache)
+            out.append(target.forward(ids, cache)[0].astype(mx.float32))
+        tol = 5e-2 * mx.abs(out[1]).max().item()
+        assert fp32_close(out[0], out[1], atol=tol), f"{rows} rows"
+        assert not fp32_close(out[0], out[1] * 1.5, atol=tol)  # the check can fail

@@ -6,8 +6,10 @@ after every token, and rollback restores the state at the accept point (see cach
 from __future__ import annotations
 
 import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
 
 from ...core.hookspecs import hookimpl
+from . import verify_attention
 from .base import MlxLmFamily
 from .batched import BatchedRows
 from .caches import Snapshots, wrap_mixers
@@ -22,9 +24,10 @@ class GatedDeltaFamily(BatchedRows, Snapshots, MlxLmFamily):
     model_types = frozenset({"qwen3_5", "qwen3_5_moe", "qwen3_next", "prism_hadamard_qwen35"})
 
     def prepare(self, model: nn.Module) -> None:
-        wrap_mixers(
-            self.layers(model), "linear_attn", lambda layer: getattr(layer, "is_linear", False)
-        )
+        layers = self.layers(model)
+        wrap_mixers(layers, "linear_attn", lambda layer: getattr(layer, "is_linear", False))
+        # the attention layers, on a CUDA GPU (verify_attention.py)
+        verify_attention.install(model, layers, lambda: make_prompt_cache(model))
 
 
 class NemotronHFamily(BatchedRows, Snapshots, MlxLmFamily):

@@ -28,9 +28,10 @@ to the next.
 `ChunkedAttention` wraps one model instance's attention module (never the class); one-row
 calls, full prefill chunks and any call it does not recognise go to the wrapped module
 unchanged. It knows the mlx-lm attention layout shared by llama, qwen2, qwen3 and mistral
-(q/k/v/o projections, optional per-head q/k norms, one rope); `install` checks that layout and
-then checks on a short input that the wrapped forward agrees with the model's own before it
-keeps the wrappers. `OUTRIDER_ATTENTION=native` leaves MLX's own path everywhere; `split`
+(q/k/v/o projections, optional per-head q/k norms, one rope), and the gated-delta hybrids'
+attention layers (qwen3_next's, which qwen3_5 and qwen3_5_moe use: the same with a gate split
+off the query projection); `install` checks that layout and then checks on a short input that
+the wrapped forward agrees with the model's own before it keeps the wrappers. `OUTRIDER_ATTENTION=native` leaves MLX's own path everywhere; `split`
 installs the wrappers on any device (the CPU tests use it).
 """
 
@@ -60,6 +61,9 @@ UNFUSED_SCORES = 1 << 27
 HALF = (mx.float16, mx.bfloat16)
 LAYOUT = ("q_proj", "k_proj", "v_proj", "o_proj", "rope")
 MODULES = ("llama", "qwen2", "qwen3", "mistral")  # mlx_lm.models.* with that exact layout
+# The gated-delta hybrids' attention layers (qwen3_next, and qwen3_5 / qwen3_5_moe, which
+# import it): the same layout, with q_proj also giving a gate the output is multiplied by.
+GATED = ("qwen3_next", "Qwen3NextAttention")
 # How far the probe's logits may part, relative to the largest |logit|: kernel shapes round
 # differently (TF32 matmuls on CUDA by ~1e-3, half precision by a few of its 8-bit steps); a
 # wrong layout, mask or rope parts them by O(1).
@@ -118,6 +122,13 @@ class ChunkedAttention(PassThrough):
         self.attention = attention
         self.half = half  # split half-precision calls too, one row per kernel call
         self.unfused = unfused  # other multi-row half-precision calls: matmul attention
+        self.gated = _layout(attention) == GATED
+        heads = (
+            ("num_attention_heads", "num_key_value_heads")
+            if self.gated
+            else ("n_heads", "n_kv_heads")
+        )
+        self.heads, self.kv_heads = (getattr(attention, h) for h in heads)
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         a = self.attention
@@ -139,7 +150,7 @@ class ChunkedAttention(PassThrough):
     def _unfused(self, x: mx.array, n: int, keys: int) -> bool:
         """Whether this call takes matmul attention: half precision, 2 to UNFUSED_BELOW - 1
         rows, and a score matrix within UNFUSED_SCORES."""
-        scores = x.shape[0] * self.attention.n_heads * n * keys
+        scores = x.shape[0] * self.heads * n * keys
         return (
             self.unfused and x.dtype in HALF and 1 < n < UNFUSED_BELOW and scores <= UNFUSED_SCORES
         )
@@ -148,34 +159,49 @@ class ChunkedAttention(PassThrough):
         """The wrapped layer's projections, norms, rope and cache update around `attend`."""
         a = self.attention
         b, n, _ = x.shape
-        q = a.q_proj(x).reshape(b, n, a.n_heads, -1)
-        k = a.k_proj(x).reshape(b, n, a.n_kv_heads, -1)
+        q = a.q_proj(x).reshape(b, n, self.heads, -1)
+        if self.gated:
+            q, gate = mx.split(q, 2, axis=-1)
+        k = a.k_proj(x).reshape(b, n, self.kv_heads, -1)
         if "q_norm" in a:
             q, k = a.q_norm(q), a.k_norm(k)
         q = q.transpose(0, 2, 1, 3)
         k = k.transpose(0, 2, 1, 3)
-        v = a.v_proj(x).reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = a.v_proj(x).reshape(b, n, self.kv_heads, -1).transpose(0, 2, 1, 3)
         q = a.rope(q, offset=cache.offset)
         k = a.rope(k, offset=cache.offset)
         keys, values = cache.update_and_fetch(k, v)
-        out = attend(q, keys, values)
-        return a.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+        out = attend(q, keys, values).transpose(0, 2, 1, 3).reshape(b, n, -1)
+        if self.gated:
+            out = out * mx.sigmoid(gate.reshape(b, n, -1))
+        return a.o_proj(out)
 
 
 def _is_causal(mask: Any) -> bool:
     return isinstance(mask, str) and mask == "causal"
 
 
+def _layout(attention: nn.Module) -> tuple[str, str]:
+    """(the mlx_lm.models module, the class name) of an attention module."""
+    return type(attention).__module__.rsplit(".", 1)[-1], type(attention).__name__
+
+
 def fits(attention: nn.Module) -> bool:
-    """Whether `attention` has the mlx-lm layout `ChunkedAttention` re-states."""
-    module = type(attention).__module__.rsplit(".", 1)[-1]
-    if module not in MODULES or type(attention).__name__ != "Attention":
+    """Whether `attention` has an mlx-lm layout `ChunkedAttention` re-states."""
+    module, name = _layout(attention)
+    if (module, name) == GATED:
+        heads = ("num_attention_heads", "num_key_value_heads")
+        if "q_norm" not in attention:
+            return False
+    elif module in MODULES and name == "Attention":
+        heads = ("n_heads", "n_kv_heads")
+    else:
         return False
     if not all(name in attention for name in LAYOUT):
         return False
     if ("q_norm" in attention) != ("k_norm" in attention):
         return False
-    return all(hasattr(attention, a) for a in ("n_heads", "n_kv_heads", "scale"))
+    return all(hasattr(attention, a) for a in (*heads, "scale"))
 
 
 def install(model: nn.Module, layers: list, make_cache: Callable[[], list]) -> bool:
@@ -184,8 +210,8 @@ def install(model: nn.Module, layers: list, make_cache: Callable[[], list]) -> b
     gives the model's own logits. Returns whether the wrappers stay."""
     if not split_attention():
         return False
-    attentions = [getattr(layer, "self_attn", None) for layer in layers]
-    if not attentions or not all(a is not None and fits(a) for a in attentions):
+    layers = [layer for layer in layers if "self_attn" in layer]  # a hybrid's attention layers
+    if not layers or not all(fits(layer.self_attn) for layer in layers):
         return False
     reference, dtype = _probe(model, make_cache)
     if dtype not in CHUNK and dtype not in HALF:
@@ -194,13 +220,16 @@ def install(model: nn.Module, layers: list, make_cache: Callable[[], list]) -> b
     for layer in layers:
         originals.append(layer.self_attn)
         layer.self_attn = ChunkedAttention(layer.self_attn, dtype in HALF, unfused=dtype in HALF)
-    got, _ = _probe(model, make_cache)
     limit = PROBE_TOLERANCE.get(dtype, HALF_PROBE_TOLERANCE) * mx.abs(reference).max().item()
-    if mx.abs(got - reference).max().item() > limit + 1e-6:
+    try:
+        got, _ = _probe(model, make_cache)
+        agrees = mx.abs(got - reference).max().item() <= limit + 1e-6
+    except Exception:  # a layout that only looked like a known one: the model's own path
+        agrees = False
+    if not agrees:
         for layer, original in zip(layers, originals):
             layer.self_attn = original
-        return False
-    return True
+    return agrees
 
 
 def _probe(model: nn.Module, make_cache: Callable[[], list]) -> tuple[mx.array, mx.Dtype]:
