@@ -290,54 +290,76 @@ def test_batched_half_precision_rows_take_matmul_attention(half_target):
     assert fp32_close(out[0], out[1], atol=tol)
 
 
-@pytest.fixture(scope="module")
-def hybrid_target(tmp_path_factory):
-    """A tiny gated-delta hybrid (qwen3_5): linear-attention layers between attention ones."""
+# each hybrid family's tiny model, and where its layers keep their attention module
+HYBRIDS = {"qwen3_5": "self_attn", "nemotron_h": "mixer"}
+
+
+@pytest.fixture(scope="module", params=sorted(HYBRIDS))
+def hybrid_target(request, tmp_path_factory):
+    """A tiny hybrid: gated-delta (qwen3_5) or Mamba-2 (nemotron_h) layers between attention
+    ones. Returns (its folder, the attribute its attention sits under)."""
     from outrider.testing import make_tiny_target
 
-    return make_tiny_target(tmp_path_factory.mktemp("hybrid") / "qwen3_5", family="qwen3_5")
+    family = request.param
+    path = make_tiny_target(tmp_path_factory.mktemp("hybrid") / family, family=family)
+    return path, HYBRIDS[family]
+
+
+def attention_layers(target, attr: str) -> list:
+    """The decoder layers whose `attr` is an attention module (wrapped or not)."""
+    layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
+    return [
+        layer
+        for layer in layers
+        if isinstance(layer.get(attr), ChunkedAttention) or verify_attention.fits(layer.get(attr))
+    ]
 
 
 def test_a_hybrids_attention_layers_are_split_and_stay_lossless(
     monkeypatch, tmp_path, hybrid_target
 ):
-    """Qwen3.5's attention layers (qwen3_next's gated layout) are wrapped and its linear ones
-    left alone; DSpark and lookup still give plain greedy decoding at every cap."""
+    """Qwen3.5's attention layers (qwen3_next's gated layout) and Nemotron-H's (no rope) are
+    wrapped and their recurrent ones left alone; DSpark and lookup still give plain greedy
+    decoding at every cap."""
     from outrider.testing import make_tiny_drafter
 
+    path, attr = hybrid_target
     monkeypatch.setenv(ATTENTION_ENV, "split")
-    dspark = make_tiny_drafter(tmp_path / "ds", hybrid_target, "dspark", "deepspec", block_size=8)
-    pipes = [outrider.load(str(hybrid_target), str(dspark), mode="dspark")]
-    pipes.append(outrider.load(str(hybrid_target), mode="lookup", target=pipes[0].target))
-    layers = [getattr(x, "layer", x) for x in pipes[0].target.family.layers(pipes[0].target.model)]
-    wrapped = [isinstance(layer.get("self_attn"), ChunkedAttention) for layer in layers]
-    assert wrapped == ["self_attn" in layer for layer in layers] and 0 < sum(wrapped) < len(layers)
-    assert all(layer.self_attn.gated for layer in layers if "self_attn" in layer)
+    dspark = make_tiny_drafter(tmp_path / "ds", path, "dspark", "deepspec", block_size=8)
+    pipes = [outrider.load(str(path), str(dspark), mode="dspark")]
+    pipes.append(outrider.load(str(path), mode="lookup", target=pipes[0].target))
+    target = pipes[0].target
+    layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
+    wrapped = [layer for layer in layers if isinstance(layer.get(attr), ChunkedAttention)]
+    assert wrapped and len(wrapped) < len(layers)
+    assert wrapped == attention_layers(target, attr)
     for pipe in pipes:
         for cap in (2, 5):
             ids = pipe.encode(PROMPTS[1])
             got = pipe.generate(ids, max_tokens=32, max_draft=cap, stop_tokens=set())
-            assert got.tokens == plain_greedy(hybrid_target, ids, 32), f"{pipe.mode} cap {cap}"
+            assert got.tokens == plain_greedy(path, ids, 32), f"{pipe.mode} cap {cap}"
 
 
-def test_a_hybrids_half_precision_attention_gives_its_own_logits(hybrid_target):
-    """The gated layout re-stated (gate split off the query projection, output times its
-    sigmoid): 8 verify rows one per kernel call and 40 rows as matmul attention give the
-    layer's own logits in bfloat16."""
-    target = outrider.load(str(hybrid_target), mode="baseline").target
-    cast_model(target.model, mx.bfloat16)
-    layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
-    layers = [layer for layer in layers if "self_attn" in layer]
-    assert all(verify_attention.fits(layer.self_attn) for layer in layers)
-    prompt = list(range(5, 30))
+def test_a_hybrids_half_precision_attention_gives_its_own_output(hybrid_target):
+    """The layouts re-stated (qwen3_next's gate split off the query projection, output times
+    its sigmoid; Nemotron-H's attention without rope): after a 25-token prefix, 8 rows one
+    per kernel call and 40 rows as matmul attention give the layer's own output in bfloat16
+    (the module alone: Nemotron-H's experts do not run in bfloat16 on the CPU)."""
+    from mlx_lm.models.cache import KVCache
+
+    path, attr = hybrid_target
+    target = outrider.load(str(path), mode="baseline").target
+    attention = attention_layers(target, attr)[0][attr]
+    cast_model(attention, mx.bfloat16)
+    width = target.config.get("hidden_size") or target.config["text_config"]["hidden_size"]
+    x = mx.random.normal((1, 65, width), key=mx.random.key(3)).astype(mx.bfloat16)
     for rows in (8, 40):
-        ids = mx.array([5 + i % 250 for i in range(rows)], dtype=mx.uint32)
         out = []
-        for wrap in (True, False):
-            set_wrappers(layers, **({"half": True, "unfused": True} if wrap else {}))
-            cache = target.make_cache()
-            target.prefill(prompt, cache)
-            out.append(target.forward(ids, cache)[0].astype(mx.float32))
-        tol = 5e-2 * mx.abs(out[1]).max().item()
-        assert fp32_close(out[0], out[1], atol=tol), f"{rows} rows"
-        assert not fp32_close(out[0], out[1] * 1.5, atol=tol)  # the check can fail
+        for module in (ChunkedAttention(attention, half=True, unfused=True), attention):
+            cache = KVCache()
+            attention(x[:, :25], mask="causal", cache=cache)  # the same prefix for both
+            out.append(module(x[:, 25 : 25 + rows], mask="causal", cache=cache))
+        got, want = (o.astype(mx.float32) for o in out)
+        tol = 5e-2 * mx.abs(want).max().item()
+        assert fp32_close(got, want, atol=tol), f"{rows} rows"
+        assert not fp32_close(got, want * 1.5, atol=tol)  # the check can fail

@@ -36,8 +36,14 @@ class NemotronHFamily(BatchedRows, Snapshots, MlxLmFamily):
     model_types = frozenset({"nemotron_h"})
 
     def prepare(self, model: nn.Module) -> None:
-        wrap_mixers(
-            self.layers(model), "mixer", lambda layer: getattr(layer, "block_type", "") == "M"
+        layers = self.layers(model)
+        wrap_mixers(layers, "mixer", lambda layer: getattr(layer, "block_type", "") == "M")
+        verify_attention.install(  # the attention blocks, on a CUDA GPU (verify_attention.py)
+            model,
+            layers,
+            lambda: make_prompt_cache(model),
+            attr="mixer",
+            attends=lambda layer: getattr(layer, "block_type", "") == "*",
         )
 
     def embed(self, model, ids):

@@ -30,7 +30,8 @@ calls, full prefill chunks and any call it does not recognise go to the wrapped 
 unchanged. It knows the mlx-lm attention layout shared by llama, qwen2, qwen3 and mistral
 (q/k/v/o projections, optional per-head q/k norms, one rope), and the gated-delta hybrids'
 attention layers (qwen3_next's, which qwen3_5 and qwen3_5_moe use: the same with a gate split
-off the query projection); `install` checks that layout and then checks on a short input that
+off the query projection) and Nemotron-H's (projections only, no rope); `install` checks that
+layout and then checks on a short input that
 the wrapped forward agrees with the model's own before it keeps the wrappers. `OUTRIDER_ATTENTION=native` leaves MLX's own path everywhere; `split`
 installs the wrappers on any device (the CPU tests use it).
 """
@@ -64,6 +65,13 @@ MODULES = ("llama", "qwen2", "qwen3", "mistral")  # mlx_lm.models.* with that ex
 # The gated-delta hybrids' attention layers (qwen3_next, and qwen3_5 / qwen3_5_moe, which
 # import it): the same layout, with q_proj also giving a gate the output is multiplied by.
 GATED = ("qwen3_next", "Qwen3NextAttention")
+# Nemotron-H's attention layers: q/k/v/o projections and nothing else (no rope: the Mamba-2
+# layers carry position), under the layer's `mixer`.
+UNROTATED = ("nemotron_h", "NemotronHAttention")
+# each layout's attribute names for its query and key/value head counts
+HEADS = {GATED: ("num_attention_heads", "num_key_value_heads"),
+         UNROTATED: ("num_heads", "num_key_value_heads")}  # fmt: skip
+PLAIN_HEADS = ("n_heads", "n_kv_heads")
 # How far the probe's logits may part, relative to the largest |logit|: kernel shapes round
 # differently (TF32 matmuls on CUDA by ~1e-3, half precision by a few of its 8-bit steps); a
 # wrong layout, mask or rope parts them by O(1).
@@ -122,13 +130,9 @@ class ChunkedAttention(PassThrough):
         self.attention = attention
         self.half = half  # split half-precision calls too, one row per kernel call
         self.unfused = unfused  # other multi-row half-precision calls: matmul attention
-        self.gated = _layout(attention) == GATED
-        heads = (
-            ("num_attention_heads", "num_key_value_heads")
-            if self.gated
-            else ("n_heads", "n_kv_heads")
-        )
-        self.heads, self.kv_heads = (getattr(attention, h) for h in heads)
+        layout = _layout(attention)
+        self.gated = layout == GATED
+        self.heads, self.kv_heads = (getattr(attention, h) for h in HEADS.get(layout, PLAIN_HEADS))
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         a = self.attention
@@ -168,8 +172,9 @@ class ChunkedAttention(PassThrough):
         q = q.transpose(0, 2, 1, 3)
         k = k.transpose(0, 2, 1, 3)
         v = a.v_proj(x).reshape(b, n, self.kv_heads, -1).transpose(0, 2, 1, 3)
-        q = a.rope(q, offset=cache.offset)
-        k = a.rope(k, offset=cache.offset)
+        if "rope" in a:
+            q = a.rope(q, offset=cache.offset)
+            k = a.rope(k, offset=cache.offset)
         keys, values = cache.update_and_fetch(k, v)
         out = attend(q, keys, values).transpose(0, 2, 1, 3).reshape(b, n, -1)
         if self.gated:
@@ -188,38 +193,46 @@ def _layout(attention: nn.Module) -> tuple[str, str]:
 
 def fits(attention: nn.Module) -> bool:
     """Whether `attention` has an mlx-lm layout `ChunkedAttention` re-states."""
-    module, name = _layout(attention)
-    if (module, name) == GATED:
-        heads = ("num_attention_heads", "num_key_value_heads")
+    layout = _layout(attention)
+    if layout == GATED:
         if "q_norm" not in attention:
             return False
-    elif module in MODULES and name == "Attention":
-        heads = ("n_heads", "n_kv_heads")
-    else:
+    elif layout == UNROTATED:
+        if "rope" in attention or "q_norm" in attention:
+            return False
+    elif layout[0] not in MODULES or layout[1] != "Attention":
         return False
-    if not all(name in attention for name in LAYOUT):
+    parts = LAYOUT if layout != UNROTATED else LAYOUT[:-1]
+    if not all(name in attention for name in parts):
         return False
     if ("q_norm" in attention) != ("k_norm" in attention):
         return False
-    return all(hasattr(attention, a) for a in (*heads, "scale"))
+    return all(hasattr(attention, a) for a in (*HEADS.get(layout, PLAIN_HEADS), "scale"))
 
 
-def install(model: nn.Module, layers: list, make_cache: Callable[[], list]) -> bool:
-    """Wrap the attention of every layer in `layers` (the model's own list) when it is wanted
-    and every layer fits, and keep the wrappers only if a short verify after a short prefill
-    gives the model's own logits. Returns whether the wrappers stay."""
+def install(
+    model: nn.Module,
+    layers: list,
+    make_cache: Callable[[], list],
+    attr: str = "self_attn",
+    attends: Callable[[nn.Module], bool] = lambda layer: True,
+) -> bool:
+    """Wrap the attention module (`layer[attr]`) of every layer in `layers` (the model's own
+    list) that has one and `attends`, when it is wanted and every one fits, and keep the
+    wrappers only if a short verify after a short prefill gives the model's own logits.
+    Returns whether the wrappers stay."""
     if not split_attention():
         return False
-    layers = [layer for layer in layers if "self_attn" in layer]  # a hybrid's attention layers
-    if not layers or not all(fits(layer.self_attn) for layer in layers):
+    layers = [layer for layer in layers if attr in layer and attends(layer)]
+    if not layers or not all(fits(layer[attr]) for layer in layers):
         return False
     reference, dtype = _probe(model, make_cache)
     if dtype not in CHUNK and dtype not in HALF:
         return False
     originals = []
     for layer in layers:
-        originals.append(layer.self_attn)
-        layer.self_attn = ChunkedAttention(layer.self_attn, dtype in HALF, unfused=dtype in HALF)
+        originals.append(layer[attr])
+        layer[attr] = ChunkedAttention(layer[attr], dtype in HALF, unfused=dtype in HALF)
     limit = PROBE_TOLERANCE.get(dtype, HALF_PROBE_TOLERANCE) * mx.abs(reference).max().item()
     try:
         got, _ = _probe(model, make_cache)
@@ -228,7 +241,7 @@ def install(model: nn.Module, layers: list, make_cache: Callable[[], list]) -> b
         agrees = False
     if not agrees:
         for layer, original in zip(layers, originals):
-            layer.self_attn = original
+            layer[attr] = original
     return agrees
 
 
