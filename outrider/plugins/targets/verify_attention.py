@@ -14,10 +14,10 @@ builds a cuDNN graph for every new combination of query length, key length and m
 (45-70 ms for the 8B shape on the H200), keeping the last 256. Speculative decoding meets a
 new key length every round, a batch with a new mask every round, and a prefix-cache hit's
 suffix or a prefill's last, shorter chunk a new pair in nearly every request. Measured on the
-H200 with shapes no earlier request had met (docs/performance.md, "Attention shapes on CUDA"):
+H200 with shapes no earlier request had met (docs/performance.md, "Half precision"):
 turn 5 of a conversation with an 8B model took 70 ms to its first token with MLX's own path
 and 30 ms with the paths below; 32 requests through 8 batched rows of a 0.6B model, with drafts
-right 4 times in 5, ran at 251 tok/s against 658-687. So in half precision a verify's rows go
+right 4 times in 5, ran at 251 tok/s against 665-687. So in half precision a verify's rows go
 one per kernel call (the vector kernel, or cuDNN's decoding graph, which is keyed by the cache
 buffer's size and so reused), and forwards of more rows than a verify (fewer than a full
 prefill chunk, with a bounded score matrix) and every multi-row batched forward run as matmul,
@@ -28,12 +28,12 @@ to the next.
 `ChunkedAttention` wraps one model instance's attention module (never the class); one-row
 calls, full prefill chunks and any call it does not recognise go to the wrapped module
 unchanged. It knows the mlx-lm attention layout shared by llama, qwen2, qwen3 and mistral
-(q/k/v/o projections, optional per-head q/k norms, one rope), and the gated-delta hybrids'
+(q/k/v/o projections, optional per-head q/k norms, one rope), the gated-delta hybrids'
 attention layers (qwen3_next's, which qwen3_5 and qwen3_5_moe use: the same with a gate split
-off the query projection) and Nemotron-H's (projections only, no rope); `install` checks that
-layout and then checks on a short input that
-the wrapped forward agrees with the model's own before it keeps the wrappers. `OUTRIDER_ATTENTION=native` leaves MLX's own path everywhere; `split`
-installs the wrappers on any device (the CPU tests use it).
+off the query projection) and Nemotron-H's (projections only, no rope). `install` checks the
+layout, then checks on a short input that the wrapped forward agrees with the model's own
+before it keeps the wrappers. `OUTRIDER_ATTENTION=native` leaves MLX's own path everywhere;
+`split` installs the wrappers on any device (the CPU tests use it).
 """
 
 from __future__ import annotations
