@@ -1,4 +1,5 @@
-"""The `outrider` command line: generate, benchmark, plugins, models, doctor, and plugin commands."""
+"""The `outrider` command line: `generate` and `plugins` here, every other command registered
+from the module beside what it runs, and the commands plugins add."""
 
 from __future__ import annotations
 
@@ -8,10 +9,7 @@ import os
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-import platform
 import sys
-from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -31,9 +29,9 @@ from .cli_common import debug as _debug
 from .cli_common import fail as _fail
 from .cli_common import print_json as _print_json
 from .cli_common import warn as _warn
-from .core.device import split_attention
 from .core.errors import OutriderError
-from .core.plugins import Plugins
+from .doctor import doctor as _doctor
+from .registry.listing import models as _models
 
 BUILTIN_MODES = "auto|dspark|dflash|dflash2|eagle3|draft|lookup|baseline"
 Opt = typer.Option
@@ -259,287 +257,10 @@ def list_plugins(
     _console().print(table)
 
 
-def _size_gb(n: int | None) -> float | None:
-    return None if n is None else round(n / 1e9, 3)
+# --- models (outrider/registry/listing.py), doctor (outrider/doctor.py) ---------------------
 
-
-def model_rows(online: bool = False) -> list[dict]:
-    """The registry rows, with what is already downloaded marked, sizes (from local files;
-    with `online`, the Hub's safetensors headers for the rest) and whether each pair fits this
-    machine (weights + KV cache at the context window + the row's drafter; an estimate)."""
-    from dataclasses import asdict
-
-    from .core import fit
-    from .core.hub import local_model
-    from .registry import load_pairs
-
-    memory = fit.machine_memory()
-    found: dict[str, Path | None] = {}
-
-    def locate(repo: str) -> Path | None:  # each repo looked up once
-        if repo not in found:
-            found[repo] = local_model(repo)
-        return found[repo]
-
-    rows = []
-    for pair in load_pairs():
-        row = asdict(pair)
-        row["target_local"] = locate(pair.target) is not None
-        drafter = pair.drafters.get(pair.mode)
-        try:
-            est = fit.estimate(pair.target, drafter, online=online, memory=memory, locate=locate)
-        except Exception:  # a broken cache entry must not break the list
-            est = fit.Estimate(memory=memory[0], memory_source=memory[1])
-        recorded = row.get("size_gb")  # a registry row may record its target's size
-        if est.weights is None and isinstance(recorded, (int, float)) and recorded > 0:
-            est.weights = int(recorded * 1e9)
-        row["drafters"] = {}
-        for m, r in pair.drafters.items():
-            size = est.drafter if r == drafter else _model_size(r, online, locate)
-            local = locate(r) is not None
-            row["drafters"][m] = {"repo": r, "local": local, "size_gb": _size_gb(size)}
-        row["cached"] = row["target_local"]
-        row["size_gb"] = _size_gb(est.weights)
-        row["fits"] = est.fits
-        row["estimate"] = {
-            "weights_bytes": est.weights,
-            "kv_cache_bytes": est.kv_cache,
-            "context_window": est.window,
-            "drafter": drafter,
-            "drafter_bytes": est.drafter,
-            "total_bytes": est.total,
-        }
-        rows.append(row)
-    return rows
-
-
-def _model_size(repo: str, online: bool, locate: Any) -> int | None:
-    from .core import fit
-
-    try:
-        return fit.model_bytes(repo, online, locate)[0]
-    except Exception:
-        return None
-
-
-def _repo_lines(row: dict) -> list[tuple[str, str, str, str]]:
-    """(cached, role, repo, size) for a row's target and each of its drafters."""
-    lines = [("target", row["target"], row["target_local"], row["size_gb"])]
-    lines += [(m, d["repo"], d["local"], d.get("size_gb")) for m, d in row["drafters"].items()]
-    return [
-        ("[green]yes[/green]" if local else "[dim]no[/dim]", role, repo, _shown_gb(size))
-        for role, repo, local, size in lines
-    ]
-
-
-def _shown_gb(size: float | None) -> str:
-    if size is None:
-        return "?"
-    return f"{size:.1f} GB" if size >= 1 else f"{size * 1000:.1f} MB"
-
-
-def _shown_fits(fits: bool | None) -> str:
-    return {True: "[green]yes[/green]", False: "[red]no[/red]", None: "?"}[fits]
-
-
-def _default_cap(plug: Plugins, mode: str) -> str:
-    """The cap a row without one runs at: its strategy's default ("—" when none applies)."""
-    strategy = plug.strategies.get(mode)
-    cap = getattr(strategy, "default_cap", None)
-    return str(cap) if cap else "—"
-
-
-@app.command()
-def models(
-    as_json: bool = Opt(False, "--json", metavar="", help="Print JSON."),
-    online: bool = Opt(
-        False,
-        "--online",
-        metavar="",
-        help="Read sizes of models not downloaded from the Hub's safetensors headers.",
-    ),
-) -> None:
-    """Known target/drafter pairs: cached, size, and whether each fits this machine."""
-    from rich import box
-    from rich.table import Table
-
-    from .core import fit
-
-    rows, plug = model_rows(online), plugins()
-    installed = {"families": sorted(plug.families), "strategies": sorted(plug.strategies)}
-    memory, source = fit.machine_memory()
-    if online and fit.hub_unreachable():
-        _warn("the Hugging Face Hub could not be reached: sizes of models not downloaded are ?")
-    if as_json:
-        _print_json({"pairs": rows, **installed, "memory": {"bytes": memory, "source": source}})
-        return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    widths = {"id": 18, "family": 12, "speedup": 14, "source": 9, "repo": 56}
-    names = ("id", "family", "mode", "cap", "speedup", "source", "fits", "cached", "role")
-    for name in (*names, "repo", "size"):
-        table.add_column(name, overflow="fold", max_width=widths.get(name), min_width=len(name))
-    for r in rows:
-        for i, (cached, role, repo, size) in enumerate(_repo_lines(r)):
-            first = (
-                r["id"],
-                r["family"],
-                r["mode"],
-                str(r["cap"] or _default_cap(plug, r["mode"])),
-                r["speedup"] or "—",
-                r["source"].split(":", 1)[0] or "—",
-                _shown_fits(r["fits"]),
-            )
-            table.add_row(
-                *(first if i == 0 else [""] * len(first)),
-                cached,
-                role,
-                repo,
-                size,
-                end_section=i == len(r["drafters"]),
-            )
-    wide = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
-    console = _console(width=wide)
-    console.print(table)
-    console.print(
-        "cached = in the Hugging Face cache or LM Studio already; size = weights (local files"
-        + ("; the Hub's headers for the rest)" if online else "; --online asks the Hub)")
-    )
-    console.print(
-        "fits = weights + KV cache at the context window + the row's drafter, against "
-        f"{fit.gb(memory)} ({source or 'unknown'}): an estimate; --json has the figures"
-    )
-    console.print(f"target families: {', '.join(installed['families']) or 'none'}")
-    console.print(f"strategies: {', '.join(installed['strategies']) or 'none'}")
-
-
-# --- doctor ----------------------------------------------------------------------------------
-
-
-def _dist_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
-def _backend(mx: Any, name: str) -> bool | None:
-    """Whether mx.<name> says it is available (None: this MLX build has no such backend)."""
-    backend = getattr(mx, name, None)
-    try:
-        return bool(backend.is_available()) if backend is not None else None
-    except Exception:
-        return False
-
-
-def _mlx_report(problems: list[str]) -> dict:
-    import mlx.core as mx
-
-    try:
-        if (mx.arange(4) * 2).sum().item() != 12:
-            problems.append("MLX computed 2*(0+1+2+3) wrongly")
-    except Exception as e:
-        problems.append(f"MLX failed a tiny computation: {type(e).__name__}: {e}")
-    return {
-        "mlx_version": getattr(mx, "__version__", None),
-        "mlx_default_device": str(mx.default_device()),
-        "metal_available": _backend(mx, "metal"),
-        "cuda_available": _backend(mx, "cuda"),
-    }
-
-
-def _place(path: Path) -> dict:
-    return {"path": str(path), "exists": path.is_dir()}
-
-
-def doctor_report() -> dict:
-    """Everything worth knowing when something does not work, with the problems spelled out."""
-    from huggingface_hub import constants
-
-    from .core import calibration
-    from .core.hub import lmstudio_roots
-
-    problems: list[str] = []
-    report: dict[str, Any] = {
-        "outrider_version": _version(),
-        "python_version": platform.python_version(),
-        "python": sys.executable,
-        "platform": platform.platform(),
-        **_mlx_report(problems),
-        "mlx_lm_version": _dist_version("mlx-lm"),
-    }
-    if report["mlx_lm_version"] is None:
-        problems.append("mlx-lm is not installed")
-    plug = plugins()
-    report["plugins"] = [vars(p) for p in plug.info()]
-    report["target_families"] = sorted(plug.families)
-    if not plug.families:
-        problems.append("no plugin provides a target family: no model can be loaded")
-    if not plug.strategies:
-        problems.append("no plugin provides a drafting strategy")
-    try:
-        report["attention"] = "split" if split_attention() else "native"
-    except OutriderError as e:
-        report["attention"] = None
-        problems.append(str(e))
-    report["cpu_blas"] = _blas_report()
-    report["hf_cache"] = _place(Path(constants.HF_HUB_CACHE))
-    report["lmstudio_dirs"] = [_place(p) for p in lmstudio_roots()]
-    report["outrider_cache"] = _place(cache_root())
-    report["calibrations"] = [
-        {**c.key, "created": c.created, "file": str(c.path)} for c in calibration.stored()
-    ]
-    report["problems"] = problems
-    return report
-
-
-def _blas_report() -> str:
-    """The BLAS MLX's CPU backend multiplies floats with (core/blas.py)."""
-    from .core import blas
-
-    state = blas.state()
-    if state.optimized:
-        return state.path
-    hint = ""
-    if state.note == blas.NOT_FOUND:
-        hint = " (Debian/Ubuntu: apt install libopenblas0)"
-    return f"MLX's own: {state.note}{hint}"
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, dict):
-        return f"{value['path']} ({'exists' if value['exists'] else 'absent'})"
-    return {True: "yes", False: "no", None: "n/a"}.get(value, str(value))
-
-
-@app.command()
-def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
-    """Check the installation: versions, backends, plugins, caches, problems."""
-    from rich.table import Table
-
-    report = doctor_report()
-    if as_json:
-        _print_json(report)
-        return
-    table = Table(show_header=False, box=None, padding=(0, 2))
-    for key, value in report.items():
-        if key == "plugins":
-            value = ", ".join(p["name"].rsplit(".", 1)[-1] for p in value)
-        if key == "target_families":
-            value = ", ".join(value)
-        if key == "calibrations":
-            value = f"{len(value)} kept (outrider calibrate; --json lists them)"
-        if key not in ("problems", "lmstudio_dirs"):
-            table.add_row(key.replace("_", " "), _shown(value))
-    for place in report["lmstudio_dirs"]:
-        table.add_row("lm studio dir", _shown(place))
-    console = _console()
-    console.print(table)
-    for problem in report["problems"]:
-        console.print(f"[red]problem:[/red] {problem}")
-    if not report["problems"]:
-        console.print("[green]no problems found[/green]")
+app.command("models")(_models)
+app.command("doctor")(_doctor)
 
 
 # --- benchmark (outrider/benchmark/) ----------------------------------------------------------

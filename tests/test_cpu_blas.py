@@ -165,7 +165,7 @@ def test_every_mode_matches_plain_decoding_on_a_dense_target_under_an_optimized_
 
 
 def test_doctor_says_how_to_install_openblas_only_where_none_was_found(monkeypatch) -> None:
-    from outrider.cli import _blas_report
+    from outrider.doctor import _blas_report
 
     monkeypatch.setattr(blas, "state", lambda: blas.BlasState(note=blas.NOT_FOUND))
     assert "apt install libopenblas0" in _blas_report()

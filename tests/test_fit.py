@@ -105,7 +105,7 @@ def test_models_json_has_size_fits_and_cached(monkeypatch):
 
 
 def test_models_online_reads_the_hub_for_what_is_not_cached(monkeypatch):
-    from outrider.cli import model_rows
+    from outrider.registry.listing import model_rows
 
     config = {"num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 8}
     asked = []

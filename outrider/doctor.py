@@ -1,0 +1,146 @@
+"""`outrider doctor`: versions, backends, plugins, caches and calibrations, with whatever is
+wrong spelled out."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from . import __version__
+from .cli_common import cache_root, plugins
+from .cli_common import console as _console
+from .cli_common import print_json as _print_json
+from .core.device import split_attention
+from .core.errors import OutriderError
+
+Opt = typer.Option
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _backend(mx: Any, name: str) -> bool | None:
+    """Whether mx.<name> says it is available (None: this MLX build has no such backend)."""
+    backend = getattr(mx, name, None)
+    try:
+        return bool(backend.is_available()) if backend is not None else None
+    except Exception:
+        return False
+
+
+def _mlx_report(problems: list[str]) -> dict:
+    import mlx.core as mx
+
+    try:
+        if (mx.arange(4) * 2).sum().item() != 12:
+            problems.append("MLX computed 2*(0+1+2+3) wrongly")
+    except Exception as e:
+        problems.append(f"MLX failed a tiny computation: {type(e).__name__}: {e}")
+    return {
+        "mlx_version": getattr(mx, "__version__", None),
+        "mlx_default_device": str(mx.default_device()),
+        "metal_available": _backend(mx, "metal"),
+        "cuda_available": _backend(mx, "cuda"),
+    }
+
+
+def _place(path: Path) -> dict:
+    return {"path": str(path), "exists": path.is_dir()}
+
+
+def doctor_report() -> dict:
+    """Everything worth knowing when something does not work, with the problems spelled out."""
+    from huggingface_hub import constants
+
+    from .core import calibration
+    from .core.hub import lmstudio_roots
+
+    problems: list[str] = []
+    report: dict[str, Any] = {
+        "outrider_version": __version__,
+        "python_version": platform.python_version(),
+        "python": sys.executable,
+        "platform": platform.platform(),
+        **_mlx_report(problems),
+        "mlx_lm_version": _dist_version("mlx-lm"),
+    }
+    if report["mlx_lm_version"] is None:
+        problems.append("mlx-lm is not installed")
+    plug = plugins()
+    report["plugins"] = [vars(p) for p in plug.info()]
+    report["target_families"] = sorted(plug.families)
+    if not plug.families:
+        problems.append("no plugin provides a target family: no model can be loaded")
+    if not plug.strategies:
+        problems.append("no plugin provides a drafting strategy")
+    try:
+        report["attention"] = "split" if split_attention() else "native"
+    except OutriderError as e:
+        report["attention"] = None
+        problems.append(str(e))
+    report["cpu_blas"] = _blas_report()
+    report["hf_cache"] = _place(Path(constants.HF_HUB_CACHE))
+    report["lmstudio_dirs"] = [_place(p) for p in lmstudio_roots()]
+    report["outrider_cache"] = _place(cache_root())
+    report["calibrations"] = [
+        {**c.key, "created": c.created, "file": str(c.path)} for c in calibration.stored()
+    ]
+    report["problems"] = problems
+    return report
+
+
+def _blas_report() -> str:
+    """The BLAS MLX's CPU backend multiplies floats with (core/blas.py)."""
+    from .core import blas
+
+    state = blas.state()
+    if state.optimized:
+        return state.path
+    hint = ""
+    if state.note == blas.NOT_FOUND:
+        hint = " (Debian/Ubuntu: apt install libopenblas0)"
+    return f"MLX's own: {state.note}{hint}"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, dict):
+        return f"{value['path']} ({'exists' if value['exists'] else 'absent'})"
+    return {True: "yes", False: "no", None: "n/a"}.get(value, str(value))
+
+
+def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
+    """Check the installation: versions, backends, plugins, caches, problems."""
+    from rich.table import Table
+
+    report = doctor_report()
+    if as_json:
+        _print_json(report)
+        return
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    for key, value in report.items():
+        if key == "plugins":
+            value = ", ".join(p["name"].rsplit(".", 1)[-1] for p in value)
+        if key == "target_families":
+            value = ", ".join(value)
+        if key == "calibrations":
+            value = f"{len(value)} kept (outrider calibrate; --json lists them)"
+        if key not in ("problems", "lmstudio_dirs"):
+            table.add_row(key.replace("_", " "), _shown(value))
+    for place in report["lmstudio_dirs"]:
+        table.add_row("lm studio dir", _shown(place))
+    console = _console()
+    console.print(table)
+    for problem in report["problems"]:
+        console.print(f"[red]problem:[/red] {problem}")
+    if not report["problems"]:
+        console.print("[green]no problems found[/green]")
