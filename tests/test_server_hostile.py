@@ -354,7 +354,13 @@ def test_a_client_that_leaves_during_prefill_stops_it_within_one_chunk(scripted)
         response = requests.post(url + "/v1/messages", json=body, stream=True)
         assert next(response.iter_lines()).startswith(b"event: message_start")
         entered = gate["entered"].wait(120)  # a hang guard, not a timing assertion
-        assert entered, f"state {engine.state}, queue {engine._jobs.qsize()}\n{thread_stacks()}"
+        # this has failed now and then under a loaded -n auto run, with the engine idle: say
+        # what the request became (cancelled early? answered without a prefill chunk?)
+        assert entered, (
+            f"state {engine.state}, queue {engine._jobs.qsize()}, cancelled "
+            f"{engine.metrics.cancelled}, prefill chunks {gate['calls']}, the rest of the "
+            f"stream {response.raw.read(2000)!r}\n{thread_stacks()}"
+        )
         job = engine._current
         response.close()  # the client goes away mid-prefill
         deadline = time.monotonic() + 120  # a hang guard, not a timing assertion
