@@ -352,7 +352,10 @@ def test_a_client_that_leaves_during_prefill_stops_it_within_one_chunk(scripted)
         prompt = "w" * (4 * PREFILL_CHUNK + 100)  # five chunks of prefill
         body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 4, "stream": True}
         response = requests.post(url + "/v1/messages", json=body, stream=True)
-        assert next(response.iter_lines()).startswith(b"event: message_start")
+        # kept until the client leaves on purpose: a line iterator dropped after one line
+        # closes the connection, which a loaded machine could notice before the prefill began
+        lines = response.iter_lines()
+        assert next(lines).startswith(b"event: message_start")
         entered = gate["entered"].wait(120)  # a hang guard, not a timing assertion
         # this has failed now and then under a loaded -n auto run, with the engine idle: say
         # what the request became (cancelled early? answered without a prefill chunk?)
@@ -362,6 +365,7 @@ def test_a_client_that_leaves_during_prefill_stops_it_within_one_chunk(scripted)
             f"stream {response.raw.read(2000)!r}\n{thread_stacks()}"
         )
         job = engine._current
+        lines.close()
         response.close()  # the client goes away mid-prefill
         deadline = time.monotonic() + 120  # a hang guard, not a timing assertion
         while not job.cancel.is_set() and time.monotonic() < deadline:
