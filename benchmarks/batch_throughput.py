@@ -46,7 +46,7 @@ import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.
 # isort: split
 import mlx.core as mx
 
-from outrider.benchmark.suites import load_suite
+from outrider.benchmark.suites import load_suite, parse_suites
 from outrider.core import calibration
 
 
@@ -151,9 +151,9 @@ def random_target_pipes(args, modes: list[str]) -> tuple[dict, list[list[int]]]:
 
 def suite_texts(suites: str, n: int) -> list[str]:
     """`n` prompts taken from the named suites in turn (cycling when they run out)."""
-    lists = [[p.text for p in load_suite(s.strip())] for s in suites.split(",") if s.strip()]
-    merged = [t for group in zip(*lists) for t in group]
-    merged += [t for lst in lists for t in lst[len(merged) // len(lists) :]]
+    lists = [[p.text for p in load_suite(name)] for name in parse_suites(suites)]
+    merged = [t for group in zip(*lists) for t in group]  # in turn while every suite has one
+    merged += [t for lst in lists for t in lst[len(merged) // len(lists) :]]  # then the rest
     return [merged[i % len(merged)] for i in range(n)]
 
 

@@ -74,6 +74,39 @@ def conversation(
     return ids(args.system_tokens + longer), [ids(args.user_tokens) for _ in range(args.turns)]
 
 
+def median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def play(pipe, system: list[int], users: list[list[int]], args) -> tuple[list, list, list]:
+    """Each turn's prompt (the conversation so far, the model's own answers in it), its time
+    to first token and its answer, with whatever prefix cache `pipe` has."""
+    prompts, times, answers, history = [], [], [], list(system)
+    for user in users:
+        history += user
+        prompts.append(list(history))
+        s, answer = ttft(pipe, prompts[-1], args.answer_tokens, args.max_draft)
+        times.append(s)
+        answers.append(answer)
+        history += answer
+    return prompts, times, answers
+
+
+def report(rows: list, title: str, identical: bool, ties: list, json_path, fields: dict) -> None:
+    """The table of (scenario, TTFT off, TTFT on) rows, and the same as JSON when asked."""
+    width = max(14, *(len(name) for name, _, _ in rows))
+    print(title)
+    print(f"{'scenario':<{width}} {'TTFT off (ms)':>14} {'TTFT on (ms)':>13} {'ratio':>8}")
+    for name, a, b in rows:
+        print(f"{name:<{width}} {a * 1e3:>14.2f} {b * 1e3:>13.2f} {a / b:>7.1f}x")
+    print("outputs identical with the cache on:", identical,
+          f"(fp ties: {len(ties)})" if ties else "")  # fmt: skip
+    if json_path:
+        out = {**fields, "identical": identical, "fp_ties": ties,
+               "rows": [{"scenario": n, "ttft_off_s": a, "ttft_on_s": b} for n, a, b in rows]}  # fmt: skip
+        Path(json_path).write_text(json.dumps(out, indent=2))
+
+
 def cold_runs(pipe, vocab: int, args: argparse.Namespace) -> dict:
     """`--cold`: per repeat a new conversation at new lengths, its turns with the cache on,
     then its last prompt with the cache off, cold and warm. Medians over the repeats."""
@@ -81,13 +114,8 @@ def cold_runs(pipe, vocab: int, args: argparse.Namespace) -> dict:
     for r in range(args.repeats):
         system, users = conversation(vocab, args, seed=r + 1, longer=17 * (r + 1))
         pipe.prefix_cache = PrefixCache.from_gb(args.gb)
-        history, times = list(system), []
-        for user in users:
-            history += user
-            prompt = list(history)
-            s, answer = ttft(pipe, prompt, args.answer_tokens, args.max_draft)
-            times.append(s)
-            history += answer
+        prompts, times, answers = play(pipe, system, users, args)
+        prompt, answer = prompts[-1], answers[-1]
         pipe.prefix_cache = None
         cold, off_answer = ttft(pipe, prompt, args.answer_tokens, args.max_draft)
         warm, _ = ttft(pipe, prompt, args.answer_tokens, args.max_draft)
@@ -143,36 +171,20 @@ def main() -> None:
     if args.cold:
         ttft(pipe, list(range(10, 10 + args.user_tokens)), 2, args.max_draft)  # load-time work
         got = cold_runs(pipe, vocab, args)
-        mid = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-        last = mid([t[-1] for t in got["turns"]])
+        last = median([t[-1] for t in got["turns"]])
+        identical, ties = got.pop("identical"), got.pop("fp_ties")
         rows = [
-            (f"turn {args.turns} cold", mid(got["off_cold"]), last),
-            (f"turn {args.turns} vs warm off", mid(got["off_warm"]), last),
+            (f"turn {args.turns} cold", median(got["off_cold"]), last),
+            (f"turn {args.turns} vs warm off", median(got["off_warm"]), last),
         ]
-        print(f"model {model}  mode {pipe.mode}  --cold, {args.repeats} conversations")
-        print(f"{'scenario':<22} {'TTFT off (ms)':>14} {'TTFT on (ms)':>13} {'ratio':>8}")
-        for name, a, b in rows:
-            print(f"{name:<22} {a * 1e3:>14.2f} {b * 1e3:>13.2f} {a / b:>7.1f}x")
-        print("outputs identical with the cache on:", got["identical"],
-              f"(fp ties: {len(got['fp_ties'])})" if got["fp_ties"] else "")  # fmt: skip
-        if args.json:
-            rows_out = [{"scenario": n, "ttft_off_s": a, "ttft_on_s": b} for n, a, b in rows]
-            out = {"model": model, "mode": pipe.mode, "cold": True, **got, "rows": rows_out}
-            Path(args.json).write_text(json.dumps(out, indent=2))
+        title = f"model {model}  mode {pipe.mode}  --cold, {args.repeats} conversations"
+        fields = {"model": model, "mode": pipe.mode, "cold": True, **got}
+        report(rows, title, identical, ties, args.json, fields)
         return
     system, users = conversation(vocab, args)
 
-    # the conversation's prompts, built from the model's own answers (cache off)
-    prompts, history = [], list(system)
-    for user in users:
-        history += user
-        prompts.append(list(history))
-        _, answer = ttft(pipe, history, args.answer_tokens, args.max_draft)
-        history += answer
+    prompts, _, _ = play(pipe, system, users, args)  # the model's own answers, cache off
     last = prompts[-1]
-
-    def median(xs: list[float]) -> float:
-        return sorted(xs)[len(xs) // 2]
 
     off, off_answer = [], None
     for _ in range(args.repeats):
@@ -198,21 +210,9 @@ def main() -> None:
         (f"turn {args.turns}", median(off), median(turn_on)),
         ("exact repeat", median(off), median(repeat_on)),
     ]
-    print(f"model {model}  mode {pipe.mode}  prompt {len(last)} tokens")
-    print(f"{'scenario':<14} {'TTFT off (ms)':>14} {'TTFT on (ms)':>13} {'ratio':>8}")
-    for name, a, b in rows:
-        print(f"{name:<14} {a * 1e3:>14.2f} {b * 1e3:>13.2f} {a / b:>7.1f}x")
-    print("outputs identical with the cache on:", same, f"(fp ties: {len(ties)})" if ties else "")
-    if args.json:
-        out = {
-            "model": model,
-            "mode": pipe.mode,
-            "prompt_tokens": len(last),
-            "identical": same,
-            "fp_ties": ties,
-            "rows": [{"scenario": n, "ttft_off_s": a, "ttft_on_s": b} for n, a, b in rows],
-        }
-        Path(args.json).write_text(json.dumps(out, indent=2))
+    title = f"model {model}  mode {pipe.mode}  prompt {len(last)} tokens"
+    fields = {"model": model, "mode": pipe.mode, "prompt_tokens": len(last)}
+    report(rows, title, same, ties, args.json, fields)
 
 
 if __name__ == "__main__":

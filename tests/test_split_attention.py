@@ -101,10 +101,7 @@ def test_split_verify_logits_match_the_models_own(monkeypatch, qwen3_target, dty
         ids = mx.array(list(range(3, 3 + rows)), dtype=mx.uint32)
         out = []
         for split in (True, False):
-            for layer in layers:
-                attn = layer.self_attn
-                inner = attn.attention if isinstance(attn, ChunkedAttention) else attn
-                layer.self_attn = ChunkedAttention(inner, half=True) if split else inner
+            set_wrappers(layers, **({"half": True} if split else {}))
             cache = target.make_cache()
             target.prefill(prompt, cache)
             out.append(target.forward(ids, cache)[0].astype(mx.float32))

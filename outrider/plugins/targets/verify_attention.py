@@ -43,6 +43,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ...core.device import split_attention
@@ -110,7 +111,7 @@ def matmul_attention(
     q = (q * scale).reshape(b, kv_heads, h // kv_heads, n, d)
     scores = q @ mx.expand_dims(k, 2).swapaxes(-1, -2)  # [B, Hkv, repeats, L, S]
     if mask is None:
-        mask = mx.arange(s)[None] <= mx.arange(s - n, s)[:, None]  # row i: keys to s-n+i
+        mask = create_causal_mask(n, offset=s - n)  # row i: keys up to s - n + i
     else:
         mask = mx.expand_dims(mask, 2)
     scores = mx.where(mask, scores, mx.array(-mx.inf, scores.dtype))
