@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from cli_runner import invoke, module_env, run_module
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -20,7 +21,6 @@ from outrider.core.hookspecs import hookimpl
 from outrider.core.plugins import Plugins
 from outrider.testing import make_tiny_drafter, make_tiny_target
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The quick brown fox jumps over the lazy dog."
 RESULT_KEYS = {
     "text",
@@ -45,32 +45,11 @@ def models(tmp_path_factory) -> dict[str, str]:
     return {"target": str(target), "dspark": str(dspark), "dflash": str(zlab)}
 
 
-def invoke(*args: str, input: str | None = None):
-    return CliRunner().invoke(cli.app, list(args), input=input)
-
-
 def generate_args(models: dict[str, str], mode: str, *extra: str) -> list[str]:
     args = ["generate", "--model", models["target"], "--mode", mode, "--prompt", PROMPT]
     if mode in ("dspark", "dflash"):
         args += ["--drafter", models[mode]]
     return args + ["--max-tokens", "24", *extra]
-
-
-def module_env(env: dict | None = None) -> dict:
-    """This environment for a `python -m outrider` child: this checkout, no debug tracebacks."""
-    full_env = {k: v for k, v in os.environ.items() if k != "OUTRIDER_DEBUG"}
-    full_env.update({"PYTHONPATH": str(ROOT), **(env or {})})
-    return full_env
-
-
-def run_module(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The real entry point (`python -m outrider`), stdout a pipe, not a terminal."""
-    return subprocess.run(
-        [sys.executable, "-m", "outrider", *args],
-        capture_output=True,
-        env=module_env(env),
-        timeout=300,
-    )
 
 
 # --- generate --json -------------------------------------------------------------------------
@@ -316,28 +295,7 @@ def test_live_telemetry_renders(models, json_runs):
         assert word in shown
 
 
-def test_ribbon_and_live_view():
-    assert telemetry.ribbon([(4, 0), (4, 2), (4, 4), (0, 0)]).plain == "▁▅█·"
-    assert len(telemetry.ribbon([(4, 4)] * 50, width=10).plain) == 10
-
-    class Step:
-        def __init__(self, source, drafted, accepted):
-            self.source, self.drafted, self.accepted = source, drafted, accepted
-
-    class Chunk:
-        def __init__(self, text, tokens, step):
-            self.text, self.tokens, self.step = text, tokens, step
-
-    view = telemetry.LiveView("dspark", 4)
-    view.add(Chunk("Hello", [1], Step("prefill", [], 0)))
-    view.add(Chunk(" world", [2, 3, 4], Step("draft", [2, 3, 9, 9], 2)))
-    buffer = io.StringIO()
-    Console(file=buffer, force_terminal=True, width=40, height=20).print(view)
-    shown = buffer.getvalue()
-    assert "Hello world" in shown and "4 tokens" in shown and "accept 3.00" in shown
-
-
-# --- plugins, models, doctor -----------------------------------------------------------------
+# --- plugins -----------------------------------------------------------------
 
 
 def test_plugins_table_and_json():
@@ -352,57 +310,6 @@ def test_plugins_table_and_json():
         assert name in names
     provides = {p for r in rows for p in r["provides"]}
     assert {"family:dense", "format:zlab", "strategy:dspark"} <= provides
-
-
-def test_models_json_and_table():
-    out = json.loads(invoke("models", "--json").stdout)
-    row = next(r for r in out["pairs"] if r["id"] == "qwen3-8b")
-    assert row["target"] == "Qwen/Qwen3-8B" and "dspark" in row["drafters"]
-    assert "dense" in out["families"] and "lookup" in out["strategies"]
-    table = invoke("models")
-    assert table.exit_code == 0 and "qwen3-8b" in table.stdout and "strategies:" in table.stdout
-
-
-def test_models_marks_what_is_cached(tmp_path):
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = tmp_path / "hub" / "models--Qwen--Qwen3-8B"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    (repo / "snapshots" / commit).mkdir(parents=True)
-    (repo / "snapshots" / commit / "config.json").write_text("{}")
-    proc = run_module(
-        "models",
-        "--json",
-        env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)},
-    )
-    assert proc.returncode == 0, proc.stderr
-    rows = {r["id"]: r for r in json.loads(proc.stdout)["pairs"]}
-    assert rows["qwen3-8b"]["target_local"] is True
-    assert rows["qwen3-4b"]["target_local"] is False
-    assert rows["qwen3-8b"]["drafters"]["dspark"]["local"] is False
-
-
-def test_doctor():
-    result = invoke("doctor", "--json")
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
-    assert report["mlx_version"] and isinstance(report["problems"], list)
-    assert report["problems"] == []
-    for key in (
-        "outrider_version",
-        "python_version",
-        "platform",
-        "mlx_default_device",
-        "metal_available",
-        "mlx_lm_version",
-        "plugins",
-        "hf_cache",
-        "lmstudio_dirs",
-        "outrider_cache",
-    ):
-        assert key in report
-    text = invoke("doctor")
-    assert text.exit_code == 0 and "mlx version" in text.stdout
 
 
 def test_version():
@@ -665,27 +572,6 @@ def test_plugins_piped_prints_whole_names():
     names = [line.split("\t")[0] for line in result.stdout.splitlines()]
     assert "outrider.plugins.strategies.baseline" in names
     assert "outrider.plugins.targets.hybrid" in names and "…" not in result.stdout
-
-
-def test_models_shows_the_cap_that_runs():
-    table = invoke("models", "--json")
-    demo = next(r for r in json.loads(table.stdout)["pairs"] if r["id"] == "outrider-demo")
-    assert demo["cap"] in (None, 0)  # the row leaves the cap to the strategy
-    cap = cli.plugins().strategy(demo["mode"]).default_cap
-    line = next(ln for ln in invoke("models").stdout.splitlines() if "outrider-demo " in ln)
-    assert f" {cap} " in line and "—" not in line.split("dspark")[1].split("x")[0]
-
-
-def test_final_render_has_a_ribbon_legend():
-    from outrider.core.events import Result, Round
-
-    result = Result("hi", [1], [2, 3], rounds=[Round([5, 6], 1, [3], 0.1)], mode="dspark")
-    buffer = io.StringIO()
-    Console(file=buffer, width=100).print(telemetry.final_render(result))
-    assert "· = no draft" in buffer.getvalue() and "more of the draft kept" in buffer.getvalue()
-    empty = io.StringIO()
-    Console(file=empty, width=100).print(telemetry.final_render(Result("hi", [1], [2])))
-    assert "no draft" not in empty.getvalue()  # no ribbon, no legend
 
 
 def test_command_modules_do_not_import_the_cli():
