@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .core import gguf
 from .core.checkpoint import open_checkpoint, read_config
-from .core.device import PADDED_FROM, dense_on_cpu, make_dense, verify_pad
+from .core.device import PADDED_FROM, dense_on_cpu, dense_single_groups, make_dense, verify_pad
 from .core.drafter_spec import DrafterSpec
 from .core.errors import CheckpointError, ModelNotFoundError, OutriderError, UnsupportedTargetError
 from .core.hub import resolve_model
@@ -95,6 +95,7 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
                 raise CheckpointError(f"could not load model {model}: {first}") from e
             if dense_on_cpu(model_obj):
                 make_dense(model_obj)
+            dense_single_groups(model_obj)  # an MLX CUDA kernel's wrong case (core/device.py)
             target = Target(model_obj, tokenizer, family, config, name=model)
             if target.pads_verify:
                 target.pad_verifies(verify_pad(model_obj), PADDED_FROM)  # until a calibration says

@@ -14,6 +14,7 @@ from outrider import cli
 from outrider.benchmark.records import Cell, Run, TrialStats
 from outrider.benchmark.runner import BenchConfig, LosslessError, check_lossless, run_benchmark
 from outrider.benchmark.suites import SUITES, load_suite
+from outrider.core.device import on_cuda_gpu
 from outrider.core.plugins import Plugins
 from outrider.core.target import Target
 from outrider.testing import make_tiny_drafter, make_tiny_target
@@ -84,7 +85,8 @@ def test_receipt_has_every_field_and_every_arm_is_lossless(tmp_path, shallow, pe
     assert receipt["schema"] == "outrider-benchmark/1"
     assert receipt["command"].startswith("outrider benchmark --model ")
     assert "--peer-draft-model" in receipt["command"]
-    assert receipt["device"]["chip"] and receipt["device"]["backend"] == "cpu"
+    backend = "cuda" if on_cuda_gpu() else "cpu"
+    assert receipt["device"]["chip"] and receipt["device"]["backend"] == backend
     assert receipt["os"] and receipt["python"]
     assert set(receipt["versions"]) == {"mlx", "mlx_lm", "outrider"}
     assert all(receipt["versions"].values())
@@ -191,12 +193,16 @@ def test_a_divergence_at_an_exact_logit_tie_is_reported_not_failed(qwen3_target)
 def test_tie_precision_is_tf32_for_float32_logits_on_a_cuda_gpu(monkeypatch):
     from outrider.benchmark import runner
 
-    assert runner._mantissa_bits(mx.float32) == 23  # this CPU: full float32
+    monkeypatch.setenv("MLX_ENABLE_TF32", "1")
+    monkeypatch.setattr(runner.mx, "default_device", lambda: mx.cpu)
+    assert runner._mantissa_bits(mx.float32) == 23  # the CPU: full float32
     assert runner._mantissa_bits(mx.bfloat16) == 7
     monkeypatch.setattr(runner.mx, "default_device", lambda: mx.gpu)
     monkeypatch.setattr(runner.mx.cuda, "is_available", lambda: True)
     assert runner._mantissa_bits(mx.float32) == 10  # MLX CUDA's matmuls: TF32
     assert runner._mantissa_bits(mx.bfloat16) == 7  # never looser than the dtype's own
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")  # MLX's switch back to full float32
+    assert runner._mantissa_bits(mx.float32) == 23
 
 
 def test_bad_benchmark_options_get_one_error_line(qwen3_target):

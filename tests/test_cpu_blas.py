@@ -133,9 +133,12 @@ def test_an_installed_openblas_is_what_outrider_loads_for_mlx() -> None:
 
 # Greedy output of every mode equals plain decoding of the same (dense) target, in the process a
 # user gets: outrider imported first, the demo pair's quantized target and drafters run dense.
+# On the CPU device, also on a machine with a GPU (where weights stay quantized).
 LOSSLESS = """
 import json, outrider
+import mlx.core as mx
 import mlx.nn as nn
+mx.set_default_device(mx.cpu)
 from outrider.api import load
 from outrider.core import blas
 prompts = ["def fibonacci(n):", "Write a short poem about the sea."]

@@ -100,3 +100,39 @@ def test_load_warms_only_on_a_cuda_gpu_and_output_is_unchanged():
     after = pipe.generate(prompt, max_tokens=12, max_draft=4)
     plain = outrider.load("outrider-demo/target", mode="baseline", target=pipe.target)
     assert after.tokens == before.tokens == plain.generate(prompt, max_tokens=12).tokens
+
+
+
+class _Toy(nn.Module):
+    """A tied embedding and two linears: 64-wide inputs are one group of 64, 128-wide two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(32, 64)
+        self.body = nn.Sequential(nn.Linear(64, 128), nn.Linear(128, 64))
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return self.embed.as_linear(self.body(self.embed(ids)))
+
+
+def test_single_group_quantized_layers_run_dense_on_a_cuda_gpu(monkeypatch):
+    """Layers whose weight rows are one quantization group (a toy model's 64-wide inputs at
+    group 64) are dequantized on a CUDA GPU, where MLX's kernel for them computed wrong values;
+    wider ones stay quantized, and the output is the quantized layers' own."""
+    from outrider.core import device
+
+    mx.random.seed(0)
+    model = _Toy()
+    nn.quantize(model, group_size=64, bits=4)
+    ids = mx.array([[1, 5, 9, 30]])
+    want = model(ids)
+    ran = device.dense_single_groups(model)
+    if not on_cuda_gpu():
+        assert ran == 0  # MLX's own products are right here: nothing changes
+        monkeypatch.setattr(device, "on_cuda_gpu", lambda: True)
+        ran = device.dense_single_groups(model)
+    assert ran == 2  # the embedding (also the head) and the first linear
+    assert type(model.embed) is nn.Embedding and type(model.body.layers[0]) is nn.Linear
+    assert type(model.body.layers[1]) is nn.QuantizedLinear
+    assert mx.allclose(model(ids), want, atol=1e-5).item()
+    assert device.dense_single_groups(model) == 0  # nothing left to change

@@ -174,6 +174,8 @@ def test_claude_launches_the_child_with_its_environment(server, scripted, tmp_pa
         "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
         "ANTHROPIC_API_KEY": "a-real-key",
         "HOME": str(home),
+        # a CUDA driver keeps its kernel cache in ~/.nv unless told otherwise (MLX's CUDA build)
+        "CUDA_CACHE_PATH": str(tmp_path / "cuda-cache"),
     }
     cmd = [sys.executable, "-m", "outrider", "claude", "--url", url, "--api-key", KEY]
     done = subprocess.run([*cmd, "--", "--resume", "-p", "hi"], env=env, capture_output=True)

@@ -20,7 +20,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..api import Pipeline, load
-from ..core.device import on_cuda_gpu
+from ..core.device import tf32_matmuls
 from ..core.errors import OutriderError
 from ..core.plugins import Plugins
 from ..core.target import Target
@@ -222,10 +222,10 @@ _TF32_BITS = 10  # MLX's CUDA backend runs float32 matmuls in TF32 (a 10-bit man
 
 def _mantissa_bits(dtype: mx.Dtype) -> int:
     """The precision the logits were computed at: float32 on a CUDA GPU is TF32 in the
-    matmuls, so a verify block and a single row round differently by ~1e-3, not ~1e-7."""
+    matmuls (unless MLX_ENABLE_TF32=0), so a verify block and a single row round differently by
+    ~1e-3, not ~1e-7."""
     bits = _MANTISSA_BITS.get(dtype, 7)
-    on_cuda = on_cuda_gpu()
-    return min(bits, _TF32_BITS) if on_cuda else bits
+    return min(bits, _TF32_BITS) if tf32_matmuls() else bits
 
 
 def fp_tie(target: Target, ids: list[int], a: int, b: int) -> tuple[bool, dict]:

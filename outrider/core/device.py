@@ -18,6 +18,12 @@ def on_cuda_gpu() -> bool:
     return mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
+def tf32_matmuls() -> bool:
+    """True when float32 matrix products run in TF32 (a 10-bit mantissa): on a CUDA GPU, unless
+    MLX_ENABLE_TF32=0 (MLX's own switch, read once when MLX first multiplies)."""
+    return on_cuda_gpu() and os.environ.get("MLX_ENABLE_TF32", "1").strip() != "0"
+
+
 ATTENTION_ENV = "OUTRIDER_ATTENTION"
 
 
@@ -126,6 +132,46 @@ def make_dense(model: Any, dtype: mx.Dtype = mx.float32) -> None:
     model.update(tree_map(cast, model.parameters()))
     dequantize_model(model)  # its weights come out in the scales' type, `dtype` by now
     mx.eval(model.parameters())
+
+
+def single_group(module: Any) -> bool:
+    """Whether `module` is a quantized linear or embedding layer whose weight rows are one
+    quantization group or less (input width at most the group size): a toy model's layers."""
+    return is_quantized(module) and module.weight.shape[-1] * 32 // module.bits <= module.group_size
+
+
+def dense_single_groups(model: Any) -> int:
+    """On a CUDA GPU, dequantize `model`'s single-group quantized layers in place; returns how
+    many.
+
+    MLX 0.32's CUDA backend sends a quantized product of two or more rows to its sm90 kernel
+    when a weight row is one group (input width at most the group size), and there it returned
+    wrong values on the H200: relative error ~1 against the CPU for a 64 x 64 4-bit matrix of
+    group 64 in float32, at 2 and at 8 rows, while one row was right
+    (docs/receipts/mlx_cuda_primitives_h200.txt). A tiny model's 64-wide layers then failed the
+    tapped forward's check. Real models' rows are hundreds of groups wide, and such a layer
+    dequantized costs a few kilobytes."""
+    from mlx.utils import tree_unflatten
+
+    if not on_cuda_gpu():
+        return 0
+    swaps = []
+    for name, m in model.named_modules():
+        if not single_group(m):
+            continue
+        weight = mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits)
+        if isinstance(m, nn.QuantizedEmbedding):
+            dense = nn.Embedding(*weight.shape)
+        else:
+            dense = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in m)
+            if "bias" in m:
+                dense.bias = m.bias
+        dense.weight = weight
+        swaps.append((name, dense))
+    if swaps:
+        model.update_modules(tree_unflatten(swaps))
+        mx.eval(model.parameters())
+    return len(swaps)
 
 
 def scales_dtype(model: Any) -> mx.Dtype | None:

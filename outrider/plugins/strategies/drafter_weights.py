@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ...core.device import dense_on_cpu, make_dense
+from ...core.device import dense_on_cpu, dense_single_groups, make_dense
 from ...core.errors import CheckpointError
 
 
@@ -71,4 +71,5 @@ def quantize(
         )
         if dense_on_cpu(model):
             make_dense(model)
+        dense_single_groups(model)  # an MLX CUDA kernel's wrong case (core/device.py)
     mx.eval(model.parameters())
