@@ -13,9 +13,11 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
 
 from ...core.errors import UnsupportedTargetError
 from ...core.hookspecs import hookimpl
+from . import verify_attention
 from .base import MlxLmFamily, decoder, head_owner
 from .batched import BatchedRows
 from .caches import Snapshots
@@ -87,6 +89,11 @@ class Gemma4Family(SlidingWindowFamily):
     name = "gemma4"
     description = "Gemma-4: sliding-window + global attention (gemma4_text; mlx-vlm gemma4)"
     model_types = frozenset({"gemma4", "gemma4_text"})
+
+    def prepare(self, model: nn.Module) -> None:
+        # the attention layers of mlx-lm's gemma4_text, on a CUDA GPU (verify_attention.py);
+        # mlx-vlm's language tower keeps its own
+        verify_attention.install(model, self.layers(model), lambda: make_prompt_cache(model))
 
     def embed(self, model: nn.Module, ids: mx.array) -> mx.array:
         stack = decoder(model)

@@ -30,9 +30,21 @@ calls, full prefill chunks and any call it does not recognise go to the wrapped 
 unchanged. It knows the mlx-lm attention layout shared by llama, qwen2, qwen3 and mistral
 (q/k/v/o projections, optional per-head q/k norms, one rope), the gated-delta hybrids'
 attention layers (qwen3_next's, which qwen3_5 and qwen3_5_moe use: the same with a gate split
-off the query projection) and Nemotron-H's (projections only, no rope). `install` checks the
-layout, then checks on a short input that the wrapped forward agrees with the model's own
-before it keeps the wrappers. `OUTRIDER_ATTENTION=native` leaves MLX's own path everywhere;
+off the query projection) and Nemotron-H's (projections only, no rope).
+
+`SharedKVAttention` does the same for Gemma-4 (mlx-lm gemma4_text, every layer): sliding
+layers (a `RotatingKVCache`), global ones (a `KVCache`, k = v on some), layers that read an
+earlier layer's keys and values, and their batched caches. It reuses the layer's own
+projections, norms and rope, and attends over the keys the cache's update returns under the
+mask the model built for that layer's kind, so it needs no knowledge of the window: a
+"causal" mark (global layers; a window not yet full) splits verify rows as above, and a
+window's band or a batch's mask (boolean arrays) goes, whole, to matmul attention in half
+precision; in float32 those keep MLX's call. mlx-vlm's Gemma-4 tower and quantized KV caches
+keep their own attention.
+
+`install` checks the layout, then checks on a short input that the wrapped forward agrees with
+the model's own before it keeps the wrappers (with sliding windows, also past the longest
+window, once it has wrapped). `OUTRIDER_ATTENTION=native` leaves MLX's own path everywhere;
 `split` installs the wrappers on any device (the CPU tests use it).
 """
 
@@ -44,7 +56,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
 from ...core.device import split_attention
 from ...core.wrapper import PassThrough
@@ -69,6 +81,13 @@ GATED = ("qwen3_next", "Qwen3NextAttention")
 # Nemotron-H's attention layers: q/k/v/o projections and nothing else (no rope: the Mamba-2
 # layers carry position), under the layer's `mixer`.
 UNROTATED = ("nemotron_h", "NemotronHAttention")
+# Gemma-4's attention (mlx-lm gemma4_text): q/k norms and a scale-free v norm, a rope per
+# layer kind, k = v on some global layers, and KV-shared layers that take an earlier layer's
+# keys and values; it is called with (and returns) those keys, values and rope offset.
+SHARED_KV = ("gemma4_text", "Attention")
+# the caches `SharedKVAttention` computes around: what their update returns and the mask the
+# model made for them are all it uses (a quantized cache has its own attention: it passes)
+WINDOWED_CACHES = (KVCache, RotatingKVCache, BatchKVCache, BatchRotatingKVCache)
 # each layout's attribute names for its query and key/value head counts
 HEADS = {GATED: ("num_attention_heads", "num_key_value_heads"),
          UNROTATED: ("num_heads", "num_key_value_heads")}  # fmt: skip
@@ -78,6 +97,8 @@ PLAIN_HEADS = ("n_heads", "n_kv_heads")
 # wrong layout, mask or rope parts them by O(1).
 PROBE_TOLERANCE = {mx.float32: 1e-2}
 HALF_PROBE_TOLERANCE = 5e-2
+# rows per forward the probe takes to pass a sliding window longer than its first forwards
+PROBE_FILL = 256
 
 
 def chunked_causal_attention(
@@ -103,17 +124,17 @@ def matmul_attention(
     q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None = None
 ) -> mx.array:
     """Attention of q [B, H, L, D] over k, v [B, Hkv, S, D] as matmul, mask and softmax, no
-    kernel of which depends on L or S. `mask` is a boolean [B, 1, L, S] (True: attend; a
-    batch's causal mask with each row's padding); None means causal, the last L keys being
-    the queries' own."""
+    kernel of which depends on L or S. `mask` is a boolean [B, 1, L, S] or [L, S] (True:
+    attend; a batch's causal mask with each row's padding, a sliding window's band); None
+    means causal, the last L keys being the queries' own."""
     b, h, n, d = q.shape
     kv_heads, s = k.shape[1], k.shape[2]
     q = (q * scale).reshape(b, kv_heads, h // kv_heads, n, d)
     scores = q @ mx.expand_dims(k, 2).swapaxes(-1, -2)  # [B, Hkv, repeats, L, S]
     if mask is None:
         mask = create_causal_mask(n, offset=s - n)  # row i: keys up to s - n + i
-    else:
-        mask = mx.expand_dims(mask, 2)
+    elif mask.ndim == 4:
+        mask = mx.expand_dims(mask, 2)  # the repeats' axis
     scores = mx.where(mask, scores, mx.array(-mx.inf, scores.dtype))
     weights = mx.softmax(scores, axis=-1, precise=True)
     return (weights @ mx.expand_dims(v, 2)).reshape(b, h, n, d)
@@ -136,21 +157,32 @@ class ChunkedAttention(PassThrough):
         self.heads, self.kv_heads = (getattr(attention, h) for h in HEADS.get(layout, PLAIN_HEADS))
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        a = self.attention
-        b, n, _ = x.shape
         kind = type(cache)
+        attend = None
         if kind is KVCache and _is_causal(mask):
+            attend = self._kernel(x, mask, cache.offset + x.shape[1])
+        elif kind is BatchKVCache and _is_boolean(mask):
+            attend = self._kernel(x, mask, mask.shape[-1])
+        if attend is None:
+            return self.attention(x, mask=mask, cache=cache)
+        return self._attend(x, cache, attend)
+
+    def _kernel(self, x: mx.array, mask: Any, keys: int) -> Callable | None:
+        """The attention of a call of x's rows over `keys` keys with the model's own `mask`
+        (a causal mark or a boolean array), or None where MLX's own kernel stays: verify
+        widths under a causal mask one kernel-sized chunk at a time, and other multi-row
+        half-precision calls (a boolean mask's too) as matmul attention."""
+        n, scale = x.shape[1], self.attention.scale
+        if _is_causal(mask):
             chunk = CHUNK.get(x.dtype, 1 if self.half else MAX_ROWS)
             if chunk < n <= MAX_ROWS:
-                attend = lambda q, k, v: chunked_causal_attention(q, k, v, a.scale, chunk)  # noqa: E731
-                return self._attend(x, cache, attend)
-            if self._unfused(x, n, cache.offset + n):
-                return self._attend(x, cache, lambda q, k, v: matmul_attention(q, k, v, a.scale))
-        elif kind is BatchKVCache and isinstance(mask, mx.array) and mask.dtype == mx.bool_:
-            if self._unfused(x, n, cache._idx + n):
-                attend = lambda q, k, v: matmul_attention(q, k, v, a.scale, mask)  # noqa: E731
-                return self._attend(x, cache, attend)
-        return a(x, mask=mask, cache=cache)
+                return lambda q, k, v: chunked_causal_attention(q, k, v, scale, chunk)
+            mask = None  # matmul_attention's own causal mask
+        elif not _is_boolean(mask):
+            return None
+        if self._unfused(x, n, keys):
+            return lambda q, k, v: matmul_attention(q, k, v, scale, mask)
+        return None
 
     def _unfused(self, x: mx.array, n: int, keys: int) -> bool:
         """Whether this call takes matmul attention: half precision, 2 to UNFUSED_BELOW - 1
@@ -183,8 +215,67 @@ class ChunkedAttention(PassThrough):
         return a.o_proj(out)
 
 
+class SharedKVAttention(ChunkedAttention):
+    """Gemma-4's attention layer (mlx-lm gemma4_text) with `ChunkedAttention`'s kernels: a
+    layer with its own keys (a sliding window's `RotatingKVCache`, a global layer's `KVCache`,
+    or their batched kinds) or one reading an earlier layer's (`shared_kv`, no cache).
+
+    Every call it takes attends as the model's own would: over the keys and values the cache's
+    update returns (a wrapped window's in temporal order, the queries' own last), under the
+    mask the model made for this layer's kind. A "causal" mark means every row sees every
+    earlier key, so verify rows split as in `ChunkedAttention`; a window's or a batch's
+    boolean mask goes to matmul attention as it is (half precision only; elsewhere MLX's
+    own call stays), never split, since its rows see different keys."""
+
+    def __call__(
+        self,
+        x: mx.array,
+        mask: Any = None,
+        cache: Any = None,
+        shared_kv: tuple | None = None,
+        offset: Any = None,
+    ) -> tuple[mx.array, tuple, Any]:
+        a = self.attention
+        attend = None
+        if shared_kv is not None and cache is None:
+            attend = self._kernel(x, mask, shared_kv[0].shape[2])
+        elif shared_kv is None and a.has_kv and _windowed(cache):
+            keys = mask.shape[-1] if _is_boolean(mask) else cache.size() + x.shape[1]
+            attend = self._kernel(x, mask, keys)
+        if attend is None:
+            return a(x, mask, cache, shared_kv=shared_kv, offset=offset)
+        q = a.q_norm(a.q_proj(x).reshape(*x.shape[:2], self.heads, -1)).transpose(0, 2, 1, 3)
+        if shared_kv is None:
+            offset = mx.array(cache.offset)  # the positions of x's rows (a batch: per row)
+            keys, values = cache.update_and_fetch(*self._own_kv(x, offset))
+        else:
+            keys, values = shared_kv  # the earlier layer's, already holding x's rows
+        out = attend(a.rope(q, offset=offset), keys, values)
+        out = a.o_proj(out.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1))
+        return out, (keys, values), offset
+
+    def _own_kv(self, x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array]:
+        """x's keys (normed, rotated) and values (normed by the scale-free norm; the keys'
+        projection where the layer has k = v), [B, Hkv, L, D] each."""
+        a = self.attention
+        b, n, _ = x.shape
+        k = a.k_proj(x).reshape(b, n, self.kv_heads, -1)
+        v = k if a.use_k_eq_v else a.v_proj(x).reshape(b, n, self.kv_heads, -1)
+        k = a.rope(a.k_norm(k).transpose(0, 2, 1, 3), offset=offset)
+        return k, a.v_norm(v).transpose(0, 2, 1, 3)
+
+
+def _windowed(cache: Any) -> bool:
+    """Whether `cache` is one `SharedKVAttention` computes around."""
+    return isinstance(cache, WINDOWED_CACHES) and not hasattr(cache, "bits")
+
+
 def _is_causal(mask: Any) -> bool:
     return isinstance(mask, str) and mask == "causal"
+
+
+def _is_boolean(mask: Any) -> bool:
+    return isinstance(mask, mx.array) and mask.dtype == mx.bool_
 
 
 def _layout(attention: nn.Module) -> tuple[str, str]:
@@ -195,6 +286,8 @@ def _layout(attention: nn.Module) -> tuple[str, str]:
 def fits(attention: nn.Module) -> bool:
     """Whether `attention` has an mlx-lm layout `ChunkedAttention` re-states."""
     layout = _layout(attention)
+    if layout == SHARED_KV:
+        return _fits_shared_kv(attention)
     if layout == GATED:
         if "q_norm" not in attention:
             return False
@@ -209,6 +302,21 @@ def fits(attention: nn.Module) -> bool:
     if ("q_norm" in attention) != ("k_norm" in attention):
         return False
     return all(hasattr(attention, a) for a in (*HEADS.get(layout, PLAIN_HEADS), "scale"))
+
+
+def _fits_shared_kv(attention: nn.Module) -> bool:
+    """Whether a gemma4_text attention has what `SharedKVAttention` reads: a layer with its
+    own keys has k/v projections (no v one where k = v) and norms, a KV-shared one none."""
+    has_kv = getattr(attention, "has_kv", None)
+    k_eq_v = getattr(attention, "use_k_eq_v", None)
+    if not isinstance(has_kv, bool) or not isinstance(k_eq_v, bool):
+        return False
+    parts = ["q_proj", "o_proj", "q_norm", "rope"]
+    if has_kv:
+        parts += ["k_proj", "k_norm", "v_norm"] + ([] if k_eq_v else ["v_proj"])
+    if not all(name in attention for name in parts):
+        return False
+    return all(hasattr(attention, a) for a in (*PLAIN_HEADS, "scale"))
 
 
 def install(
@@ -233,7 +341,8 @@ def install(
     originals = []
     for layer in layers:
         originals.append(layer[attr])
-        layer[attr] = ChunkedAttention(layer[attr], dtype in HALF, unfused=dtype in HALF)
+        wrapper = SharedKVAttention if _layout(layer[attr]) == SHARED_KV else ChunkedAttention
+        layer[attr] = wrapper(layer[attr], dtype in HALF, unfused=dtype in HALF)
     limit = PROBE_TOLERANCE.get(dtype, HALF_PROBE_TOLERANCE) * mx.abs(reference).max().item()
     try:
         got, _ = _probe(model, make_cache)
@@ -249,12 +358,25 @@ def install(
 def _probe(model: nn.Module, make_cache: Callable[[], list]) -> tuple[mx.array, mx.Dtype]:
     """Logits (as float32, and their own dtype) of an 8-row verify after a 4-token prefill
     (chunks of 3, 3 and 2 rows in float32, 8 single rows in half precision), then of a 20-row
-    forward (matmul attention in half precision)."""
+    forward (matmul attention in half precision). With sliding windows, the forwards then go
+    on past the longest window (in chunks of PROBE_FILL rows), and one row, another 8-row
+    verify and 20-row forward follow over the wrapped windows, whose masks are bands."""
     cache = make_cache()
-    model(mx.array([[1, 2, 3, 4]], dtype=mx.uint32), cache=cache)
-    verify = model(mx.array([list(range(5, 13))], dtype=mx.uint32), cache=cache)
-    wide = model(mx.array([list(range(13, 33))], dtype=mx.uint32), cache=cache)
-    logits = mx.concatenate([verify, wide], axis=1)
+    window = max((c.max_size for c in cache if isinstance(c, RotatingKVCache)), default=0)
+    feeds = [(4, False), (8, True), (20, True)]
+    if window:
+        fill = max(0, window - 32)
+        feeds += [(min(PROBE_FILL, fill - i), False) for i in range(0, fill, PROBE_FILL)]
+        feeds += [(1, True), (8, True), (20, True)]
+    logits, done = [], 0
+    for rows, compared in feeds:
+        ids = [1 + (done + i) % 32 for i in range(rows)]  # 1..32, as in any vocabulary
+        out = model(mx.array([ids], dtype=mx.uint32), cache=cache)
+        mx.eval(out if compared else [c.state for c in cache])
+        if compared:
+            logits.append(out)
+        done += rows
+    logits = mx.concatenate(logits, axis=1)
     as_f32 = logits.astype(mx.float32)
     mx.eval(as_f32)
     return as_f32, logits.dtype
