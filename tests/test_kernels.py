@@ -102,7 +102,6 @@ def test_load_warms_only_on_a_cuda_gpu_and_output_is_unchanged():
     assert after.tokens == before.tokens == plain.generate(prompt, max_tokens=12).tokens
 
 
-
 class _Toy(nn.Module):
     """A tied embedding and two linears: 64-wide inputs are one group of 64, 128-wide two."""
 

@@ -74,3 +74,23 @@ def test_bad_kv_bits_are_refused(qwen3_target):
         outrider.load(str(qwen3_target), mode="baseline", kv_bits=3)
     with pytest.raises(UnsupportedTargetError, match="head dimension divisible by 64"):
         outrider.load(str(qwen3_target), mode="baseline", kv_bits=8)  # head dim 16
+
+
+def test_a_device_that_cannot_attend_over_a_quantized_cache_refuses_kv_bits(
+    wide_heads, monkeypatch
+):
+    """Where MLX has no kernel for the quantized attention (MLX 0.32's CUDA backend at some
+    key counts), --kv-bits is refused at load with one line naming MLX's error, not in the
+    middle of a generation."""
+    target, _ = wide_heads
+
+    def no_kernel(*args, **kwargs):
+        raise RuntimeError("[quantized_matmul] No implementation for problem shape: 3x3x64x2")
+
+    monkeypatch.setattr(mx, "quantized_matmul", no_kernel)  # what mlx-lm's attention calls
+    with pytest.raises(UnsupportedTargetError) as refused:
+        outrider.load(str(target), mode="baseline", kv_bits=4)
+    assert "No implementation for problem shape" in str(refused.value)
+    assert "run without --kv-bits" in str(refused.value)
+    monkeypatch.undo()
+    assert outrider.load(str(target), mode="baseline", kv_bits=4).target.kv_bits == 4

@@ -160,7 +160,25 @@ class Target:
                     f"--kv-bits needs a head dimension divisible by {KV_GROUP_SIZE} (mlx-lm's "
                     f"quantization group); this model's is {head_dim}"
                 )
+            self._try_quantized_kv(bits)
         self.kv_bits = bits
+
+    def _try_quantized_kv(self, bits: int) -> None:
+        """Run a 3-row and a 2-row forward over a fresh quantized cache, and refuse --kv-bits
+        with one line where MLX cannot: MLX 0.32's CUDA backend raised "No implementation for
+        problem shape" in mlx-lm's quantized attention for key counts it has no kernel for
+        (float32 activations, 51 keys; the H200's test-suite run, docs/testing-on-gpu.md)."""
+        cache = [quantized_kv(c, bits) for c in self.family.make_cache(self.model)]
+        try:
+            with mx.stream(self.stream):
+                for ids in ([1, 2, 3], [4, 5]):
+                    mx.eval(self.model(mx.array([ids], dtype=mx.uint32), cache=cache))
+        except (RuntimeError, ValueError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UnsupportedTargetError(
+                f"--kv-bits {bits}: MLX cannot run attention over a quantized cache on this "
+                f"device ({first}); run without --kv-bits"
+            ) from None
 
     @property
     def head_dim(self) -> int | None:

@@ -1,0 +1,109 @@
+"""MLX's primitives on this device against MLX's CPU backend, at the shapes of the test suite's
+tiny models (head dim 16 and 64, a few query rows, 64-wide quantized layers).
+
+A wrong kernel shows as a relative error near 1 (or a raise); float32 agrees to ~1e-7 with
+MLX_ENABLE_TF32=0 and to ~1e-3 without it on CUDA, bfloat16 to a few 1e-3. Each line is printed
+as it is measured: the first call of each shape can compile a kernel (a minute for a quantized
+one on the H200), so --seconds bounds the run.
+
+    MLX_ENABLE_TF32=0 python3 benchmarks/mlx_cuda_primitives.py --seconds 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+
+import mlx.core as mx
+import numpy as np
+
+
+def on_cpu(x: mx.array) -> mx.array:
+    """A copy of `x` made on the host (bfloat16 through float32: numpy has no bfloat16)."""
+    if x.dtype == mx.bfloat16:
+        return mx.array(np.array(x.astype(mx.float32))).astype(mx.bfloat16)
+    return mx.array(np.array(x))
+
+
+def relative_error(got: mx.array, want: mx.array) -> str:
+    a, b = (np.array(x.astype(mx.float32)) for x in (got, want))
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return f"non-finite (device {not np.isfinite(a).all()}, cpu {not np.isfinite(b).all()})"
+    return f"{np.abs(a - b).max() / max(np.abs(b).max(), 1e-6):.3g}"
+
+
+def checks() -> list[tuple[str, Callable, tuple]]:
+    """(name, function, inputs) for every case."""
+    sdpa = mx.fast.scaled_dot_product_attention
+    out = [
+        (f"hadamard float32 n{n}", mx.hadamard_transform, (mx.random.normal((3, n)),))
+        for n in (16, 64)
+    ]
+    for d in (16, 64):
+        for dtype in (mx.float32, mx.bfloat16):
+            for rows, keys in ((1, 9), (2, 9), (5, 12), (8, 15)):
+                k = mx.random.split(mx.random.key(d + rows), 3)
+                q = mx.random.normal((1, 4, rows, d), key=k[0]).astype(dtype)
+                kv = [mx.random.normal((1, 2, keys, d), key=x).astype(dtype) for x in k[1:]]
+                band = mx.random.uniform(shape=(1, 1, rows, keys), key=k[0]) > 0.3
+                band = band | (mx.arange(keys) == 0)
+                additive = mx.where(band, 0.0, -1e9).astype(dtype)
+                name = f"sdpa D{d} {dtype} rows {rows} keys {keys}"
+                for label, mask in (("none", None), ("causal", "causal")):
+                    out.append((f"{name} {label}", _sdpa(sdpa, d, mask), (q, *kv)))
+                for label, mask in (("bool", band), ("additive", additive)):
+                    out.append((f"{name} {label}", _sdpa_masked(sdpa, d), (q, *kv, mask)))
+    w = mx.random.normal((64, 64))
+    for group in (64, 32):
+        packed, scales, biases = mx.quantize(w, group_size=group, bits=4)
+        for dtype in (mx.float32, mx.bfloat16):
+            for rows in (1, 2, 8):
+                x = mx.random.normal((rows, 64)).astype(dtype)
+                args = (x, packed, scales.astype(dtype), biases.astype(dtype))
+                name = f"quantized_matmul 64x64 group {group} {dtype} rows {rows}"
+                out.append((name, _qmm(group), args))
+    return out
+
+
+def _sdpa(sdpa: Callable, d: int, mask) -> Callable:
+    return lambda q, k, v: sdpa(q, k, v, scale=d**-0.5, mask=mask)
+
+
+def _sdpa_masked(sdpa: Callable, d: int) -> Callable:
+    return lambda q, k, v, m: sdpa(q, k, v, scale=d**-0.5, mask=m)
+
+
+def _qmm(group: int) -> Callable:
+    return lambda x, w, s, b: mx.quantized_matmul(
+        x, w, s, b, transpose=True, group_size=group, bits=4
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=150, help="stop starting cases after")
+    args = parser.parse_args()
+    tf32 = os.environ.get("MLX_ENABLE_TF32", "1 (default)")
+    print(f"mlx {mx.__version__} on {mx.default_device()}, MLX_ENABLE_TF32={tf32}", flush=True)
+    stop = time.time() + args.seconds
+    for name, fn, inputs in checks():
+        if time.time() > stop:
+            print("(time is up: the remaining cases were not run)")
+            break
+        start = time.time()
+        try:
+            got = fn(*inputs)
+            mx.eval(got)
+        except Exception as e:  # a shape the backend has no kernel for
+            print(f"{name}: raises {str(e)[:200]}", flush=True)
+            continue
+        with mx.stream(mx.cpu):
+            want = fn(*(on_cpu(x) for x in inputs))
+            mx.eval(want)
+        print(f"{name}: {relative_error(got, want)} ({time.time() - start:.1f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
