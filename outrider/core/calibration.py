@@ -53,8 +53,8 @@ PAD_PROBE_WIDTH = 8  # on a GPU, inline calibrations of a padding target measure
 # 2: pipelined plain steps measured (`plain_ms`); 3: the drafter timed at one draft and at its
 # full cap (`draft_ms`, `draft_ms_per_token`); 4: half-precision targets on CUDA verify with
 # rerouted attention (plugins/targets/verify_attention.py), so curves measured on MLX's own
-# path no longer describe them
-VERSION = 4
+# path no longer describe them; 5: Gemma-4's too (the same file's SharedKVAttention)
+VERSION = 5
 
 
 @dataclass
