@@ -35,12 +35,27 @@ def relative_error(got: mx.array, want: mx.array) -> str:
 
 
 def checks() -> list[tuple[str, Callable, tuple]]:
-    """(name, function, inputs) for every case."""
-    sdpa = mx.fast.scaled_dot_product_attention
+    """(name, function, inputs) for every case: the ones in doubt first (the quantized products
+    compile slowly), attention last (it agreed on the H200)."""
     out = [
         (f"hadamard float32 n{n}", mx.hadamard_transform, (mx.random.normal((3, n)),))
-        for n in (16, 64)
+        for n in (16, 64, 512, 8192)  # 512 to 8192: the Hadamard packs' rotation blocks
     ]
+    w = mx.random.normal((64, 64))
+    for group in (64, 32):
+        packed, scales, biases = mx.quantize(w, group_size=group, bits=4)
+        for dtype in (mx.float32, mx.bfloat16):
+            for rows in (1, 2, 8):
+                x = mx.random.normal((rows, 64)).astype(dtype)
+                args = (x, packed, scales.astype(dtype), biases.astype(dtype))
+                name = f"quantized_matmul 64x64 group {group} {dtype} rows {rows}"
+                out.append((name, _qmm(group), args))
+    packed, scales, biases = mx.quantize(mx.random.normal((512, 128)), group_size=128, bits=2)
+    for rows in (1, 2, 8):  # the Hadamard packs' 2-bit products, groups of 128
+        x = mx.random.normal((rows, 128))
+        name = f"quantized_matmul 512x128 2-bit group 128 float32 rows {rows}"
+        out.append((name, _qmm(128, bits=2), (x, packed, scales, biases)))
+    sdpa = mx.fast.scaled_dot_product_attention
     for d in (16, 64):
         for dtype in (mx.float32, mx.bfloat16):
             for rows, keys in ((1, 9), (2, 9), (5, 12), (8, 15)):
@@ -55,15 +70,6 @@ def checks() -> list[tuple[str, Callable, tuple]]:
                     out.append((f"{name} {label}", _sdpa(sdpa, d, mask), (q, *kv)))
                 for label, mask in (("bool", band), ("additive", additive)):
                     out.append((f"{name} {label}", _sdpa_masked(sdpa, d), (q, *kv, mask)))
-    w = mx.random.normal((64, 64))
-    for group in (64, 32):
-        packed, scales, biases = mx.quantize(w, group_size=group, bits=4)
-        for dtype in (mx.float32, mx.bfloat16):
-            for rows in (1, 2, 8):
-                x = mx.random.normal((rows, 64)).astype(dtype)
-                args = (x, packed, scales.astype(dtype), biases.astype(dtype))
-                name = f"quantized_matmul 64x64 group {group} {dtype} rows {rows}"
-                out.append((name, _qmm(group), args))
     return out
 
 
@@ -75,9 +81,9 @@ def _sdpa_masked(sdpa: Callable, d: int) -> Callable:
     return lambda q, k, v, m: sdpa(q, k, v, scale=d**-0.5, mask=m)
 
 
-def _qmm(group: int) -> Callable:
+def _qmm(group: int, bits: int = 4) -> Callable:
     return lambda x, w, s, b: mx.quantized_matmul(
-        x, w, s, b, transpose=True, group_size=group, bits=4
+        x, w, s, b, transpose=True, group_size=group, bits=bits
     )
 
 
