@@ -14,7 +14,7 @@ from . import __version__
 from .cli_common import cache_root, plugins
 from .cli_common import console as _console
 from .cli_common import print_json as _print_json
-from .core.device import split_attention
+from .core.device import split_attention, tf32_matmuls
 from .core.errors import OutriderError
 
 Opt = typer.Option
@@ -88,6 +88,11 @@ def doctor_report() -> dict:
     except OutriderError as e:
         report["attention"] = None
         problems.append(str(e))
+    # MLX's CUDA backend (and Apple's M5) multiply float32 in TF32 unless told not to: greedy
+    # float32 output may then part from a one-row run at near-ties (docs/benchmarks.md)
+    report["float32_matmuls"] = (
+        "tf32 (MLX_ENABLE_TF32=0: full float32)" if tf32_matmuls() else "float32"
+    )
     report["cpu_blas"] = _blas_report()
     report["hf_cache"] = _place(Path(constants.HF_HUB_CACHE))
     report["lmstudio_dirs"] = [_place(p) for p in lmstudio_roots()]

@@ -60,6 +60,16 @@ def test_doctor():
     assert text.exit_code == 0 and "mlx version" in text.stdout
 
 
+def test_doctor_says_whether_float32_products_run_in_tf32(monkeypatch):
+    from outrider.core import device
+
+    monkeypatch.setattr(device, "on_cuda_gpu", lambda: True)
+    monkeypatch.setenv("MLX_ENABLE_TF32", "1")
+    assert json.loads(invoke("doctor", "--json").stdout)["float32_matmuls"].startswith("tf32")
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    assert json.loads(invoke("doctor", "--json").stdout)["float32_matmuls"] == "float32"
+
+
 def test_models_shows_the_cap_that_runs():
     table = invoke("models", "--json")
     demo = next(r for r in json.loads(table.stdout)["pairs"] if r["id"] == "outrider-demo")
