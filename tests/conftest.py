@@ -126,6 +126,11 @@ def toy_train_config(toy: dict, out, **overrides):
     return config(toy["target"], toy["prompts"], out, **overrides)
 
 
+def decoder_layers(target) -> list:
+    """A loaded target's decoder layers, looking through any tap wrapper in front of one."""
+    return [getattr(x, "layer", x) for x in target.family.layers(target.model)]
+
+
 def fp32_close(a: mx.array, b: mx.array, atol: float, rtol: float = 0.0) -> bool:
     """`allclose` for float32 results of two computation orders. Where float32 matmuls run in
     TF32 (a 10-bit mantissa: MLX's CUDA backend, unless MLX_ENABLE_TF32=0) two orders agree to

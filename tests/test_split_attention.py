@@ -10,7 +10,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import PROMPTS, fp32_close, plain_greedy
+from conftest import PROMPTS, decoder_layers, fp32_close, plain_greedy
 
 import outrider
 from outrider.core.device import ATTENTION_ENV, split_attention
@@ -21,8 +21,7 @@ from outrider.testing import cast_model
 
 
 def attentions(pipe) -> list[nn.Module]:
-    layers = pipe.target.family.layers(pipe.target.model)
-    return [getattr(layer, "layer", layer).self_attn for layer in layers]
+    return [layer.self_attn for layer in decoder_layers(pipe.target)]
 
 
 @pytest.mark.parametrize("rows", [2, 3, 4, 5, 8, 12])
@@ -95,7 +94,7 @@ def test_split_verify_logits_match_the_models_own(monkeypatch, qwen3_target, dty
     monkeypatch.setenv(ATTENTION_ENV, "split")
     target = outrider.load(str(qwen3_target), mode="baseline").target
     cast_model(target.model, dtype)  # bfloat16 rows go one per kernel call
-    layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
+    layers = decoder_layers(target)
     prompt = target.tokenizer.encode(PROMPTS[1])
     for rows in (2, 5, 9, 16, 17):  # 17 rows is past MAX_ROWS: MLX's own attention
         ids = mx.array(list(range(3, 3 + rows)), dtype=mx.uint32)
@@ -229,7 +228,7 @@ def half_target(monkeypatch, qwen3_target):
     `matmul_attention` call (the query length, or the mask's shape where one is given)."""
     target = outrider.load(str(qwen3_target), mode="baseline").target
     cast_model(target.model, mx.bfloat16)
-    layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
+    layers = decoder_layers(target)
     calls = []
     matmul = verify_attention.matmul_attention
 
@@ -304,7 +303,7 @@ def hybrid_target(request, tmp_path_factory):
 
 def attention_layers(target, attr: str) -> list:
     """The decoder layers whose `attr` is an attention module (wrapped or not)."""
-    layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
+    layers = decoder_layers(target)
     return [
         layer
         for layer in layers
@@ -326,7 +325,7 @@ def test_a_hybrids_attention_layers_are_split_and_stay_lossless(
     pipes = [outrider.load(str(path), str(dspark), mode="dspark")]
     pipes.append(outrider.load(str(path), mode="lookup", target=pipes[0].target))
     target = pipes[0].target
-    layers = [getattr(x, "layer", x) for x in target.family.layers(target.model)]
+    layers = decoder_layers(target)
     wrapped = [layer for layer in layers if isinstance(layer.get(attr), ChunkedAttention)]
     assert wrapped and len(wrapped) < len(layers)
     assert wrapped == attention_layers(target, attr)

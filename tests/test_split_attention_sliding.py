@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import PROMPTS, fp32_close, plain_greedy
+from conftest import PROMPTS, decoder_layers, fp32_close, plain_greedy
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import QuantizedKVCache
 
@@ -44,10 +44,6 @@ def gemma4_path(request, tmp_path_factory):
         family="gemma4_text",
         **MODELS[request.param],
     )
-
-
-def decoder_layers(target) -> list:
-    return [getattr(x, "layer", x) for x in target.family.layers(target.model)]
 
 
 def rewrap(target, dtype: mx.Dtype) -> list:

@@ -150,7 +150,8 @@ class Target:
         if bits not in (None, 4, 8):
             raise OutriderError(f"--kv-bits must be 8 or 4, got {bits}")
         if bits:
-            if not any(type(c) is KVCache for c in self.family.make_cache(self.model)):
+            cache = self.family.make_cache(self.model)
+            if not any(type(c) is KVCache for c in cache):
                 raise UnsupportedTargetError(
                     f"--kv-bits: {self.name or 'this model'} has no plain KV cache to quantize"
                 )
@@ -160,15 +161,14 @@ class Target:
                     f"--kv-bits needs a head dimension divisible by {KV_GROUP_SIZE} (mlx-lm's "
                     f"quantization group); this model's is {head_dim}"
                 )
-            self._try_quantized_kv(bits)
+            self._try_quantized_kv(bits, [quantized_kv(c, bits) for c in cache])
         self.kv_bits = bits
 
-    def _try_quantized_kv(self, bits: int) -> None:
-        """Run a 3-row and a 2-row forward over a fresh quantized cache, and refuse --kv-bits
+    def _try_quantized_kv(self, bits: int, cache: list) -> None:
+        """Run a 3-row and a 2-row forward over a fresh quantized `cache`, and refuse --kv-bits
         with one line where MLX cannot: MLX 0.32's CUDA backend raised "No implementation for
         problem shape" in mlx-lm's quantized attention for key counts it has no kernel for
         (float32 activations, 51 keys; the H200's test-suite run, docs/testing-on-gpu.md)."""
-        cache = [quantized_kv(c, bits) for c in self.family.make_cache(self.model)]
         try:
             with mx.stream(self.stream):
                 for ids in ([1, 2, 3], [4, 5]):
