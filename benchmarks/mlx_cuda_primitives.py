@@ -37,7 +37,25 @@ def relative_error(got: mx.array, want: mx.array) -> str:
 def checks() -> list[tuple[str, Callable, tuple]]:
     """(name, function, inputs) for every case: the ones in doubt first (the quantized products
     compile slowly), attention last (it agreed on the H200)."""
-    out = [
+    out = []
+    for bits in (8, 4):  # mlx-lm's attention over a quantized KV cache: q @ keys^T, batched
+        keys = mx.random.normal((1, 2, 3, 64))
+        packed, scales, biases = mx.quantize(keys, group_size=64, bits=bits)
+        for dtype in (mx.float32, mx.bfloat16):
+            q = mx.random.normal((1, 2, 3, 64)).astype(dtype)
+            args = (q, packed, scales.astype(dtype), biases.astype(dtype))
+            name = f"quantized attention scores 3x3x64x2 {bits}-bit {dtype}"
+            out.append((name, _qmm(64, bits), args))
+    for n_in, n_out in ((128, 512), (512, 128)):  # the Hadamard packs' MLP: float16 scales
+        w = mx.random.normal((n_out, n_in))
+        packed, scales, biases = mx.quantize(w, group_size=128, bits=2)
+        for dtype in (mx.float32, mx.float16):
+            for rows in (2, 8, 51):
+                x = mx.random.normal((1, rows, n_in)).astype(dtype)
+                args = (x, packed, scales.astype(mx.float16), biases.astype(mx.float16))
+                name = f"quantized_matmul {n_out}x{n_in} 2-bit float16 scales {dtype} rows {rows}"
+                out.append((name, _qmm(128, bits=2), args))
+    out += [
         (f"hadamard float32 n{n}", mx.hadamard_transform, (mx.random.normal((3, n)),))
         for n in (16, 64, 512, 8192)  # 512 to 8192: the Hadamard packs' rotation blocks
     ]

@@ -299,7 +299,11 @@ def test_quantized_kv_is_not_batched_on_sliding_targets(tmp_path):
     """`--kv-bits` keeps one row at a time (the server's `--max-batch` then serves requests in
     turn); merging quantized caches anyway is refused by name."""
     path = make_tiny_target(tmp_path / "g4", family="gemma4_text", head_dim=64, global_head_dim=64)
-    pipe = outrider.load(str(path), mode="baseline", kv_bits=8)
+    try:
+        pipe = outrider.load(str(path), mode="baseline", kv_bits=8)
+    except UnsupportedTargetError as e:  # refused at load: MLX 0.32 on CUDA (test_kv_bits.py)
+        assert "MLX cannot run attention over a quantized cache" in str(e)
+        pytest.skip("MLX on this device cannot attend over a float32 quantized cache")
     assert not pipe.target.batches
     assert pipe.generate([1, 2, 3], max_tokens=4).tokens  # one row at a time still serves
     with pytest.raises(UnsupportedTargetError, match="one row at a time"):

@@ -11,11 +11,12 @@ from collections import Counter
 
 import mlx.core as mx
 import pytest
-from conftest import fp32_close, plain_greedy
+from conftest import fp32_close, plain_greedy, same_bits
 from mlx_lm.models.cache import trim_prompt_cache
 
 import outrider
 from outrider.core.acceptance import accept_greedy
+from outrider.core.device import on_cuda_gpu
 from outrider.core.errors import OutriderError
 from outrider.core.plugins import Plugins
 from outrider.core.sampling import greedy
@@ -41,7 +42,12 @@ _BUILT: dict = {}
 
 
 def built(models_dir, family: str):
-    """(target path, dspark drafter path), built once per session."""
+    """(target path, dspark drafter path), built once per session. The tiny Hadamard pack is
+    skipped on a CUDA GPU: it computes in float32 (real packs in float16), and MLX 0.32 there
+    cannot launch a 2-bit product of float32 activations over more than 8 rows, which a prompt
+    needs ("cuGraphAddKernelNode ... invalid argument"; float16 runs: docs/testing-on-gpu.md)."""
+    if family == "prism_hadamard_qwen35" and on_cuda_gpu():
+        pytest.skip("MLX 0.32 on CUDA: no launch for 2-bit float32 products over 8 rows")
     if family not in _BUILT:
         target = make_tiny_target(models_dir / f"fam-{family}", family=family)
         drafter = make_tiny_drafter(
@@ -129,7 +135,9 @@ def test_rollback_is_bit_exact(models_dir, family):
         assert getattr(ours, "offset", None) == getattr(same, "offset", None)
         for got, want, alt in zip(cache_tensors(ours), cache_tensors(same), cache_tensors(one)):
             assert got.shape == want.shape
-            assert mx.array_equal(got, want).item(), f"{type(ours).__name__} differs"
+            assert same_bits(got, want), (
+                f"{type(ours).__name__} differs by {mx.abs(got - want).max()}"
+            )
             # one long forward sums in another order (chunked attention, matmul tiling): the
             # same values up to fp32 rounding; a rotating cache keeps only the window's tail
             alt = alt[..., -got.shape[-2] :, :] if is_rotating(ours) else alt
@@ -143,7 +151,7 @@ def test_rollback_is_bit_exact(models_dir, family):
         assert any(
             getattr(n, "offset", 0) != getattr(f, "offset", 0)
             or any(
-                a.shape != b.shape or not mx.array_equal(a, b).item()
+                a.shape != b.shape or not same_bits(a, b)
                 for a, b in zip(cache_tensors(n), cache_tensors(f))
             )
             for n, f in zip(naive, fresh)

@@ -117,14 +117,17 @@ class _Toy(nn.Module):
 def test_single_group_quantized_layers_run_dense_on_a_cuda_gpu(monkeypatch):
     """Layers whose weight rows are one quantization group (a toy model's 64-wide inputs at
     group 64) are dequantized on a CUDA GPU, where MLX's kernel for them computed wrong values;
-    wider ones stay quantized, and the output is the quantized layers' own."""
+    wider ones stay quantized, and the output is the quantized layers' own as MLX's CPU backend
+    computes them."""
     from outrider.core import device
 
     mx.random.seed(0)
     model = _Toy()
     nn.quantize(model, group_size=64, bits=4)
     ids = mx.array([[1, 5, 9, 30]])
-    want = model(ids)
+    with mx.stream(mx.cpu):  # the reference: MLX's CPU kernels, right at every shape
+        want = model(ids)
+        mx.eval(want)
     ran = device.dense_single_groups(model)
     if not on_cuda_gpu():
         assert ran == 0  # MLX's own products are right here: nothing changes

@@ -109,8 +109,9 @@ def test_quantised_and_full_precision_drafters_are_both_lossless(qwen3_target, t
 
     from outrider.testing import make_tiny_drafter
 
-    # rank 64: the Markov tables are quantisable, so the test sees which ones are quantised
-    drafter = make_tiny_drafter(tmp_path / "d", qwen3_target, "dspark", markov_rank=64)
+    # rank 128: the Markov tables are quantisable (two groups wide, so on a CUDA GPU too:
+    # core/device.py), and the test sees which ones are quantised
+    drafter = make_tiny_drafter(tmp_path / "d", qwen3_target, "dspark", markov_rank=128)
     for bits in (16, 8, 4):
         pipe = outrider.load(str(qwen3_target), str(drafter), mode="dspark", drafter_bits=bits)
         head = pipe.proposer.drafter.markov_head

@@ -52,7 +52,14 @@ def rewrap(target, dtype: mx.Dtype) -> list:
     layers = decoder_layers(target)
     unwrap(layers)
     cast_model(target.model, dtype)
-    assert verify_attention.install(target.model, layers, target.make_cache)
+    installed = verify_attention.install(target.model, layers, target.make_cache)
+    if not installed and mx.default_device() == mx.gpu:
+        # On the H200 the tiny bfloat16 Gemma-4's verify logits through matmul attention part
+        # from MLX's own by ~10% of the largest logit, and MLX's own from float32 as far: the
+        # probe keeps MLX's attention, every layer as it was (docs/testing-on-gpu.md).
+        assert not any(isinstance(layer.self_attn, ChunkedAttention) for layer in layers)
+        pytest.skip("the probe kept MLX's own attention for the tiny bfloat16 Gemma-4 here")
+    assert installed
     return layers
 
 

@@ -135,29 +135,35 @@ def make_dense(model: Any, dtype: mx.Dtype = mx.float32) -> None:
 
 
 def single_group(module: Any) -> bool:
-    """Whether `module` is a quantized linear or embedding layer whose weight rows are one
-    quantization group or less (input width at most the group size): a toy model's layers."""
-    return is_quantized(module) and module.weight.shape[-1] * 32 // module.bits <= module.group_size
+    """Whether `module` is a quantized linear or embedding layer whose products are
+    `one_group_wide` (a toy model's layers)."""
+    if not is_quantized(module):
+        return False
+    return one_group_wide(
+        module.weight.shape[-1] * 32 // module.bits, module.bits, module.group_size
+    )
 
 
 def dense_single_groups(model: Any) -> int:
-    """On a CUDA GPU, dequantize `model`'s single-group quantized layers in place; returns how
-    many.
+    """On a CUDA GPU, dequantize `model`'s `single_group` layers in place; returns how many.
 
-    MLX 0.32's CUDA backend sends a quantized product of two or more rows to its sm90 kernel
-    when a weight row is one group (input width at most the group size), and there it returned
-    wrong values on the H200: relative error ~1 against the CPU for a 64 x 64 4-bit matrix of
-    group 64 in float32, at 2 and at 8 rows, while one row was right
-    (docs/receipts/mlx_cuda_primitives_h200.txt). A tiny model's 64-wide layers then failed the
-    tapped forward's check. Real models' rows are hundreds of groups wide, and such a layer
-    dequantized costs a few kilobytes."""
+    MLX 0.32's CUDA backend sends a quantized product of two or more rows to its Hopper (sm90)
+    kernel when a weight row is one group of 4 or 8 bits, and there it returned wrong values on
+    the H200: relative error ~1 against the CPU for a 64 x 64 matrix of group 64 at 2 and 8
+    rows, float32 and bfloat16 alike, while one row was right
+    (docs/receipts/mlx_cuda_primitives_h200.txt). Splitting the group in two instead would be
+    exact, but MLX 0.32 has no CUDA kernel for groups of 32 at most output widths. Only toy
+    models have such layers (real rows are hundreds of groups wide), and one dequantized costs a
+    few kilobytes. Only MLX's own two classes are swapped: a subclass (a scaled embedding, a
+    soft-capped head) would lose what it adds, so drafters leave such layers unquantized on a
+    CUDA GPU instead (`drafter_weights.quantize`)."""
     from mlx.utils import tree_unflatten
 
     if not on_cuda_gpu():
         return 0
     swaps = []
     for name, m in model.named_modules():
-        if not single_group(m):
+        if type(m) not in (nn.QuantizedLinear, nn.QuantizedEmbedding) or not single_group(m):
             continue
         weight = mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits)
         if isinstance(m, nn.QuantizedEmbedding):
@@ -172,6 +178,13 @@ def dense_single_groups(model: Any) -> int:
         model.update_modules(tree_unflatten(swaps))
         mx.eval(model.parameters())
     return len(swaps)
+
+
+def one_group_wide(width: int, bits: int, group_size: int) -> bool:
+    """Whether a `bits`-bit product of input width `width` in groups of `group_size` is one MLX
+    0.32's CUDA backend sends to its Hopper kernel (`supports_qmm_sm90`: bits 4 or 8, width a
+    multiple of 64 and at most the group size), which computed wrong values on the H200."""
+    return bits in (4, 8) and width % 64 == 0 and width <= group_size
 
 
 def scales_dtype(model: Any) -> mx.Dtype | None:

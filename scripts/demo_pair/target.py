@@ -167,7 +167,10 @@ def make_target(args: argparse.Namespace, p: Preset, out: Path, work: Path):
     quantize_and_save(model, config, p, out / "target")
     from mlx_lm.utils import load
 
+    from outrider.core.device import dense_single_groups
+
     qmodel, _ = load(str(out / "target"))
+    dense_single_groups(qmodel)  # MLX's wrong CUDA kernel for one-group rows (core/device.py)
     quant_loss = val_loss(qmodel, valid_set, p)
     t = lap("quantise", t)
     log(f"target: {p.bits}-bit, val loss {quant_loss:.3f} ({folder_mb(out / 'target'):.2f} MB)")

@@ -13,7 +13,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ...core.device import dense_on_cpu, dense_single_groups, make_dense
+from ...core.device import (
+    dense_on_cpu,
+    dense_single_groups,
+    make_dense,
+    on_cuda_gpu,
+    one_group_wide,
+)
 from ...core.errors import CheckpointError
 
 
@@ -50,7 +56,8 @@ def quantize(
     keep: Callable[[str, nn.Module], bool] = lambda path, module: False,
 ) -> None:
     """Quantise the linear and embedding layers MLX can (width divisible by the group, more
-    than one row) to `bits` (16: leave as stored), except where `keep(path, module)`.
+    than one row) to `bits` (16: leave as stored), except where `keep(path, module)`, and on a
+    CUDA GPU layers one group wide, whose products MLX 0.32 computes wrongly there.
 
     On a CPU with an optimized BLAS the quantized values then run dequantized in float32
     (`core/device.py`'s `dense_on_cpu`), as the target's do: MLX's CPU quantized matmul costs
@@ -58,6 +65,7 @@ def quantize(
     if bits not in (4, 8, 16):
         raise ValueError(f"drafter bits must be 16, 8 or 4, got {bits}")
     if bits < 16:
+        cuda = on_cuda_gpu()  # layers one group wide stay as they are there (core/device.py)
         nn.quantize(
             model,
             group_size=group_size,
@@ -66,6 +74,7 @@ def quantize(
                 isinstance(m, (nn.Linear, nn.Embedding))
                 and m.weight.shape[-1] % group_size == 0
                 and m.weight.shape[0] > 1
+                and not (cuda and one_group_wide(m.weight.shape[-1], bits, group_size))
                 and not keep(path, m)
             ),
         )
