@@ -46,6 +46,19 @@ def checks() -> list[tuple[str, Callable, tuple]]:
             args = (q, packed, scales.astype(dtype), biases.astype(dtype))
             name = f"quantized attention scores 3x3x64x2 {bits}-bit {dtype}"
             out.append((name, _qmm(64, bits), args))
+    # the same with grouped-query heads, as mlx-lm's quantized attention runs it: two query heads
+    # share one KV head, whose keys and values broadcast over them (expand_dims), or repeated
+    keys, values = mx.random.normal((1, 1, 3, 64)), mx.random.normal((1, 1, 3, 64))
+    qk, qv = (mx.quantize(x, group_size=64, bits=8) for x in (keys, values))
+    for dtype in (mx.float32, mx.bfloat16):
+        q = mx.random.normal((1, 1, 2, 3, 64)).astype(dtype)
+        p = mx.softmax(mx.random.normal((1, 1, 2, 3, 3)), axis=-1).astype(dtype)
+        for how in ("broadcast", "repeated"):
+            kk, vv = ([_heads(a, how).astype(dtype) if a.dtype != mx.uint32 else _heads(a, how)
+                       for a in x] for x in (qk, qv))  # fmt: skip
+            name = f"quantized attention, 2 query heads a KV head ({how}) 8-bit {dtype}"
+            out.append((f"{name}: scores", _qmm(64, 8), (q, *kk)))
+            out.append((f"{name}: values", _qmm_plain(64, 8), (p, *vv)))
     for n_in, n_out in ((128, 512), (512, 128)):  # the Hadamard packs' MLP: float16 scales
         w = mx.random.normal((n_out, n_in))
         packed, scales, biases = mx.quantize(w, group_size=128, bits=2)
@@ -97,6 +110,19 @@ def _sdpa(sdpa: Callable, d: int, mask) -> Callable:
 
 def _sdpa_masked(sdpa: Callable, d: int) -> Callable:
     return lambda q, k, v, m: sdpa(q, k, v, scale=d**-0.5, mask=m)
+
+
+def _heads(a: mx.array, how: str) -> mx.array:
+    """One KV head's array `a` [1, 1, n, d] for two query heads: broadcast (a size-1 axis, as
+    mlx-lm's `expand_dims`) or repeated into its own memory."""
+    a = mx.expand_dims(a, -3)
+    return a if how == "broadcast" else mx.contiguous(mx.repeat(a, 2, axis=-3))
+
+
+def _qmm_plain(group: int, bits: int) -> Callable:
+    return lambda x, w, s, b: mx.quantized_matmul(
+        x, w, s, b, transpose=False, group_size=group, bits=bits
+    )
 
 
 def _qmm(group: int, bits: int = 4) -> Callable:
