@@ -128,3 +128,21 @@ def test_a_plain_step_costs_what_pipelined_decoding_measured():
     policy.accept = [0.5, 0.5]  # 1.75 tokens a 13 ms round against one per 6 ms: park
     assert policy.best(2) == 0
     assert AutoCap(2, calibration=Calibration({}, verify, draft_ms=2.0), context=100).best(2, 0.9)
+
+
+def test_the_key_names_the_attention_route_the_target_takes(qwen3_target, monkeypatch, tmp_path):
+    """A curve timed with outrider's split attention is not one of MLX's own attention: the key
+    names the route the loaded target's wrappers take, and neither loads the other's."""
+    from outrider.core.device import ATTENTION_ENV
+
+    monkeypatch.setenv(ATTENTION_ENV, "native")
+    native = outrider.load(str(qwen3_target), mode="lookup")
+    monkeypatch.setenv(ATTENTION_ENV, "split")  # the wrappers on the CPU too
+    split = outrider.load(str(qwen3_target), mode="lookup")
+    assert calibration.calibration_key(native)["routes"] == "native"
+    assert calibration.calibration_key(split)["routes"] == "split"
+    cal = calibration.measure(split, contexts=(16,), max_width=2, repeats=1)
+    assert cal.attention == "split"
+    calibration.save(cal, tmp_path)
+    assert calibration.load(split, tmp_path) == cal
+    assert calibration.load(native, tmp_path) is None

@@ -37,10 +37,10 @@ from typing import Any
 
 import mlx.core as mx
 
-from .device import split_attention
 from .paths import cache_root
 from .proposer import DraftContext
 from .sampling import SamplingParams
+from .wrapper import routes
 
 CONTEXTS = (128, 1024)  # context lengths the verify curve is measured at (capped by the window)
 MAX_WIDTH = 16
@@ -53,7 +53,10 @@ PAD_PROBE_WIDTH = 8  # on a GPU, inline calibrations of a padding target measure
 # 2: pipelined plain steps measured (`plain_ms`); 3: the drafter timed at one draft and at its
 # full cap (`draft_ms`, `draft_ms_per_token`); 4: half-precision targets on CUDA verify with
 # rerouted attention (plugins/targets/verify_attention.py), so curves measured on MLX's own
-# path no longer describe them; 5: Gemma-4's too (the same file's SharedKVAttention)
+# path no longer describe them; 5: Gemma-4's too (the same file's SharedKVAttention). Since 5
+# the key also names the routes the target's wrappers take (`core/wrapper.py`, `routes`), so a
+# family that newly reroutes, or a probe that declines where it accepted, measures again by
+# itself; the version moves when a route's own arithmetic changes.
 VERSION = 5
 
 
@@ -186,7 +189,8 @@ class Calibration:
 
 
 def calibration_key(pipe: Any) -> dict[str, str]:
-    """What a calibration is valid for: this device and MLX, this target, drafter and mode."""
+    """What a calibration is valid for: this device and MLX, this target, drafter and mode, and
+    the routes its forward takes (split attention where the probe kept it)."""
     return {
         "device": str(mx.default_device()),
         "device_name": _device_name(),
@@ -195,6 +199,7 @@ def calibration_key(pipe: Any) -> dict[str, str]:
         "drafter": str(pipe.drafter_ref or ""),
         "mode": str(pipe.mode),
         "kv_bits": str(getattr(pipe.target, "kv_bits", None) or ""),
+        "routes": routes(pipe.target.model),
     }
 
 
@@ -321,7 +326,7 @@ def measure(
         draft_ms=draft_ms,
         draft_ms_per_token=per_token,
         plain_ms=plain,
-        attention="split" if split_attention() else "native",
+        attention="split" if "split" in routes(target.model).split(",") else "native",
         seconds=round(time.perf_counter() - t_start, 3),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )

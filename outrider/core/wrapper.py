@@ -18,6 +18,9 @@ class PassThrough(nn.Module):
     wrapper lacks are read from that child."""
 
     wrapped = ""
+    # what the wrapper changes in how a forward computes ("" where it only observes, as taps
+    # do): measurements of the model's speed are kept per route (core/calibration.py)
+    route = ""
 
     def __getattr__(self, key: str) -> Any:
         try:
@@ -27,3 +30,10 @@ class PassThrough(nn.Module):
             if key == name or name not in self:
                 raise
             return getattr(self[name], key)
+
+
+def routes(model: nn.Module) -> str:
+    """The routes of the wrappers in front of `model`'s layers, sorted and comma-joined, or
+    "native" where none changes how the model computes."""
+    found = {type(m).route for _, m in model.named_modules() if isinstance(m, PassThrough)}
+    return ",".join(sorted(found - {""})) or "native"

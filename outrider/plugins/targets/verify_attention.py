@@ -146,6 +146,7 @@ class ChunkedAttention(PassThrough):
     calls run as plain matmuls."""
 
     wrapped = "attention"
+    route = "split"
 
     def __init__(self, attention: nn.Module, half: bool = False, unfused: bool = False) -> None:
         super().__init__()
