@@ -205,6 +205,33 @@ def test_tie_precision_is_tf32_for_float32_logits_on_a_cuda_gpu(monkeypatch):
     assert runner._mantissa_bits(mx.float32) == 23
 
 
+def test_tie_precision_is_tf32_on_an_apple_gpu_with_neural_accelerators(monkeypatch):
+    """MLX's Metal backend runs float32 products on the neural accelerators of an M5-class GPU
+    (generation 17 or later, 18 for phone parts) from macOS 26.2, at TF32-like precision."""
+    from outrider.benchmark import runner
+    from outrider.core import device
+
+    units = device.metal_matmul_units
+    assert units("applegpu_g17s", "26.2") and units("applegpu_g17g", "26.3.1")
+    assert not units("applegpu_g16s", "26.2")  # an M4: no accelerators
+    assert not units("applegpu_g17s", "26.1")  # too old a macOS for MLX to use them
+    assert not units("applegpu_g17p", "26.2") and units("applegpu_g18p", "27.0")
+    assert not units("", "26.2") and not units("applegpu_g17s", "")
+
+    monkeypatch.setenv("MLX_ENABLE_TF32", "1")
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(mx.metal, "is_available", lambda: True)
+    monkeypatch.setattr(mx, "device_info", lambda: {"architecture": "applegpu_g17s"})
+    monkeypatch.setattr(device.platform, "mac_ver", lambda: ("26.2", ("", "", ""), "arm64"))
+    assert runner._mantissa_bits(mx.float32) == 10
+    monkeypatch.setattr(mx, "device_info", lambda: {"architecture": "applegpu_g16s"})
+    assert runner._mantissa_bits(mx.float32) == 23  # an M4: full float32
+    monkeypatch.setattr(mx, "device_info", lambda: {"architecture": "applegpu_g17s"})
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")
+    assert runner._mantissa_bits(mx.float32) == 23
+
+
 def test_bad_benchmark_options_get_one_error_line(qwen3_target):
     for extra, message in (
         (["--suites", "poetry"], "unknown suite poetry"),

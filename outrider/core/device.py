@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 from collections import Counter
 from typing import Any
 
@@ -19,9 +20,29 @@ def on_cuda_gpu() -> bool:
 
 
 def tf32_matmuls() -> bool:
-    """True when float32 matrix products run in TF32 (a 10-bit mantissa): on a CUDA GPU, unless
-    MLX_ENABLE_TF32=0 (MLX's own switch, read once when MLX first multiplies)."""
-    return on_cuda_gpu() and os.environ.get("MLX_ENABLE_TF32", "1").strip() != "0"
+    """True when float32 matrix products run at reduced precision (TF32, a 10-bit mantissa): on
+    a CUDA GPU, and on an Apple GPU with neural accelerators (`metal_matmul_units`), unless
+    MLX_ENABLE_TF32=0 (MLX's own switch, read once when MLX first multiplies; MLX's
+    "Numerical Precision" page)."""
+    if os.environ.get("MLX_ENABLE_TF32", "1").strip() == "0":
+        return False
+    if on_cuda_gpu():
+        return True
+    if mx.default_device() != mx.gpu or not mx.metal.is_available():
+        return False
+    architecture = str(mx.device_info().get("architecture", ""))
+    return metal_matmul_units(architecture, platform.mac_ver()[0])
+
+
+def metal_matmul_units(architecture: str, macos: str) -> bool:
+    """Whether MLX's Metal backend runs float32 products on the GPU's neural accelerators, as
+    MLX 0.32's `is_nax_available` decides: macOS 26.2 or later, and a GPU generation (the two
+    digits before the architecture name's last letter, "applegpu_g17s": 17) of 17 or more, 18
+    for phone parts (last letter "p"). Apple's M5 is the first such Mac."""
+    release = tuple(int(x) for x in macos.split(".")[:2] if x.isdigit())
+    if len(architecture) < 3 or not architecture[-3:-1].isdigit() or release < (26, 2):
+        return False
+    return int(architecture[-3:-1]) >= (18 if architecture[-1] == "p" else 17)
 
 
 ATTENTION_ENV = "OUTRIDER_ATTENTION"
