@@ -58,7 +58,7 @@ def checks() -> list[tuple[str, Callable, tuple]]:
                        for a in x] for x in (qk, qv))  # fmt: skip
             name = f"quantized attention, 2 query heads a KV head ({how}) 8-bit {dtype}"
             out.append((f"{name}: scores", _qmm(64, 8), (q, *kk)))
-            out.append((f"{name}: values", _qmm_plain(64, 8), (p, *vv)))
+            out.append((f"{name}: values", _qmm(64, 8, transpose=False), (p, *vv)))
     for n_in, n_out in ((128, 512), (512, 128)):  # the Hadamard packs' MLP: float16 scales
         w = mx.random.normal((n_out, n_in))
         packed, scales, biases = mx.quantize(w, group_size=128, bits=2)
@@ -119,15 +119,9 @@ def _heads(a: mx.array, how: str) -> mx.array:
     return a if how == "broadcast" else mx.contiguous(mx.repeat(a, 2, axis=-3))
 
 
-def _qmm_plain(group: int, bits: int) -> Callable:
+def _qmm(group: int, bits: int = 4, transpose: bool = True) -> Callable:
     return lambda x, w, s, b: mx.quantized_matmul(
-        x, w, s, b, transpose=False, group_size=group, bits=bits
-    )
-
-
-def _qmm(group: int, bits: int = 4) -> Callable:
-    return lambda x, w, s, b: mx.quantized_matmul(
-        x, w, s, b, transpose=True, group_size=group, bits=bits
+        x, w, s, b, transpose=transpose, group_size=group, bits=bits
     )
 
 

@@ -158,6 +158,20 @@ def same_bits(a: mx.array, b: mx.array) -> bool:
     return a.shape == b.shape and mx.allclose(a, b, atol=1e-5 * scale, rtol=1e-4).item()
 
 
+def load_kv_bits(path, bits: int, **kwargs):
+    """`outrider.load(path, kv_bits=bits, ...)`, or None where this device refuses the flag at
+    load: MLX 0.32's CUDA backend has no kernel for mlx-lm's attention over a float32 quantized
+    cache (docs/testing-on-gpu.md). Any other error still raises."""
+    import outrider
+    from outrider.core.errors import UnsupportedTargetError
+
+    try:
+        return outrider.load(str(path), kv_bits=bits, **kwargs)
+    except UnsupportedTargetError as e:
+        assert "MLX cannot run attention over a quantized cache" in str(e)
+        return None
+
+
 def plain_greedy(model_path, prompt_ids: list[int], max_tokens: int) -> list[int]:
     """mlx-lm's own plain greedy generation (the reference every mode must equal).
 
@@ -184,8 +198,8 @@ def plain_greedy(model_path, prompt_ids: list[int], max_tokens: int) -> list[int
 
 def _load_plain(path: str):
     """mlx-lm's model, or for a multimodal checkpoint mlx-vlm's language model (ids -> logits).
-    A toy model's one-group quantized layers are split in two on a CUDA GPU, as outrider's loader
-    does: the same weights, without MLX's wrong kernel for them."""
+    A toy model's quantized layers one group wide are dequantized on a CUDA GPU, as outrider's
+    loader does: the same weights, without MLX's wrong kernel for them."""
     import json
     from pathlib import Path
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from conftest import PROMPTS, _load_plain, plain_greedy
+from conftest import PROMPTS, _load_plain, load_kv_bits, plain_greedy
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import QuantizedKVCache
 
@@ -45,22 +45,10 @@ def wide_heads(tmp_path_factory):
     return target, make_tiny_drafter(d / "dspark", target, "dspark", block_size=8)
 
 
-def device_attends_over_quantized_kv(target) -> bool:
-    """Whether MLX on this device runs attention over the tiny model's quantized cache: outrider
-    refuses --kv-bits at load where it cannot (MLX 0.32's CUDA backend has no kernel for it in
-    float32, docs/testing-on-gpu.md)."""
-    try:
-        outrider.load(str(target), mode="baseline", kv_bits=8)
-    except UnsupportedTargetError as e:
-        assert "MLX cannot run attention over a quantized cache" in str(e)
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def kv_heads(wide_heads):
     """`wide_heads`, where this device can attend over their quantized cache."""
-    if not device_attends_over_quantized_kv(wide_heads[0]):
+    if load_kv_bits(wide_heads[0], 8, mode="baseline") is None:
         pytest.skip("MLX on this device cannot attend over a float32 quantized cache")
     return wide_heads
 
@@ -113,8 +101,9 @@ def test_a_device_that_cannot_attend_over_a_quantized_cache_refuses_kv_bits(
     assert "No implementation for problem shape" in str(refused.value)
     assert "run without --kv-bits" in str(refused.value)
     monkeypatch.undo()
-    if device_attends_over_quantized_kv(target):  # MLX's own kernels: the flag is taken
-        assert outrider.load(str(target), mode="baseline", kv_bits=4).target.kv_bits == 4
+    pipe = load_kv_bits(target, 4, mode="baseline")
+    if pipe is not None:  # MLX's own kernels: the flag is taken
+        assert pipe.target.kv_bits == 4
     else:  # this device has no such kernel (MLX 0.32 on CUDA): the same refusal, unforced
         with pytest.raises(UnsupportedTargetError, match="run without --kv-bits"):
             outrider.load(str(target), mode="baseline", kv_bits=4)

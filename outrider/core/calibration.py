@@ -320,13 +320,14 @@ def measure(
         target.verify_widths = widths
     with mx.stream(target.stream):
         draft_ms, per_token = _draft_ms(pipe, vocab, repeats)
+    key = calibration_key(pipe)
     return Calibration(
-        key=calibration_key(pipe),
+        key=key,
         verify_ms=verify,
         draft_ms=draft_ms,
         draft_ms_per_token=per_token,
         plain_ms=plain,
-        attention="split" if "split" in routes(target.model).split(",") else "native",
+        attention="split" if "split" in key["routes"].split(",") else "native",
         seconds=round(time.perf_counter() - t_start, 3),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )

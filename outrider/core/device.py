@@ -158,6 +158,13 @@ def make_dense(model: Any, dtype: mx.Dtype = mx.float32) -> None:
     mx.eval(model.parameters())
 
 
+def one_group_wide(width: int, bits: int, group_size: int) -> bool:
+    """Whether a `bits`-bit product of input width `width` in groups of `group_size` is one MLX
+    0.32's CUDA backend sends to its Hopper kernel (`supports_qmm_sm90`: bits 4 or 8, width a
+    multiple of 64 and at most the group size), which computed wrong values on the H200."""
+    return bits in (4, 8) and width % 64 == 0 and width <= group_size
+
+
 def single_group(module: Any) -> bool:
     """Whether `module` is a quantized linear or embedding layer whose products are
     `one_group_wide` (a toy model's layers)."""
@@ -202,13 +209,6 @@ def dense_single_groups(model: Any) -> int:
         model.update_modules(tree_unflatten(swaps))
         mx.eval(model.parameters())
     return len(swaps)
-
-
-def one_group_wide(width: int, bits: int, group_size: int) -> bool:
-    """Whether a `bits`-bit product of input width `width` in groups of `group_size` is one MLX
-    0.32's CUDA backend sends to its Hopper kernel (`supports_qmm_sm90`: bits 4 or 8, width a
-    multiple of 64 and at most the group size), which computed wrong values on the H200."""
-    return bits in (4, 8) and width % 64 == 0 and width <= group_size
 
 
 def scales_dtype(model: Any) -> mx.Dtype | None:
