@@ -39,11 +39,35 @@ HIT_TAIL = 128
 KV_GROUP_SIZE = 64  # mlx-lm's default for quantized KV caches
 
 
-def quantized_kv(cache: Any, bits: int) -> Any:
-    """An empty quantized cache in place of an empty plain KV cache; other kinds as they are."""
-    return (
-        QuantizedKVCache(group_size=KV_GROUP_SIZE, bits=bits) if type(cache) is KVCache else cache
-    )
+class RepeatedQuantizedKVCache(QuantizedKVCache):
+    """mlx-lm's quantized KV cache that hands attention each key and value head `repeats`
+    times over, one copy per query head of its group (query head h reads KV head
+    h // repeats, mlx-lm's grouping), so mlx-lm's quantized attention sees as many KV heads
+    as query heads and needs no broadcast.
+
+    It stores the heads once, as its parent does (trim, snapshots and restores are its
+    parent's), and only the returned keys and values are repeated. This is for MLX 0.32's CUDA
+    backend, which has no kernel for the broadcast product mlx-lm's grouped-query attention
+    runs over a quantized cache ("No implementation for problem shape"), and computes the same
+    product over repeated heads correctly (docs/testing-on-gpu.md)."""
+
+    def __init__(self, group_size: int, bits: int, repeats: int) -> None:
+        super().__init__(group_size=group_size, bits=bits)
+        self.repeats = repeats
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple:
+        stored = super().update_and_fetch(keys, values)
+        return tuple(tuple(mx.repeat(a, self.repeats, axis=-3) for a in part) for part in stored)
+
+
+def quantized_kv(cache: Any, bits: int, repeats: int = 1) -> Any:
+    """An empty quantized cache in place of an empty plain KV cache; other kinds as they are.
+    `repeats` > 1: a `RepeatedQuantizedKVCache` handing attention each head that many times."""
+    if type(cache) is not KVCache:
+        return cache
+    if repeats > 1:
+        return RepeatedQuantizedKVCache(KV_GROUP_SIZE, bits, repeats)
+    return QuantizedKVCache(group_size=KV_GROUP_SIZE, bits=bits)
 
 
 class _TapSink:
@@ -96,6 +120,7 @@ class Target:
         self._tapped: set[int] = set()
         self._probed: set[int] = set()
         self.kv_bits: int | None = None  # quantize the KV cache (`quantize_kv`)
+        self.kv_repeats = 1  # hand attention each quantized KV head this many times over
         self._windows: bool | None = None  # whether any layer keeps a sliding window
         # rows of a prefix hit's final prefill forward; None: HIT_TAIL on a GPU, 1 on the CPU
         self.hit_tail: int | None = None
@@ -137,21 +162,27 @@ class Target:
     def make_cache(self) -> list:
         cache = self.family.make_cache(self.model)
         if self.kv_bits:
-            cache = [quantized_kv(c, self.kv_bits) for c in cache]
+            cache = [quantized_kv(c, self.kv_bits, self.kv_repeats) for c in cache]
         return cache
 
-    def quantize_kv(self, bits: int | None) -> None:
+    def quantize_kv(self, bits: int | None, repeat_heads: bool | None = None) -> None:
         """Keep keys and values at `bits` (8 or 4; None: the model's dtype) from the first
         prompt token on, in mlx-lm's `QuantizedKVCache` (groups of 64 along the head dim).
 
         Every position is quantized on its own, so dropping rejected positions is exact and
         a verify forward reads the same quantized keys one-row decoding would. Only plain KV
-        layers change: sliding windows and recurrent state keep their own caches."""
+        layers change: sliding windows and recurrent state keep their own caches.
+
+        A grouped-query model's heads are handed to attention repeated, one per query head
+        (`RepeatedQuantizedKVCache`), where MLX cannot run mlx-lm's broadcast over them:
+        `repeat_heads` None probes the plain cache first and repeats only if it fails; True
+        or False forces the choice. The result is the same attention either way, or a refusal
+        at load with MLX's own message."""
         if bits not in (None, 4, 8):
             raise OutriderError(f"--kv-bits must be 8 or 4, got {bits}")
+        repeats = 1
         if bits:
-            cache = self.family.make_cache(self.model)
-            if not any(type(c) is KVCache for c in cache):
+            if not any(type(c) is KVCache for c in self.family.make_cache(self.model)):
                 raise UnsupportedTargetError(
                     f"--kv-bits: {self.name or 'this model'} has no plain KV cache to quantize"
                 )
@@ -161,24 +192,39 @@ class Target:
                     f"--kv-bits needs a head dimension divisible by {KV_GROUP_SIZE} (mlx-lm's "
                     f"quantization group); this model's is {head_dim}"
                 )
-            self._try_quantized_kv(bits, [quantized_kv(c, bits) for c in cache])
-        self.kv_bits = bits
+            group = self.query_heads_per_kv_head
+            tries = {None: [1, group], False: [1], True: [group]}[repeat_heads]
+            for repeats in dict.fromkeys(tries):
+                failure = self._quantized_kv_failure(bits, repeats)
+                if failure is None:
+                    break
+            else:
+                raise UnsupportedTargetError(
+                    f"--kv-bits {bits}: MLX cannot run attention over a quantized cache on "
+                    f"this device ({failure}); run without --kv-bits"
+                )
+        self.kv_bits, self.kv_repeats = bits, repeats
 
-    def _try_quantized_kv(self, bits: int, cache: list) -> None:
-        """Run a 3-row and a 2-row forward over a fresh quantized `cache`, and refuse --kv-bits
-        with one line where MLX cannot: MLX 0.32's CUDA backend raised "No implementation for
-        problem shape" in mlx-lm's quantized attention for key counts it has no kernel for
-        (float32 activations, 51 keys; the H200's test-suite run, docs/testing-on-gpu.md)."""
+    @property
+    def query_heads_per_kv_head(self) -> int:
+        """Query heads per KV head (1 for a model without grouped-query attention)."""
+        text = self.config.get("text_config", self.config)
+        heads = int(text.get("num_attention_heads") or 1)
+        return max(1, heads // int(text.get("num_key_value_heads") or heads))
+
+    def _quantized_kv_failure(self, bits: int, repeats: int) -> str | None:
+        """Run a 3-row and a 2-row forward over a fresh quantized cache; None if they run, else
+        the first line of MLX's error. MLX 0.32's CUDA backend raised "No implementation for
+        problem shape" in mlx-lm's grouped-query attention over a quantized cache, whose keys
+        it broadcasts (docs/testing-on-gpu.md)."""
+        cache = [quantized_kv(c, bits, repeats) for c in self.family.make_cache(self.model)]
         try:
             with mx.stream(self.stream):
                 for ids in ([1, 2, 3], [4, 5]):
                     mx.eval(self.model(mx.array([ids], dtype=mx.uint32), cache=cache))
         except (RuntimeError, ValueError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise UnsupportedTargetError(
-                f"--kv-bits {bits}: MLX cannot run attention over a quantized cache on this "
-                f"device ({first}); run without --kv-bits"
-            ) from None
+            return (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return None
 
     @property
     def head_dim(self) -> int | None:
