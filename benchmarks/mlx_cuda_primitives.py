@@ -38,6 +38,18 @@ def checks() -> list[tuple[str, Callable, tuple]]:
     """(name, function, inputs) for every case: the ones in doubt first (the quantized products
     compile slowly), attention last (it agreed on the H200)."""
     out = []
+    # mlx-lm's quantized attention as its cache hands it the keys and values: two KV heads
+    # (no broadcast), sliced out of a 256-position buffer, or copied into their own memory
+    buffer = [mx.random.normal((1, 2, 256, 64)) for _ in range(2)]
+    qk, qv = (mx.quantize(x, group_size=64, bits=8) for x in buffer)
+    for rows in (1, 5, 34):
+        q = mx.random.normal((1, 2, rows, 64))
+        p = mx.softmax(mx.random.normal((1, 2, rows, 34)), axis=-1)
+        for how in ("sliced", "contiguous"):
+            kk, vv = ([_cached(a, 34, how) for a in x] for x in (qk, qv))
+            name = f"quantized attention over a cache, 34 keys ({how}) rows {rows}"
+            out.append((f"{name}: scores", _qmm(64, 8), (q, *kk)))
+            out.append((f"{name}: values", _qmm(64, 8, transpose=False), (p, *vv)))
     for bits in (8, 4):  # mlx-lm's attention over a quantized KV cache: q @ keys^T, batched
         keys = mx.random.normal((1, 2, 3, 64))
         packed, scales, biases = mx.quantize(keys, group_size=64, bits=bits)
@@ -117,6 +129,13 @@ def _heads(a: mx.array, how: str) -> mx.array:
     mlx-lm's `expand_dims`) or repeated into its own memory."""
     a = mx.expand_dims(a, -3)
     return a if how == "broadcast" else mx.contiguous(mx.repeat(a, 2, axis=-3))
+
+
+def _cached(a: mx.array, n: int, how: str) -> mx.array:
+    """The first n positions of a cache buffer `a`: a slice (what mlx-lm's cache returns) or a
+    copy of it in its own memory."""
+    a = a[..., :n, :]
+    return a if how == "sliced" else mx.contiguous(a)
 
 
 def _qmm(group: int, bits: int = 4, transpose: bool = True) -> Callable:

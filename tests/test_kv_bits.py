@@ -2,9 +2,9 @@
 adds: every mode's greedy output equals mlx-lm's plain decoding over the same quantized cache.
 
 The reference is mlx-lm's `generate_step` given quantized caches from the first prompt token on
-(what outrider keeps): mlx-lm's `QuantizedKVCache`, or where the target hands attention repeated
-heads (`RepeatedQuantizedKVCache`, for MLX's CUDA backend), that one; a separate test shows the
-repeated heads attend exactly as mlx-lm's grouped-query attention does. Verify forwards read the
+(what outrider keeps): mlx-lm's `QuantizedKVCache`, or where the target hands attention copied
+heads (`ContiguousQuantizedKVCache`, for MLX's CUDA backend), that one; a separate test shows the
+copied heads attend exactly as mlx-lm's grouped-query attention does. Verify forwards read the
 same quantized keys one-row decoding reads, so the tokens are compared exactly; a batched or GPU
 run may part from it only at an fp tie, which benchmarks check with their tie rule.
 """
@@ -19,15 +19,15 @@ from mlx_lm.models.cache import QuantizedKVCache
 
 import outrider
 from outrider.core.errors import OutriderError, UnsupportedTargetError
-from outrider.core.target import RepeatedQuantizedKVCache
+from outrider.core.target import ContiguousQuantizedKVCache
 from outrider.testing import make_tiny_drafter, make_tiny_target
 
 _QUANTIZED_RUNS: dict[tuple, list[int]] = {}
 
 
-def quantized_plain(model_path, ids: list[int], n: int, bits: int, repeats: int = 1) -> list[int]:
-    """mlx-lm's plain greedy decoding over `bits`-bit quantized caches (heads handed to
-    attention `repeats` times over when > 1), made once per model, prompt, length, bits and
+def quantized_plain(model_path, ids: list[int], n: int, bits: int, repeats=None) -> list[int]:
+    """mlx-lm's plain greedy decoding over `bits`-bit quantized caches (mlx-lm's own, or with
+    each head copied out `repeats` times over), made once per model, prompt, length, bits and
     repeats (every mode of a test compares against the same one)."""
     run = (str(model_path), tuple(ids), n, bits, repeats)
     if run not in _QUANTIZED_RUNS:
@@ -36,10 +36,10 @@ def quantized_plain(model_path, ids: list[int], n: int, bits: int, repeats: int 
     return list(_QUANTIZED_RUNS[run])
 
 
-def quantized_cache(bits: int, repeats: int = 1):
-    if repeats > 1:
-        return RepeatedQuantizedKVCache(64, bits, repeats)
-    return QuantizedKVCache(group_size=64, bits=bits)
+def quantized_cache(bits: int, repeats=None):
+    if repeats is None:
+        return QuantizedKVCache(group_size=64, bits=bits)
+    return ContiguousQuantizedKVCache(64, bits, repeats)
 
 
 def greedy(model, ids: list[int], n: int, make) -> list[int]:
@@ -95,31 +95,32 @@ def test_every_mode_matches_plain_decoding_over_the_same_quantized_cache(kv_head
         assert got == quantized_plain(target, ids, 32, bits, repeats)
 
 
-def test_repeated_heads_attend_as_grouped_query_attention(wide_heads):
-    """A `RepeatedQuantizedKVCache` changes how attention is run, never what it computes: the
-    grouped-query model over repeated heads decodes what the same model with one KV head per
-    query head decodes over mlx-lm's own quantized cache (no broadcast on either side, so this
-    runs on every device), and, where MLX runs mlx-lm's broadcast, what that decodes."""
+def test_copied_heads_attend_as_grouped_query_attention(wide_heads):
+    """A `ContiguousQuantizedKVCache` changes how attention is run, never what it computes: the
+    grouped-query model over copied heads decodes what the same model with one KV head per
+    query head decodes over copied heads of its own (no broadcast on either side), and, where
+    MLX runs mlx-lm's own cache, what that decodes for either model."""
     target, _ = wide_heads
     ids = list(range(5, 40))
-    repeated = quantized_plain(target, ids, 48, 4, repeats=2)
+    copied = quantized_plain(target, ids, 48, 4, repeats=2)
     twin = _load_plain(str(target))
     one_kv_head_per_query_head(twin)
-    assert repeated == greedy(twin, ids, 48, lambda: quantized_cache(4))
+    assert copied == greedy(twin, ids, 48, lambda: quantized_cache(4, repeats=1))
     pipe = load_kv_bits(target, 4, mode="baseline")
-    if pipe is not None and pipe.target.kv_repeats == 1:  # MLX runs the broadcast here
-        assert repeated == quantized_plain(target, ids, 48, 4)
+    if pipe is not None and pipe.target.kv_repeats is None:  # MLX runs mlx-lm's cache here
+        assert copied == quantized_plain(target, ids, 48, 4)
+        assert copied == greedy(twin, ids, 48, lambda: quantized_cache(4))
 
 
-def test_forced_repeated_heads_decode_as_plain_decoding(wide_heads):
-    """DSpark over a target forced to hand attention repeated heads equals mlx-lm's plain
+def test_forced_copied_heads_decode_as_plain_decoding(wide_heads):
+    """DSpark over a target forced to hand attention copied heads equals mlx-lm's plain
     decoding over the same cache; the heads are stored once (trim and snapshots unchanged)."""
     target, drafter = wide_heads
     pipe = outrider.load(str(target), str(drafter), mode="dspark")
-    pipe.target.quantize_kv(4, repeat_heads=True)
+    pipe.target.quantize_kv(4, copy_heads=True)
     assert (pipe.target.kv_bits, pipe.target.kv_repeats) == (4, 2)
     cache = pipe.target.make_cache()
-    assert all(isinstance(c, RepeatedQuantizedKVCache) for c in cache)
+    assert all(isinstance(c, ContiguousQuantizedKVCache) for c in cache)
     pipe.target.forward(mx.array([1, 2, 3], dtype=mx.uint32), cache)
     assert cache[0].keys[0].shape[1] == 1  # one stored KV head, as the model computes it
     ids = pipe.encode(PROMPTS[0])
@@ -145,21 +146,25 @@ def test_bad_kv_bits_are_refused(qwen3_target):
         outrider.load(str(qwen3_target), mode="baseline", kv_bits=8)  # head dim 16
 
 
-def test_a_device_without_the_broadcast_kernel_gets_repeated_heads(wide_heads, monkeypatch):
-    """Where MLX has no kernel for mlx-lm's broadcast of grouped KV heads over a quantized
-    cache (MLX 0.32's CUDA backend), the load probe falls back to repeated heads, and decoding
-    equals mlx-lm's broadcast decoding computed before the kernel was taken away."""
+@pytest.mark.parametrize("kernel", ["raises", "is wrong"])
+def test_a_device_without_a_broadcast_kernel_gets_copied_heads(wide_heads, monkeypatch, kernel):
+    """Where MLX's product over mlx-lm's broadcast of grouped KV heads raises (MLX 0.32's CUDA
+    backend) or computes wrong values without raising, the load check falls back to copied
+    heads, and decoding equals mlx-lm's decoding over them computed before the kernel was
+    broken."""
     target, _ = wide_heads
     ids = list(range(5, 30))
     reference = quantized_plain(target, ids, 24, 4, repeats=2)
     real = mx.quantized_matmul
 
-    def no_broadcast(x, w, *args, **kwargs):
+    def broken_broadcast(x, w, *args, **kwargs):
         if w.ndim == 5:  # keys expanded to (B, kv heads, 1, positions, packed)
-            raise RuntimeError("[quantized_matmul] No implementation for problem shape: 3x3x64x2")
+            if kernel == "raises":
+                raise RuntimeError("[quantized_matmul] No implementation for problem shape")
+            return 3 * real(x, w, *args, **kwargs)
         return real(x, w, *args, **kwargs)
 
-    monkeypatch.setattr(mx, "quantized_matmul", no_broadcast)  # what mlx-lm's attention calls
+    monkeypatch.setattr(mx, "quantized_matmul", broken_broadcast)  # mlx-lm's attention calls it
     pipe = outrider.load(str(target), mode="baseline", kv_bits=4)
     assert pipe.target.kv_repeats == 2
     assert pipe.generate(ids, max_tokens=24, stop_tokens=set()).tokens == reference
@@ -168,9 +173,10 @@ def test_a_device_without_the_broadcast_kernel_gets_repeated_heads(wide_heads, m
 def test_a_device_that_cannot_attend_over_a_quantized_cache_refuses_kv_bits(
     wide_heads, monkeypatch
 ):
-    """Where MLX has no kernel for the quantized attention at all, broadcast or repeated,
-    --kv-bits is refused at load with one line naming MLX's error, not in the middle of a
-    generation; forcing the plain cache where only repeated heads run is refused the same way."""
+    """Where MLX has no kernel for the quantized attention at all, over mlx-lm's cache or
+    copied heads, --kv-bits is refused at load with one line naming MLX's error, not in the
+    middle of a generation; forcing mlx-lm's cache where only copied heads run is refused the
+    same way."""
     target, _ = wide_heads
 
     def no_kernel(*args, **kwargs):
@@ -188,6 +194,6 @@ def test_a_device_that_cannot_attend_over_a_quantized_cache_refuses_kv_bits(
             outrider.load(str(target), mode="baseline", kv_bits=4)
         return
     assert pipe.target.kv_bits == 4
-    if pipe.target.kv_repeats > 1:  # the broadcast fails here: forcing it is refused
+    if pipe.target.kv_repeats is not None:  # mlx-lm's cache fails here: forcing it is refused
         with pytest.raises(UnsupportedTargetError, match="run without --kv-bits"):
-            pipe.target.quantize_kv(4, repeat_heads=False)
+            pipe.target.quantize_kv(4, copy_heads=False)

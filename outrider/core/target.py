@@ -39,35 +39,55 @@ HIT_TAIL = 128
 KV_GROUP_SIZE = 64  # mlx-lm's default for quantized KV caches
 
 
-class RepeatedQuantizedKVCache(QuantizedKVCache):
-    """mlx-lm's quantized KV cache that hands attention each key and value head `repeats`
-    times over, one copy per query head of its group (query head h reads KV head
-    h // repeats, mlx-lm's grouping), so mlx-lm's quantized attention sees as many KV heads
-    as query heads and needs no broadcast.
+class ContiguousQuantizedKVCache(QuantizedKVCache):
+    """mlx-lm's quantized KV cache that hands attention its keys and values copied into their
+    own memory, each head `repeats` times over (one copy per query head of its group: query
+    head h reads KV head h // repeats, mlx-lm's grouping), so mlx-lm's quantized attention
+    sees contiguous arrays with as many KV heads as query heads and broadcasts nothing.
 
     It stores the heads once, as its parent does (trim, snapshots and restores are its
-    parent's), and only the returned keys and values are repeated. This is for MLX 0.32's CUDA
-    backend, which has no kernel for the broadcast product mlx-lm's grouped-query attention
-    runs over a quantized cache ("No implementation for problem shape"), and computes the same
-    product over repeated heads correctly (docs/testing-on-gpu.md)."""
+    parent's); only what it returns is copied. This is for MLX 0.32's CUDA backend, which has
+    no kernel for the quantized product over mlx-lm's cache as it is handed over (a slice of
+    a longer buffer, and for grouped-query heads a broadcast): "No implementation for problem
+    shape". Over contiguous copies it computes the same product to float32 rounding, at the
+    cost of a copy of the layer's cache per forward (docs/testing-on-gpu.md)."""
 
-    def __init__(self, group_size: int, bits: int, repeats: int) -> None:
+    def __init__(self, group_size: int, bits: int, repeats: int = 1) -> None:
         super().__init__(group_size=group_size, bits=bits)
         self.repeats = repeats
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple:
         stored = super().update_and_fetch(keys, values)
-        return tuple(tuple(mx.repeat(a, self.repeats, axis=-3) for a in part) for part in stored)
+        if self.repeats > 1:
+            stored = tuple(tuple(mx.repeat(a, self.repeats, axis=-3) for a in p) for p in stored)
+        return tuple(tuple(mx.contiguous(a) for a in part) for part in stored)
 
 
-def quantized_kv(cache: Any, bits: int, repeats: int = 1) -> Any:
+class _RoundedKVCache(KVCache):
+    """A plain KV cache of keys and values rounded through `bits`-bit quantization: what a
+    quantized cache's attention computes, by MLX's dense attention (`quantize_kv`'s check)."""
+
+    def __init__(self, bits: int) -> None:
+        super().__init__()
+        self.rounding = bits  # not `bits`: mlx-lm reads a cache with `bits` as quantized
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple:
+        def rounded(a: mx.array) -> mx.array:
+            parts = mx.quantize(a, group_size=KV_GROUP_SIZE, bits=self.rounding)
+            return mx.dequantize(*parts, group_size=KV_GROUP_SIZE, bits=self.rounding)
+
+        return super().update_and_fetch(rounded(keys), rounded(values))
+
+
+def quantized_kv(cache: Any, bits: int, repeats: int | None = None) -> Any:
     """An empty quantized cache in place of an empty plain KV cache; other kinds as they are.
-    `repeats` > 1: a `RepeatedQuantizedKVCache` handing attention each head that many times."""
+    `repeats` None: mlx-lm's `QuantizedKVCache`; a count: a `ContiguousQuantizedKVCache`
+    handing attention each head that many times over."""
     if type(cache) is not KVCache:
         return cache
-    if repeats > 1:
-        return RepeatedQuantizedKVCache(KV_GROUP_SIZE, bits, repeats)
-    return QuantizedKVCache(group_size=KV_GROUP_SIZE, bits=bits)
+    if repeats is None:
+        return QuantizedKVCache(group_size=KV_GROUP_SIZE, bits=bits)
+    return ContiguousQuantizedKVCache(KV_GROUP_SIZE, bits, repeats)
 
 
 class _TapSink:
@@ -120,7 +140,8 @@ class Target:
         self._tapped: set[int] = set()
         self._probed: set[int] = set()
         self.kv_bits: int | None = None  # quantize the KV cache (`quantize_kv`)
-        self.kv_repeats = 1  # hand attention each quantized KV head this many times over
+        # None: mlx-lm's quantized cache; a count: each head copied out that many times over
+        self.kv_repeats: int | None = None
         self._windows: bool | None = None  # whether any layer keeps a sliding window
         # rows of a prefix hit's final prefill forward; None: HIT_TAIL on a GPU, 1 on the CPU
         self.hit_tail: int | None = None
@@ -165,7 +186,7 @@ class Target:
             cache = [quantized_kv(c, self.kv_bits, self.kv_repeats) for c in cache]
         return cache
 
-    def quantize_kv(self, bits: int | None, repeat_heads: bool | None = None) -> None:
+    def quantize_kv(self, bits: int | None, copy_heads: bool | None = None) -> None:
         """Keep keys and values at `bits` (8 or 4; None: the model's dtype) from the first
         prompt token on, in mlx-lm's `QuantizedKVCache` (groups of 64 along the head dim).
 
@@ -173,14 +194,15 @@ class Target:
         a verify forward reads the same quantized keys one-row decoding would. Only plain KV
         layers change: sliding windows and recurrent state keep their own caches.
 
-        A grouped-query model's heads are handed to attention repeated, one per query head
-        (`RepeatedQuantizedKVCache`), where MLX cannot run mlx-lm's broadcast over them:
-        `repeat_heads` None probes the plain cache first and repeats only if it fails; True
-        or False forces the choice. The result is the same attention either way, or a refusal
-        at load with MLX's own message."""
+        Where MLX cannot run mlx-lm's quantized attention over the cache as mlx-lm hands it
+        over, the heads are handed over copied, one per query head
+        (`ContiguousQuantizedKVCache`): `copy_heads` None checks mlx-lm's way first and copies
+        only if it fails; True or False forces the choice. Either way is checked at load
+        against the same keys rounded and attended densely, and --kv-bits is refused with
+        one line naming the failure where neither holds."""
         if bits not in (None, 4, 8):
             raise OutriderError(f"--kv-bits must be 8 or 4, got {bits}")
-        repeats = 1
+        repeats = None
         if bits:
             if not any(type(c) is KVCache for c in self.family.make_cache(self.model)):
                 raise UnsupportedTargetError(
@@ -193,8 +215,8 @@ class Target:
                     f"quantization group); this model's is {head_dim}"
                 )
             group = self.query_heads_per_kv_head
-            tries = {None: [1, group], False: [1], True: [group]}[repeat_heads]
-            for repeats in dict.fromkeys(tries):
+            tries = {None: [None, group], False: [None], True: [group]}[copy_heads]
+            for repeats in tries:
                 failure = self._quantized_kv_failure(bits, repeats)
                 if failure is None:
                     break
@@ -212,18 +234,28 @@ class Target:
         heads = int(text.get("num_attention_heads") or 1)
         return max(1, heads // int(text.get("num_key_value_heads") or heads))
 
-    def _quantized_kv_failure(self, bits: int, repeats: int) -> str | None:
-        """Run a 3-row and a 2-row forward over a fresh quantized cache; None if they run, else
-        the first line of MLX's error. MLX 0.32's CUDA backend raised "No implementation for
-        problem shape" in mlx-lm's grouped-query attention over a quantized cache, whose keys
-        it broadcasts (docs/testing-on-gpu.md)."""
-        cache = [quantized_kv(c, bits, repeats) for c in self.family.make_cache(self.model)]
+    def _quantized_kv_failure(self, bits: int, repeats: int | None) -> str | None:
+        """Run a 3-row and a 2-row forward over a fresh quantized cache and over the same keys
+        rounded and attended densely (`_RoundedKVCache`); None if the logits agree, else what
+        went wrong. MLX 0.32's CUDA backend raised "No implementation for problem shape" over
+        mlx-lm's cache, and read wrong keys, without raising, from a broadcast view of them
+        (docs/testing-on-gpu.md)."""
+        fresh = self.family.make_cache  # one each: other layers' caches are written too
+        cache = [quantized_kv(c, bits, repeats) for c in fresh(self.model)]
+        rounded = [_RoundedKVCache(bits) if type(c) is KVCache else c for c in fresh(self.model)]
         try:
             with mx.stream(self.stream):
                 for ids in ([1, 2, 3], [4, 5]):
-                    mx.eval(self.model(mx.array([ids], dtype=mx.uint32), cache=cache))
+                    x = mx.array([ids], dtype=mx.uint32)
+                    got, want = self.model(x, cache=cache), self.model(x, cache=rounded)
+                    mx.eval(got, want)
+                got, want = got.astype(mx.float32), want.astype(mx.float32)
+                error = mx.abs(got - want).max().item()
+                scale = mx.abs(want).max().item()
         except (RuntimeError, ValueError) as e:
             return (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if not error <= 0.05 * scale:  # NaN fails too
+            return f"its logits part from the same keys attended densely by {error:.3g}"
         return None
 
     @property
