@@ -160,9 +160,9 @@ def same_bits(a: mx.array, b: mx.array) -> bool:
 
 def load_kv_bits(path, bits: int, **kwargs):
     """`outrider.load(path, kv_bits=bits, ...)`, or None where this device refuses the flag at
-    load: MLX runs attention over a quantized cache neither as mlx-lm hands it over nor over
-    copied heads (`Target.quantize_kv`; MLX 0.32's CUDA backend runs the copied form,
-    docs/testing-on-gpu.md). Any other error still raises."""
+    load: a CUDA GPU, where MLX 0.32 computes attention over a quantized cache wrongly, or any
+    device where the load check fails (`Target.quantize_kv`, docs/testing-on-gpu.md). Any other
+    error still raises."""
     import outrider
     from outrider.core.errors import UnsupportedTargetError
 

@@ -1,12 +1,10 @@
 """A quantized KV cache (`kv_bits`) changes what the target computes, never what speculation
 adds: every mode's greedy output equals mlx-lm's plain decoding over the same quantized cache.
 
-The reference is mlx-lm's `generate_step` given quantized caches from the first prompt token on
-(what outrider keeps): mlx-lm's `QuantizedKVCache`, or where the target hands attention copied
-heads (`ContiguousQuantizedKVCache`, for MLX's CUDA backend), that one; a separate test shows the
-copied heads attend exactly as mlx-lm's grouped-query attention does. Verify forwards read the
-same quantized keys one-row decoding reads, so the tokens are compared exactly; a batched or GPU
-run may part from it only at an fp tie, which benchmarks check with their tie rule.
+The reference is mlx-lm's `generate_step` given `QuantizedKVCache`s from the first prompt token
+on (what outrider keeps). Verify forwards read the same quantized keys one-row decoding reads,
+so on the CPU the tokens are compared exactly; a batched or GPU run may part from it only at an
+fp tie, which benchmarks check with their tie rule.
 """
 
 from __future__ import annotations
@@ -18,50 +16,26 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import QuantizedKVCache
 
 import outrider
+import outrider.core.target as target_module
+from outrider.core.device import on_cuda_gpu
 from outrider.core.errors import OutriderError, UnsupportedTargetError
-from outrider.core.target import ContiguousQuantizedKVCache
 from outrider.testing import make_tiny_drafter, make_tiny_target
 
 _QUANTIZED_RUNS: dict[tuple, list[int]] = {}
 
 
-def quantized_plain(model_path, ids: list[int], n: int, bits: int, repeats=None) -> list[int]:
-    """mlx-lm's plain greedy decoding over `bits`-bit quantized caches (mlx-lm's own, or with
-    each head copied out `repeats` times over), made once per model, prompt, length, bits and
-    repeats (every mode of a test compares against the same one)."""
-    run = (str(model_path), tuple(ids), n, bits, repeats)
+def quantized_plain(model_path, ids: list[int], n: int, bits: int) -> list[int]:
+    """mlx-lm's plain greedy decoding over `bits`-bit quantized caches, made once per model,
+    prompt, length and bits (every mode of a test compares against the same one)."""
+    run = (str(model_path), tuple(ids), n, bits)
     if run not in _QUANTIZED_RUNS:
         model = _load_plain(str(model_path))
-        _QUANTIZED_RUNS[run] = greedy(model, ids, n, lambda: quantized_cache(bits, repeats))
+        cache = [QuantizedKVCache(group_size=64, bits=bits) for _ in model.layers]
+        out = []
+        for tok, _ in generate_step(mx.array(ids), model, max_tokens=n, prompt_cache=cache):
+            out.append(int(tok))
+        _QUANTIZED_RUNS[run] = out
     return list(_QUANTIZED_RUNS[run])
-
-
-def quantized_cache(bits: int, repeats=None):
-    if repeats is None:
-        return QuantizedKVCache(group_size=64, bits=bits)
-    return ContiguousQuantizedKVCache(64, bits, repeats)
-
-
-def greedy(model, ids: list[int], n: int, make) -> list[int]:
-    cache = [make() for _ in model.layers]
-    steps = generate_step(mx.array(ids), model, max_tokens=n, prompt_cache=cache)
-    return [int(tok) for tok, _ in steps]
-
-
-def one_kv_head_per_query_head(model) -> None:
-    """Make a grouped-query model compute the same attention with as many KV heads as query
-    heads: each KV head's rows of k_proj and v_proj (and bias) repeated for every query head
-    of its group. mlx-lm then attends without broadcasting keys, on every device."""
-    for layer in model.layers:
-        attn = layer.self_attn
-        group = attn.n_heads // attn.n_kv_heads
-        for proj in (attn.k_proj, attn.v_proj):
-            for name in ("weight", "bias"):
-                if name in proj:
-                    a = proj[name]
-                    heads = a.reshape(attn.n_kv_heads, -1, *a.shape[1:])
-                    proj[name] = mx.repeat(heads, group, axis=0).reshape(-1, *a.shape[1:])
-        attn.n_kv_heads = attn.n_heads
 
 
 @pytest.fixture(scope="module")
@@ -88,44 +62,10 @@ def test_every_mode_matches_plain_decoding_over_the_same_quantized_cache(kv_head
     pipe = outrider.load(str(target), str(drafter) if mode == "dspark" else None, mode=mode,
                          kv_bits=bits)  # fmt: skip
     assert sum(isinstance(c, QuantizedKVCache) for c in pipe.target.make_cache()) > 0
-    repeats = pipe.target.kv_repeats
     for prompt in PROMPTS[:2]:
         ids = pipe.encode(prompt)
         got = pipe.generate(ids, max_tokens=32, stop_tokens=set()).tokens
-        assert got == quantized_plain(target, ids, 32, bits, repeats)
-
-
-def test_copied_heads_attend_as_grouped_query_attention(wide_heads):
-    """A `ContiguousQuantizedKVCache` changes how attention is run, never what it computes: the
-    grouped-query model over copied heads decodes what the same model with one KV head per
-    query head decodes over copied heads of its own (no broadcast on either side), and, where
-    MLX runs mlx-lm's own cache, what that decodes for either model."""
-    target, _ = wide_heads
-    ids = list(range(5, 40))
-    copied = quantized_plain(target, ids, 48, 4, repeats=2)
-    twin = _load_plain(str(target))
-    one_kv_head_per_query_head(twin)
-    assert copied == greedy(twin, ids, 48, lambda: quantized_cache(4, repeats=1))
-    pipe = load_kv_bits(target, 4, mode="baseline")
-    if pipe is not None and pipe.target.kv_repeats is None:  # MLX runs mlx-lm's cache here
-        assert copied == quantized_plain(target, ids, 48, 4)
-        assert copied == greedy(twin, ids, 48, lambda: quantized_cache(4))
-
-
-def test_forced_copied_heads_decode_as_plain_decoding(wide_heads):
-    """DSpark over a target forced to hand attention copied heads equals mlx-lm's plain
-    decoding over the same cache; the heads are stored once (trim and snapshots unchanged)."""
-    target, drafter = wide_heads
-    pipe = outrider.load(str(target), str(drafter), mode="dspark")
-    pipe.target.quantize_kv(4, copy_heads=True)
-    assert (pipe.target.kv_bits, pipe.target.kv_repeats) == (4, 2)
-    cache = pipe.target.make_cache()
-    assert all(isinstance(c, ContiguousQuantizedKVCache) for c in cache)
-    pipe.target.forward(mx.array([1, 2, 3], dtype=mx.uint32), cache)
-    assert cache[0].keys[0].shape[1] == 1  # one stored KV head, as the model computes it
-    ids = pipe.encode(PROMPTS[0])
-    got = pipe.generate(ids, max_tokens=32, stop_tokens=set()).tokens
-    assert got == quantized_plain(target, ids, 32, 4, repeats=2)
+        assert got == quantized_plain(target, ids, 32, bits)
 
 
 def test_quantized_kv_changes_the_target_computation(kv_heads):
@@ -134,7 +74,7 @@ def test_quantized_kv_changes_the_target_computation(kv_heads):
     target, _ = kv_heads
     pipe = outrider.load(str(target), mode="baseline", kv_bits=4)
     ids = pipe.encode(PROMPTS[0])
-    quantized = quantized_plain(target, ids, 48, 4, pipe.target.kv_repeats)
+    quantized = quantized_plain(target, ids, 48, 4)
     assert quantized != plain_greedy(target, ids, 48)
     assert pipe.generate(ids, max_tokens=48, stop_tokens=set()).tokens == quantized
 
@@ -146,54 +86,52 @@ def test_bad_kv_bits_are_refused(qwen3_target):
         outrider.load(str(qwen3_target), mode="baseline", kv_bits=8)  # head dim 16
 
 
-@pytest.mark.parametrize("kernel", ["raises", "is wrong"])
-def test_a_device_without_a_broadcast_kernel_gets_copied_heads(wide_heads, monkeypatch, kernel):
-    """Where MLX's product over mlx-lm's broadcast of grouped KV heads raises (MLX 0.32's CUDA
-    backend) or computes wrong values without raising, the load check falls back to copied
-    heads, and decoding equals mlx-lm's decoding over them computed before the kernel was
-    broken."""
-    target, _ = wide_heads
-    ids = list(range(5, 30))
-    reference = quantized_plain(target, ids, 24, 4, repeats=2)
-    real = mx.quantized_matmul
-
-    def broken_broadcast(x, w, *args, **kwargs):
-        if w.ndim == 5:  # keys expanded to (B, kv heads, 1, positions, packed)
-            if kernel == "raises":
-                raise RuntimeError("[quantized_matmul] No implementation for problem shape")
-            return 3 * real(x, w, *args, **kwargs)
-        return real(x, w, *args, **kwargs)
-
-    monkeypatch.setattr(mx, "quantized_matmul", broken_broadcast)  # mlx-lm's attention calls it
-    pipe = outrider.load(str(target), mode="baseline", kv_bits=4)
-    assert pipe.target.kv_repeats == 2
-    assert pipe.generate(ids, max_tokens=24, stop_tokens=set()).tokens == reference
-
-
 def test_a_device_that_cannot_attend_over_a_quantized_cache_refuses_kv_bits(
     wide_heads, monkeypatch
 ):
-    """Where MLX has no kernel for the quantized attention at all, over mlx-lm's cache or
-    copied heads, --kv-bits is refused at load with one line naming MLX's error, not in the
-    middle of a generation; forcing mlx-lm's cache where only copied heads run is refused the
-    same way."""
+    """Where MLX has no kernel for the quantized attention (MLX 0.32's CUDA backend for the
+    cache as mlx-lm hands it over), --kv-bits is refused at load with one line naming MLX's
+    error, not in the middle of a generation."""
     target, _ = wide_heads
 
     def no_kernel(*args, **kwargs):
         raise RuntimeError("[quantized_matmul] No implementation for problem shape: 3x3x64x2")
 
     monkeypatch.setattr(mx, "quantized_matmul", no_kernel)  # what mlx-lm's attention calls
+    monkeypatch.setattr(target_module, "on_cuda_gpu", lambda: False)  # the check itself
     with pytest.raises(UnsupportedTargetError) as refused:
         outrider.load(str(target), mode="baseline", kv_bits=4)
     assert "No implementation for problem shape" in str(refused.value)
     assert "run without --kv-bits" in str(refused.value)
     monkeypatch.undo()
     pipe = load_kv_bits(target, 4, mode="baseline")
-    if pipe is None:  # this device has no such kernel at all: the same refusal, unforced
+    if pipe is not None:  # MLX's own kernels: the flag is taken
+        assert pipe.target.kv_bits == 4
+    else:  # this device has no such kernel (MLX 0.32 on CUDA): the same refusal, unforced
         with pytest.raises(UnsupportedTargetError, match="run without --kv-bits"):
             outrider.load(str(target), mode="baseline", kv_bits=4)
-        return
-    assert pipe.target.kv_bits == 4
-    if pipe.target.kv_repeats is not None:  # mlx-lm's cache fails here: forcing it is refused
-        with pytest.raises(UnsupportedTargetError, match="run without --kv-bits"):
-            pipe.target.quantize_kv(4, copy_heads=False)
+
+
+def test_a_kernel_that_is_wrong_without_raising_refuses_kv_bits(wide_heads, monkeypatch):
+    """The load check compares the quantized cache's logits with the same keys rounded and
+    attended densely, so a product that returns wrong values without raising is refused too."""
+    target, _ = wide_heads
+    real = mx.quantized_matmul
+
+    def wrong(x, w, *args, **kwargs):
+        return 3 * real(x, w, *args, **kwargs)
+
+    monkeypatch.setattr(mx, "quantized_matmul", wrong)  # what mlx-lm's attention calls
+    monkeypatch.setattr(target_module, "on_cuda_gpu", lambda: False)  # the check itself
+    with pytest.raises(UnsupportedTargetError, match="run without --kv-bits") as refused:
+        outrider.load(str(target), mode="baseline", kv_bits=8)
+    if not on_cuda_gpu():  # on CUDA the real product under `wrong` raises first (see above)
+        assert "part from the same keys attended densely" in str(refused.value)
+
+
+def test_kv_bits_is_refused_on_a_cuda_gpu(wide_heads, monkeypatch):
+    """MLX 0.32's CUDA backend decoded wrong tokens over a quantized cache at shapes a load
+    check does not reach (docs/testing-on-gpu.md), so a CUDA GPU refuses the flag by name."""
+    monkeypatch.setattr(target_module, "on_cuda_gpu", lambda: True)
+    with pytest.raises(UnsupportedTargetError, match="CUDA backend .* wrongly"):
+        outrider.load(str(wide_heads[0]), mode="baseline", kv_bits=4)

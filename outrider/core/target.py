@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from .device import matmul_choice
+from .device import matmul_choice, on_cuda_gpu
 from .errors import Cancelled, OutriderError, UnsupportedTargetError
 from .family import (
     BatchedCache,
@@ -37,30 +37,16 @@ PREFILL_CHUNK = 512
 # layer and the output head, computed for every row of that forward, small.
 HIT_TAIL = 128
 KV_GROUP_SIZE = 64  # mlx-lm's default for quantized KV caches
-
-
-class ContiguousQuantizedKVCache(QuantizedKVCache):
-    """mlx-lm's quantized KV cache that hands attention its keys and values copied into their
-    own memory, each head `repeats` times over (one copy per query head of its group: query
-    head h reads KV head h // repeats, mlx-lm's grouping), so mlx-lm's quantized attention
-    sees contiguous arrays with as many KV heads as query heads and broadcasts nothing.
-
-    It stores the heads once, as its parent does (trim, snapshots and restores are its
-    parent's); only what it returns is copied. This is for MLX 0.32's CUDA backend, which has
-    no kernel for the quantized product over mlx-lm's cache as it is handed over (a slice of
-    a longer buffer, and for grouped-query heads a broadcast): "No implementation for problem
-    shape". Over contiguous copies it computes the same product to float32 rounding, at the
-    cost of a copy of the layer's cache per forward (docs/testing-on-gpu.md)."""
-
-    def __init__(self, group_size: int, bits: int, repeats: int = 1) -> None:
-        super().__init__(group_size=group_size, bits=bits)
-        self.repeats = repeats
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple:
-        stored = super().update_and_fetch(keys, values)
-        if self.repeats > 1:
-            stored = tuple(tuple(mx.repeat(a, self.repeats, axis=-3) for a in p) for p in stored)
-        return tuple(tuple(mx.contiguous(a) for a in part) for part in stored)
+# Why --kv-bits is refused on a CUDA GPU. MLX 0.32's CUDA product over mlx-lm's quantized cache
+# raises "No implementation for problem shape" (keys sliced from the cache's buffer, or
+# broadcast over grouped query heads), and over contiguous copies of the same keys it ran
+# without raising at some shapes and decoded wrong tokens (zeros at 4 bits, a tapped forward
+# unlike the untapped one at 8): the H200's suite run 7, docs/testing-on-gpu.md. A check at
+# load cannot cover every shape, so the flag waits for a CUDA backend that passes that run.
+CUDA_QUANTIZED_ATTENTION = (
+    "MLX's CUDA backend computes attention over a quantized cache wrongly at some shapes, "
+    "without raising"
+)
 
 
 class _RoundedKVCache(KVCache):
@@ -79,15 +65,11 @@ class _RoundedKVCache(KVCache):
         return super().update_and_fetch(rounded(keys), rounded(values))
 
 
-def quantized_kv(cache: Any, bits: int, repeats: int | None = None) -> Any:
-    """An empty quantized cache in place of an empty plain KV cache; other kinds as they are.
-    `repeats` None: mlx-lm's `QuantizedKVCache`; a count: a `ContiguousQuantizedKVCache`
-    handing attention each head that many times over."""
-    if type(cache) is not KVCache:
-        return cache
-    if repeats is None:
-        return QuantizedKVCache(group_size=KV_GROUP_SIZE, bits=bits)
-    return ContiguousQuantizedKVCache(KV_GROUP_SIZE, bits, repeats)
+def quantized_kv(cache: Any, bits: int) -> Any:
+    """An empty quantized cache in place of an empty plain KV cache; other kinds as they are."""
+    return (
+        QuantizedKVCache(group_size=KV_GROUP_SIZE, bits=bits) if type(cache) is KVCache else cache
+    )
 
 
 class _TapSink:
@@ -140,8 +122,6 @@ class Target:
         self._tapped: set[int] = set()
         self._probed: set[int] = set()
         self.kv_bits: int | None = None  # quantize the KV cache (`quantize_kv`)
-        # None: mlx-lm's quantized cache; a count: each head copied out that many times over
-        self.kv_repeats: int | None = None
         self._windows: bool | None = None  # whether any layer keeps a sliding window
         # rows of a prefix hit's final prefill forward; None: HIT_TAIL on a GPU, 1 on the CPU
         self.hit_tail: int | None = None
@@ -183,10 +163,10 @@ class Target:
     def make_cache(self) -> list:
         cache = self.family.make_cache(self.model)
         if self.kv_bits:
-            cache = [quantized_kv(c, self.kv_bits, self.kv_repeats) for c in cache]
+            cache = [quantized_kv(c, self.kv_bits) for c in cache]
         return cache
 
-    def quantize_kv(self, bits: int | None, copy_heads: bool | None = None) -> None:
+    def quantize_kv(self, bits: int | None) -> None:
         """Keep keys and values at `bits` (8 or 4; None: the model's dtype) from the first
         prompt token on, in mlx-lm's `QuantizedKVCache` (groups of 64 along the head dim).
 
@@ -194,15 +174,10 @@ class Target:
         a verify forward reads the same quantized keys one-row decoding would. Only plain KV
         layers change: sliding windows and recurrent state keep their own caches.
 
-        Where MLX cannot run mlx-lm's quantized attention over the cache as mlx-lm hands it
-        over, the heads are handed over copied, one per query head
-        (`ContiguousQuantizedKVCache`): `copy_heads` None checks mlx-lm's way first and copies
-        only if it fails; True or False forces the choice. Either way is checked at load
-        against the same keys rounded and attended densely, and --kv-bits is refused with
-        one line naming the failure where neither holds."""
+        Refused with one line where MLX's attention over the cache cannot be trusted: on a
+        CUDA GPU, and wherever the load check (`_quantized_kv_failure`) fails."""
         if bits not in (None, 4, 8):
             raise OutriderError(f"--kv-bits must be 8 or 4, got {bits}")
-        repeats = None
         if bits:
             if not any(type(c) is KVCache for c in self.family.make_cache(self.model)):
                 raise UnsupportedTargetError(
@@ -214,34 +189,21 @@ class Target:
                     f"--kv-bits needs a head dimension divisible by {KV_GROUP_SIZE} (mlx-lm's "
                     f"quantization group); this model's is {head_dim}"
                 )
-            group = self.query_heads_per_kv_head
-            tries = {None: [None, group], False: [None], True: [group]}[copy_heads]
-            for repeats in tries:
-                failure = self._quantized_kv_failure(bits, repeats)
-                if failure is None:
-                    break
-            else:
+            failure = CUDA_QUANTIZED_ATTENTION if on_cuda_gpu() else None
+            failure = failure or self._quantized_kv_failure(bits)
+            if failure:
                 raise UnsupportedTargetError(
                     f"--kv-bits {bits}: MLX cannot run attention over a quantized cache on "
                     f"this device ({failure}); run without --kv-bits"
                 )
-        self.kv_bits, self.kv_repeats = bits, repeats
+        self.kv_bits = bits
 
-    @property
-    def query_heads_per_kv_head(self) -> int:
-        """Query heads per KV head (1 for a model without grouped-query attention)."""
-        text = self.config.get("text_config", self.config)
-        heads = int(text.get("num_attention_heads") or 1)
-        return max(1, heads // int(text.get("num_key_value_heads") or heads))
-
-    def _quantized_kv_failure(self, bits: int, repeats: int | None) -> str | None:
+    def _quantized_kv_failure(self, bits: int) -> str | None:
         """Run a 3-row and a 2-row forward over a fresh quantized cache and over the same keys
         rounded and attended densely (`_RoundedKVCache`); None if the logits agree, else what
-        went wrong. MLX 0.32's CUDA backend raised "No implementation for problem shape" over
-        mlx-lm's cache, and read wrong keys, without raising, from a broadcast view of them
-        (docs/testing-on-gpu.md)."""
+        went wrong: MLX's error, or how far they part."""
         fresh = self.family.make_cache  # one each: other layers' caches are written too
-        cache = [quantized_kv(c, bits, repeats) for c in fresh(self.model)]
+        cache = [quantized_kv(c, bits) for c in fresh(self.model)]
         rounded = [_RoundedKVCache(bits) if type(c) is KVCache else c for c in fresh(self.model)]
         try:
             with mx.stream(self.stream):
