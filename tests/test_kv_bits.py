@@ -17,6 +17,8 @@ from mlx_lm.models.cache import QuantizedKVCache
 
 import outrider
 import outrider.core.target as target_module
+from outrider import doctor
+from outrider.core import device
 from outrider.core.device import on_cuda_gpu
 from outrider.core.errors import OutriderError, UnsupportedTargetError
 from outrider.testing import make_tiny_drafter, make_tiny_target
@@ -98,7 +100,7 @@ def test_a_device_that_cannot_attend_over_a_quantized_cache_refuses_kv_bits(
         raise RuntimeError("[quantized_matmul] No implementation for problem shape: 3x3x64x2")
 
     monkeypatch.setattr(mx, "quantized_matmul", no_kernel)  # what mlx-lm's attention calls
-    monkeypatch.setattr(target_module, "on_cuda_gpu", lambda: False)  # the check itself
+    monkeypatch.setattr(target_module, "quantized_attention_refusal", lambda: None)
     with pytest.raises(UnsupportedTargetError) as refused:
         outrider.load(str(target), mode="baseline", kv_bits=4)
     assert "No implementation for problem shape" in str(refused.value)
@@ -122,7 +124,7 @@ def test_a_kernel_that_is_wrong_without_raising_refuses_kv_bits(wide_heads, monk
         return 3 * real(x, w, *args, **kwargs)
 
     monkeypatch.setattr(mx, "quantized_matmul", wrong)  # what mlx-lm's attention calls
-    monkeypatch.setattr(target_module, "on_cuda_gpu", lambda: False)  # the check itself
+    monkeypatch.setattr(target_module, "quantized_attention_refusal", lambda: None)
     with pytest.raises(UnsupportedTargetError, match="run without --kv-bits") as refused:
         outrider.load(str(target), mode="baseline", kv_bits=8)
     if not on_cuda_gpu():  # on CUDA the real product under `wrong` raises first (see above)
@@ -131,7 +133,15 @@ def test_a_kernel_that_is_wrong_without_raising_refuses_kv_bits(wide_heads, monk
 
 def test_kv_bits_is_refused_on_a_cuda_gpu(wide_heads, monkeypatch):
     """MLX 0.32's CUDA backend decoded wrong tokens over a quantized cache at shapes a load
-    check does not reach (docs/testing-on-gpu.md), so a CUDA GPU refuses the flag by name."""
-    monkeypatch.setattr(target_module, "on_cuda_gpu", lambda: True)
+    check does not reach (docs/testing-on-gpu.md), so a CUDA GPU refuses the flag by name, and
+    `outrider doctor` says so."""
+    monkeypatch.setattr(device, "on_cuda_gpu", lambda: True)
+    reason = device.quantized_attention_refusal()
+    assert reason is not None and "CUDA backend" in reason
+    assert doctor.doctor_report()["kv_bits"] == f"refused here: {reason}"
+    monkeypatch.undo()
+    monkeypatch.setattr(target_module, "quantized_attention_refusal", lambda: reason)
     with pytest.raises(UnsupportedTargetError, match="CUDA backend .* wrongly"):
         outrider.load(str(wide_heads[0]), mode="baseline", kv_bits=4)
+    if not on_cuda_gpu():
+        assert doctor.doctor_report()["kv_bits"] == "8, 4"

@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from .device import matmul_choice, on_cuda_gpu
+from .device import matmul_choice, quantized_attention_refusal
 from .errors import Cancelled, OutriderError, UnsupportedTargetError
 from .family import (
     BatchedCache,
@@ -37,16 +37,6 @@ PREFILL_CHUNK = 512
 # layer and the output head, computed for every row of that forward, small.
 HIT_TAIL = 128
 KV_GROUP_SIZE = 64  # mlx-lm's default for quantized KV caches
-# Why --kv-bits is refused on a CUDA GPU. MLX 0.32's CUDA product over mlx-lm's quantized cache
-# raises "No implementation for problem shape" (keys sliced from the cache's buffer, or
-# broadcast over grouped query heads), and over contiguous copies of the same keys it ran
-# without raising at some shapes and decoded wrong tokens (zeros at 4 bits, a tapped forward
-# unlike the untapped one at 8): the H200's suite run 7, docs/testing-on-gpu.md. A check at
-# load cannot cover every shape, so the flag waits for a CUDA backend that passes that run.
-CUDA_QUANTIZED_ATTENTION = (
-    "MLX's CUDA backend computes attention over a quantized cache wrongly at some shapes, "
-    "without raising"
-)
 
 
 class _RoundedKVCache(KVCache):
@@ -175,7 +165,8 @@ class Target:
         layers change: sliding windows and recurrent state keep their own caches.
 
         Refused with one line where MLX's attention over the cache cannot be trusted: on a
-        CUDA GPU, and wherever the load check (`_quantized_kv_failure`) fails."""
+        CUDA GPU (`quantized_attention_refusal`), and wherever the load check
+        (`_quantized_kv_failure`) fails."""
         if bits not in (None, 4, 8):
             raise OutriderError(f"--kv-bits must be 8 or 4, got {bits}")
         if bits:
@@ -189,8 +180,7 @@ class Target:
                     f"--kv-bits needs a head dimension divisible by {KV_GROUP_SIZE} (mlx-lm's "
                     f"quantization group); this model's is {head_dim}"
                 )
-            failure = CUDA_QUANTIZED_ATTENTION if on_cuda_gpu() else None
-            failure = failure or self._quantized_kv_failure(bits)
+            failure = quantized_attention_refusal() or self._quantized_kv_failure(bits)
             if failure:
                 raise UnsupportedTargetError(
                     f"--kv-bits {bits}: MLX cannot run attention over a quantized cache on "
