@@ -38,6 +38,16 @@ def checks() -> list[tuple[str, Callable, tuple]]:
     """(name, function, inputs) for every case: the ones in doubt first (the quantized products
     compile slowly), attention last (it agreed on the H200)."""
     out = []
+    # a way around it: dequantize the cache's slices (both widths), then MLX's dense attention
+    buffer = [mx.random.normal((1, 2, 256, 64)) for _ in range(2)]
+    for bits in (4, 8):
+        qk, qv = (mx.quantize(x, group_size=64, bits=bits) for x in buffer)
+        kk, vv = ([_cached(a, 34, "sliced") for a in x] for x in (qk, qv))
+        out.append((f"dequantize a cache slice, 34 keys {bits}-bit", _deq(64, bits), tuple(kk)))
+        for rows in (1, 5, 34):
+            q = mx.random.normal((1, 4, rows, 64))
+            name = f"dense attention over dequantized slices, 34 keys {bits}-bit rows {rows}"
+            out.append((name, _deq_sdpa(64, bits), (q, *kk, *vv)))
     # mlx-lm's quantized attention as its cache hands it the keys and values: two KV heads
     # (no broadcast), sliced out of a 256-position buffer, or copied into their own memory
     buffer = [mx.random.normal((1, 2, 256, 64)) for _ in range(2)]
@@ -136,6 +146,20 @@ def _cached(a: mx.array, n: int, how: str) -> mx.array:
     copy of it in its own memory."""
     a = a[..., :n, :]
     return a if how == "sliced" else mx.contiguous(a)
+
+
+def _deq(group: int, bits: int) -> Callable:
+    return lambda w, s, b: mx.dequantize(w, s, b, group_size=group, bits=bits)
+
+
+def _deq_sdpa(group: int, bits: int) -> Callable:
+    """Four query heads over two KV heads (MLX's attention takes the grouping itself)."""
+
+    def attend(q, kw, ks, kb, vw, vs, vb):
+        k, v = _deq(group, bits)(kw, ks, kb), _deq(group, bits)(vw, vs, vb)
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+
+    return attend
 
 
 def _qmm(group: int, bits: int = 4, transpose: bool = True) -> Callable:
