@@ -39,22 +39,6 @@ HIT_TAIL = 128
 KV_GROUP_SIZE = 64  # mlx-lm's default for quantized KV caches
 
 
-class _RoundedKVCache(KVCache):
-    """A plain KV cache of keys and values rounded through `bits`-bit quantization: what a
-    quantized cache's attention computes, by MLX's dense attention (`quantize_kv`'s check)."""
-
-    def __init__(self, bits: int) -> None:
-        super().__init__()
-        self.rounding = bits  # not `bits`: mlx-lm reads a cache with `bits` as quantized
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple:
-        def rounded(a: mx.array) -> mx.array:
-            parts = mx.quantize(a, group_size=KV_GROUP_SIZE, bits=self.rounding)
-            return mx.dequantize(*parts, group_size=KV_GROUP_SIZE, bits=self.rounding)
-
-        return super().update_and_fetch(rounded(keys), rounded(values))
-
-
 def quantized_kv(cache: Any, bits: int) -> Any:
     """An empty quantized cache in place of an empty plain KV cache; other kinds as they are."""
     return (
@@ -165,8 +149,8 @@ class Target:
         layers change: sliding windows and recurrent state keep their own caches.
 
         Refused with one line where MLX's attention over the cache cannot be trusted: on a
-        CUDA GPU (`quantized_attention_refusal`), and wherever the load check
-        (`_quantized_kv_failure`) fails."""
+        CUDA GPU (`quantized_attention_refusal`), and wherever a forward over a fresh quantized
+        cache raises at load (`_quantized_kv_failure`)."""
         if bits not in (None, 4, 8):
             raise OutriderError(f"--kv-bits must be 8 or 4, got {bits}")
         if bits:
@@ -189,25 +173,16 @@ class Target:
         self.kv_bits = bits
 
     def _quantized_kv_failure(self, bits: int) -> str | None:
-        """Run a 3-row and a 2-row forward over a fresh quantized cache and over the same keys
-        rounded and attended densely (`_RoundedKVCache`); None if the logits agree, else what
-        went wrong: MLX's error, or how far they part."""
-        fresh = self.family.make_cache  # one each: other layers' caches are written too
-        cache = [quantized_kv(c, bits) for c in fresh(self.model)]
-        rounded = [_RoundedKVCache(bits) if type(c) is KVCache else c for c in fresh(self.model)]
+        """Run a 3-row and a 2-row forward over a fresh quantized cache; None if they run, else
+        the first line of MLX's error (a backend with no kernel for a shape raises "No
+        implementation for problem shape", as MLX 0.32's CUDA one does)."""
+        cache = [quantized_kv(c, bits) for c in self.family.make_cache(self.model)]
         try:
             with mx.stream(self.stream):
                 for ids in ([1, 2, 3], [4, 5]):
-                    x = mx.array([ids], dtype=mx.uint32)
-                    got, want = self.model(x, cache=cache), self.model(x, cache=rounded)
-                    mx.eval(got, want)
-                got, want = got.astype(mx.float32), want.astype(mx.float32)
-                error = mx.abs(got - want).max().item()
-                scale = mx.abs(want).max().item()
+                    mx.eval(self.model(mx.array([ids], dtype=mx.uint32), cache=cache))
         except (RuntimeError, ValueError) as e:
             return (str(e).strip().splitlines() or [type(e).__name__])[0]
-        if not error <= 0.05 * scale:  # NaN fails too
-            return f"its logits part from the same keys attended densely by {error:.3g}"
         return None
 
     @property
