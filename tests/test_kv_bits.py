@@ -5,6 +5,11 @@ The reference is mlx-lm's `generate_step` given `QuantizedKVCache`s from the fir
 on (what outrider keeps). Verify forwards read the same quantized keys one-row decoding reads,
 so on the CPU the tokens are compared exactly; a batched or GPU run may part from it only at an
 fp tie, which benchmarks check with their tie rule.
+
+A dense target checks every mode and bit width; a gated-delta, a Mamba-2 and a sliding-window
+target check that only their attention layers are quantized, that every mode still equals
+mlx-lm over the same mix of caches, and that prefix-cache hits restore quantized layers
+exactly. A CUDA GPU refuses the flag (`core/device.py`), so there these tests skip.
 """
 
 from __future__ import annotations
@@ -128,3 +133,95 @@ def test_kv_bits_is_refused_on_a_cuda_gpu(wide_heads, monkeypatch):
         outrider.load(str(wide_heads[0]), mode="baseline", kv_bits=4)
     if not on_cuda_gpu():
         assert doctor.doctor_report()["kv_bits"] == "8, 4"
+
+
+# one target of every other cache kind, with heads mlx-lm can quantize (64 wide)
+KINDS = {
+    "qwen3_next": {"head_dim": 64},  # gated-delta recurrent layers between attention layers
+    "nemotron_h": {"head_dim": 64},  # Mamba-2 layers between attention layers
+    "gemma4_text": {"head_dim": 64, "global_head_dim": 64},  # sliding windows, global layers
+}
+FIRST = list(range(30, 70)) + [100, 101, 102]
+
+
+@pytest.fixture(scope="module")
+def kinds(tmp_path_factory):
+    """{family: (target, dspark drafter)} for `KINDS`, where this device takes --kv-bits."""
+    d = tmp_path_factory.mktemp("kv-kinds")
+    out = {}
+    for family, heads in KINDS.items():
+        target = make_tiny_target(d / family, family=family, **heads)
+        out[family] = target, make_tiny_drafter(d / f"{family}-dspark", target, "dspark",
+                                                "deepspec", block_size=8)  # fmt: skip
+    if load_kv_bits(out["qwen3_next"][0], 8, mode="baseline") is None:
+        pytest.skip("--kv-bits is refused on this device (conftest.load_kv_bits)")
+    return out
+
+
+def mlx_lm_over_quantized_layers(path, ids: list[int], n: int, bits: int) -> list[int]:
+    """mlx-lm's plain greedy decoding with its own caches for the model, each plain KV layer's
+    replaced by a `QuantizedKVCache` (sliding windows and recurrent state as they are)."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    model = _load_plain(str(path))
+    cache = [QuantizedKVCache(group_size=64, bits=bits) if type(c) is KVCache else c
+             for c in make_prompt_cache(model)]  # fmt: skip
+    assert any(isinstance(c, QuantizedKVCache) for c in cache)
+    assert any(not isinstance(c, QuantizedKVCache) for c in cache)  # the other kind is there
+    steps = generate_step(mx.array(ids), model, max_tokens=n, prompt_cache=cache)
+    return [int(tok) for tok, _ in steps]
+
+
+@pytest.mark.parametrize("family", KINDS)
+def test_every_cache_kind_decodes_a_quantized_cache_as_mlx_lm(kinds, family):
+    """Gated-delta, Mamba-2 and sliding-window targets: their attention layers' caches are
+    quantized and the other layers keep theirs, and every mode equals mlx-lm's decoding over
+    the same caches (recurrent rollback and window trims next to quantized trims)."""
+    target, drafter = kinds[family]
+    want = None
+    for mode in ("dspark", "lookup", "baseline"):
+        pipe = outrider.load(str(target), str(drafter) if mode == "dspark" else None,
+                             mode=mode, kv_bits=8)  # fmt: skip
+        ids = pipe.encode(PROMPTS[0])
+        want = want or mlx_lm_over_quantized_layers(target, ids, 40, 8)
+        got = pipe.generate(ids, max_tokens=40, max_draft=4, stop_tokens=set()).tokens
+        assert got == want, f"{family}: {mode} diverged from mlx-lm over the same caches"
+    assert len(set(want)) > 4  # the toy model says something, not one token over and over
+
+
+@pytest.mark.parametrize("family", KINDS)
+def test_prefix_cache_hits_over_a_quantized_cache_equal_a_fresh_run(kinds, family):
+    """The prefix cache keeps and restores quantized layers with the others: an exact repeat,
+    a longer turn and a prompt that parts inside the first one each decode what a fresh
+    --kv-bits request decodes."""
+    target, drafter = kinds[family]
+    pipe = outrider.load(str(target), str(drafter), mode="dspark", kv_bits=8)
+    # the same target (a load sets its kv_bits, so this one asks for 8 bits too)
+    fresh = outrider.load(str(target), str(drafter), mode="dspark", target=pipe.target, kv_bits=8)
+    pipe.enable_prefix_cache(gb=1, interval=8)
+
+    def run(p, ids):
+        return p.generate(ids, max_tokens=10, max_draft=4, stop_tokens=set())
+
+    first = run(pipe, FIRST)
+    turn = FIRST + first.tokens + [110, 111, 112]
+    runs = {"first": (FIRST, first), "repeat": (FIRST, run(pipe, FIRST)),
+            "turn": (turn, run(pipe, turn)), "parted": (FIRST[:21] + [200, 201], None)}  # fmt: skip
+    runs["parted"] = (runs["parted"][0], run(pipe, runs["parted"][0]))
+    assert runs["repeat"][1].cached_tokens == len(FIRST)
+    assert runs["turn"][1].cached_tokens >= len(FIRST)
+    assert runs["parted"][1].cached_tokens > 0
+    for name, (ids, got) in runs.items():
+        assert got.tokens == run(fresh, ids).tokens, f"{family}: the {name} run diverged"
+    assert pipe.prefix_cache.snapshot_stats()["hits"] == 3
+    # a toy's tokens lean little on one attention layer, so check what a hit restores, too
+    target = pipe.target
+    cache = target.make_cache()
+    target.prefill(FIRST, cache)
+    restored = target.restore(target.snapshot(cache), len(FIRST))
+    quantized = [(a, b) for a, b in zip(cache, restored) if isinstance(a, QuantizedKVCache)]
+    assert quantized and all(isinstance(b, QuantizedKVCache) for _, b in quantized)
+    for a, b in quantized:
+        assert b.offset == a.offset == len(FIRST)
+        for x, y in zip((*a.keys, *a.values), (*b.keys, *b.values)):
+            assert mx.array_equal(x[..., : a.offset, :], y[..., : b.offset, :])
