@@ -457,7 +457,8 @@ def load(
 
     `target` reuses an already-loaded target for `model` (a benchmark builds every mode on one).
     `prefix_cache` keeps target caches between calls (see `Pipeline.enable_prefix_cache`).
-    `kv_bits` (8 or 4) quantizes the target's KV cache (see `Target.quantize_kv`).
+    `kv_bits` (8 or 4) quantizes the target's KV cache (see `Target.quantize_kv`); a `target`
+    given keeps its own setting when `kv_bits` is None (it is shared: other pipelines use it).
     `max_draft="auto"` lets each round pick its cap from measured costs and acceptance, and
     decode plainly while speculation does not pay (`core/schedule.py`).
 
@@ -494,7 +495,9 @@ def load(
         raise OutriderError(f"--kv-bits must be 8 or 4, got {kv_bits}")
     if target is None:
         target = load_target(plugins, model, download)
-    target.quantize_kv(kv_bits)
+        target.quantize_kv(kv_bits)
+    elif kv_bits is not None and kv_bits != target.kv_bits:
+        target.quantize_kv(kv_bits)  # a shared target keeps its setting unless asked
     notes: list[str] = []
     spec = None
     if requested == "auto" and explicit is None and pair is not None:

@@ -86,6 +86,18 @@ def test_quantized_kv_changes_the_target_computation(kv_heads):
     assert pipe.generate(ids, max_tokens=48, stop_tokens=set()).tokens == quantized
 
 
+def test_a_shared_target_keeps_its_kv_bits_unless_asked(kv_heads):
+    """Pipelines built on one loaded target (a benchmark's arms, the compat layer's thresholds)
+    keep its quantized cache: a load that names no kv_bits does not turn it off."""
+    target, drafter = kv_heads
+    pipe = outrider.load(str(target), mode="baseline", kv_bits=8)
+    other = outrider.load(str(target), str(drafter), mode="dspark", target=pipe.target)
+    assert other.target.kv_bits == 8
+    assert any(isinstance(c, QuantizedKVCache) for c in other.target.make_cache())
+    outrider.load(str(target), mode="lookup", target=pipe.target, kv_bits=4)
+    assert pipe.target.kv_bits == 4
+
+
 def test_bad_kv_bits_are_refused(qwen3_target):
     with pytest.raises(OutriderError, match="--kv-bits must be 8 or 4"):
         outrider.load(str(qwen3_target), mode="baseline", kv_bits=3)
@@ -196,8 +208,8 @@ def test_prefix_cache_hits_over_a_quantized_cache_equal_a_fresh_run(kinds, famil
     --kv-bits request decodes."""
     target, drafter = kinds[family]
     pipe = outrider.load(str(target), str(drafter), mode="dspark", kv_bits=8)
-    # the same target (a load sets its kv_bits, so this one asks for 8 bits too)
-    fresh = outrider.load(str(target), str(drafter), mode="dspark", target=pipe.target, kv_bits=8)
+    fresh = outrider.load(str(target), str(drafter), mode="dspark", target=pipe.target)
+    assert fresh.target.kv_bits == 8  # a shared target keeps its setting
     pipe.enable_prefix_cache(gb=1, interval=8)
 
     def run(p, ids):
