@@ -237,3 +237,43 @@ def test_prefix_cache_hits_over_a_quantized_cache_equal_a_fresh_run(kinds, famil
         assert b.offset == a.offset == len(FIRST)
         for x, y in zip((*a.keys, *a.values), (*b.keys, *b.values)):
             assert mx.array_equal(x[..., : a.offset, :], y[..., : b.offset, :])
+
+
+def test_the_server_with_kv_bits_answers_as_mlx_lm_through_both_sdks(kinds):
+    """`serve --kv-bits 8 --max-batch 2` on a gated-delta target with the prefix cache: through
+    the real openai and anthropic SDKs, each answer is mlx-lm's decoding of the prompt over the
+    same quantized caches (one request at a time: quantized caches do not batch), and a repeat
+    is a whole-prompt hit with the same answer."""
+    import anthropic
+    import openai
+    from live_server import detok, live_server
+
+    from outrider.core.prefix_cache import PrefixCache
+    from outrider.prompts import encode_messages
+    from outrider.server.engine import LoadSpec
+
+    target, drafter = kinds["qwen3_next"]
+    spec = LoadSpec(str(target), str(drafter), mode="dspark", kv_bits=8)
+    messages = [{"role": "user", "content": "Say something about the sea."}]
+    with live_server(spec, max_batch=2) as (url, engine):
+        engine.set_prefix_cache(PrefixCache(1 << 30))
+        assert engine.pipeline.target.kv_bits == 8
+        tok = engine.pipeline.tokenizer
+        ids = encode_messages(tok, messages)
+        want = detok(tok, mlx_lm_over_quantized_layers(target, ids, 12, 8))
+        assert len(want) > 5
+        oai = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        for cached in (False, True):
+            r = oai.chat.completions.create(
+                model="qwen3_next",
+                messages=messages,
+                max_tokens=12,
+                extra_body={"ignore_eos": True},
+            )
+            assert r.choices[0].message.content == want
+            hit = r.usage.prompt_tokens_details.cached_tokens
+            assert hit == (r.usage.prompt_tokens if cached else 0)
+        claude = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+        m = claude.messages.create(model="qwen3_next", messages=messages, max_tokens=12,
+                                   extra_body={"ignore_eos": True})  # fmt: skip
+        assert m.content[0].text == want
