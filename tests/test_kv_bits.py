@@ -277,3 +277,17 @@ def test_the_server_with_kv_bits_answers_as_mlx_lm_through_both_sdks(kinds):
         m = claude.messages.create(model="qwen3_next", messages=messages, max_tokens=12,
                                    extra_body={"ignore_eos": True})  # fmt: skip
         assert m.content[0].text == want
+
+
+def test_serve_says_when_max_batch_cannot_batch(kinds):
+    """`serve --max-batch 4 --kv-bits 8` says at start-up that requests are served one at a
+    time, and why; a target that batches says nothing."""
+    from outrider.server.command import batching_note
+
+    target, _ = kinds["qwen3_next"]
+    quantized = outrider.load(str(target), mode="lookup", kv_bits=8)
+    note = batching_note(quantized, 4)
+    assert note is not None and "one at a time" in note and "--kv-bits" in note
+    assert batching_note(quantized, 1) is None
+    plain = outrider.load(str(target), mode="lookup")
+    assert plain.target.batches and batching_note(plain, 4) is None

@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 import time
+from typing import Any
 
 import typer
 
@@ -163,6 +164,9 @@ def serve(
         elif context_window:
             engine.window_limit = context_window
         pipe = engine.pipeline
+        note = batching_note(pipe, max_batch)
+        if note:
+            typer.echo(note, err=True)
         where = f"http://{host}:{port}"
         what = (
             f"model {engine.status()['model']}, mode {pipe.mode}"
@@ -191,6 +195,19 @@ def serve(
         if interrupted:
             typer.echo("\ninterrupted", err=True)
         _leave(130 if interrupted else 0)
+
+
+def batching_note(pipe: Any, max_batch: int) -> str | None:
+    """Why `--max-batch` above 1 still serves one request at a time with this pipeline, or
+    None: said at start-up, since the flag is otherwise taken without a word."""
+    if max_batch < 2 or pipe is None or pipe.target.batches:
+        return None
+    why = (
+        "a quantized KV cache (--kv-bits) does not batch"
+        if pipe.target.kv_bits
+        else f"the {pipe.target.family.name} family does not batch"
+    )
+    return f"note: --max-batch {max_batch}: requests are served one at a time here ({why})"
 
 
 def _leave(code: int) -> None:
