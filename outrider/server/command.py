@@ -203,7 +203,7 @@ def batching_note(pipe: Any, max_batch: int) -> str | None:
     if max_batch < 2 or pipe is None or pipe.target.batches:
         return None
     why = (
-        "a quantized KV cache (--kv-bits) does not batch"
+        "--kv-bits: a quantized KV cache does not batch"
         if pipe.target.kv_bits
         else f"the {pipe.target.family.name} family does not batch"
     )
