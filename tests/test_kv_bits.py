@@ -246,6 +246,7 @@ def test_the_server_with_kv_bits_answers_as_mlx_lm_through_both_sdks(kinds):
     is a whole-prompt hit with the same answer."""
     import anthropic
     import openai
+    import requests
     from live_server import detok, live_server
 
     from outrider.core.prefix_cache import PrefixCache
@@ -257,7 +258,8 @@ def test_the_server_with_kv_bits_answers_as_mlx_lm_through_both_sdks(kinds):
     messages = [{"role": "user", "content": "Say something about the sea."}]
     with live_server(spec, max_batch=2) as (url, engine):
         engine.set_prefix_cache(PrefixCache(1 << 30))
-        assert engine.pipeline.target.kv_bits == 8
+        health = requests.get(url + "/health").json()
+        assert (health["kv_bits"], health["max_batch"], health["batching"]) == (8, 2, False)
         tok = engine.pipeline.tokenizer
         ids = encode_messages(tok, messages)
         want = detok(tok, mlx_lm_over_quantized_layers(target, ids, 12, 8))

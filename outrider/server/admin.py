@@ -75,6 +75,9 @@ def health(state: Any) -> dict[str, Any]:
         "max_output_tokens": state.limits.max_tokens_cap,
         "thinking_default": {None: "template", True: "on", False: "off"}[state.limits.thinking],
         "queue_depth": engine.metrics.queue_depth(),
+        "kv_bits": pipe.target.kv_bits if pipe else None,
+        "max_batch": engine.max_batch,
+        "batching": engine.batching,  # max_batch > 1 and a target whose caches batch
     }
     if pipe is not None:
         caps = capabilities(pipe.tokenizer)

@@ -333,7 +333,7 @@ class Engine:
             with self._lock:
                 if self._pending_load is None:
                     self.state, self.spec, self.phase = "no_model", None, None
-        elif self._batches():
+        elif self.batching:
             self._generate_batched(item)
         else:
             self._current = item
@@ -344,7 +344,9 @@ class Engine:
                 with self._lock:
                     self.metrics.in_flight -= 1
 
-    def _batches(self) -> bool:
+    @property
+    def batching(self) -> bool:
+        """Whether requests decode together: `max_batch` above 1 and a target that batches."""
         pipe = self.pipeline
         return self.max_batch > 1 and pipe is not None and pipe.target.batches
 
