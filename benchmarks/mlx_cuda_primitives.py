@@ -49,8 +49,7 @@ def checks() -> list[tuple[str, Callable, tuple]]:
             name = f"dense attention over dequantized slices, 34 keys {bits}-bit rows {rows}"
             out.append((name, _deq_sdpa(64, bits), (q, *kk, *vv)))
     # mlx-lm's quantized attention as its cache hands it the keys and values: two KV heads
-    # (no broadcast), sliced out of a 256-position buffer, or copied into their own memory
-    buffer = [mx.random.normal((1, 2, 256, 64)) for _ in range(2)]
+    # (no broadcast), sliced out of the same 256-position buffer, or copied into their own memory
     qk, qv = (mx.quantize(x, group_size=64, bits=8) for x in buffer)
     for rows in (1, 5, 34):
         q = mx.random.normal((1, 2, rows, 64))

@@ -495,8 +495,7 @@ def load(
         raise OutriderError(f"--kv-bits must be 8 or 4, got {kv_bits}")
     if target is None:
         target = load_target(plugins, model, download)
-        target.quantize_kv(kv_bits)
-    elif kv_bits is not None and kv_bits != target.kv_bits:
+    if kv_bits is not None and kv_bits != target.kv_bits:
         target.quantize_kv(kv_bits)  # a shared target keeps its setting unless asked
     notes: list[str] = []
     spec = None

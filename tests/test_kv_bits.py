@@ -18,7 +18,7 @@ import mlx.core as mx
 import pytest
 from conftest import PROMPTS, _load_plain, load_kv_bits, plain_greedy
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import QuantizedKVCache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 import outrider
 import outrider.core.target as target_module
@@ -32,16 +32,16 @@ _QUANTIZED_RUNS: dict[tuple, list[int]] = {}
 
 
 def quantized_plain(model_path, ids: list[int], n: int, bits: int) -> list[int]:
-    """mlx-lm's plain greedy decoding over `bits`-bit quantized caches, made once per model,
-    prompt, length and bits (every mode of a test compares against the same one)."""
+    """mlx-lm's plain greedy decoding with its own caches for the model, each plain KV layer's
+    replaced by a `bits`-bit `QuantizedKVCache` (sliding windows and recurrent state as they
+    are); made once per model, prompt, length and bits (every mode compares with the same)."""
     run = (str(model_path), tuple(ids), n, bits)
     if run not in _QUANTIZED_RUNS:
         model = _load_plain(str(model_path))
-        cache = [QuantizedKVCache(group_size=64, bits=bits) for _ in model.layers]
-        out = []
-        for tok, _ in generate_step(mx.array(ids), model, max_tokens=n, prompt_cache=cache):
-            out.append(int(tok))
-        _QUANTIZED_RUNS[run] = out
+        cache = [QuantizedKVCache(group_size=64, bits=bits) if type(c) is KVCache else c
+                 for c in make_prompt_cache(model)]  # fmt: skip
+        steps = generate_step(mx.array(ids), model, max_tokens=n, prompt_cache=cache)
+        _QUANTIZED_RUNS[run] = [int(tok) for tok, _ in steps]
     return list(_QUANTIZED_RUNS[run])
 
 
@@ -170,20 +170,6 @@ def kinds(tmp_path_factory):
     return out
 
 
-def mlx_lm_over_quantized_layers(path, ids: list[int], n: int, bits: int) -> list[int]:
-    """mlx-lm's plain greedy decoding with its own caches for the model, each plain KV layer's
-    replaced by a `QuantizedKVCache` (sliding windows and recurrent state as they are)."""
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
-
-    model = _load_plain(str(path))
-    cache = [QuantizedKVCache(group_size=64, bits=bits) if type(c) is KVCache else c
-             for c in make_prompt_cache(model)]  # fmt: skip
-    assert any(isinstance(c, QuantizedKVCache) for c in cache)
-    assert any(not isinstance(c, QuantizedKVCache) for c in cache)  # the other kind is there
-    steps = generate_step(mx.array(ids), model, max_tokens=n, prompt_cache=cache)
-    return [int(tok) for tok, _ in steps]
-
-
 @pytest.mark.parametrize("family", KINDS)
 def test_every_cache_kind_decodes_a_quantized_cache_as_mlx_lm(kinds, family):
     """Gated-delta, Mamba-2 and sliding-window targets: their attention layers' caches are
@@ -194,8 +180,11 @@ def test_every_cache_kind_decodes_a_quantized_cache_as_mlx_lm(kinds, family):
     for mode in ("dspark", "lookup", "baseline"):
         pipe = outrider.load(str(target), str(drafter) if mode == "dspark" else None,
                              mode=mode, kv_bits=8)  # fmt: skip
+        cache = pipe.target.make_cache()
+        assert any(isinstance(c, QuantizedKVCache) for c in cache)
+        assert any(not isinstance(c, QuantizedKVCache) for c in cache)  # the other kind is there
         ids = pipe.encode(PROMPTS[0])
-        want = want or mlx_lm_over_quantized_layers(target, ids, 40, 8)
+        want = want or quantized_plain(target, ids, 40, 8)
         got = pipe.generate(ids, max_tokens=40, max_draft=4, stop_tokens=set()).tokens
         assert got == want, f"{family}: {mode} diverged from mlx-lm over the same caches"
     assert len(set(want)) > 4  # the toy model says something, not one token over and over
@@ -262,7 +251,7 @@ def test_the_server_with_kv_bits_answers_as_mlx_lm_through_both_sdks(kinds):
         assert (health["kv_bits"], health["max_batch"], health["batching"]) == (8, 2, False)
         tok = engine.pipeline.tokenizer
         ids = encode_messages(tok, messages)
-        want = detok(tok, mlx_lm_over_quantized_layers(target, ids, 12, 8))
+        want = detok(tok, quantized_plain(target, ids, 12, 8))
         assert len(want) > 5
         oai = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         for cached in (False, True):

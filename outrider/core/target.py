@@ -154,7 +154,8 @@ class Target:
         if bits not in (None, 4, 8):
             raise OutriderError(f"--kv-bits must be 8 or 4, got {bits}")
         if bits:
-            if not any(type(c) is KVCache for c in self.family.make_cache(self.model)):
+            cache = self.family.make_cache(self.model)
+            if not any(type(c) is KVCache for c in cache):
                 raise UnsupportedTargetError(
                     f"--kv-bits: {self.name or 'this model'} has no plain KV cache to quantize"
                 )
@@ -164,7 +165,7 @@ class Target:
                     f"--kv-bits needs a head dimension divisible by {KV_GROUP_SIZE} (mlx-lm's "
                     f"quantization group); this model's is {head_dim}"
                 )
-            failure = quantized_attention_refusal() or self._quantized_kv_failure(bits)
+            failure = quantized_attention_refusal() or self._quantized_kv_failure(bits, cache)
             if failure:
                 raise UnsupportedTargetError(
                     f"--kv-bits {bits}: MLX cannot run attention over a quantized cache on "
@@ -172,11 +173,11 @@ class Target:
                 )
         self.kv_bits = bits
 
-    def _quantized_kv_failure(self, bits: int) -> str | None:
-        """Run a 3-row and a 2-row forward over a fresh quantized cache; None if they run, else
-        the first line of MLX's error (a backend with no kernel for a shape raises "No
-        implementation for problem shape", as MLX 0.32's CUDA one does)."""
-        cache = [quantized_kv(c, bits) for c in self.family.make_cache(self.model)]
+    def _quantized_kv_failure(self, bits: int, fresh: list) -> str | None:
+        """Run a 3-row and a 2-row forward over the fresh cache `fresh`, quantized; None if
+        they run, else the first line of MLX's error (a backend with no kernel for a shape
+        raises "No implementation for problem shape", as MLX 0.32's CUDA one does)."""
+        cache = [quantized_kv(c, bits) for c in fresh]
         try:
             with mx.stream(self.stream):
                 for ids in ([1, 2, 3], [4, 5]):
@@ -218,7 +219,16 @@ class Target:
     def batches(self) -> bool:
         """Whether this target's family can hold several rows in one cache. A quantized KV
         cache (`kv_bits`) cannot: such a target decodes one row at a time."""
-        return hasattr(self.family, "merge_rows") and not self.kv_bits
+        return self.unbatched_reason is None
+
+    @property
+    def unbatched_reason(self) -> str | None:
+        """Why this target decodes one row at a time, or None where it batches."""
+        if self.kv_bits:
+            return "--kv-bits: a quantized KV cache does not batch"
+        if not hasattr(self.family, "merge_rows"):
+            return f"the {self.family.name} family does not batch"
+        return None
 
     @staticmethod
     def is_batched(cache: list) -> bool:

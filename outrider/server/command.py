@@ -200,13 +200,9 @@ def serve(
 def batching_note(pipe: Any, max_batch: int) -> str | None:
     """Why `--max-batch` above 1 still serves one request at a time with this pipeline, or
     None: said at start-up, since the flag is otherwise taken without a word."""
-    if max_batch < 2 or pipe is None or pipe.target.batches:
+    why = None if max_batch < 2 or pipe is None else pipe.target.unbatched_reason
+    if why is None:
         return None
-    why = (
-        "--kv-bits: a quantized KV cache does not batch"
-        if pipe.target.kv_bits
-        else f"the {pipe.target.family.name} family does not batch"
-    )
     return f"note: --max-batch {max_batch}: requests are served one at a time here ({why})"
 
 
