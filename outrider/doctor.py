@@ -14,8 +14,9 @@ from . import __version__
 from .cli_common import cache_root, plugins
 from .cli_common import console as _console
 from .cli_common import print_json as _print_json
-from .core.device import quantized_attention_refusal, split_attention, tf32_matmuls
+from .core.device import split_attention, tf32_matmuls
 from .core.errors import OutriderError
+from .core.kv_quant import kv_attention
 
 Opt = typer.Option
 
@@ -93,8 +94,11 @@ def doctor_report() -> dict:
     report["float32_matmuls"] = (
         "tf32 (MLX_ENABLE_TF32=0: full float32)" if tf32_matmuls() else "float32"
     )
-    refusal = quantized_attention_refusal()  # --kv-bits: checked again at each load
-    report["kv_bits"] = f"refused here: {refusal}" if refusal else "8, 4"
+    try:  # --kv-bits: how attention reads a quantized cache here (core/kv_quant.py)
+        report["kv_bits"] = f"8, 4 (attention reads the cache {kv_attention()})"
+    except OutriderError as e:
+        report["kv_bits"] = None
+        problems.append(str(e))
     report["cpu_blas"] = _blas_report()
     report["hf_cache"] = _place(Path(constants.HF_HUB_CACHE))
     report["lmstudio_dirs"] = [_place(p) for p in lmstudio_roots()]

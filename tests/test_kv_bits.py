@@ -1,15 +1,17 @@
 """A quantized KV cache (`kv_bits`) changes what the target computes, never what speculation
 adds: every mode's greedy output equals mlx-lm's plain decoding over the same quantized cache.
 
-The reference is mlx-lm's `generate_step` given `QuantizedKVCache`s from the first prompt token
-on (what outrider keeps). Verify forwards read the same quantized keys one-row decoding reads,
-so on the CPU the tokens are compared exactly; a batched or GPU run may part from it only at an
-fp tie, which benchmarks check with their tie rule.
+The reference is mlx-lm's `generate_step` given the caches outrider keeps from the first
+prompt token on: each plain KV layer quantized, and read the way this device reads it
+(core/kv_quant.py: mlx-lm's `QuantizedKVCache` and its quantized attention, or on a CUDA GPU
+the same store read dequantized into dense attention). Verify forwards read the same quantized
+keys one-row decoding reads, so the tokens are compared exactly.
 
-A dense target checks every mode and bit width; a gated-delta, a Mamba-2 and a sliding-window
-target check that only their attention layers are quantized, that every mode still equals
-mlx-lm over the same mix of caches, and that prefix-cache hits restore quantized layers
-exactly. A CUDA GPU refuses the flag (`core/device.py`), so there these tests skip.
+A dense target checks every mode and bit width, both ways of reading the cache, and that the
+dequantized read computes what the quantized product computes; a gated-delta, a Mamba-2 and a
+sliding-window target check that only their attention layers are quantized, that every mode
+still equals mlx-lm over the same mix of caches, and that prefix-cache hits restore quantized
+layers exactly.
 """
 
 from __future__ import annotations
@@ -18,31 +20,41 @@ import mlx.core as mx
 import pytest
 from conftest import PROMPTS, _load_plain, load_kv_bits, plain_greedy
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 import outrider
-import outrider.core.target as target_module
 from outrider import doctor
-from outrider.core import device
-from outrider.core.device import on_cuda_gpu
+from outrider.core import kv_quant
 from outrider.core.errors import OutriderError, UnsupportedTargetError
+from outrider.core.kv_quant import (
+    KV_ATTENTION_ENV,
+    DequantizingKVCache,
+    kv_attention,
+    quantized_kv,
+    stored_quantized,
+)
 from outrider.testing import make_tiny_drafter, make_tiny_target
 
 _QUANTIZED_RUNS: dict[tuple, list[int]] = {}
 
 
-def quantized_plain(model_path, ids: list[int], n: int, bits: int) -> list[int]:
+def quantized_plain(model_path, ids: list[int], n: int, bits: int, read: str = "") -> list[int]:
     """mlx-lm's plain greedy decoding with its own caches for the model, each plain KV layer's
-    replaced by a `bits`-bit `QuantizedKVCache` (sliding windows and recurrent state as they
-    are); made once per model, prompt, length and bits (every mode compares with the same)."""
-    run = (str(model_path), tuple(ids), n, bits)
+    replaced by a `bits`-bit quantized one read as `read` says (default: this device's way;
+    sliding windows and recurrent state as they are); made once per model, prompt, length,
+    bits and read (every mode compares with the same)."""
+    read = read or kv_attention()
+    run = (str(model_path), tuple(ids), n, bits, read)
     if run not in _QUANTIZED_RUNS:
         model = _load_plain(str(model_path))
-        cache = [QuantizedKVCache(group_size=64, bits=bits) if type(c) is KVCache else c
-                 for c in make_prompt_cache(model)]  # fmt: skip
+        cache = [quantized_kv(c, bits, read) for c in make_prompt_cache(model)]
         steps = generate_step(mx.array(ids), model, max_tokens=n, prompt_cache=cache)
         _QUANTIZED_RUNS[run] = [int(tok) for tok, _ in steps]
     return list(_QUANTIZED_RUNS[run])
+
+
+def quantized_layers(cache: list) -> list:
+    return [c for c in cache if stored_quantized(c) is not None]
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +80,62 @@ def test_every_mode_matches_plain_decoding_over_the_same_quantized_cache(kv_head
     target, drafter = kv_heads
     pipe = outrider.load(str(target), str(drafter) if mode == "dspark" else None, mode=mode,
                          kv_bits=bits)  # fmt: skip
-    assert sum(isinstance(c, QuantizedKVCache) for c in pipe.target.make_cache()) > 0
+    assert pipe.target.kv_attention == kv_attention()
+    assert quantized_layers(pipe.target.make_cache())
     for prompt in PROMPTS[:2]:
         ids = pipe.encode(prompt)
         got = pipe.generate(ids, max_tokens=32, stop_tokens=set()).tokens
         assert got == quantized_plain(target, ids, 32, bits)
+
+
+@pytest.mark.parametrize("mode", ["dspark", "lookup"])
+def test_dequantized_reads_decode_as_mlx_lm_over_the_same_store(kv_heads, mode, monkeypatch):
+    """OUTRIDER_KV_ATTENTION=dequantized (a CUDA GPU's default): every mode's output equals
+    mlx-lm's decoding over the same dequantizing caches, at both widths; on the CPU, where the
+    quantized product is right, it is also the tokens that product decodes."""
+    monkeypatch.setenv(KV_ATTENTION_ENV, "dequantized")
+    target, drafter = kv_heads
+    for bits in (4, 8):
+        pipe = outrider.load(str(target), str(drafter) if mode == "dspark" else None,
+                             mode=mode, kv_bits=bits)  # fmt: skip
+        cache = pipe.target.make_cache()
+        assert pipe.target.kv_attention == "dequantized"
+        assert quantized_layers(cache) and all(
+            isinstance(c, DequantizingKVCache) for c in quantized_layers(cache)
+        )
+        ids = pipe.encode(PROMPTS[1])
+        got = pipe.generate(ids, max_tokens=32, stop_tokens=set()).tokens
+        assert got == quantized_plain(target, ids, 32, bits, "dequantized")
+        if mx.default_device() == mx.cpu:
+            assert got == quantized_plain(target, ids, 32, bits, "quantized")
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_dequantized_attention_computes_the_quantized_product(kv_heads, bits):
+    """The dequantizing cache's logits equal those of mlx-lm's quantized attention over the
+    same store, computed on the CPU (where MLX's quantized product is right), to float
+    rounding: a prompt forward, then a 3-row verify-like forward on top, then a trim and one
+    row again."""
+    target, _ = kv_heads
+    model = _load_plain(str(target))
+
+    def logits(read: str, stream) -> list[mx.array]:
+        with mx.stream(stream):
+            cache = [quantized_kv(c, bits, read) for c in make_prompt_cache(model)]
+            out = [model(mx.array([list(range(3, 40))]), cache=cache)]
+            out.append(model(mx.array([[41, 42, 43]]), cache=cache))
+            for c in cache:
+                c.trim(2)
+            out.append(model(mx.array([[44]]), cache=cache))
+            mx.eval(out)
+            return [x.astype(mx.float32) for x in out]
+
+    got = logits("dequantized", mx.default_stream(mx.default_device()))
+    want = logits("quantized", mx.cpu)
+    for g, w in zip(got, want, strict=True):
+        scale = mx.abs(w).max().item()
+        # float32 on the CPU: ~1e-6; TF32 matmuls on a CUDA GPU: ~1e-3; a wrong read: O(1)
+        assert mx.abs(g - w).max().item() <= 1e-2 * scale
 
 
 def test_quantized_kv_changes_the_target_computation(kv_heads):
@@ -93,7 +156,7 @@ def test_a_shared_target_keeps_its_kv_bits_unless_asked(kv_heads):
     pipe = outrider.load(str(target), mode="baseline", kv_bits=8)
     other = outrider.load(str(target), str(drafter), mode="dspark", target=pipe.target)
     assert other.target.kv_bits == 8
-    assert any(isinstance(c, QuantizedKVCache) for c in other.target.make_cache())
+    assert quantized_layers(other.target.make_cache())
     outrider.load(str(target), mode="lookup", target=pipe.target, kv_bits=4)
     assert pipe.target.kv_bits == 4
 
@@ -109,42 +172,45 @@ def test_a_device_that_cannot_attend_over_a_quantized_cache_refuses_kv_bits(
     wide_heads, monkeypatch
 ):
     """Where MLX has no kernel for the quantized attention (MLX 0.32's CUDA backend for the
-    cache as mlx-lm hands it over), --kv-bits is refused at load with one line naming MLX's
-    error, not in the middle of a generation."""
+    cache as mlx-lm hands it over), --kv-bits with that read is refused at load with one line
+    naming MLX's error, not in the middle of a generation; the dequantized read never calls
+    that product, so it is taken and decodes as over any dequantizing cache."""
     target, _ = wide_heads
 
     def no_kernel(*args, **kwargs):
         raise RuntimeError("[quantized_matmul] No implementation for problem shape: 3x3x64x2")
 
     monkeypatch.setattr(mx, "quantized_matmul", no_kernel)  # what mlx-lm's attention calls
-    monkeypatch.setattr(target_module, "quantized_attention_refusal", lambda: None)
+    monkeypatch.setenv(KV_ATTENTION_ENV, "quantized")
     with pytest.raises(UnsupportedTargetError) as refused:
         outrider.load(str(target), mode="baseline", kv_bits=4)
     assert "No implementation for problem shape" in str(refused.value)
     assert "run without --kv-bits" in str(refused.value)
-    monkeypatch.undo()
-    pipe = load_kv_bits(target, 4, mode="baseline")
-    if pipe is not None:  # MLX's own kernels: the flag is taken
-        assert pipe.target.kv_bits == 4
-    else:  # this device has no such kernel (MLX 0.32 on CUDA): the same refusal, unforced
-        with pytest.raises(UnsupportedTargetError, match="run without --kv-bits"):
-            outrider.load(str(target), mode="baseline", kv_bits=4)
+    monkeypatch.setenv(KV_ATTENTION_ENV, "dequantized")
+    pipe = outrider.load(str(target), mode="baseline", kv_bits=4)
+    ids = pipe.encode(PROMPTS[0])
+    got = pipe.generate(ids, max_tokens=16, stop_tokens=set()).tokens
+    assert got == quantized_plain(target, ids, 16, 4, "dequantized")
 
 
-def test_kv_bits_is_refused_on_a_cuda_gpu(wide_heads, monkeypatch):
-    """MLX 0.32's CUDA backend decoded wrong tokens over a quantized cache at shapes a load
-    check does not reach (docs/testing-on-gpu.md), so a CUDA GPU refuses the flag by name, and
-    `outrider doctor` says so."""
-    monkeypatch.setattr(device, "on_cuda_gpu", lambda: True)
-    reason = device.quantized_attention_refusal()
-    assert reason is not None and "CUDA backend" in reason
-    assert doctor.doctor_report()["kv_bits"] == f"refused here: {reason}"
-    monkeypatch.undo()
-    monkeypatch.setattr(target_module, "quantized_attention_refusal", lambda: reason)
-    with pytest.raises(UnsupportedTargetError, match="CUDA backend .* wrongly"):
+def test_a_cuda_gpu_reads_a_quantized_cache_dequantized(wide_heads, monkeypatch):
+    """MLX 0.32's CUDA backend decoded wrong tokens through its quantized attention at shapes a
+    load check does not reach (docs/testing-on-gpu.md), so a CUDA GPU reads the cache
+    dequantized by default, `outrider doctor` says which read is used, and a bad override is
+    one clear error."""
+    monkeypatch.setattr(kv_quant, "on_cuda_gpu", lambda: True)
+    assert kv_attention() == "dequantized"
+    assert doctor.doctor_report()["kv_bits"] == "8, 4 (attention reads the cache dequantized)"
+    monkeypatch.setenv(KV_ATTENTION_ENV, "quantized")
+    assert kv_attention() == "quantized"
+    monkeypatch.setattr(kv_quant, "on_cuda_gpu", lambda: False)
+    monkeypatch.delenv(KV_ATTENTION_ENV)
+    assert kv_attention() == "quantized"
+    monkeypatch.setenv(KV_ATTENTION_ENV, "fast")
+    with pytest.raises(OutriderError, match=f"{KV_ATTENTION_ENV} must be auto, quantized or"):
         outrider.load(str(wide_heads[0]), mode="baseline", kv_bits=4)
-    if not on_cuda_gpu():
-        assert doctor.doctor_report()["kv_bits"] == "8, 4"
+    report = doctor.doctor_report()
+    assert report["kv_bits"] is None and any(KV_ATTENTION_ENV in p for p in report["problems"])
 
 
 # one target of every other cache kind, with heads mlx-lm can quantize (64 wide)
@@ -181,8 +247,8 @@ def test_every_cache_kind_decodes_a_quantized_cache_as_mlx_lm(kinds, family):
         pipe = outrider.load(str(target), str(drafter) if mode == "dspark" else None,
                              mode=mode, kv_bits=8)  # fmt: skip
         cache = pipe.target.make_cache()
-        assert any(isinstance(c, QuantizedKVCache) for c in cache)
-        assert any(not isinstance(c, QuantizedKVCache) for c in cache)  # the other kind is there
+        assert quantized_layers(cache)
+        assert len(quantized_layers(cache)) < len(cache)  # the other kind is there
         ids = pipe.encode(PROMPTS[0])
         want = want or quantized_plain(target, ids, 40, 8)
         got = pipe.generate(ids, max_tokens=40, max_draft=4, stop_tokens=set()).tokens
@@ -220,8 +286,9 @@ def test_prefix_cache_hits_over_a_quantized_cache_equal_a_fresh_run(kinds, famil
     cache = target.make_cache()
     target.prefill(FIRST, cache)
     restored = target.restore(target.snapshot(cache), len(FIRST))
-    quantized = [(a, b) for a, b in zip(cache, restored) if isinstance(a, QuantizedKVCache)]
-    assert quantized and all(isinstance(b, QuantizedKVCache) for _, b in quantized)
+    quantized = [(stored_quantized(a), stored_quantized(b)) for a, b in zip(cache, restored)
+                 if stored_quantized(a) is not None]  # fmt: skip
+    assert quantized and all(b is not None for _, b in quantized)
     for a, b in quantized:
         assert b.offset == a.offset == len(FIRST)
         for x, y in zip((*a.keys, *a.values), (*b.keys, *b.values)):

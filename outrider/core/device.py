@@ -19,23 +19,6 @@ def on_cuda_gpu() -> bool:
     return mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
-def quantized_attention_refusal() -> str | None:
-    """Why this device refuses `--kv-bits`, or None.
-
-    MLX 0.32's CUDA product over mlx-lm's quantized cache raises "No implementation for problem
-    shape" (keys sliced from the cache's buffer, or broadcast over grouped query heads), and
-    over contiguous copies of the same keys it ran without raising at some shapes and decoded
-    wrong tokens (zeros at 4 bits, a tapped forward unlike the untapped one at 8; the H200's
-    suite run 7, docs/testing-on-gpu.md). A check at load cannot cover every shape, so a CUDA
-    GPU refuses the flag until a CUDA backend passes that run."""
-    if on_cuda_gpu():
-        return (
-            "MLX's CUDA backend computes attention over a quantized cache wrongly at some "
-            "shapes, without raising"
-        )
-    return None
-
-
 def tf32_matmuls() -> bool:
     """True when float32 matrix products run at reduced precision (TF32, a 10-bit mantissa): on
     a CUDA GPU, and on an Apple GPU with neural accelerators (`metal_matmul_units`), unless

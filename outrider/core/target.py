@@ -14,9 +14,9 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, QuantizedKVCache
+from mlx_lm.models.cache import KVCache
 
-from .device import matmul_choice, quantized_attention_refusal
+from .device import matmul_choice
 from .errors import Cancelled, OutriderError, UnsupportedTargetError
 from .family import (
     BatchedCache,
@@ -25,6 +25,7 @@ from .family import (
     default_restore,
     default_snapshot,
 )
+from .kv_quant import KV_GROUP_SIZE, kv_attention, quantized_kv
 from .wrapper import PassThrough
 
 # Rows per prefill forward. Small enough that a cancel (a client that went away, Ctrl-C) is
@@ -36,14 +37,6 @@ PREFILL_CHUNK = 512
 # the last token alone as mlx-lm does (`Target.hit_tail`). The bound keeps the work of the last
 # layer and the output head, computed for every row of that forward, small.
 HIT_TAIL = 128
-KV_GROUP_SIZE = 64  # mlx-lm's default for quantized KV caches
-
-
-def quantized_kv(cache: Any, bits: int) -> Any:
-    """An empty quantized cache in place of an empty plain KV cache; other kinds as they are."""
-    return (
-        QuantizedKVCache(group_size=KV_GROUP_SIZE, bits=bits) if type(cache) is KVCache else cache
-    )
 
 
 class _TapSink:
@@ -96,6 +89,7 @@ class Target:
         self._tapped: set[int] = set()
         self._probed: set[int] = set()
         self.kv_bits: int | None = None  # quantize the KV cache (`quantize_kv`)
+        self.kv_attention = "quantized"  # how attention reads it (core/kv_quant.py)
         self._windows: bool | None = None  # whether any layer keeps a sliding window
         # rows of a prefix hit's final prefill forward; None: HIT_TAIL on a GPU, 1 on the CPU
         self.hit_tail: int | None = None
@@ -137,20 +131,22 @@ class Target:
     def make_cache(self) -> list:
         cache = self.family.make_cache(self.model)
         if self.kv_bits:
-            cache = [quantized_kv(c, self.kv_bits) for c in cache]
+            cache = [quantized_kv(c, self.kv_bits, self.kv_attention) for c in cache]
         return cache
 
     def quantize_kv(self, bits: int | None) -> None:
         """Keep keys and values at `bits` (8 or 4; None: the model's dtype) from the first
-        prompt token on, in mlx-lm's `QuantizedKVCache` (groups of 64 along the head dim).
+        prompt token on, stored as mlx-lm's `QuantizedKVCache` stores them (groups of 64 along
+        the head dim).
 
         Every position is quantized on its own, so dropping rejected positions is exact and
         a verify forward reads the same quantized keys one-row decoding would. Only plain KV
         layers change: sliding windows and recurrent state keep their own caches.
 
-        Refused with one line where MLX's attention over the cache cannot be trusted: on a
-        CUDA GPU (`quantized_attention_refusal`), and wherever a forward over a fresh quantized
-        cache raises at load (`_quantized_kv_failure`)."""
+        Attention reads the cache as `kv_attention()` says for this device: through MLX's
+        quantized product, or dequantized into MLX's dense attention (a CUDA GPU, where the
+        quantized product cannot be trusted; core/kv_quant.py). Refused with one line wherever
+        a forward over a fresh quantized cache raises at load (`_quantized_kv_failure`)."""
         if bits not in (None, 4, 8):
             raise OutriderError(f"--kv-bits must be 8 or 4, got {bits}")
         if bits:
@@ -165,19 +161,21 @@ class Target:
                     f"--kv-bits needs a head dimension divisible by {KV_GROUP_SIZE} (mlx-lm's "
                     f"quantization group); this model's is {head_dim}"
                 )
-            failure = quantized_attention_refusal() or self._quantized_kv_failure(bits, cache)
+            attention = kv_attention()
+            failure = self._quantized_kv_failure(bits, attention, cache)
             if failure:
                 raise UnsupportedTargetError(
                     f"--kv-bits {bits}: MLX cannot run attention over a quantized cache on "
                     f"this device ({failure}); run without --kv-bits"
                 )
+            self.kv_attention = attention
         self.kv_bits = bits
 
-    def _quantized_kv_failure(self, bits: int, fresh: list) -> str | None:
+    def _quantized_kv_failure(self, bits: int, attention: str, fresh: list) -> str | None:
         """Run a 3-row and a 2-row forward over the fresh cache `fresh`, quantized; None if
         they run, else the first line of MLX's error (a backend with no kernel for a shape
         raises "No implementation for problem shape", as MLX 0.32's CUDA one does)."""
-        cache = [quantized_kv(c, bits) for c in fresh]
+        cache = [quantized_kv(c, bits, attention) for c in fresh]
         try:
             with mx.stream(self.stream):
                 for ids in ([1, 2, 3], [4, 5]):

@@ -166,7 +166,7 @@ def _merge_layer(layer: tuple):
         return WindowRows.merge(list(layer))
     if kinds == {"RecordingArraysCache"}:
         return RecordingArraysCache.merge(list(layer))
-    if "QuantizedKVCache" in kinds:
+    if kinds & {"QuantizedKVCache", "DequantizingKVCache"}:
         raise UnsupportedTargetError(
             "batched decoding does not take a quantized KV cache (--kv-bits); serve one "
             "request at a time (--max-batch 1) or drop --kv-bits"

@@ -3,7 +3,8 @@
 After the target verifies [anchor, d1..dk] in one forward and keeps a < k drafts, every layer's
 cache must hold exactly what it would hold had the target seen only [anchor, d1..da]:
 
-- KV caches (mlx-lm `KVCache`, `QuantizedKVCache`): drop the last n rows (`trim`).
+- KV caches (mlx-lm `KVCache`, `QuantizedKVCache`, core/kv_quant.py's `DequantizingKVCache`):
+  drop the last n rows (`trim`).
 - Rotating (sliding-window) caches: a multi-token update leaves mlx-lm's `RotatingKVCache` in
   temporal order holding the window's last `max_size - 1` rows plus the verified rows, so
   dropping the last n rows is exact even after the window has wrapped (mlx-lm's own `trim`
@@ -25,10 +26,11 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, QuantizedKVCache
+from mlx_lm.models.cache import ArraysCache
 
 from ...core.errors import UnsupportedTargetError
 from ...core.family import LayerSnapshot, NotSnapshottable, restore_kv, snapshot_kv
+from ...core.kv_quant import stored_quantized
 from ...core.wrapper import PassThrough
 
 
@@ -194,12 +196,13 @@ def snapshot_layer(c: Any) -> LayerSnapshot:
             return LayerSnapshot("rotating", [None, None], {"offset": 0})
         meta = {"offset": c.offset, "keep": c.keep, "max_size": c.max_size, "idx": c._idx}
         return LayerSnapshot("rotating", [mx.array(c.keys), mx.array(c.values)], meta)
-    if isinstance(c, QuantizedKVCache):
-        n = c.offset
-        meta = {"offset": n, "group_size": c.group_size, "bits": c.bits}
-        if c.keys is None:
+    q = stored_quantized(c)
+    if q is not None:
+        n = q.offset
+        meta = {"offset": n, "group_size": q.group_size, "bits": q.bits}
+        if q.keys is None:
             return LayerSnapshot("quantized_kv", [None] * 6, meta, True)
-        arrays = [a[..., :n, :] for a in (*c.keys, *c.values)]
+        arrays = [a[..., :n, :] for a in (*q.keys, *q.values)]
         return LayerSnapshot("quantized_kv", arrays, meta, True)
     return snapshot_kv(c)
 
@@ -214,7 +217,8 @@ def restore_layer(c: Any, snap: LayerSnapshot, n: int) -> None:
             raise NotSnapshottable(f"cannot restore {n} positions from {snap.meta['offset']}")
         if n and snap.arrays[0] is not None:
             parts = [a[..., :n, :] for a in snap.arrays]
-            c.keys, c.values, c.offset = tuple(parts[:3]), tuple(parts[3:]), n
+            q = stored_quantized(c)
+            q.keys, q.values, q.offset = tuple(parts[:3]), tuple(parts[3:]), n
         return
     if n != snap.meta.get("offset", n):
         raise NotSnapshottable(f"a {snap.kind} snapshot holds exactly {snap.meta['offset']}")

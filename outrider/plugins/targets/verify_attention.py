@@ -59,6 +59,7 @@ from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
 from ...core.device import split_attention
+from ...core.kv_quant import DequantizingKVCache
 from ...core.wrapper import PassThrough
 
 # Query rows per kernel call in a verify: MLX's CUDA vector kernel takes up to 3 float32 rows,
@@ -160,7 +161,7 @@ class ChunkedAttention(PassThrough):
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         kind = type(cache)
         attend = None
-        if kind is KVCache and _is_causal(mask):
+        if kind in (KVCache, DequantizingKVCache) and _is_causal(mask):
             attend = self._kernel(x, mask, cache.offset + x.shape[1])
         elif kind is BatchKVCache and _is_boolean(mask):
             attend = self._kernel(x, mask, mask.shape[-1])
