@@ -36,7 +36,7 @@ from outrider.core.target import Target
 from outrider.plugins.strategies.baseline import PlainProposer
 from outrider.plugins.targets import verify_attention
 from outrider.plugins.targets.dense import DenseFamily
-from outrider.testing import OracleProposer, build_model, cast_model
+from outrider.testing import OracleProposer, build_model
 
 SHAPES = {
     "tiny": dict(
@@ -66,6 +66,15 @@ SHAPES = {
         head_dim=128,
         tie_word_embeddings=False,
     ),
+    "32b": dict(  # bf16: 65 GB, built without a float32 copy (build_model's dtype)
+        hidden_size=5120,
+        num_hidden_layers=64,
+        intermediate_size=25600,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -82,9 +91,8 @@ def qwen3_config(shape: str) -> dict:
 
 
 def make_target(shape: str, dtype: str) -> Target:
-    model = build_model(qwen3_config(shape), seed=0, scale=1.0)
-    if dtype != "fp32":  # fp32 for CPUs, where MLX's bf16 matmuls are slow
-        cast_model(model, mx.bfloat16)
+    half = None if dtype == "fp32" else mx.bfloat16  # fp32 for CPUs (slow bf16 matmuls there)
+    model = build_model(qwen3_config(shape), seed=0, scale=1.0, dtype=half)
     if dtype == "4bit":
         nn.quantize(model, group_size=64, bits=4)
     mx.eval(model.parameters())

@@ -136,7 +136,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="target folder or repo id (default: a tiny random qwen3)")
     ap.add_argument(
-        "--shape", help="a random-weight qwen3 of this shape instead (0.6b, 8b; in memory)"
+        "--shape", help="a random-weight qwen3 of this shape instead (0.6b, 8b, 32b; in memory)"
     )
     ap.add_argument("--dtype", default="bf16", help="with --shape: bf16, 4bit or fp32")
     ap.add_argument("--drafter")

@@ -14,11 +14,13 @@ from .configs import SANDWICH_NORMS, text_config, tiny_config
 from .tokenizer import SPECIAL_TOKENS, build_tokenizer
 
 
-def build_model(config: dict, seed: int = 0, scale: float = 4.0):
+def build_model(config: dict, seed: int = 0, scale: float = 4.0, dtype: mx.Dtype | None = None):
     """An mlx-lm model of the config's architecture with random weights.
 
     The output head is scaled up so that greedy choices are decisive (random models otherwise
-    produce near-uniform logits where fp rounding could flip an argmax).
+    produce near-uniform logits where fp rounding could flip an argmax). With `dtype` the
+    floating weights are cast before they are made, one array at a time, so a large shape
+    (a 32B one: 131 GB in float32) never exists in float32 as a whole.
     """
     mx.random.seed(seed)
     if "vision_config" in config:
@@ -38,6 +40,11 @@ def build_model(config: dict, seed: int = 0, scale: float = 4.0):
             # random model only echoes its input token.
             params[name] = params[name] * 16.0
     _randomize_packed(params)
+    if dtype is not None:
+        for name, value in params.items():
+            if mx.issubdtype(value.dtype, mx.floating):
+                params[name] = value.astype(dtype)
+            mx.eval(params[name])
     model.load_weights(list(params.items()))
     mx.eval(model.parameters())
     return model
