@@ -1,9 +1,11 @@
 """What a verify forward's width costs, and which part of the forward pays it.
 
 Part 1 (forwards): a random-weight Qwen3 of a real shape; one forward of w rows at a context,
-the key length growing by one between calls (as it does across rounds), with three attentions:
-MLX's own (`native`), plain matmul-softmax-matmul (`matmul`), and none at all (`none`: the
-projections, norms and head alone; wrong logits, timing only). Median ms per forward.
+the key length growing by one between calls (as it does across rounds), with four attentions:
+MLX's own (`native`), outrider's matmul-softmax-matmul (`matmul`: `matmul_attention`, the query
+heads of a KV head stacked as rows), the same with the keys broadcast over those heads instead
+(`broadcast`, its form until 2026-12-04), and none at all (`none`: the projections, norms and
+head alone; wrong logits, timing only). Median ms per forward.
 
 Part 2 (--sdpa): 36 layers' `mx.fast.scaled_dot_product_attention` alone with Qwen3-8B's heads
 (32 query, 8 key/value, dim 128, bf16), the key length fixed or growing between calls (`+g`):
@@ -11,6 +13,8 @@ mask "causal", a boolean mask array, and one call per query row (`split1`). Medi
 first call's in brackets.
 
     python benchmarks/verify_forward_ablation.py --shape 8b --dtypes 4bit,bf16 --contexts 256,4224
+    python benchmarks/verify_forward_ablation.py --shape 32b --dtypes bf16 --contexts 4224 \
+        --widths 1,33,97  # a prefix hit's suffix forward (docs/server.md)
     python benchmarks/verify_forward_ablation.py --sdpa
 
 Receipts (H200): docs/receipts/verify_forward_ablation_h200.txt,
@@ -32,15 +36,17 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 
-from outrider.plugins.targets.verify_attention import chunked_causal_attention
+from outrider.plugins.targets.verify_attention import chunked_causal_attention, matmul_attention
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 WIDTHS = (1, 2, 5, 8, 16, 64)
 
 
-def matmul_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
-    """Causal attention of the last n positions as two matmuls and a softmax (grouped heads)."""
+def broadcast_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+    """Causal attention of the last n positions as two matmuls and a softmax, the keys
+    broadcast over each KV head's query heads (outrider's `matmul_attention` until 2026-12-04;
+    it now stacks those heads as rows instead)."""
     b, h, n, d = q.shape
     kv, s = k.shape[1], k.shape[2]
     q = (q * scale).reshape(b, kv, h // kv, n, d)
@@ -60,14 +66,19 @@ class Ablated(nn.Module):
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         a = self.attention
         b, n, _ = x.shape
-        if n == 1 and self.how == "matmul":
+        if n == 1 and self.how in ("matmul", "broadcast"):
             return a(x, mask=mask, cache=cache)
         q = a.q_norm(a.q_proj(x).reshape(b, n, a.n_heads, -1)).transpose(0, 2, 1, 3)
         k = a.k_norm(a.k_proj(x).reshape(b, n, a.n_kv_heads, -1)).transpose(0, 2, 1, 3)
         v = a.v_proj(x).reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
         q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
         keys, values = cache.update_and_fetch(k, v)
-        out = q if self.how == "none" else matmul_attention(q, keys, values, a.scale)
+        if self.how == "none":
+            out = q
+        elif self.how == "broadcast":
+            out = broadcast_attention(q, keys, values, a.scale)
+        else:
+            out = matmul_attention(q, keys, values, a.scale)
         return a.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
 
 
@@ -75,7 +86,9 @@ def median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def forwards(shape: str, dtypes: list[str], contexts: list[int], reps: int) -> None:
+def forwards(
+    shape: str, dtypes: list[str], contexts: list[int], reps: int, widths: tuple[int, ...] = WIDTHS
+) -> None:
     from loop_efficiency import make_target
 
     for dtype in dtypes:
@@ -83,13 +96,13 @@ def forwards(shape: str, dtypes: list[str], contexts: list[int], reps: int) -> N
         layers = target.family.layers(target.model)
         own = [layer.self_attn for layer in layers]
         for ctx in contexts:
-            for how in ("native", "matmul", "none"):
+            for how in ("native", "broadcast", "matmul", "none"):
                 for layer, attention in zip(layers, own):
                     layer.self_attn = attention if how == "native" else Ablated(attention, how)
                 cache = target.make_cache()
                 mx.eval(target.forward(mx.arange(10, 10 + ctx, dtype=mx.uint32), cache)[0])
                 row = []
-                for w in WIDTHS:
+                for w in widths:
                     times = []
                     for r in range(reps):
                         ids = mx.arange(100 + r, 100 + r + w, dtype=mx.uint32)
@@ -115,12 +128,12 @@ def attention(kind: str, q: mx.array, k: mx.array, v: mx.array, s: int) -> mx.ar
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
-def sdpa(contexts: list[int], reps: int) -> None:
+def sdpa(contexts: list[int], reps: int, widths: tuple[int, ...] = WIDTHS) -> None:
     heads, kv_heads, dim, layers = 32, 8, 128, 36
     for s0 in contexts:
         k = mx.random.normal((1, kv_heads, s0 + 3 * reps, dim)).astype(mx.bfloat16)
         v = mx.random.normal((1, kv_heads, s0 + 3 * reps, dim)).astype(mx.bfloat16)
-        for n in WIDTHS:
+        for n in widths:
             q = mx.random.normal((1, heads, n, dim)).astype(mx.bfloat16)
             cells = []
             for kind in ("causal", "array", "split1"):
@@ -139,7 +152,8 @@ def sdpa(contexts: list[int], reps: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="8b", help="random Qwen3 shape (0.6b, 8b)")
+    ap.add_argument("--shape", default="8b", help="random Qwen3 shape (0.6b, 8b, 32b)")
+    ap.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="rows per forward")
     ap.add_argument("--dtypes", default="4bit,bf16")
     ap.add_argument("--contexts", default="256,4224")
     ap.add_argument("--reps", type=int, default=7)
@@ -147,10 +161,11 @@ def main() -> None:
     args = ap.parse_args()
     print(f"mlx {mx.__version__} {mx.default_device()}")
     contexts = [int(c) for c in args.contexts.split(",")]
+    widths = tuple(int(w) for w in args.widths.split(","))
     if args.sdpa:
-        sdpa(contexts, max(args.reps, 6))
+        sdpa(contexts, max(args.reps, 6), widths)
     else:
-        forwards(args.shape, args.dtypes.split(","), contexts, args.reps)
+        forwards(args.shape, args.dtypes.split(","), contexts, args.reps, widths)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,8 @@ from . import __version__
 from .cli_common import cache_root, plugins
 from .cli_common import console as _console
 from .cli_common import print_json as _print_json
-from .core.device import split_attention, tf32_matmuls
+from .core.device import kv_attention, split_attention, tf32_matmuls
 from .core.errors import OutriderError
-from .core.kv_quant import kv_attention
 
 Opt = typer.Option
 

@@ -134,14 +134,22 @@ def decoder_layers(target) -> list:
 def fp32_close(a: mx.array, b: mx.array, atol: float, rtol: float = 0.0) -> bool:
     """`allclose` for float32 results of two computation orders. Where float32 matmuls run in
     TF32 (a 10-bit mantissa: MLX's CUDA backend, unless MLX_ENABLE_TF32=0) two orders agree to
-    ~1e-3 of the values' scale, not to float32 rounding, so the bound grows to that; elsewhere
-    it is the one given."""
+    ~1e-3 of the values' scale, not to float32 rounding, so the bound grows to that; values
+    held in half precision (a float16 pack on a GPU) agree to a few of their own steps;
+    elsewhere it is the one given."""
     from outrider.core.device import tf32_matmuls
 
+    scale = max(mx.abs(a).max().item(), mx.abs(b).max().item(), 1e-6)
     if tf32_matmuls():
-        scale = max(mx.abs(a).max().item(), mx.abs(b).max().item(), 1e-6)
         atol, rtol = max(atol, 2e-3 * scale), max(rtol, 2e-3)
+    step = HALF_STEP.get(a.dtype)
+    if step:
+        atol, rtol = max(atol, 4 * step * scale), max(rtol, 4 * step)
     return mx.allclose(a, b, atol=atol, rtol=rtol).item()
+
+
+# the spacing of half-precision values next to 1 (float16: 10 mantissa bits, bfloat16: 7)
+HALF_STEP = {mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}
 
 
 def same_bits(a: mx.array, b: mx.array) -> bool:

@@ -24,15 +24,10 @@ from mlx_lm.models.cache import make_prompt_cache
 
 import outrider
 from outrider import doctor
-from outrider.core import kv_quant
+from outrider.core import device
+from outrider.core.device import KV_ATTENTION_ENV, kv_attention
 from outrider.core.errors import OutriderError, UnsupportedTargetError
-from outrider.core.kv_quant import (
-    KV_ATTENTION_ENV,
-    DequantizingKVCache,
-    kv_attention,
-    quantized_kv,
-    stored_quantized,
-)
+from outrider.core.kv_quant import DequantizingKVCache, quantized_kv, stored_quantized
 from outrider.testing import make_tiny_drafter, make_tiny_target
 
 _QUANTIZED_RUNS: dict[tuple, list[int]] = {}
@@ -198,12 +193,12 @@ def test_a_cuda_gpu_reads_a_quantized_cache_dequantized(wide_heads, monkeypatch)
     load check does not reach (docs/testing-on-gpu.md), so a CUDA GPU reads the cache
     dequantized by default, `outrider doctor` says which read is used, and a bad override is
     one clear error."""
-    monkeypatch.setattr(kv_quant, "on_cuda_gpu", lambda: True)
+    monkeypatch.setattr(device, "on_cuda_gpu", lambda: True)
     assert kv_attention() == "dequantized"
     assert doctor.doctor_report()["kv_bits"] == "8, 4 (attention reads the cache dequantized)"
     monkeypatch.setenv(KV_ATTENTION_ENV, "quantized")
     assert kv_attention() == "quantized"
-    monkeypatch.setattr(kv_quant, "on_cuda_gpu", lambda: False)
+    monkeypatch.setattr(device, "on_cuda_gpu", lambda: False)
     monkeypatch.delenv(KV_ATTENTION_ENV)
     assert kv_attention() == "quantized"
     monkeypatch.setenv(KV_ATTENTION_ENV, "fast")

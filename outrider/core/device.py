@@ -19,6 +19,24 @@ def on_cuda_gpu() -> bool:
     return mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
+KV_ATTENTION_ENV = "OUTRIDER_KV_ATTENTION"
+
+
+def kv_attention() -> str:
+    """How attention reads a quantized KV cache (`--kv-bits`; core/kv_quant.py): `dequantized`
+    on a CUDA GPU, where MLX 0.32's quantized attention raised at some shapes and decoded wrong
+    tokens at others (docs/testing-on-gpu.md), else `quantized` (MLX's quantized product, as
+    mlx-lm runs it); OUTRIDER_KV_ATTENTION=quantized or dequantized forces it."""
+    choice = os.environ.get(KV_ATTENTION_ENV, "auto").strip().lower()
+    if choice not in ("auto", "quantized", "dequantized"):
+        raise OutriderError(
+            f"{KV_ATTENTION_ENV} must be auto, quantized or dequantized, got {choice!r}"
+        )
+    if choice == "auto":
+        return "dequantized" if on_cuda_gpu() else "quantized"
+    return choice
+
+
 def tf32_matmuls() -> bool:
     """True when float32 matrix products run at reduced precision (TF32, a 10-bit mantissa): on
     a CUDA GPU, and on an Apple GPU with neural accelerators (`metal_matmul_units`), unless

@@ -13,36 +13,17 @@ They differ in the attention that reads them:
   `mx.dequantize` and dense attention are right there; the memory saved is the same, since only
   one layer's keys are dense at a time.
 
-`kv_attention()` picks one per device; OUTRIDER_KV_ATTENTION overrides it.
+`core/device.py: kv_attention()` picks one per device; OUTRIDER_KV_ATTENTION overrides it.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, create_attention_mask
 
-from .device import on_cuda_gpu
-from .errors import OutriderError
-
 KV_GROUP_SIZE = 64  # mlx-lm's default for quantized KV caches
-KV_ATTENTION_ENV = "OUTRIDER_KV_ATTENTION"
-
-
-def kv_attention() -> str:
-    """How attention reads a quantized KV cache here: `dequantized` on a CUDA GPU, where MLX's
-    quantized attention cannot be trusted, else `quantized`; OUTRIDER_KV_ATTENTION=quantized
-    or dequantized forces it."""
-    choice = os.environ.get(KV_ATTENTION_ENV, "auto").strip().lower()
-    if choice not in ("auto", "quantized", "dequantized"):
-        raise OutriderError(
-            f"{KV_ATTENTION_ENV} must be auto, quantized or dequantized, got {choice!r}"
-        )
-    if choice == "auto":
-        return "dequantized" if on_cuda_gpu() else "quantized"
-    return choice
 
 
 class DequantizingKVCache:

@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from .device import matmul_choice
+from .device import kv_attention, matmul_choice
 from .errors import Cancelled, OutriderError, UnsupportedTargetError
 from .family import (
     BatchedCache,
@@ -25,7 +25,7 @@ from .family import (
     default_restore,
     default_snapshot,
 )
-from .kv_quant import KV_GROUP_SIZE, kv_attention, quantized_kv
+from .kv_quant import KV_GROUP_SIZE, quantized_kv
 from .wrapper import PassThrough
 
 # Rows per prefill forward. Small enough that a cancel (a client that went away, Ctrl-C) is

@@ -41,12 +41,12 @@ def build_model(config: dict, seed: int = 0, scale: float = 4.0, dtype: mx.Dtype
             params[name] = params[name] * 16.0
     _randomize_packed(params)
     if dtype is not None:
-        for name, value in params.items():
-            if mx.issubdtype(value.dtype, mx.floating):
-                params[name] = value.astype(dtype)
-            mx.eval(params[name])
+        params = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+                  for k, v in params.items()}  # fmt: skip
     model.load_weights(list(params.items()))
-    mx.eval(model.parameters())
+    del params  # the model holds the only references: each float32 input dies once it is cast
+    for _, value in tree_flatten(model.parameters()):
+        mx.eval(value)
     return model
 
 
