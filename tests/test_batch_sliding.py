@@ -14,13 +14,12 @@ import random
 
 import mlx.core as mx
 import pytest
-from conftest import PROMPTS, load_kv_bits, plain_greedy
+from conftest import PROMPTS, plain_greedy
 from mlx_lm.models.cache import BatchRotatingKVCache
 from test_batch import RowOracle
 
 import outrider
 from outrider.core.batch import Batch, fork
-from outrider.core.errors import UnsupportedTargetError
 from outrider.core.loop import begin_row, prefill
 from outrider.core.proposer import DraftContext, Proposal
 from outrider.core.sampling import SamplingParams
@@ -293,24 +292,6 @@ def test_multimodal_language_tower_rows_match_plain_greedy(models_dir, family):
     """mlx-vlm checkpoints run their language tower, whose caches are mlx-vlm's own classes;
     they batch into the same batched caches."""
     oracle_rows_match_plain_greedy(models_dir, family, 32)
-
-
-def test_quantized_kv_is_not_batched_on_sliding_targets(tmp_path):
-    """`--kv-bits` keeps one row at a time (the server's `--max-batch` then serves requests in
-    turn); merging quantized caches anyway is refused by name."""
-    path = make_tiny_target(tmp_path / "g4", family="gemma4_text", head_dim=64, global_head_dim=64)
-    pipe = load_kv_bits(path, 8, mode="baseline")
-    if pipe is None:  # refused at load: MLX 0.32 on CUDA (conftest.py)
-        pytest.skip("--kv-bits is refused on this device (conftest.load_kv_bits)")
-    assert not pipe.target.batches
-    assert pipe.generate([1, 2, 3], max_tokens=4).tokens  # one row at a time still serves
-    with pytest.raises(UnsupportedTargetError, match="one row at a time"):
-        pipe.generate_batch([[1, 2, 3], [4, 5]], max_tokens=4)
-    caches = [pipe.target.make_cache() for _ in range(2)]
-    for ids, cache in zip([[1, 2, 3], [4, 5]], caches):
-        pipe.target.forward(mx.array(ids, dtype=mx.uint32), cache)
-    with pytest.raises(UnsupportedTargetError, match=r"quantized KV cache \(--kv-bits\)"):
-        pipe.target.family.merge_rows(caches)
 
 
 @pytest.mark.slow

@@ -16,6 +16,8 @@ layers exactly.
 
 from __future__ import annotations
 
+import random
+
 import mlx.core as mx
 import pytest
 from conftest import PROMPTS, _load_plain, load_kv_bits, plain_greedy
@@ -293,12 +295,15 @@ def test_prefix_cache_hits_over_a_quantized_cache_equal_a_fresh_run(kinds, famil
 def test_the_server_with_kv_bits_answers_as_mlx_lm_through_both_sdks(kinds):
     """`serve --kv-bits 8 --max-batch 2` on a gated-delta target with the prefix cache: through
     the real openai and anthropic SDKs, each answer is mlx-lm's decoding of the prompt over the
-    same quantized caches (one request at a time: quantized caches do not batch), and a repeat
-    is a whole-prompt hit with the same answer."""
+    same quantized caches, a repeat is a whole-prompt hit with the same answer, and concurrent
+    requests of both APIs share rounds and each still get their own answer."""
+    import asyncio
+
     import anthropic
     import openai
     import requests
     from live_server import detok, live_server
+    from test_server_batching import metric
 
     from outrider.core.prefix_cache import PrefixCache
     from outrider.prompts import encode_messages
@@ -306,41 +311,143 @@ def test_the_server_with_kv_bits_answers_as_mlx_lm_through_both_sdks(kinds):
 
     target, drafter = kinds["qwen3_next"]
     spec = LoadSpec(str(target), str(drafter), mode="dspark", kv_bits=8)
-    messages = [{"role": "user", "content": "Say something about the sea."}]
+    asks = [[{"role": "user", "content": f"Say something about the {w}."}]
+            for w in ("sea", "sky", "hills", "rain")]  # fmt: skip
     with live_server(spec, max_batch=2) as (url, engine):
         engine.set_prefix_cache(PrefixCache(1 << 30))
         health = requests.get(url + "/health").json()
-        assert (health["kv_bits"], health["max_batch"], health["batching"]) == (8, 2, False)
+        assert (health["kv_bits"], health["max_batch"], health["batching"]) == (8, 2, True)
         tok = engine.pipeline.tokenizer
-        ids = encode_messages(tok, messages)
-        want = detok(tok, quantized_plain(target, ids, 12, 8))
-        assert len(want) > 5
+        want = [detok(tok, quantized_plain(target, encode_messages(tok, m), 12, 8)) for m in asks]
+        assert all(len(w) > 5 for w in want)
         oai = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         for cached in (False, True):
             r = oai.chat.completions.create(
                 model="qwen3_next",
-                messages=messages,
+                messages=asks[0],
                 max_tokens=12,
                 extra_body={"ignore_eos": True},
             )
-            assert r.choices[0].message.content == want
+            assert r.choices[0].message.content == want[0]
             hit = r.usage.prompt_tokens_details.cached_tokens
             assert hit == (r.usage.prompt_tokens if cached else 0)
         claude = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
-        m = claude.messages.create(model="qwen3_next", messages=messages, max_tokens=12,
+        m = claude.messages.create(model="qwen3_next", messages=asks[0], max_tokens=12,
                                    extra_body={"ignore_eos": True})  # fmt: skip
-        assert m.content[0].text == want
+        assert m.content[0].text == want[0]
+
+        async def together() -> list[str]:
+            a_oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+            a_claude = anthropic.AsyncAnthropic(base_url=url, api_key="x", max_retries=0)
+
+            async def by_openai(messages) -> str:
+                r = await a_oai.chat.completions.create(model="qwen3_next", messages=messages,
+                    max_tokens=12, extra_body={"ignore_eos": True})  # fmt: skip
+                return r.choices[0].message.content
+
+            async def by_anthropic(messages) -> str:
+                r = await a_claude.messages.create(model="qwen3_next", messages=messages,
+                    max_tokens=12, extra_body={"ignore_eos": True})  # fmt: skip
+                return r.content[0].text
+
+            calls = [by_openai(asks[1]), by_anthropic(asks[2]), by_openai(asks[3])]
+            return await asyncio.gather(*calls)
+
+        assert asyncio.run(together()) == want[1:]
+        assert metric(url, "outrider_batch_rows_max") > 1  # quantized rows shared rounds
 
 
-def test_serve_says_when_max_batch_cannot_batch(kinds):
-    """`serve --max-batch 4 --kv-bits 8` says at start-up that requests are served one at a
-    time, and why; a target that batches says nothing."""
+def test_serve_batches_quantized_targets_and_says_when_it_cannot(kinds, tmp_path):
+    """`--kv-bits` targets batch, so `serve --max-batch 4 --kv-bits 8` says nothing; a family
+    that cannot batch says at start-up that requests are served one at a time, and why."""
     from outrider.server.command import batching_note
 
     target, _ = kinds["qwen3_next"]
     quantized = outrider.load(str(target), mode="lookup", kv_bits=8)
-    note = batching_note(quantized, 4)
-    assert note is not None and "one at a time" in note and "--kv-bits" in note
-    assert batching_note(quantized, 1) is None
-    plain = outrider.load(str(target), mode="lookup")
-    assert plain.target.batches and batching_note(plain, 4) is None
+    assert quantized.target.batches and batching_note(quantized, 4) is None
+    # gemma3_text has no family plugin: the mlx-lm fallback runs it, one row at a time
+    other = make_tiny_target(tmp_path / "g3", family="llama", model_type="gemma3_text",
+                             head_dim=16, sliding_window=8, sliding_window_pattern=2)  # fmt: skip
+    plain = outrider.load(str(other), mode="baseline")
+    note = batching_note(plain, 4)
+    assert note is not None and "one at a time" in note
+    assert batching_note(plain, 1) is None
+
+
+def quantized_step(cache) -> float:
+    """The largest quantization step (scale) among the stored keys of a one-row cache."""
+    return max(mx.abs(stored_quantized(c).keys[1]).max().item() for c in quantized_layers(cache))
+
+
+def dense_keys(c) -> mx.array:
+    q = stored_quantized(c)
+    parts = [a[..., : q.offset, :] for a in q.keys]
+    return mx.dequantize(*parts, group_size=q.group_size, bits=q.bits)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_batched_quantized_rows_hold_what_each_row_holds_alone(kv_heads, bits):
+    """Rounds of random widths over a batch of quantized rows, each row rejecting its own count
+    (so rows move their oldest columns into their rejected slots in all three stored arrays), a
+    row leaving and one joining: every round's logits are each row's alone, and a row taken out
+    holds its tokens in order, as a one-row quantized cache fed them holds them (to one
+    quantization step, where float rounding of a batched product flips a code)."""
+    target = outrider.load(str(kv_heads[0]), mode="baseline", kv_bits=bits).target
+    rng = random.Random(5)
+    vocab = int(target.config["vocab_size"])
+    ids = lambda n: [rng.randrange(2, vocab) for _ in range(n)]  # noqa: E731
+    history, caches = [], []
+    for n in (5, 9, 14):
+        history.append(ids(n))
+        caches.append(target.make_cache())
+        target.forward(mx.array(history[-1], dtype=mx.uint32), caches[-1])
+    batched = target.merge_rows(caches)
+    assert [type(c).__name__ for c in batched] == ["QuantizedRows"] * len(batched)
+    for round_ in range(8):
+        width = rng.randrange(1, 6)
+        block = [ids(width) for _ in history]
+        logits, _ = target.forward_rows(mx.array(block, dtype=mx.uint32), batched)
+        rejected = [rng.randrange(0, width) for _ in history]
+        for i, row in enumerate(history):
+            alone, _ = target.forward(
+                mx.array(row + block[i], dtype=mx.uint32), target.make_cache()
+            )
+            scale = mx.abs(alone).max().item()
+            assert mx.abs(logits[i] - alone[-width:]).max().item() <= 1e-3 * scale, (round_, i)
+            history[i] = row + block[i][: width - rejected[i]]
+        target.rollback_rows(batched, rejected)
+        if round_ == 3:
+            target.filter_rows(batched, [0, 2])
+            history.pop(1)
+            history.append(ids(11))
+            joining = target.make_cache()
+            target.forward(mx.array(history[-1], dtype=mx.uint32), joining)
+            target.extend_rows(batched, target.merge_rows([joining]))
+    for i, row in enumerate(history):
+        mine = target.extract_row(batched, i)
+        assert type(mine[0]) is type(target.make_cache()[0])  # the kind a row alone uses
+        target.rollback(mine, 2)
+        alone = target.make_cache()
+        target.forward(mx.array(row[:-2], dtype=mx.uint32), alone)
+        step = quantized_step(alone)
+        for got, want in zip(mine, alone, strict=True):
+            assert got.offset == want.offset == len(row) - 2
+            assert mx.abs(dense_keys(got) - dense_keys(want)).max().item() <= step * 1.01
+
+
+@pytest.mark.parametrize("family", ["dense", *KINDS])
+def test_batched_requests_over_a_quantized_cache_equal_each_request_alone(kv_heads, kinds, family):
+    """generate_batch with --kv-bits 8 on a dense, gated-delta, Mamba-2 and sliding-window
+    target, rows joining as others finish: each row's greedy tokens are its single request's,
+    in a drafting mode and in lookup."""
+    target, drafter = kv_heads if family == "dense" else kinds[family]
+    for mode in ("dspark", "lookup"):
+        pipe = outrider.load(str(target), str(drafter) if mode == "dspark" else None,
+                             mode=mode, kv_bits=8)  # fmt: skip
+        assert pipe.target.batches
+        rows = [pipe.encode(p) for p in PROMPTS[:3]]
+        batch = pipe.generate_batch(rows, max_tokens=20, max_draft=4, stop_tokens=set(),
+                                    max_batch=2)  # fmt: skip
+        alone = [pipe.generate(r, max_tokens=20, max_draft=4, stop_tokens=set()).tokens
+                 for r in rows]  # fmt: skip
+        assert [r.tokens for r in batch] == alone, f"{family}: {mode}"

@@ -215,15 +215,13 @@ class Target:
     # -- batches of rows (continuous batching) ----------------------------------------------
     @property
     def batches(self) -> bool:
-        """Whether this target's family can hold several rows in one cache. A quantized KV
-        cache (`kv_bits`) cannot: such a target decodes one row at a time."""
+        """Whether this target's family can hold several rows in one cache (with `kv_bits`
+        too: plugins/targets/batched.py, `QuantizedRows`)."""
         return self.unbatched_reason is None
 
     @property
     def unbatched_reason(self) -> str | None:
         """Why this target decodes one row at a time, or None where it batches."""
-        if self.kv_bits:
-            return "--kv-bits: a quantized KV cache does not batch"
         if not hasattr(self.family, "merge_rows"):
             return f"the {self.family.name} family does not batch"
         return None

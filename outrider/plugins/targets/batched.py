@@ -19,6 +19,10 @@ Recurrent layers hold one state per row (no padding: a state has no length). The
 replays the layer's mixer over each row's accepted prefix from the state before the round,
 rows that kept the same number of tokens in one mixer call (see `RecordingArraysCache.rollback_rows`).
 
+Quantized KV layers (`--kv-bits`) use `QuantizedRows`: mlx-lm's batched bookkeeping over the
+three arrays a quantized position is stored as, read dequantized (core/kv_quant.py), so every
+move above applies to each of the three alike.
+
 Sliding-window layers use `WindowRows`, mlx-lm's `BatchRotatingKVCache` with one fix (below).
 Its rows are left-padded in temporal order too: a one-token update writes into a rotating
 buffer of `max_size` columns and moves every row's padding one column left (the evicted
@@ -40,6 +44,7 @@ from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, dyn
 
 from ...core.errors import UnsupportedTargetError
 from ...core.family import BatchedCache
+from ...core.kv_quant import stored_quantized
 from .caches import RecordingArraysCache
 
 
@@ -81,6 +86,116 @@ class WindowRows(BatchRotatingKVCache):
             self.values = dynamic_roll(self.values, shifts, axis=2)
             self.left_padding = self.left_padding + shifts[:, 0]
             self.offset = self.offset - shifts[:, 0]
+
+
+class QuantizedRows:
+    """Several rows of a quantized KV layer (`--kv-bits`): the packed values, scales and biases
+    of its keys and values each kept in one mlx-lm `BatchKVCache` (`parts`), all three with
+    the same padding, offsets and columns, and read dequantized into MLX's dense attention.
+
+    A batch's rows are read dequantized whatever the device (a one-row cache may use MLX's
+    quantized product instead, core/kv_quant.py); the two reads agree to float rounding, so
+    a batched row may part from its single run at an fp tie only. Like `DequantizingKVCache`
+    it has no `bits` attribute, which would send mlx-lm's attention to the quantized product."""
+
+    def __init__(self, parts: list[BatchKVCache], group_size: int, bits: int, row_kind: type):
+        self.parts = parts
+        self.group_size, self.n_bits, self.row_kind = group_size, bits, row_kind
+
+    @classmethod
+    def merge(cls, rows: list) -> QuantizedRows:
+        stored = [stored_quantized(c) for c in rows]
+        parts = []
+        for i in range(3):
+            plain = []
+            for q in stored:
+                one = KVCache()
+                if q.keys is not None and q.offset:
+                    one.keys, one.values = (
+                        q.keys[i][..., : q.offset, :],
+                        q.values[i][..., : q.offset, :],
+                    )
+                    one.offset = q.offset
+                plain.append(one)
+            parts.append(BatchKVCache.merge(plain))
+        return cls(parts, stored[0].group_size, stored[0].bits, type(rows[0]))
+
+    # mlx-lm's batched bookkeeping, the same in every part
+    @property
+    def left_padding(self) -> mx.array:
+        return self.parts[0].left_padding
+
+    @left_padding.setter
+    def left_padding(self, value: mx.array) -> None:
+        for p in self.parts:
+            p.left_padding = value
+
+    @property
+    def offset(self) -> mx.array:
+        return self.parts[0].offset
+
+    @offset.setter
+    def offset(self, value: mx.array) -> None:
+        for p in self.parts:
+            p.offset = value
+
+    @property
+    def _idx(self) -> int:
+        return self.parts[0]._idx
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        qk = mx.quantize(keys, group_size=self.group_size, bits=self.n_bits)
+        qv = mx.quantize(values, group_size=self.group_size, bits=self.n_bits)
+        fetched = [p.update_and_fetch(k, v) for p, k, v in zip(self.parts, qk, qv, strict=True)]
+        k_parts, v_parts = zip(*fetched, strict=True)
+        return self._dense(k_parts), self._dense(v_parts)
+
+    def _dense(self, parts) -> mx.array:
+        return mx.dequantize(*parts, group_size=self.group_size, bits=self.n_bits)
+
+    def make_mask(self, *args, **kwargs):
+        return self.parts[0].make_mask(*args, **kwargs)
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        return [p.trim(n) for p in self.parts][0]
+
+    def size(self) -> int:
+        return self._idx
+
+    def empty(self) -> bool:
+        return self.parts[0].empty()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def filter(self, batch_indices: mx.array) -> None:
+        for p in self.parts:
+            p.filter(batch_indices)
+
+    def extend(self, other: QuantizedRows) -> None:
+        for mine, theirs in zip(self.parts, other.parts, strict=True):
+            mine.extend(theirs)
+
+    def extract(self, idx: int, order: mx.array | None = None):
+        """Row `idx` as a one-row quantized cache of the kind the rows came in as; `order`:
+        its columns in the order of its tokens (`RowColumns.in_order`), else as they sit."""
+        one = self.row_kind(group_size=self.group_size, bits=self.n_bits)
+        q = stored_quantized(one)
+        keys, values = [], []
+        for p in self.parts:
+            if order is None:
+                row = p.extract(idx)
+                keys.append(row.keys)
+                values.append(row.values)
+            else:
+                keys.append(mx.contiguous(mx.take(p.keys[idx : idx + 1], order, axis=2)))
+                values.append(mx.contiguous(mx.take(p.values[idx : idx + 1], order, axis=2)))
+        q.keys, q.values, q.offset = tuple(keys), tuple(values), keys[0].shape[2]
+        return one
 
 
 class RowColumns:
@@ -148,8 +263,8 @@ def move_columns(c: BatchKVCache, source: mx.array) -> None:
     c.values[..., start:end, :] = mx.take_along_axis(c.values, source, 2)
 
 
-def _first_kv(cache: list) -> BatchKVCache | None:
-    return next((c for c in cache if type(c) is BatchKVCache), None)
+def _first_kv(cache: list) -> BatchKVCache | QuantizedRows | None:
+    return next((c for c in cache if type(c) in (BatchKVCache, QuantizedRows)), None)
 
 
 def _merge_layer(layer: tuple):
@@ -166,11 +281,8 @@ def _merge_layer(layer: tuple):
         return WindowRows.merge(list(layer))
     if kinds == {"RecordingArraysCache"}:
         return RecordingArraysCache.merge(list(layer))
-    if kinds & {"QuantizedKVCache", "DequantizingKVCache"}:
-        raise UnsupportedTargetError(
-            "batched decoding does not take a quantized KV cache (--kv-bits); serve one "
-            "request at a time (--max-batch 1) or drop --kv-bits"
-        )
+    if kinds in ({"QuantizedKVCache"}, {"DequantizingKVCache"}):
+        return QuantizedRows.merge(list(layer))
     names = ", ".join(sorted(kinds - {"KVCache", "RotatingKVCache", "RecordingArraysCache"}))
     raise UnsupportedTargetError(
         "batched decoding needs KV caches, sliding windows or recurrent state; this model "
@@ -235,6 +347,9 @@ class BatchedRows:
         index = mx.array(order, dtype=mx.int32)
         out = []
         for c in cache:
+            if type(c) is QuantizedRows:
+                out.append(c.extract(row, index))
+                continue
             if type(c) is not BatchKVCache:
                 out.append(c.extract(row))
                 continue
@@ -263,11 +378,14 @@ class BatchedRows:
                 c.trim(common)
             if shifts is None:
                 continue
-            end = c._idx
-            if columns is None:  # no column map: roll each row's whole length
-                c.keys[..., :end, :] = dynamic_roll(c.keys[..., :end, :], shifts, axis=2)
-                c.values[..., :end, :] = dynamic_roll(c.values[..., :end, :], shifts, axis=2)
-            elif source is not None:
-                move_columns(c, source)
+            for part in getattr(c, "parts", (c,)):  # a quantized layer: its three arrays alike
+                end = part._idx
+                if columns is None:  # no column map: roll each row's whole length
+                    part.keys[..., :end, :] = dynamic_roll(part.keys[..., :end, :], shifts, axis=2)
+                    part.values[..., :end, :] = dynamic_roll(
+                        part.values[..., :end, :], shifts, axis=2
+                    )
+                elif source is not None:
+                    move_columns(part, source)
             c.left_padding = c.left_padding + shifts[:, 0]
             c.offset = c.offset - shifts[:, 0]

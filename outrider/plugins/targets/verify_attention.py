@@ -61,6 +61,7 @@ from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, Rot
 from ...core.device import split_attention
 from ...core.kv_quant import DequantizingKVCache
 from ...core.wrapper import PassThrough
+from .batched import QuantizedRows
 
 # Query rows per kernel call in a verify: MLX's CUDA vector kernel takes up to 3 float32 rows,
 # and one row in half precision.
@@ -167,7 +168,7 @@ class ChunkedAttention(PassThrough):
         attend = None
         if kind in (KVCache, DequantizingKVCache) and _is_causal(mask):
             attend = self._kernel(x, mask, cache.offset + x.shape[1])
-        elif kind is BatchKVCache and _is_boolean(mask):
+        elif kind in (BatchKVCache, QuantizedRows) and _is_boolean(mask):
             attend = self._kernel(x, mask, mask.shape[-1])
         if attend is None:
             return self.attention(x, mask=mask, cache=cache)
