@@ -241,22 +241,22 @@ def test_rolled_back_rows_hold_exactly_their_own_positions(qwen3_target):
             assert mx.allclose(k1, k2, atol=1e-5).item()
 
 
-def test_uneven_rollbacks_keep_every_row_what_it_holds_alone(qwen3_target):
-    """Rounds of random widths, each row rejecting its own count (so rows move their oldest
-    columns into their rejected slots), a row leaving and one joining: every round's logits
-    are each row's alone, and a row taken out holds its tokens in order, so a one-row
-    rollback after that drops its newest tokens."""
-    target = outrider.load(str(qwen3_target), mode="baseline").target
-    rng = random.Random(3)
+def uneven_rounds(target, lengths: list[int], rounds: int, seed: int, close) -> tuple:
+    """Rows of random prompts of `lengths`, merged into one batch, then `rounds` rounds of
+    random widths, each row rejecting its own count (so rows move their oldest columns into
+    their rejected slots); halfway, row 1 leaves and a row of 11 tokens joins. Each round's
+    logits of every row are checked against that row alone with `close(batched, alone)`.
+    Returns (every row's kept tokens, the batched cache)."""
+    rng = random.Random(seed)
     vocab = int(target.config["vocab_size"])
     ids = lambda n: [rng.randrange(2, vocab) for _ in range(n)]  # noqa: E731
     history, caches = [], []
-    for n in (5, 9, 14, 20):
+    for n in lengths:
         history.append(ids(n))
         caches.append(target.make_cache())
         target.forward(mx.array(history[-1], dtype=mx.uint32), caches[-1])
     batched = target.merge_rows(caches)
-    for round_ in range(12):
+    for round_ in range(rounds):
         width = rng.randrange(1, 7)
         block = [ids(width) for _ in history]
         logits, _ = target.forward_rows(mx.array(block, dtype=mx.uint32), batched)
@@ -265,16 +265,26 @@ def test_uneven_rollbacks_keep_every_row_what_it_holds_alone(qwen3_target):
             alone, _ = target.forward(
                 mx.array(row + block[i], dtype=mx.uint32), target.make_cache()
             )
-            assert mx.allclose(logits[i], alone[-width:], atol=1e-4).item(), (round_, i)
+            assert close(logits[i], alone[-width:]), (round_, i)
             history[i] = row + block[i][: width - rejected[i]]
         target.rollback_rows(batched, rejected)
-        if round_ == 5:
-            target.filter_rows(batched, [0, 2, 3])
+        if round_ == rounds // 2 - 1:
+            target.filter_rows(batched, [i for i in range(len(history)) if i != 1])
             history.pop(1)
             history.append(ids(11))
             joining = target.make_cache()
             target.forward(mx.array(history[-1], dtype=mx.uint32), joining)
             target.extend_rows(batched, target.merge_rows([joining]))
+    return history, batched
+
+
+def test_uneven_rollbacks_keep_every_row_what_it_holds_alone(qwen3_target):
+    """Rounds of random widths, each row rejecting its own count, a row leaving and one
+    joining: every round's logits are each row's alone, and a row taken out holds its tokens
+    in order, so a one-row rollback after that drops its newest tokens."""
+    target = outrider.load(str(qwen3_target), mode="baseline").target
+    close = lambda a, b: mx.allclose(a, b, atol=1e-4).item()  # noqa: E731
+    history, batched = uneven_rounds(target, [5, 9, 14, 20], 12, 3, close)
     for i, row in enumerate(history):
         mine = target.extract_row(batched, i)
         target.rollback(mine, 2)

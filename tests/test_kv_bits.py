@@ -16,13 +16,12 @@ layers exactly.
 
 from __future__ import annotations
 
-import random
-
 import mlx.core as mx
 import pytest
 from conftest import PROMPTS, _load_plain, fp32_close, load_kv_bits, plain_greedy
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
+from test_batch import uneven_rounds
 
 import outrider
 from outrider import doctor
@@ -393,37 +392,13 @@ def test_batched_quantized_rows_hold_what_each_row_holds_alone(kv_heads, bits):
     holds its tokens in order, as a one-row quantized cache fed them holds them (to one
     quantization step, where float rounding of a batched product flips a code)."""
     target = outrider.load(str(kv_heads[0]), mode="baseline", kv_bits=bits).target
-    rng = random.Random(5)
-    vocab = int(target.config["vocab_size"])
-    ids = lambda n: [rng.randrange(2, vocab) for _ in range(n)]  # noqa: E731
-    history, caches = [], []
-    for n in (5, 9, 14):
-        history.append(ids(n))
-        caches.append(target.make_cache())
-        target.forward(mx.array(history[-1], dtype=mx.uint32), caches[-1])
-    batched = target.merge_rows(caches)
+
+    def close(batched: mx.array, alone: mx.array) -> bool:
+        # float rounding of batched products (TF32 ones on a CUDA GPU: fp32_close)
+        return fp32_close(batched, alone, atol=1e-3 * mx.abs(alone).max().item())
+
+    history, batched = uneven_rounds(target, [5, 9, 14], 8, 5, close)
     assert [type(c).__name__ for c in batched] == ["QuantizedRows"] * len(batched)
-    for round_ in range(8):
-        width = rng.randrange(1, 6)
-        block = [ids(width) for _ in history]
-        logits, _ = target.forward_rows(mx.array(block, dtype=mx.uint32), batched)
-        rejected = [rng.randrange(0, width) for _ in history]
-        for i, row in enumerate(history):
-            alone, _ = target.forward(
-                mx.array(row + block[i], dtype=mx.uint32), target.make_cache()
-            )
-            # float rounding of batched products (TF32 ones on a CUDA GPU: fp32_close)
-            scale = mx.abs(alone).max().item()
-            assert fp32_close(logits[i], alone[-width:], atol=1e-3 * scale), (round_, i)
-            history[i] = row + block[i][: width - rejected[i]]
-        target.rollback_rows(batched, rejected)
-        if round_ == 3:
-            target.filter_rows(batched, [0, 2])
-            history.pop(1)
-            history.append(ids(11))
-            joining = target.make_cache()
-            target.forward(mx.array(history[-1], dtype=mx.uint32), joining)
-            target.extend_rows(batched, target.merge_rows([joining]))
     for i, row in enumerate(history):
         mine = target.extract_row(batched, i)
         assert type(mine[0]) is type(target.make_cache()[0])  # the kind a row alone uses
