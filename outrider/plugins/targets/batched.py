@@ -20,8 +20,8 @@ replays the layer's mixer over each row's accepted prefix from the state before 
 rows that kept the same number of tokens in one mixer call (see `RecordingArraysCache.rollback_rows`).
 
 Quantized KV layers (`--kv-bits`) use `QuantizedRows`: mlx-lm's batched bookkeeping over the
-three arrays a quantized position is stored as, read dequantized (core/kv_quant.py), so every
-move above applies to each of the three alike.
+three arrays a quantized position is stored as, so every move above applies to each of the
+three alike; read as a row alone reads them on this device (core/kv_quant.py).
 
 Sliding-window layers use `WindowRows`, mlx-lm's `BatchRotatingKVCache` with one fix (below).
 Its rows are left-padded in temporal order too: a one-token update writes into a rotating
@@ -91,12 +91,9 @@ class WindowRows(BatchRotatingKVCache):
 class QuantizedRows:
     """Several rows of a quantized KV layer (`--kv-bits`): the packed values, scales and biases
     of its keys and values each kept in one mlx-lm `BatchKVCache` (`parts`), all three with
-    the same padding, offsets and columns, and read dequantized into MLX's dense attention.
-
-    A batch's rows are read dequantized whatever the device (a one-row cache may use MLX's
-    quantized product instead, core/kv_quant.py); the two reads agree to float rounding, so
-    a batched row may part from its single run at an fp tie only. Like `DequantizingKVCache`
-    it has no `bits` attribute, which would send mlx-lm's attention to the quantized product."""
+    the same padding, offsets and columns, and read dequantized into MLX's dense attention,
+    as `DequantizingKVCache` rows are (a CUDA GPU's). Like that cache it has no `bits`
+    attribute, which would send mlx-lm's attention to the quantized product."""
 
     def __init__(self, parts: list[BatchKVCache], group_size: int, bits: int, row_kind: type):
         self.parts = parts
@@ -144,11 +141,17 @@ class QuantizedRows:
         return self.parts[0]._idx
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        k_parts, v_parts = self._store(keys, values)
+        return self._dense(k_parts), self._dense(v_parts)
+
+    def _store(self, keys: mx.array, values: mx.array) -> tuple[tuple, tuple]:
+        """Quantize and write the new positions; every row's stored (packed, scales, biases)
+        of its keys and of its values so far."""
         qk = mx.quantize(keys, group_size=self.group_size, bits=self.n_bits)
         qv = mx.quantize(values, group_size=self.group_size, bits=self.n_bits)
         fetched = [p.update_and_fetch(k, v) for p, k, v in zip(self.parts, qk, qv, strict=True)]
         k_parts, v_parts = zip(*fetched, strict=True)
-        return self._dense(k_parts), self._dense(v_parts)
+        return tuple(k_parts), tuple(v_parts)
 
     def _dense(self, parts) -> mx.array:
         return mx.dequantize(*parts, group_size=self.group_size, bits=self.n_bits)
@@ -196,6 +199,19 @@ class QuantizedRows:
                 values.append(mx.contiguous(mx.take(p.values[idx : idx + 1], order, axis=2)))
         q.keys, q.values, q.offset = tuple(keys), tuple(values), keys[0].shape[2]
         return one
+
+
+class QuantizedProductRows(QuantizedRows):
+    """`QuantizedRows` read through MLX's quantized product over the stored arrays, as mlx-lm's
+    quantized attention runs it: rows that come from mlx-lm's `QuantizedKVCache`s, read as
+    each reads alone (off CUDA, core/kv_quant.py)."""
+
+    @property
+    def bits(self) -> int:  # what sends mlx-lm's attention to its quantized product
+        return self.n_bits
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[tuple, tuple]:
+        return self._store(keys, values)
 
 
 class RowColumns:
@@ -264,7 +280,7 @@ def move_columns(c: BatchKVCache, source: mx.array) -> None:
 
 
 def _first_kv(cache: list) -> BatchKVCache | QuantizedRows | None:
-    return next((c for c in cache if type(c) in (BatchKVCache, QuantizedRows)), None)
+    return next((c for c in cache if type(c) is BatchKVCache or isinstance(c, QuantizedRows)), None)
 
 
 def _merge_layer(layer: tuple):
@@ -281,7 +297,9 @@ def _merge_layer(layer: tuple):
         return WindowRows.merge(list(layer))
     if kinds == {"RecordingArraysCache"}:
         return RecordingArraysCache.merge(list(layer))
-    if kinds in ({"QuantizedKVCache"}, {"DequantizingKVCache"}):
+    if kinds == {"QuantizedKVCache"}:
+        return QuantizedProductRows.merge(list(layer))
+    if kinds == {"DequantizingKVCache"}:
         return QuantizedRows.merge(list(layer))
     names = ", ".join(sorted(kinds - {"KVCache", "RotatingKVCache", "RecordingArraysCache"}))
     raise UnsupportedTargetError(
@@ -347,7 +365,7 @@ class BatchedRows:
         index = mx.array(order, dtype=mx.int32)
         out = []
         for c in cache:
-            if type(c) is QuantizedRows:
+            if isinstance(c, QuantizedRows):
                 out.append(c.extract(row, index))
                 continue
             if type(c) is not BatchKVCache:
