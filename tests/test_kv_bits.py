@@ -430,3 +430,30 @@ def test_batched_requests_over_a_quantized_cache_equal_each_request_alone(kv_hea
         alone = [pipe.generate(r, max_tokens=20, max_draft=4, stop_tokens=set()).tokens
                  for r in rows]  # fmt: skip
         assert [r.tokens for r in batch] == alone, f"{family}: {mode}"
+
+
+def test_the_disk_tier_keeps_quantized_entries_for_their_own_bits(kinds, tmp_path):
+    """A `--prefix-cache-dir` entry of a `--kv-bits 8` gated-delta target survives a restart
+    and restores its quantized layers (same tokens as a fresh run); the same model at 4 bits,
+    a cache of another identity, never reads it (and leaves it to the 8-bit store)."""
+    target, drafter = kinds["qwen3_next"]
+    pipe = outrider.load(str(target), str(drafter), mode="dspark", kv_bits=8)
+    fresh = outrider.load(str(target), str(drafter), mode="dspark", target=pipe.target)
+
+    def run(p):
+        return p.generate(FIRST, max_tokens=10, max_draft=4, stop_tokens=set())
+
+    def restarted(p):
+        p.enable_prefix_cache(gb=1, directory=tmp_path, interval=8)
+        return run(p), p.prefix_cache.stats
+
+    want = run(fresh).tokens
+    restarted(pipe)
+    got, stats = restarted(pipe)
+    assert got.cached_tokens == len(FIRST) and got.tokens == want and stats["disk_hits"] == 1
+    other = outrider.load(str(target), str(drafter), mode="dspark", kv_bits=4)
+    alone = run(outrider.load(str(target), str(drafter), mode="dspark", target=other.target))
+    got, stats = restarted(other)
+    assert got.cached_tokens == 0 and stats["disk_hits"] == 0 and got.tokens == alone.tokens
+    got, stats = restarted(pipe)
+    assert got.cached_tokens == len(FIRST) and got.tokens == want and stats["disk_hits"] == 1
