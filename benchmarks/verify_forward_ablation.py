@@ -8,13 +8,17 @@ heads of a KV head stacked as rows), the same with the keys broadcast over those
 head alone; wrong logits, timing only). Median ms per forward.
 
 Part 2 (--sdpa): 36 layers' `mx.fast.scaled_dot_product_attention` alone with Qwen3-8B's heads
-(32 query, 8 key/value, dim 128, bf16), the key length fixed or growing between calls (`+g`):
-mask "causal", a boolean mask array, and one call per query row (`split1`). Median ms, and the
-first call's in brackets.
+(32 query, 8 key/value, dim 128, bf16; `--heads` for others), the key length fixed or growing
+between calls (`+g`): mask "causal", a boolean mask array, and one call per query row
+(`split1`); with `--kinds`, also outrider's matmul attention (`matmul`), its first product
+alone (`qk`) and that product with its mask and softmax (`qk+softmax`), to see which step a
+long context's cost sits in. Median ms, and the first call's in brackets.
 
     python benchmarks/verify_forward_ablation.py --shape 8b --dtypes 4bit,bf16 --contexts 256,4224
     python benchmarks/verify_forward_ablation.py --shape 32b --dtypes bf16 --contexts 4224 \
         --widths 1,33,97  # a prefix hit's suffix forward (docs/server.md)
+    python benchmarks/verify_forward_ablation.py --sdpa --contexts 4224 --widths 97 \
+        --heads 64,8,64 --kinds causal,matmul,qk,qk+softmax  # where that attention's time goes
     python benchmarks/verify_forward_ablation.py --sdpa
 
 Receipts (H200): docs/receipts/verify_forward_ablation_h200.txt,
@@ -124,19 +128,37 @@ def attention(kind: str, q: mx.array, k: mx.array, v: mx.array, s: int) -> mx.ar
     k, v = k[:, :, :s], v[:, :, :s]
     if kind == "split1":
         return chunked_causal_attention(q, k, v, scale, chunk=1)
+    if kind == "matmul":
+        return matmul_attention(q, k, v, scale)
+    if kind in ("qk", "qk+softmax"):  # matmul attention's first product, then its softmax
+        b, h, _, d = q.shape
+        kv_heads = k.shape[1]
+        scores = (q * scale).reshape(b, kv_heads, h // kv_heads * n, d) @ k.swapaxes(-1, -2)
+        if kind == "qk":
+            return scores
+        scores = scores.reshape(b, kv_heads, h // kv_heads, n, s)
+        scores = mx.where(create_causal_mask(n, offset=s - n), scores, -mx.inf)
+        return mx.softmax(scores, axis=-1, precise=True)
     mask = None if n == 1 else "causal" if kind == "causal" else create_causal_mask(n, s - n)
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
-def sdpa(contexts: list[int], reps: int, widths: tuple[int, ...] = WIDTHS) -> None:
-    heads, kv_heads, dim, layers = 32, 8, 128, 36
+def sdpa(
+    contexts: list[int],
+    reps: int,
+    widths: tuple[int, ...] = WIDTHS,
+    kinds: tuple[str, ...] = ("causal", "array", "split1"),
+    shape: tuple[int, int, int] = (32, 8, 36),
+) -> None:
+    heads, kv_heads, layers = shape
+    dim = 128
     for s0 in contexts:
         k = mx.random.normal((1, kv_heads, s0 + 3 * reps, dim)).astype(mx.bfloat16)
         v = mx.random.normal((1, kv_heads, s0 + 3 * reps, dim)).astype(mx.bfloat16)
         for n in widths:
             q = mx.random.normal((1, heads, n, dim)).astype(mx.bfloat16)
             cells = []
-            for kind in ("causal", "array", "split1"):
+            for kind in kinds:
                 for step in (0, 3):  # the key length fixed, or 3 longer each rep
                     times = []
                     for r in range(reps):
@@ -158,12 +180,21 @@ def main() -> None:
     ap.add_argument("--contexts", default="256,4224")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--sdpa", action="store_true", help="part 2 instead: attention alone")
+    ap.add_argument(
+        "--kinds",
+        default="causal,array,split1",
+        help="part 2: causal, array, split1, matmul, qk (its first product), qk+softmax",
+    )
+    ap.add_argument(
+        "--heads", default="32,8,36", help="part 2: query heads, KV heads, layers (32B: 64,8,64)"
+    )
     args = ap.parse_args()
     print(f"mlx {mx.__version__} {mx.default_device()}")
     contexts = [int(c) for c in args.contexts.split(",")]
     widths = tuple(int(w) for w in args.widths.split(","))
     if args.sdpa:
-        sdpa(contexts, max(args.reps, 6), widths)
+        shape = tuple(int(x) for x in args.heads.split(","))
+        sdpa(contexts, max(args.reps, 6), widths, tuple(args.kinds.split(",")), shape)
     else:
         forwards(args.shape, args.dtypes.split(","), contexts, args.reps, widths)
 
