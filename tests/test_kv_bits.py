@@ -457,3 +457,48 @@ def test_the_disk_tier_keeps_quantized_entries_for_their_own_bits(kinds, tmp_pat
     assert got.cached_tokens == 0 and stats["disk_hits"] == 0 and got.tokens == alone.tokens
     got, stats = restarted(pipe)
     assert got.cached_tokens == len(FIRST) and got.tokens == want and stats["disk_hits"] == 1
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_half_precision_reads_of_a_dequantized_cache_take_outriders_attention(
+    kv_heads, batched, monkeypatch
+):
+    """On a CUDA GPU a half-precision verify splits into one-row kernel calls and batched rows
+    run as matmul attention (plugins/targets/verify_attention.py); over a dequantizing cache
+    (one row, or a batch of them) they do too, over its dequantized keys, and give the model's
+    own logits."""
+    from test_split_attention import decoder_layers, set_wrappers
+
+    from outrider.plugins.targets import verify_attention
+    from outrider.testing import cast_model
+
+    monkeypatch.setenv(KV_ATTENTION_ENV, "dequantized")
+    target = outrider.load(str(kv_heads[0]), mode="baseline", kv_bits=8).target
+    cast_model(target.model, mx.bfloat16)
+    layers = decoder_layers(target)
+    calls = []
+    for name in ("matmul_attention", "chunked_causal_attention"):
+
+        def heard(*args, _name=name, _own=getattr(verify_attention, name), **kwargs):
+            calls.append(_name)
+            return _own(*args, **kwargs)
+
+        monkeypatch.setattr(verify_attention, name, heard)
+    prompts = [list(range(5, 5 + n)) for n in (9, 23, 14)][: 3 if batched else 1]
+    block = mx.array([[40 + r + c for c in range(5)] for r in range(len(prompts))], mx.uint32)
+    out = []
+    for wrap in (True, False):
+        set_wrappers(layers, **({"half": True, "unfused": True} if wrap else {}))
+        caches = []
+        for ids in prompts:
+            caches.append(target.make_cache())
+            target.prefill(ids, caches[-1])
+        calls.clear()
+        if batched:
+            logits = target.forward_rows(block, target.merge_rows(caches))[0]
+        else:
+            logits = target.forward(block[0], caches[0])[0]
+        out.append(logits.astype(mx.float32))
+        kind = "matmul_attention" if batched else "chunked_causal_attention"
+        assert calls == ([kind] * len(layers) if wrap else []), wrap
+    assert fp32_close(out[0], out[1], atol=5e-2 * mx.abs(out[1]).max().item())
