@@ -453,11 +453,7 @@ async def _chat_stream(state, pipe, job, shaper, rid, created, model, include_us
             if lp is not None and not pieces:
                 yield chunk({}, lp=lp)
         elif kind == "error":
-            err = {
-                "message": failure(value),
-                "type": "server_error",
-            }
-            yield _sse({"error": err})
+            yield _error_frame(value)
             return
         elif kind == "end":
             result = value
@@ -482,6 +478,11 @@ async def _chat_stream(state, pipe, job, shaper, rid, created, model, include_us
         }
         yield _sse(body)
     yield "data: [DONE]\n\n"
+
+
+def _error_frame(error: BaseException) -> str:
+    """The SSE frame that ends a stream whose generation failed."""
+    return _sse({"error": {"message": failure(error), "type": "server_error"}})
 
 
 async def _completion_stream(state, pipe, job, rid, created, model, include_usage, n_prompt):
@@ -509,11 +510,7 @@ async def _completion_stream(state, pipe, job, rid, created, model, include_usag
         elif kind == "chunk" and value.text:
             yield text_frame(value.text)
         elif kind == "error":
-            err = {
-                "message": failure(value),
-                "type": "server_error",
-            }
-            yield _sse({"error": err})
+            yield _error_frame(value)
             return
         elif kind == "end":
             result = value
