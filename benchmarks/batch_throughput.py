@@ -30,6 +30,11 @@ of drafts it cut. The scheduler reads this machine's verify cost at every width:
 calibration (`outrider calibrate`), else one measured now (kept nowhere).
 
     python benchmarks/batch_throughput.py --modes dspark --batch 8 --scheduler both
+
+`--kv-bits 8|4` keeps the target's KV cache quantized in both arms (batched rows in
+`QuantizedRows`, plugins/targets/batched.py).
+
+    python benchmarks/batch_throughput.py --modes baseline,dspark --batch 8 --kv-bits 8
 """
 
 from __future__ import annotations
@@ -129,6 +134,8 @@ def random_target_pipes(args, modes: list[str]) -> tuple[dict, list[list[int]]]:
     from outrider.plugins.strategies.baseline import PlainProposer
 
     target = make_target(args.shape, args.dtype)
+    if args.kv_bits:
+        target.quantize_kv(args.kv_bits)  # before the oracle's references are decoded
     rng = random.Random(0)
     vocab = int(target.config["vocab_size"])
     prompts = [[rng.randrange(10, vocab - 10) for _ in range(args.prompt_len + 7 * (i % 8))]
@@ -210,6 +217,7 @@ def main() -> None:
         default="off",
         help="the batched arm: every row's cap (off), DSpark's prefix scheduler (on), or both",
     )
+    ap.add_argument("--kv-bits", type=int, choices=(8, 4), help="quantize the KV cache")
     ap.add_argument("--json", help="also write the numbers here")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -224,7 +232,7 @@ def main() -> None:
         from outrider.demo import demo_target
 
         name = args.model or demo_target()
-        pipes = {m: outrider.load(name, args.drafter, mode=m) for m in modes}
+        pipes = {m: outrider.load(name, args.drafter, mode=m, kv_bits=args.kv_bits) for m in modes}
         first = next(iter(pipes.values()))
         prompts = [first.encode(t) for t in suite_texts(args.suite, args.requests)]
     arms = {"off": [False], "on": [True], "both": [False, True]}[args.scheduler]
