@@ -119,3 +119,50 @@ def test_models_online_reads_the_hub_for_what_is_not_cached(monkeypatch):
     assert "Qwen/Qwen3-8B" in asked and "outrider-demo/target" not in asked  # cached: local
     monkeypatch.setattr(fit, "hub_weight_bytes", lambda repo: None)  # the Hub did not answer
     assert model_rows(online=True)[0]["fits"] is None
+
+
+def test_kv_bits_shrink_the_kv_estimate(qwen3_target):
+    config = json.loads((qwen3_target / "config.json").read_text())
+    plain = fit.kv_cache_bytes(config)
+    assert plain == 2 * 4 * 2 * 16 * 4096 * 4  # float32 values
+    # a value of b bits, plus a float32 scale and bias for every 64 values
+    assert fit.kv_cache_bytes(config, kv_bits=8) == plain * (1 + 8 / 64) / 4
+    assert fit.kv_cache_bytes(config, kv_bits=4) == plain * (0.5 + 8 / 64) / 4
+
+
+def test_the_load_warning_names_what_would_fit(qwen3_target):
+    """A loaded model whose KV cache at the full window (in every batched request) would not
+    fit is told so, with the context window, --kv-bits and --max-batch that would."""
+    weights, kv = fit.local_weight_bytes(qwen3_target), 2 * 4 * 2 * 16 * 4096 * 4
+    target = str(qwen3_target)
+    line = fit.load_warning(target, memory=(weights + kv // 2, "RAM"))  # half the window fits
+    assert "KV cache at the full context window of 4,096 tokens" in line
+    assert "--context-window 2048" in line and "--kv-bits 8" in line and "--kv-bits 4" in line
+    assert "--max-batch" not in line
+    assert fit.load_warning(target, memory=(weights + kv, "RAM")) is None
+    assert fit.load_warning(target, kv_bits=4, memory=(weights + kv // 2, "RAM")) is None
+    line = fit.load_warning(target, kv_bits=8, memory=(weights + kv // 4, "RAM"))
+    assert "--kv-bits 4" in line and "--kv-bits 8" not in line  # 8 bits is what it has
+    line = fit.load_warning(target, rows=4, memory=(weights + kv, "RAM"))
+    assert "(4 requests decoding together)" in line and "--context-window 1024" in line
+    assert "a smaller --max-batch" in line
+    assert fit.load_warning(target, window=1024, rows=4, memory=(weights + kv, "RAM")) is None
+    assert fit.load_warning("nobody/absent", memory=(1, "RAM")) is None  # unknown: no advice
+
+
+def test_serve_warns_at_load_when_the_window_would_not_fit(qwen3_target, monkeypatch):
+    """The server's load runs the same check, for the batch it will decode, and /health shows
+    it; a context window that fits says nothing."""
+    import requests
+    from live_server import live_server
+
+    from outrider.server.engine import LoadSpec
+
+    weights, kv = fit.local_weight_bytes(qwen3_target), 2 * 4 * 2 * 16 * 4096 * 4
+    monkeypatch.setattr(fit, "machine_memory", lambda: (weights + 2 * kv, "RAM"))
+    with live_server(LoadSpec(str(qwen3_target), mode="lookup"), max_batch=4) as (url, _):
+        warning = requests.get(url + "/health").json()["load"]["warning"]
+        assert "(4 requests decoding together)" in warning and "--context-window 2048" in warning
+    spec = LoadSpec(str(qwen3_target), mode="lookup", context_window=2048)
+    with live_server(spec, max_batch=4) as (url, _):
+        assert requests.get(url + "/health").json()["load"]["warning"] is None

@@ -7,7 +7,8 @@ The estimate is target weights + the KV cache at the context window + drafter we
   this machine and from the Hub (`HfApi.get_safetensors_metadata`, which reads only headers)
   when asked to go online; a GGUF counts its file size;
 - the KV cache is 2 (keys, values) x attention layers x KV heads x head dim x tokens x bytes
-  per value (2, or 4 for float32 models), from config.json. Hybrids count only their attention
+  per value (2, or 4 for float32 models; with `--kv-bits` the bits plus a scale and a bias per
+  group of 64), from config.json. Hybrids count only their attention
   layers (linear attention and Mamba layers keep a small fixed state), sliding-window layers
   only their window, layers that share another layer's cache nothing.
 
@@ -344,8 +345,14 @@ def cached_layers(config: dict[str, Any], tokens: int) -> list[tuple[int, int, i
     return [(tokens, kv, dim)] * own
 
 
-def kv_cache_bytes(config: dict[str, Any], window: int | None = None) -> int | None:
-    """Bytes of the KV cache at the context window (`window` caps it); None if unknown."""
+KV_GROUP = 64  # a quantized KV cache's group along the head dim (core/kv_quant.py)
+
+
+def kv_cache_bytes(
+    config: dict[str, Any], window: int | None = None, kv_bits: int | None = None
+) -> int | None:
+    """Bytes of the KV cache at the context window (`window` caps it); None if unknown. With
+    `kv_bits` (`--kv-bits`) each value takes that many bits plus its group's scale and bias."""
     tokens = context_window(config, window)
     if not tokens:
         return None
@@ -353,7 +360,9 @@ def kv_cache_bytes(config: dict[str, Any], window: int | None = None) -> int | N
     if not layers and not _text(config).get("num_hidden_layers"):
         return None
     width = value_bytes(config)
-    return sum(2 * n * kv * dim * width for n, kv, dim in layers)
+    if kv_bits:
+        width = kv_bits / 8 + 2 * width / KV_GROUP
+    return math.ceil(sum(2 * n * kv * dim * width for n, kv, dim in layers))
 
 
 # --- pairs -------------------------------------------------------------------------------------
@@ -435,6 +444,50 @@ def estimate(
         drafter=drafter_bytes,
         memory=have,
         memory_source=source,
+    )
+
+
+def load_warning(
+    target: str,
+    drafter: str | None = None,
+    *,
+    window: int | None = None,
+    kv_bits: int | None = None,
+    rows: int = 1,
+    memory: tuple[int | None, str] | None = None,
+    locate: Callable[[str], Path | None] = local_path,
+) -> str | None:
+    """One line when a loaded target (with `drafter`), its KV cache filled to the context
+    window in each of `rows` requests decoding together (`--max-batch`), would not fit this
+    machine's memory, with the settings that would; None when it fits or nobody can tell.
+    Reads only local files: call it once the model is on this machine."""
+    weights, config = model_bytes(target, False, locate)
+    if weights is None or not config:
+        return None
+    kv = kv_cache_bytes(config, window, kv_bits)
+    tokens = context_window(config, window)
+    have, source = memory if memory is not None else machine_memory()
+    if not kv or not tokens or not have:
+        return None
+    fixed = weights + ((model_bytes(drafter, False, locate)[0] or 0) if drafter else 0)
+    if fixed + rows * kv <= have:
+        return None
+    each = f" ({rows} requests decoding together)" if rows > 1 else ""
+    ways = []
+    fits_tokens = (have - fixed) * tokens // (rows * kv) // 1024 * 1024
+    if fits_tokens >= 1024:
+        ways.append(f"--context-window {fits_tokens}")
+    for bits in (8, 4):
+        if not kv_bits or bits < kv_bits:
+            smaller = kv_cache_bytes(config, window, bits) or 0
+            ways.append(f"--kv-bits {bits} ({gb(rows * smaller)} of KV cache)")
+    if rows > 1:
+        ways.append("a smaller --max-batch")
+    return (
+        f"{target}: {gb(fixed)} of weights and {gb(rows * kv)} of KV cache at the full context "
+        f"window of {tokens:,} tokens{each} come to {gb(fixed + rows * kv)}, more than this "
+        f"machine's {gb(have)} ({source}); long conversations could run out of memory. "
+        + ("What would fit: " + ", or ".join(ways) + "." if ways else "")
     )
 
 

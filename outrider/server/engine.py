@@ -423,6 +423,23 @@ class Engine:
         if not keep:
             pipe = None
             self._release()
+        elif self.warning is None:
+            self._check_fit(spec)
+
+    def _check_fit(self, spec: LoadSpec) -> None:
+        """Warn (stderr and /health) when the loaded model's KV cache, filled to the context
+        window in every batched request, would not fit this machine (core/fit.py)."""
+        from ..core.fit import load_warning
+
+        try:
+            rows = self.max_batch if self.batching else 1
+            message = load_warning(spec.model, spec.drafter, window=self.context_window,
+                                   kv_bits=spec.kv_bits, rows=rows)  # fmt: skip
+        except Exception:  # advice only: a load never fails on it
+            message = None
+        if message:
+            self.warning = message
+            print(f"warning: {message}", file=sys.stderr, flush=True)
 
     def _serving_name(self) -> str:
         return self._serving.model if self._serving is not None else "the previous model"
