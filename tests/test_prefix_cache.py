@@ -216,3 +216,40 @@ def test_openai_and_anthropic_sdks_report_cached_tokens(server):
     hits = [ln for ln in metrics.splitlines() if ln.startswith("outrider_prefix_cache_hits_total")]
     assert hits and float(hits[0].split()[-1]) >= 2
     assert "outrider_prefix_cache_bytes" in metrics
+
+
+def test_memory_pressure_empties_the_prefix_cache_before_a_generation(server, monkeypatch):
+    """When memory runs short, a request first gives MLX's buffer cache back, and only if
+    that is not enough empties the prefix cache (counted in /metrics); answers are unchanged,
+    only no longer cached."""
+    from test_server_batching import metric
+
+    from outrider.core import fit
+
+    url, engine = server
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+    def ask(text: str):
+        r = oai.chat.completions.create(model="fam-qwen3", max_tokens=8, temperature=0,
+                                        messages=[{"role": "user", "content": text}])  # fmt: skip
+        return r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens
+
+    first = ask("Name a colour.")
+    sheds = metric(url, "outrider_memory_sheds_total")
+    readings = [(95, 100)]  # pressed once, then relieved by the buffer cache
+
+    def relieved() -> tuple[int, int]:
+        return readings.pop() if readings else (50, 100)
+
+    monkeypatch.setattr(fit, "memory_in_use", relieved)
+    text, cached = ask("Name a colour.")
+    assert text == first[0] and cached > 0  # still a hit: the buffer cache was enough
+    assert metric(url, "outrider_memory_sheds_total") == sheds
+    assert metric(url, "outrider_prefix_cache_entries") > 0
+    monkeypatch.setattr(fit, "memory_in_use", lambda: (95, 100))  # pressed throughout
+    again = ask("Name a colour.")
+    assert again == (first[0], 0)  # the same answer, its prefix no longer cached
+    assert metric(url, "outrider_memory_sheds_total") == sheds + 1
+    monkeypatch.setattr(fit, "memory_in_use", lambda: (50, 100))
+    assert ask("Name a colour.")[1] > 0  # cached again, from the last request's entry
+    assert metric(url, "outrider_memory_sheds_total") == sheds + 1

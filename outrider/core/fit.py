@@ -126,6 +126,28 @@ def machine_memory() -> tuple[int | None, str]:
         return None, ""
 
 
+def memory_in_use() -> tuple[int, int] | None:
+    """(bytes in use, bytes there are) where MLX keeps its arrays, or None when unknown: on a
+    GPU, MLX's own allocations (live arrays and its buffer cache) against `machine_memory`
+    (CUDA's device memory, Metal's recommended working set); on the CPU, the host's RAM less
+    what the kernel still counts available (/proc/meminfo)."""
+    import mlx.core as mx
+
+    if mx.default_device() == mx.gpu:
+        total, _ = machine_memory()
+        used = mx.get_active_memory() + mx.get_cache_memory()
+        return (used, total) if total else None
+    try:
+        fields = {}
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            name, _, rest = line.partition(":")
+            fields[name] = int(rest.split()[0]) * 1024
+        total = fields["MemTotal"]
+        return total - fields["MemAvailable"], total
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
 # --- weights -----------------------------------------------------------------------------------
 
 

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
+
 from ..api import Pipeline
 from ..core import hub
 from ..core.prefix_cache import PrefixCache
@@ -74,6 +76,9 @@ class _SetPrefixCache:
 
 
 _STOP = object()
+# The share of this machine's memory in use (core/fit.py `memory_in_use`) past which a
+# generation first empties MLX's buffer cache, then the prefix cache (`Engine._relieve_memory`).
+MEMORY_PRESSURE = 0.9
 
 
 class NotReady(Exception):
@@ -334,8 +339,10 @@ class Engine:
                 if self._pending_load is None:
                     self.state, self.spec, self.phase = "no_model", None, None
         elif self.batching:
+            self._relieve_memory()
             self._generate_batched(item)
         else:
+            self._relieve_memory()
             self._current = item
             try:
                 self._generate(item)
@@ -425,6 +432,33 @@ class Engine:
             self._release()
         elif self.warning is None:
             self._check_fit(spec)
+
+    def _relieve_memory(self) -> None:
+        """Before a generation: when what MLX holds passes MEMORY_PRESSURE of this machine's
+        memory (core/fit.py `memory_in_use`), give MLX's buffer cache back, and if that is not
+        enough, empty the prefix cache's memory tier (its disk tier stays), so a long-running
+        server slows down instead of swapping or running out."""
+        from ..core.fit import gb, memory_in_use
+
+        def pressed() -> tuple[int, int] | None:
+            try:
+                reading = memory_in_use()
+            except Exception:  # a reading that fails is no reason to fail a request
+                return None
+            return reading if reading and reading[0] > MEMORY_PRESSURE * reading[1] else None
+
+        if pressed() is None:
+            return
+        mx.clear_cache()
+        reading, cache = pressed(), self.prefix_cache
+        if reading is None or cache is None or not cache.entries:
+            return
+        held = cache.bytes
+        cache.clear()
+        mx.clear_cache()
+        self.metrics.memory_shed()
+        print(f"warning: memory {gb(reading[0])} of {gb(reading[1])} in use: emptied the prefix "
+              f"cache ({gb(held)})", file=sys.stderr, flush=True)  # fmt: skip
 
     def _check_fit(self, spec: LoadSpec) -> None:
         """Warn (stderr and /health) when the loaded model's KV cache, filled to the context

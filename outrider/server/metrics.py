@@ -35,6 +35,7 @@ class Metrics:
         self.in_flight = 0
         self.batch_rows: Counter = Counter()  # rows in a batched round -> rounds
         self.batch_cut = 0  # drafts the batch scheduler left unverified
+        self.memory_sheds = 0  # times memory pressure emptied the prefix cache (engine)
         self.prefix_cache = lambda: None  # the prefix cache's counters (engine), or None
 
     def request(self, route: str, status: int) -> None:
@@ -61,6 +62,10 @@ class Metrics:
         if n:
             with self._lock:
                 self.batch_cut += n
+
+    def memory_shed(self) -> None:
+        with self._lock:
+            self.memory_sheds += 1
 
     def render(self, labels: dict[str, str]) -> str:
         base = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
@@ -147,6 +152,12 @@ class Metrics:
                 "gauge",
                 "The most requests one batched round has decoded together.",
                 [("", max(self.batch_rows, default=0))],
+            )
+            metric(
+                "outrider_memory_sheds_total",
+                "counter",
+                "Times memory ran short and the engine emptied the prefix cache's memory tier.",
+                [("", self.memory_sheds)],
             )
             cached = self.prefix_cache()
             if cached is not None:
