@@ -21,11 +21,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-
 from ..api import Pipeline
 from ..core import hub
 from ..core.prefix_cache import PrefixCache
+from .memory import fit_warning, relieve_memory
 from .metrics import Metrics
 
 
@@ -76,9 +75,6 @@ class _SetPrefixCache:
 
 
 _STOP = object()
-# The share of this machine's memory in use (core/fit.py `memory_in_use`) past which a
-# generation first empties MLX's buffer cache, then the prefix cache (`Engine._relieve_memory`).
-MEMORY_PRESSURE = 0.9
 
 
 class NotReady(Exception):
@@ -338,11 +334,11 @@ class Engine:
             with self._lock:
                 if self._pending_load is None:
                     self.state, self.spec, self.phase = "no_model", None, None
-        elif self.batching:
-            self._relieve_memory()
-            self._generate_batched(item)
-        else:
-            self._relieve_memory()
+        else:  # a generation
+            relieve_memory(self.prefix_cache, self.metrics)
+            if self.batching:
+                self._generate_batched(item)
+                return
             self._current = item
             try:
                 self._generate(item)
@@ -433,44 +429,10 @@ class Engine:
         elif self.warning is None:
             self._check_fit(spec)
 
-    def _relieve_memory(self) -> None:
-        """Before a generation: when what MLX holds passes MEMORY_PRESSURE of this machine's
-        memory (core/fit.py `memory_in_use`), give MLX's buffer cache back, and if that is not
-        enough, empty the prefix cache's memory tier (its disk tier stays), so a long-running
-        server slows down instead of swapping or running out."""
-        from ..core.fit import gb, memory_in_use
-
-        def pressed() -> tuple[int, int] | None:
-            try:
-                reading = memory_in_use()
-            except Exception:  # a reading that fails is no reason to fail a request
-                return None
-            return reading if reading and reading[0] > MEMORY_PRESSURE * reading[1] else None
-
-        if pressed() is None:
-            return
-        mx.clear_cache()
-        reading, cache = pressed(), self.prefix_cache
-        if reading is None or cache is None or not cache.entries:
-            return
-        held = cache.bytes
-        cache.clear()
-        mx.clear_cache()
-        self.metrics.memory_shed()
-        print(f"warning: memory {gb(reading[0])} of {gb(reading[1])} in use: emptied the prefix "
-              f"cache ({gb(held)})", file=sys.stderr, flush=True)  # fmt: skip
-
     def _check_fit(self, spec: LoadSpec) -> None:
         """Warn (stderr and /health) when the loaded model's KV cache, filled to the context
-        window in every batched request, would not fit this machine (core/fit.py)."""
-        from ..core.fit import load_warning
-
-        try:
-            rows = self.max_batch if self.batching else 1
-            message = load_warning(spec.model, spec.drafter, window=self.context_window,
-                                   kv_bits=spec.kv_bits, rows=rows)  # fmt: skip
-        except Exception:  # advice only: a load never fails on it
-            message = None
+        window in every batched request, would not fit this machine (server/memory.py)."""
+        message = fit_warning(spec, self.context_window, self.max_batch if self.batching else 1)
         if message:
             self.warning = message
             print(f"warning: {message}", file=sys.stderr, flush=True)
