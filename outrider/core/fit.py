@@ -367,9 +367,6 @@ def cached_layers(config: dict[str, Any], tokens: int) -> list[tuple[int, int, i
     return [(tokens, kv, dim)] * own
 
 
-KV_GROUP = 64  # a quantized KV cache's group along the head dim (core/kv_quant.py)
-
-
 def kv_cache_bytes(
     config: dict[str, Any], window: int | None = None, kv_bits: int | None = None
 ) -> int | None:
@@ -383,7 +380,9 @@ def kv_cache_bytes(
         return None
     width = value_bytes(config)
     if kv_bits:
-        width = kv_bits / 8 + 2 * width / KV_GROUP
+        from .kv_quant import KV_GROUP_SIZE  # the group of 64 the cache quantizes in
+
+        width = kv_bits / 8 + 2 * width / KV_GROUP_SIZE
     return math.ceil(sum(2 * n * kv * dim * width for n, kv, dim in layers))
 
 
