@@ -467,7 +467,7 @@ def test_half_precision_reads_of_a_dequantized_cache_take_outriders_attention(
     run as matmul attention (plugins/targets/verify_attention.py); over a dequantizing cache
     (one row, or a batch of them) they do too, over its dequantized keys, and give the model's
     own logits."""
-    from test_split_attention import decoder_layers, set_wrappers
+    from test_split_attention import decoder_layers, wrapped_and_not
 
     from outrider.plugins.targets import verify_attention
     from outrider.testing import cast_model
@@ -486,19 +486,7 @@ def test_half_precision_reads_of_a_dequantized_cache_take_outriders_attention(
         monkeypatch.setattr(verify_attention, name, heard)
     prompts = [list(range(5, 5 + n)) for n in (9, 23, 14)][: 3 if batched else 1]
     block = mx.array([[40 + r + c for c in range(5)] for r in range(len(prompts))], mx.uint32)
-    out = []
-    for wrap in (True, False):
-        set_wrappers(layers, **({"half": True, "unfused": True} if wrap else {}))
-        caches = []
-        for ids in prompts:
-            caches.append(target.make_cache())
-            target.prefill(ids, caches[-1])
-        calls.clear()
-        if batched:
-            logits = target.forward_rows(block, target.merge_rows(caches))[0]
-        else:
-            logits = target.forward(block[0], caches[0])[0]
-        out.append(logits.astype(mx.float32))
-        kind = "matmul_attention" if batched else "chunked_causal_attention"
-        assert calls == ([kind] * len(layers) if wrap else []), wrap
-    assert fp32_close(out[0], out[1], atol=5e-2 * mx.abs(out[1]).max().item())
+    (wrapped, heard), (own, unheard) = wrapped_and_not(target, layers, prompts, block, calls)
+    kind = "matmul_attention" if batched else "chunked_causal_attention"
+    assert heard == [kind] * len(layers) and unheard == []
+    assert fp32_close(wrapped, own, atol=5e-2 * mx.abs(own).max().item())

@@ -264,12 +264,10 @@ def test_mid_size_half_precision_forwards_take_matmul_attention(half_target):
         assert wrapped == ([rows] * len(layers) if rows in (8, 40) else []), f"{rows} rows"
 
 
-def test_batched_half_precision_rows_take_matmul_attention(half_target):
-    """A batch's multi-row forward (left-padded rows, each masked to its own columns) runs as
-    matmul attention in half precision and gives the model's own logits for every row."""
-    target, layers, calls = half_target
-    prompts = [list(range(5, 5 + n)) for n in (9, 23, 14)]
-    block = mx.array([[40 + r + c for c in range(5)] for r in range(3)], dtype=mx.uint32)
+def wrapped_and_not(target, layers: list, prompts: list, block: mx.array, calls: list) -> list:
+    """One forward of `block` over the rows of `prompts` (prefilled; several rows merged into a
+    batch, one row alone), with the half-precision wrappers on, then off: [(float32 logits,
+    the `calls` that forward made)] for each."""
     out = []
     for wrap in (True, False):
         set_wrappers(layers, **({"half": True, "unfused": True} if wrap else {}))
@@ -277,13 +275,25 @@ def test_batched_half_precision_rows_take_matmul_attention(half_target):
         for ids in prompts:
             caches.append(target.make_cache())
             target.prefill(ids, caches[-1])
-        calls.clear()  # the prefills' own chunks are not what this checks
-        rows = target.merge_rows(caches)
-        out.append(target.forward_rows(block, rows)[0].astype(mx.float32))
-        if wrap:
-            assert calls == [(3, 1, 5, 23 + 5)] * len(layers)  # every row, its own mask
-    tol = 5e-2 * mx.abs(out[1]).max().item()
-    assert fp32_close(out[0], out[1], atol=tol)
+        calls.clear()  # the prefills' own chunks are not what is checked
+        if len(prompts) > 1:
+            logits = target.forward_rows(block, target.merge_rows(caches))[0]
+        else:
+            logits = target.forward(block[0], caches[0])[0]
+        out.append((logits.astype(mx.float32), list(calls)))
+    return out
+
+
+def test_batched_half_precision_rows_take_matmul_attention(half_target):
+    """A batch's multi-row forward (left-padded rows, each masked to its own columns) runs as
+    matmul attention in half precision and gives the model's own logits for every row."""
+    target, layers, calls = half_target
+    prompts = [list(range(5, 5 + n)) for n in (9, 23, 14)]
+    block = mx.array([[40 + r + c for c in range(5)] for r in range(3)], dtype=mx.uint32)
+    (wrapped, heard), (own, _) = wrapped_and_not(target, layers, prompts, block, calls)
+    assert heard == [(3, 1, 5, 23 + 5)] * len(layers)  # every row, its own mask
+    tol = 5e-2 * mx.abs(own).max().item()
+    assert fp32_close(wrapped, own, atol=tol)
 
 
 # each hybrid family's tiny model, and where its layers keep their attention module
