@@ -1,8 +1,9 @@
 """What a verify forward's width costs, and which part of the forward pays it.
 
 Part 1 (forwards): a random-weight Qwen3 of a real shape; one forward of w rows at a context,
-the key length growing by one between calls (as it does across rounds), with four attentions:
-MLX's own (`native`), outrider's matmul-softmax-matmul (`matmul`: `matmul_attention`, the query
+the key length growing by one between calls (as it does across rounds), with four attentions
+(`--hows`): what loading chose (`native`: on a CUDA GPU outrider's rerouted attention, see
+OUTRIDER_ATTENTION and OUTRIDER_ATTENTION_BUCKETS; MLX's own elsewhere), outrider's matmul-softmax-matmul (`matmul`: `matmul_attention`, the query
 heads of a KV head stacked as rows), the same with the keys broadcast over those heads instead
 (`broadcast`, its form until 2026-12-04), and none at all (`none`: the projections, norms and
 head alone; wrong logits, timing only). Median ms per forward.
@@ -31,6 +32,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.py)
@@ -40,11 +42,18 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 
-from outrider.plugins.targets.verify_attention import chunked_causal_attention, matmul_attention
+from outrider.plugins.targets.verify_attention import (
+    Buckets,
+    bucketed_attention,
+    chunked_causal_attention,
+    matmul_attention,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 WIDTHS = (1, 2, 5, 8, 16, 64)
+HOWS = ("native", "broadcast", "matmul", "none")
+BUCKETS: dict[bool, Buckets] = {}  # one per kind, as one per wrapped model
 
 
 def broadcast_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
@@ -91,7 +100,12 @@ def median(xs: list[float]) -> float:
 
 
 def forwards(
-    shape: str, dtypes: list[str], contexts: list[int], reps: int, widths: tuple[int, ...] = WIDTHS
+    shape: str,
+    dtypes: list[str],
+    contexts: list[int],
+    reps: int,
+    widths: tuple[int, ...] = WIDTHS,
+    hows: tuple[str, ...] = HOWS,
 ) -> None:
     from loop_efficiency import make_target
 
@@ -100,7 +114,7 @@ def forwards(
         layers = target.family.layers(target.model)
         own = [layer.self_attn for layer in layers]
         for ctx in contexts:
-            for how in ("native", "broadcast", "matmul", "none"):
+            for how in hows:
                 for layer, attention in zip(layers, own):
                     layer.self_attn = attention if how == "native" else Ablated(attention, how)
                 cache = target.make_cache()
@@ -125,12 +139,18 @@ def forwards(
 def attention(kind: str, q: mx.array, k: mx.array, v: mx.array, s: int) -> mx.array:
     """One layer's attention of q over the first s keys, the way `kind` names."""
     n, scale = q.shape[2], q.shape[-1] ** -0.5
+    k_all, v_all = k, v
     k, v = k[:, :, :s], v[:, :, :s]
+    if kind in ("bucket", "bucket-where"):  # outrider's bucketed attention (verify_attention.py)
+        cache = SimpleNamespace(keys=k_all, values=v_all, offset=s)
+        kernel = kind == "bucket" and mx.default_device() == mx.gpu and mx.cuda.is_available()
+        buckets = BUCKETS.setdefault(kernel, Buckets(kernel))
+        return bucketed_attention(q, cache, scale, buckets)
     if kind == "split1":
         return chunked_causal_attention(q, k, v, scale, chunk=1)
     if kind == "matmul":
         return matmul_attention(q, k, v, scale)
-    if kind in ("qk", "qk+softmax"):  # matmul attention's first product, then its softmax
+    if kind in ("qk", "qk+where", "qk+softmax"):  # matmul attention's first product, mask, softmax
         b, h, _, d = q.shape
         kv_heads = k.shape[1]
         scores = (q * scale).reshape(b, kv_heads, h // kv_heads * n, d) @ k.swapaxes(-1, -2)
@@ -138,6 +158,8 @@ def attention(kind: str, q: mx.array, k: mx.array, v: mx.array, s: int) -> mx.ar
             return scores
         scores = scores.reshape(b, kv_heads, h // kv_heads, n, s)
         scores = mx.where(create_causal_mask(n, offset=s - n), scores, -mx.inf)
+        if kind == "qk+where":
+            return scores
         return mx.softmax(scores, axis=-1, precise=True)
     mask = None if n == 1 else "causal" if kind == "causal" else create_causal_mask(n, s - n)
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
@@ -153,12 +175,18 @@ def sdpa(
     heads, kv_heads, layers = shape
     dim = 128
     for s0 in contexts:
-        k = mx.random.normal((1, kv_heads, s0 + 3 * reps, dim)).astype(mx.bfloat16)
-        v = mx.random.normal((1, kv_heads, s0 + 3 * reps, dim)).astype(mx.bfloat16)
+        room = -(-(s0 + 3 * reps) // 256) * 256  # a whole 256-step past the longest call
+        k = mx.random.normal((1, kv_heads, room, dim)).astype(mx.bfloat16)
+        v = mx.random.normal((1, kv_heads, room, dim)).astype(mx.bfloat16)
         for n in widths:
             q = mx.random.normal((1, heads, n, dim)).astype(mx.bfloat16)
             cells = []
+            want = attention("causal", q, k, v, s0).astype(mx.float32)
             for kind in kinds:
+                got = attention(kind, q, k, v, s0)
+                if got.shape == want.shape:  # the same attention, to bf16 rounding
+                    wrong = mx.abs(got.astype(mx.float32) - want).max().item()
+                    cells.append(f"{kind} |d| {wrong:.1e}")
                 for step in (0, 3):  # the key length fixed, or 3 longer each rep
                     times = []
                     for r in range(reps):
@@ -181,9 +209,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--sdpa", action="store_true", help="part 2 instead: attention alone")
     ap.add_argument(
+        "--hows",
+        default=",".join(HOWS),
+        help="part 1: native (what loading chose), broadcast, matmul, none",
+    )
+    ap.add_argument(
         "--kinds",
         default="causal,array,split1",
-        help="part 2: causal, array, split1, matmul, qk (its first product), qk+softmax",
+        help="part 2: causal, array, split1, matmul, bucket, bucket-where (without the softmax "
+        "kernel), qk (matmul's first product), qk+where, qk+softmax",
     )
     ap.add_argument(
         "--heads", default="32,8,36", help="part 2: query heads, KV heads, layers (32B: 64,8,64)"
@@ -196,7 +230,8 @@ def main() -> None:
         shape = tuple(int(x) for x in args.heads.split(","))
         sdpa(contexts, max(args.reps, 6), widths, tuple(args.kinds.split(",")), shape)
     else:
-        forwards(args.shape, args.dtypes.split(","), contexts, args.reps, widths)
+        hows = tuple(args.hows.split(","))
+        forwards(args.shape, args.dtypes.split(","), contexts, args.reps, widths, hows)
 
 
 if __name__ == "__main__":

@@ -56,8 +56,9 @@ PAD_PROBE_WIDTH = 8  # on a GPU, inline calibrations of a padding target measure
 # path no longer describe them; 5: Gemma-4's too (the same file's SharedKVAttention). Since 5
 # the key also names the routes the target's wrappers take (`core/wrapper.py`, `routes`), so a
 # family that newly reroutes, or a probe that declines where it accepted, measures again by
-# itself; the version moves when a route's own arithmetic changes.
-VERSION = 5
+# itself; the version moves when a route's own arithmetic changes. 6: half-precision verify
+# rows of 3 or more take bucketed attention (the same file; OUTRIDER_ATTENTION_BUCKETS).
+VERSION = 6
 
 
 @dataclass

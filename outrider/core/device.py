@@ -67,6 +67,18 @@ def metal_matmul_units(architecture: str, macos: str) -> bool:
 
 
 ATTENTION_ENV = "OUTRIDER_ATTENTION"
+BUCKETS_ENV = "OUTRIDER_ATTENTION_BUCKETS"
+
+
+def attention_buckets() -> bool:
+    """OUTRIDER_ATTENTION_BUCKETS: `on` (the default) or `off`. On, rerouted half-precision
+    attention pads its query rows and keys to a few fixed shapes so MLX's CUDA attention reuses
+    the cuDNN graph it built for them (plugins/targets/verify_attention.py); off, it keeps the
+    exact shapes (one row per kernel call, or plain matmuls), as before 2026-12-04."""
+    choice = os.environ.get(BUCKETS_ENV, "on").strip().lower()
+    if choice not in ("on", "off"):
+        raise OutriderError(f"{BUCKETS_ENV} must be on or off, got {choice!r}")
+    return choice == "on"
 
 
 def attention_choice() -> str:

@@ -1,5 +1,5 @@
 """Multi-row attention that avoids MLX's slow CUDA cases: verify rows on the one-query kernel,
-wider and batched forwards in half precision on plain matmuls.
+half-precision forwards at a few bucketed shapes, batched ones on plain matmuls.
 
 On MLX's CUDA backend `mx.fast.scaled_dot_product_attention` runs its fused vector kernel only
 for fewer than 4 float32 query rows (one row in half precision); a verify forward of 5 or 8 rows
@@ -24,6 +24,27 @@ prefill chunk, with a bounded score matrix) and every multi-row batched forward 
 mask and softmax (what MLX computes where it has no fused kernel), whose kernels do not depend
 on the lengths. Full 512-row prefill chunks keep cuDNN: their shapes repeat from one request
 to the next.
+
+Those exact-shape paths still paid for meeting new shapes: at 97 rows over 4,224 keys with
+the 32B shape's heads in bf16, matmul attention took 18 ms over 64 layers at a fixed key length
+and 31-34 ms with the key length growing (MLX's CUDA backend prepares its work per shape),
+and one row per kernel call cost 0.5-1 ms a row for an 8B verify
+(`benchmarks/verify_forward_ablation.py --sdpa`, docs/performance.md, "Bucketed attention").
+So with buckets on (the default; OUTRIDER_ATTENTION_BUCKETS=off keeps the exact shapes), a
+half-precision call of BUCKET_FROM or more rows and fewer than a full prefill chunk over a
+plain `KVCache` runs at a bucketed shape: query rows padded to `bucket_rows` (8, 16, then
+multiples of 16), keys to the cache's buffer, a whole number of KEY_STEP (mlx-lm's own growth
+step; laid so before the update where the buffer is too short, and re-laid once where a
+restore left it otherwise), as the stacked-head products of matmul attention around a causal
+softmax (`Buckets.softmax`) that gives every padded key weight exactly zero, so padded rows
+and keys never reach a real row's output. The shapes then change once per 256 keys, not every
+call. On a CUDA GPU that softmax is one kernel of our own (`CAUSAL_SOFTMAX`, through
+`mx.fast.cuda_kernel`) that reads the scores once and computes each row's mask from its
+index, instead of `mx.where` and `mx.softmax` reading and writing the whole score matrix twice:
+at that shape 11.8 ms against 25 ms, and 2.3-2.5 ms against 4.3-7.1 ms (one row per call) for
+an 8B verify of 5-8 rows at 4k keys. (cuDNN's fused kernel takes 3.8 ms at a shape whose graph
+it has built, but a mask array, which bucketed shapes need, took it to 18 ms, and every new
+shape costs a 40-60 ms build.)
 
 `ChunkedAttention` wraps one model instance's attention module (never the class); one-row
 calls, full prefill chunks and any call it does not recognise go to the wrapped module
@@ -58,11 +79,17 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
-from ...core.device import split_attention
+from ...core.device import attention_buckets, on_cuda_gpu, split_attention
 from ...core.kv_quant import DequantizingKVCache
 from ...core.wrapper import PassThrough
 from .batched import QuantizedRows
 
+# Bucketed half-precision attention (module docstring): keys padded to a multiple of KEY_STEP
+# (mlx-lm KVCache's growth step), query rows to BUCKET_ROWS or a multiple of 16
+# (`bucket_rows`), for calls of BUCKET_FROM to UNFUSED_BELOW - 1 rows.
+KEY_STEP = 256
+BUCKET_ROWS = 8
+BUCKET_FROM = 3
 # Query rows per kernel call in a verify: MLX's CUDA vector kernel takes up to 3 float32 rows,
 # and one row in half precision.
 CHUNK = {mx.float32: 3}
@@ -146,19 +173,205 @@ def matmul_attention(
     return (weights @ v).reshape(b, h, n, d)
 
 
+def bucket_rows(n: int) -> int:
+    """The rows a bucketed call of n query rows computes: BUCKET_ROWS or 16 up to 16 rows,
+    else the next multiple of 16 (little padding, and few shapes a conversation meets)."""
+    return BUCKET_ROWS if n <= BUCKET_ROWS else -(-n // 16) * 16
+
+
+def reserve(cache: KVCache, n: int) -> None:
+    """Before `cache`'s update with n rows: where its buffers are too short for them, lay its
+    first `offset` rows into buffers of the next multiple of KEY_STEP past offset + n, so the
+    update writes in place and `bucket_buffers` finds them bucketed (rather than mlx-lm's
+    growth copying the cache once and a re-lay a second time). An empty cache is left to
+    mlx-lm, whose first buffers are whole steps."""
+    if cache.keys is None or cache.offset + n <= cache.keys.shape[2]:
+        return
+    s = cache.offset
+    pad = [(0, 0), (0, 0), (0, -(-(s + n) // KEY_STEP) * KEY_STEP - s), (0, 0)]
+    cache.keys = mx.pad(cache.keys[..., :s, :], pad)
+    cache.values = mx.pad(cache.values[..., :s, :], pad)
+
+
+def bucket_buffers(cache: KVCache) -> tuple[mx.array, mx.array]:
+    """`cache`'s key and value buffers (after its update), their length a multiple of KEY_STEP
+    less than two steps past the cache's offset. Where it is not (a restored prefix, a growth
+    from an offset off the step), the first `offset` rows are re-laid into buffers of the next
+    multiple, which the cache keeps: mlx-lm's KVCache writes into its buffers in place and
+    reads only its first `offset` rows, so longer ones hold the same cache."""
+    s, length = cache.offset, cache.keys.shape[2]
+    if length % KEY_STEP == 0 and length - s < 2 * KEY_STEP:
+        return cache.keys, cache.values
+    pad = [(0, 0), (0, 0), (0, -(-s // KEY_STEP) * KEY_STEP - s), (0, 0)]
+    cache.keys = mx.pad(cache.keys[..., :s, :], pad)
+    cache.values = mx.pad(cache.values[..., :s, :], pad)
+    return cache.keys, cache.values
+
+
+# Softmax over a bucketed call's scores in one pass on CUDA: row r of [R, S] scores is query
+# row r % rows of n real ones over s real keys; it sees keys up to min(s - n + r % rows, s - 1)
+# and gives the rest weight 0. Float32 inside, as `mx.softmax(precise=True)`. One block a row:
+# each thread reads 16 bytes at a time (S is a multiple of KEY_STEP), keeps a running maximum
+# and sum (an online softmax), and the block combines them; then it writes the weights.
+CAUSAL_SOFTMAX = """
+const int row = blockIdx.x;
+const int S = params[0], s = params[1], n = params[2], rows = params[3];
+const int last = min(s - n + row % rows, s - 1);
+const T* x = scores + (size_t)row * S;
+T* y = weights + (size_t)row * S;
+constexpr int V = 16 / sizeof(T);
+const int stride = blockDim.x * V;
+float m = -INFINITY, sum = 0.f;
+for (int j0 = threadIdx.x * V; j0 <= last; j0 += stride) {
+  uint4 raw = *reinterpret_cast<const uint4*>(x + j0);
+  const T* v = reinterpret_cast<const T*>(&raw);
+  float f[V];
+  float top = -INFINITY;
+  for (int k = 0; k < V; ++k) {
+    f[k] = j0 + k <= last ? static_cast<float>(v[k]) : -INFINITY;
+    top = fmaxf(top, f[k]);
+  }
+  if (top > m) {
+    sum = m > -INFINITY ? sum * expf(m - top) : 0.f;
+    m = top;
+  }
+  if (m > -INFINITY) {
+    for (int k = 0; k < V; ++k) sum += expf(f[k] - m);
+  }
+}
+__shared__ float part_m[32], part_s[32];
+for (int o = 16; o > 0; o >>= 1) {
+  const float m2 = __shfl_xor_sync(0xffffffff, m, o), s2 = __shfl_xor_sync(0xffffffff, sum, o);
+  const float top = fmaxf(m, m2);
+  sum = (m > -INFINITY ? sum * expf(m - top) : 0.f) + (m2 > -INFINITY ? s2 * expf(m2 - top) : 0.f);
+  m = top;
+}
+if ((threadIdx.x & 31) == 0) {
+  part_m[threadIdx.x >> 5] = m;
+  part_s[threadIdx.x >> 5] = sum;
+}
+__syncthreads();
+m = -INFINITY;
+for (int w = 0; w < (int)(blockDim.x >> 5); ++w) m = fmaxf(m, part_m[w]);
+sum = 0.f;
+for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
+  if (part_m[w] > -INFINITY) sum += part_s[w] * expf(part_m[w] - m);
+}
+const float inv = 1.f / sum;
+for (int j0 = threadIdx.x * V; j0 < S; j0 += stride) {
+  uint4 out;
+  T* o = reinterpret_cast<T*>(&out);
+  if (j0 <= last) {
+    uint4 raw = *reinterpret_cast<const uint4*>(x + j0);
+    const T* v = reinterpret_cast<const T*>(&raw);
+    for (int k = 0; k < V; ++k) {
+      o[k] = static_cast<T>(j0 + k <= last ? expf(static_cast<float>(v[k]) - m) * inv : 0.f);
+    }
+  } else {
+    for (int k = 0; k < V; ++k) o[k] = static_cast<T>(0.f);
+  }
+  *reinterpret_cast<uint4*>(y + j0) = out;
+}
+"""
+SOFTMAX_THREADS = 256
+
+
+class Buckets:
+    """What a wrapped model's bucketed attention calls share within a forward (one instance
+    per model): the causal mask of the call's shape, built once for all layers, and on a CUDA
+    GPU a one-pass causal softmax kernel instead of `mx.where` and `mx.softmax` (which read
+    and write the whole score matrix twice; `kernel`)."""
+
+    def __init__(self, kernel: bool = False) -> None:
+        self._key: tuple[int, int, int, int] | None = None
+        self._mask: mx.array | None = None
+        self._params: mx.array | None = None
+        self._kernel = (
+            mx.fast.cuda_kernel(
+                "outrider_causal_softmax",
+                input_names=["scores", "params"],
+                output_names=["weights"],
+                source=CAUSAL_SOFTMAX,
+            )
+            if kernel
+            else None
+        )
+
+    def _shape(self, s: int, n: int, rows: int, keys: int) -> None:
+        if self._key != (s, n, rows, keys):
+            self._key = (s, n, rows, keys)
+            self._mask = self._params = None
+
+    def mask(self, s: int, n: int, rows: int, keys: int) -> mx.array:
+        """[rows, keys] boolean: row i of n new rows over s keys sees keys up to s - n + i; a
+        padded row (i >= n) sees every real key (its output is dropped); none sees a key at or
+        past s."""
+        self._shape(s, n, rows, keys)
+        if self._mask is None:
+            last = mx.minimum(mx.arange(rows) + (s - n), s - 1)
+            self._mask = mx.arange(keys)[None] <= last[:, None]
+        return self._mask
+
+    def softmax(self, scores: mx.array, s: int, n: int, rows: int) -> mx.array:
+        """The causal softmax of scores [B, Hkv, repeats * rows, keys] (each KV head's query
+        heads stacked as rows), float32 inside."""
+        keys = scores.shape[-1]
+        if self._kernel is None:
+            b, kv_heads, stacked, _ = scores.shape
+            scores = scores.reshape(b, kv_heads, stacked // rows, rows, keys)
+            scores = mx.where(self.mask(s, n, rows, keys), scores, -mx.inf)
+            return mx.softmax(scores, axis=-1, precise=True).reshape(b, kv_heads, stacked, keys)
+        self._shape(s, n, rows, keys)
+        if self._params is None:
+            self._params = mx.array([keys, s, n, rows], dtype=mx.int32)
+        count = scores.size // keys
+        return self._kernel(
+            inputs=[scores, self._params],
+            template=[("T", scores.dtype)],
+            grid=(count * SOFTMAX_THREADS, 1, 1),
+            threadgroup=(SOFTMAX_THREADS, 1, 1),
+            output_shapes=[scores.shape],
+            output_dtypes=[scores.dtype],
+        )[0]
+
+
+def bucketed_attention(q: mx.array, cache: KVCache, scale: float, buckets: Buckets) -> mx.array:
+    """Causal attention of q [B, H, n, D] (the last n of `cache`'s keys are its own) at a
+    bucketed shape: rows padded to a power of two, keys to `bucket_buffers`, as two matrix
+    products around `Buckets.softmax`, the query heads of each KV head stacked as rows."""
+    n, s = q.shape[2], cache.offset
+    keys, values = bucket_buffers(cache)
+    rows = bucket_rows(n)
+    if rows > n:
+        q = mx.pad(q, [(0, 0), (0, 0), (0, rows - n), (0, 0)])
+    b, h, _, d = q.shape
+    kv_heads = keys.shape[1]
+    q = (q * scale).reshape(b, kv_heads, h // kv_heads * rows, d)
+    weights = buckets.softmax(q @ keys.swapaxes(-1, -2), s, n, rows)
+    return (weights @ values).reshape(b, h, rows, d)[:, :, :n]
+
+
 class ChunkedAttention(PassThrough):
     """One decoder layer's attention, with verify-width calls split into kernel-sized chunks
     (`half`: half-precision ones too) and, with `unfused`, the other multi-row half-precision
-    calls run as plain matmuls."""
+    calls run as plain matmuls; with `buckets`, half-precision calls over a plain KVCache run
+    fused at bucketed shapes instead."""
 
     wrapped = "attention"
     route = "split"
 
-    def __init__(self, attention: nn.Module, half: bool = False, unfused: bool = False) -> None:
+    def __init__(
+        self,
+        attention: nn.Module,
+        half: bool = False,
+        unfused: bool = False,
+        buckets: Buckets | None = None,
+    ) -> None:
         super().__init__()
         self.attention = attention
         self.half = half  # split half-precision calls too, one row per kernel call
         self.unfused = unfused  # other multi-row half-precision calls: matmul attention
+        self.buckets = buckets  # half-precision calls over a KVCache: bucketed fused attention
         layout = _layout(attention)
         self.gated = layout == GATED
         self.heads, self.kv_heads = (getattr(attention, h) for h in HEADS.get(layout, PLAIN_HEADS))
@@ -166,6 +379,11 @@ class ChunkedAttention(PassThrough):
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         kind = type(cache)
         attend = None
+        if kind is KVCache and _is_causal(mask) and self._bucketed(x):
+            masks, scale = self.buckets, self.attention.scale
+            return self._attend(
+                x, cache, lambda q, k, v: bucketed_attention(q, cache, scale, masks)
+            )
         if kind in (KVCache, DequantizingKVCache) and _is_causal(mask):
             attend = self._kernel(x, mask, cache.offset + x.shape[1])
         elif kind in (BatchKVCache, QuantizedRows) and _is_boolean(mask):
@@ -190,6 +408,15 @@ class ChunkedAttention(PassThrough):
         if self._unfused(x, n, keys):
             return lambda q, k, v: matmul_attention(q, k, v, scale, mask)
         return None
+
+    def _bucketed(self, x: mx.array) -> bool:
+        """Whether this call takes bucketed attention: buckets on, half precision, and
+        BUCKET_FROM to UNFUSED_BELOW - 1 rows."""
+        return (
+            self.buckets is not None
+            and x.dtype in HALF
+            and BUCKET_FROM <= x.shape[1] < UNFUSED_BELOW
+        )
 
     def _unfused(self, x: mx.array, n: int, keys: int) -> bool:
         """Whether this call takes matmul attention: half precision, 2 to UNFUSED_BELOW - 1
@@ -346,10 +573,14 @@ def install(
     if dtype not in CHUNK and dtype not in HALF:
         return False
     originals = []
+    masks = Buckets(kernel=on_cuda_gpu()) if dtype in HALF and attention_buckets() else None
     for layer in layers:
         originals.append(layer[attr])
-        wrapper = SharedKVAttention if _layout(layer[attr]) == SHARED_KV else ChunkedAttention
-        layer[attr] = wrapper(layer[attr], dtype in HALF, unfused=dtype in HALF)
+        if _layout(layer[attr]) == SHARED_KV:
+            wrapper = SharedKVAttention(layer[attr], dtype in HALF, unfused=dtype in HALF)
+        else:
+            wrapper = ChunkedAttention(layer[attr], dtype in HALF, dtype in HALF, masks)
+        layer[attr] = wrapper
     limit = PROBE_TOLERANCE.get(dtype, HALF_PROBE_TOLERANCE) * mx.abs(reference).max().item()
     try:
         got, _ = _probe(model, make_cache)

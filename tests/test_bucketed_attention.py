@@ -1,0 +1,204 @@
+"""Bucketed attention: half-precision multi-row calls at a few fixed shapes stay exact.
+
+On a CUDA GPU a half-precision forward of 3 to 511 rows over a plain KV cache runs at a
+bucketed shape (query rows padded, keys padded to the cache's buffer of whole 256-key steps,
+a causal softmax that gives every padded key weight zero), so MLX reuses its kernels instead of
+meeting a new shape every round (plugins/targets/verify_attention.py). OUTRIDER_ATTENTION=split
+installs it here on the CPU, where the arithmetic is the same as the GPU's but for the softmax
+kernel, which a CUDA-only test checks against the CPU's form.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+import pytest
+from conftest import PROMPTS, decoder_layers, fp32_close, plain_greedy
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache
+
+import outrider
+from outrider.core.device import ATTENTION_ENV, BUCKETS_ENV, attention_buckets, on_cuda_gpu
+from outrider.core.errors import OutriderError
+from outrider.plugins.targets import verify_attention
+from outrider.plugins.targets.verify_attention import (
+    KEY_STEP,
+    Buckets,
+    ChunkedAttention,
+    bucket_buffers,
+    bucket_rows,
+    bucketed_attention,
+    reserve,
+)
+from outrider.testing import make_tiny_target
+
+
+def filled_cache(prefix: int, rows: int, dtype=mx.float32, seed: int = 0):
+    """A KVCache holding `prefix` keys laid as a restored prefix leaves them (buffers exactly
+    that long), then `rows` more added the way the wrapper adds them; and the queries."""
+    keys = mx.random.split(mx.random.key(seed), 5)
+    cache = KVCache()
+    cache.keys = mx.random.normal((1, 2, prefix, 32), key=keys[0]).astype(dtype)
+    cache.values = mx.random.normal((1, 2, prefix, 32), key=keys[1]).astype(dtype)
+    cache.offset = prefix
+    reserve(cache, rows)
+    k = mx.random.normal((1, 2, rows, 32), key=keys[2]).astype(dtype)
+    v = mx.random.normal((1, 2, rows, 32), key=keys[3]).astype(dtype)
+    cache.update_and_fetch(k, v)
+    q = mx.random.normal((1, 8, rows, 32), key=keys[4]).astype(dtype)
+    return cache, q
+
+
+@pytest.mark.parametrize("prefix,rows", [(40, 3), (255, 5), (300, 8), (511, 17), (700, 97)])
+def test_bucketed_attention_is_the_causal_attention(prefix, rows):
+    cache, q = filled_cache(prefix, rows, seed=prefix)
+    s = prefix + rows
+    k, v = cache.keys[..., :s, :], cache.values[..., :s, :]
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2, mask="causal")
+    got = bucketed_attention(q, cache, 0.2, Buckets())
+    assert got.shape == want.shape
+    assert mx.allclose(got, want, atol=1e-5).item(), f"{prefix}+{rows}"
+    # the check can fail: attention that forgets the causal limit parts from it
+    loose = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2)
+    assert not mx.allclose(loose, want, atol=1e-3).item()
+    # the buffers are whole steps; the cache's own view of its keys is unchanged
+    assert cache.keys.shape[2] % KEY_STEP == 0 and cache.keys.shape[2] >= s
+    assert mx.array_equal(cache.keys_and_values()[0], k).item()
+
+
+def test_reserve_and_bucket_buffers_keep_the_cache_and_whole_steps():
+    cache, _ = filled_cache(300, 5)  # a restored 300 keys: reserve laid them into 512
+    assert cache.keys.shape[2] == 512 and cache.offset == 305
+    before = [mx.array(a) for a in cache.keys_and_values()]
+    keys, values = bucket_buffers(cache)
+    assert keys is cache.keys and values is cache.values  # already bucketed: no copy
+    # a buffer mlx-lm grew from an offset off the step (300 + 256) is re-laid into 512
+    cache.keys = mx.pad(cache.keys[..., :305, :], [(0, 0), (0, 0), (0, 251), (0, 0)])
+    cache.values = mx.pad(cache.values[..., :305, :], [(0, 0), (0, 0), (0, 251), (0, 0)])
+    keys, values = bucket_buffers(cache)
+    assert keys.shape[2] == values.shape[2] == 512 and cache.keys is keys
+    assert all(mx.array_equal(a, b).item() for a, b in zip(cache.keys_and_values(), before))
+    # an empty cache is mlx-lm's to allocate
+    empty = KVCache()
+    reserve(empty, 7)
+    assert empty.keys is None
+
+
+def test_the_mask_sees_each_rows_own_keys_and_no_padding():
+    mask = Buckets().mask(s=10, n=3, rows=8, keys=256)
+    assert mask.shape == (8, 256)
+    seen = [int(mask[i].sum().item()) for i in range(8)]
+    assert seen == [8, 9, 10, 10, 10, 10, 10, 10]  # rows 0-2 causal; padded rows every real key
+    assert not mask[:, 10:].any().item()
+
+
+@pytest.mark.parametrize("n,rows", [(3, 8), (8, 8), (9, 16), (16, 16), (17, 32), (97, 112)])
+def test_rows_pad_to_few_shapes(n, rows):
+    assert bucket_rows(n) == rows
+
+
+def test_the_switch_follows_the_environment(monkeypatch):
+    monkeypatch.delenv(BUCKETS_ENV, raising=False)
+    assert attention_buckets()
+    monkeypatch.setenv(BUCKETS_ENV, "off")
+    assert not attention_buckets()
+    monkeypatch.setenv(BUCKETS_ENV, "maybe")
+    with pytest.raises(OutriderError, match="OUTRIDER_ATTENTION_BUCKETS must be on or off"):
+        attention_buckets()
+
+
+@pytest.mark.skipif(not on_cuda_gpu(), reason="the softmax kernel is CUDA's (mx.fast.cuda_kernel)")
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
+def test_the_cuda_softmax_kernel_gives_the_masked_softmax(dtype):
+    """The one-pass kernel equals `mx.where` + `mx.softmax(precise=True)` to a rounding of the
+    output type, and weighs padded keys exactly zero."""
+    scores = (4 * mx.random.normal((1, 2, 4 * 16, 512), key=mx.random.key(1))).astype(dtype)
+    got = Buckets(kernel=True).softmax(scores, s=300, n=11, rows=16)
+    want = Buckets(kernel=False).softmax(scores, s=300, n=11, rows=16)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=4e-3).item()
+    assert (got[..., 300:] == 0).all().item()
+
+
+@pytest.fixture(scope="module")
+def bf16_target(tmp_path_factory):
+    """The tiny qwen3 with its weights stored in bfloat16 (what a half-precision checkpoint
+    loads as)."""
+    path = make_tiny_target(tmp_path_factory.mktemp("bf16") / "qwen3", family="qwen3", seed=7)
+    weights = dict(
+        tree_flatten(outrider.load(str(path), mode="baseline").target.model.parameters())
+    )
+    weights = {k: v.astype(mx.bfloat16) for k, v in weights.items()}
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return path
+
+
+def test_half_precision_forwards_take_bucketed_attention(monkeypatch, bf16_target):
+    """Loaded with rerouted attention, a bfloat16 model's forwards of 3+ rows over a restored
+    cache run bucketed with the model's own logits; two rows, one row and
+    OUTRIDER_ATTENTION_BUCKETS=off do not."""
+    monkeypatch.setenv(ATTENTION_ENV, "split")
+    calls = []
+    real = verify_attention.bucketed_attention
+
+    def counted(q, cache, scale, buckets):
+        calls.append(q.shape[2])
+        return real(q, cache, scale, buckets)
+
+    monkeypatch.setattr(verify_attention, "bucketed_attention", counted)
+    target = outrider.load(str(bf16_target), mode="baseline").target
+    layers = decoder_layers(target)
+    assert all(isinstance(x.self_attn, ChunkedAttention) and x.self_attn.buckets for x in layers)
+    prompt = target.tokenizer.encode(PROMPTS[1])
+    for rows in (1, 2, 3, 9, 40):
+        ids = mx.array([5 + i % 200 for i in range(rows)], dtype=mx.uint32)
+        out = []
+        for wrapped in (True, False):
+            own = [x.self_attn for x in layers]
+            if not wrapped:
+                for x in layers:
+                    x.self_attn = x.self_attn.attention
+            cache = target.make_cache()
+            target.prefill(prompt, cache)
+            calls.clear()
+            out.append(target.forward(ids, cache)[0].astype(mx.float32))
+            heard = list(calls)
+            for x, a in zip(layers, own):
+                x.self_attn = a
+            if wrapped:
+                assert heard == ([rows] * len(layers) if rows >= 3 else []), f"{rows} rows"
+        tol = 5e-2 * mx.abs(out[1]).max().item()
+        assert fp32_close(out[0], out[1], atol=tol), f"{rows} rows"
+    monkeypatch.setenv(BUCKETS_ENV, "off")
+    target = outrider.load(str(bf16_target), mode="baseline").target
+    assert all(x.self_attn.buckets is None for x in decoder_layers(target))
+
+
+def test_bucketed_verify_is_lossless(monkeypatch, tmp_path, bf16_target):
+    """Every mode over the bfloat16 target, its verify rows and prompt chunks bucketed, gives
+    mlx-lm's plain greedy tokens (mlx-lm's own attention, no wrapper)."""
+    from outrider.testing import make_tiny_drafter
+
+    monkeypatch.setenv(ATTENTION_ENV, "split")
+    dspark = make_tiny_drafter(tmp_path / "ds", bf16_target, "dspark", "deepspec", block_size=8)
+    pipes = [outrider.load(str(bf16_target), str(dspark), mode="dspark")]
+    pipes.append(outrider.load(str(bf16_target), mode="lookup", target=pipes[0].target))
+    assert all(x.self_attn.buckets for x in decoder_layers(pipes[0].target))
+    for pipe in pipes:
+        for cap in (2, 4, 7):
+            for prompt in PROMPTS[:2]:
+                ids = pipe.encode(prompt)
+                want = plain_greedy(bf16_target, ids, 40)
+                got = pipe.generate(ids, max_tokens=40, max_draft=cap, stop_tokens=set())
+                assert got.tokens == want, f"{pipe.mode} cap {cap} diverged on {prompt!r}"
+
+
+def test_a_fake_cache_is_enough_for_the_benchmark():
+    """benchmarks/verify_forward_ablation.py times bucketed attention over a bare namespace
+    holding a cache's buffers and offset: the function reads nothing else."""
+    cache, q = filled_cache(200, 4)
+    fake = SimpleNamespace(keys=cache.keys, values=cache.values, offset=cache.offset)
+    a = bucketed_attention(q, cache, 0.2, Buckets())
+    b = bucketed_attention(q, fake, 0.2, Buckets())
+    assert mx.array_equal(a, b).item()
