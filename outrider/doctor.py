@@ -14,7 +14,7 @@ from . import __version__
 from .cli_common import cache_root, plugins
 from .cli_common import console as _console
 from .cli_common import print_json as _print_json
-from .core.device import kv_attention, split_attention, tf32_matmuls
+from .core.device import attention_buckets, kv_attention, split_attention, tf32_matmuls
 from .core.errors import OutriderError
 
 Opt = typer.Option
@@ -85,6 +85,8 @@ def doctor_report() -> dict:
         problems.append("no plugin provides a drafting strategy")
     try:
         report["attention"] = "split" if split_attention() else "native"
+        # half-precision multi-row attention at bucketed shapes (plugins/targets/verify_attention.py)
+        report["attention_buckets"] = attention_buckets()
     except OutriderError as e:
         report["attention"] = None
         problems.append(str(e))
