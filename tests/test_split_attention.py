@@ -16,7 +16,11 @@ import outrider
 from outrider.core.device import ATTENTION_ENV, split_attention
 from outrider.core.errors import OutriderError
 from outrider.plugins.targets import verify_attention
-from outrider.plugins.targets.verify_attention import ChunkedAttention, chunked_causal_attention
+from outrider.plugins.targets.verify_attention import (
+    Buckets,
+    ChunkedAttention,
+    chunked_causal_attention,
+)
 from outrider.testing import cast_model
 
 
@@ -349,7 +353,8 @@ def test_a_hybrids_attention_layers_are_split_and_stay_lossless(
 def test_a_hybrids_half_precision_attention_gives_its_own_output(hybrid_target):
     """The layouts re-stated (qwen3_next's gate split off the query projection, output times
     its sigmoid; Nemotron-H's attention without rope): after a 25-token prefix, 8 rows one
-    per kernel call and 40 rows as matmul attention give the layer's own output in bfloat16
+    per kernel call and 40 rows as matmul attention, and both bucketed (KV cache buffers of
+    whole steps, rows padded), give the layer's own output in bfloat16
     (the module alone: Nemotron-H's experts do not run in bfloat16 on the CPU)."""
     from mlx_lm.models.cache import KVCache
 
@@ -363,11 +368,16 @@ def test_a_hybrids_half_precision_attention_gives_its_own_output(hybrid_target):
     x = mx.random.normal((1, 65, width), key=mx.random.key(3)).astype(mx.bfloat16)
     for rows in (8, 40):
         out = []
-        for module in (ChunkedAttention(attention, half=True, unfused=True), attention):
+        for module in (
+            ChunkedAttention(attention, half=True, unfused=True),
+            ChunkedAttention(attention, half=True, unfused=True, buckets=Buckets()),
+            attention,
+        ):
             cache = KVCache()
             attention(x[:, :25], mask="causal", cache=cache)  # the same prefix for both
             out.append(module(x[:, 25 : 25 + rows], mask="causal", cache=cache))
-        got, want = (o.astype(mx.float32) for o in out)
+        *wrapped, want = (o.astype(mx.float32) for o in out)
         tol = 5e-2 * mx.abs(want).max().item()
-        assert fp32_close(got, want, atol=tol), f"{rows} rows"
-        assert not fp32_close(got, want * 1.5, atol=tol)  # the check can fail
+        for got in wrapped:  # one row per call or matmul attention; bucketed attention
+            assert fp32_close(got, want, atol=tol), f"{rows} rows"
+            assert not fp32_close(got, want * 1.5, atol=tol)  # the check can fail
