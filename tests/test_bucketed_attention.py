@@ -199,3 +199,29 @@ def test_a_fake_cache_is_enough_for_the_benchmark():
     a = bucketed_attention(q, cache, 0.2, Buckets())
     b = bucketed_attention(q, fake, 0.2, Buckets())
     assert mx.array_equal(a, b).item()
+
+
+@pytest.mark.parametrize("kernel", ["raises", "wrong"])
+def test_a_softmax_kernel_that_fails_the_probe_gives_way_to_mlxs_own(
+    monkeypatch, bf16_target, kernel
+):
+    """Where the CUDA softmax kernel cannot run (here: a CPU, told it is on a CUDA GPU) or
+    gives other weights than the softmax, the load's probe drops the kernel and keeps
+    bucketed attention with MLX's own ops, rather than every rerouted path."""
+    monkeypatch.setenv(ATTENTION_ENV, "split")
+    monkeypatch.setattr(verify_attention, "on_cuda_gpu", lambda: True)
+    if kernel == "wrong":
+
+        def uniform(name, input_names, output_names, source):
+            def run(inputs, output_shapes, output_dtypes, **_):
+                shape, dtype = output_shapes[0], output_dtypes[0]
+                return [mx.full(shape, 1.0 / shape[-1], dtype=dtype)]
+
+            return run
+
+        monkeypatch.setattr(mx.fast, "cuda_kernel", uniform)
+    target = outrider.load(str(bf16_target), mode="baseline").target
+    layers = decoder_layers(target)
+    assert all(isinstance(x.self_attn, ChunkedAttention) for x in layers)
+    buckets = {id(x.self_attn.buckets) for x in layers}
+    assert len(buckets) == 1 and layers[0].self_attn.buckets.kernel is None

@@ -286,16 +286,17 @@ class Buckets:
         self._key: tuple[int, int, int, int] | None = None
         self._mask: mx.array | None = None
         self._params: mx.array | None = None
-        self._kernel = (
-            mx.fast.cuda_kernel(
-                "outrider_causal_softmax",
-                input_names=["scores", "params"],
-                output_names=["weights"],
-                source=CAUSAL_SOFTMAX,
-            )
-            if kernel
-            else None
-        )
+        self.kernel = None  # the CUDA softmax kernel, or None for MLX's own ops
+        if kernel:
+            try:  # compiled at its first call (the load's probe, which drops a failing route)
+                self.kernel = mx.fast.cuda_kernel(
+                    "outrider_causal_softmax",
+                    input_names=["scores", "params"],
+                    output_names=["weights"],
+                    source=CAUSAL_SOFTMAX,
+                )
+            except Exception:  # an MLX build without custom CUDA kernels: MLX's own ops
+                self.kernel = None
 
     def _shape(self, s: int, n: int, rows: int, keys: int) -> None:
         if self._key != (s, n, rows, keys):
@@ -316,7 +317,7 @@ class Buckets:
         """The causal softmax of scores [B, Hkv, repeats * rows, keys] (each KV head's query
         heads stacked as rows), float32 inside."""
         keys = scores.shape[-1]
-        if self._kernel is None:
+        if self.kernel is None:
             b, kv_heads, stacked, _ = scores.shape
             scores = scores.reshape(b, kv_heads, stacked // rows, rows, keys)
             scores = mx.where(self.mask(s, n, rows, keys), scores, -mx.inf)
@@ -325,7 +326,7 @@ class Buckets:
         if self._params is None:
             self._params = mx.array([keys, s, n, rows], dtype=mx.int32)
         count = scores.size // keys
-        return self._kernel(
+        return self.kernel(
             inputs=[scores, self._params],
             template=[("T", scores.dtype)],
             grid=(count * SOFTMAX_THREADS, 1, 1),
@@ -582,15 +583,26 @@ def install(
             wrapper = ChunkedAttention(layer[attr], dtype in HALF, dtype in HALF, masks)
         layer[attr] = wrapper
     limit = PROBE_TOLERANCE.get(dtype, HALF_PROBE_TOLERANCE) * mx.abs(reference).max().item()
-    try:
-        got, _ = _probe(model, make_cache)
-        agrees = mx.abs(got - reference).max().item() <= limit + 1e-6
-    except Exception:  # a layout that only looked like a known one: the model's own path
-        agrees = False
+    agrees = _agrees(model, make_cache, reference, limit)
+    if not agrees and masks is not None and masks.kernel:
+        masks.kernel = None  # a softmax kernel that did not build or agree: MLX's own ops
+        agrees = _agrees(model, make_cache, reference, limit)
     if not agrees:
         for layer, original in zip(layers, originals):
             layer[attr] = original
     return agrees
+
+
+def _agrees(
+    model: nn.Module, make_cache: Callable[[], list], reference: mx.array, limit: float
+) -> bool:
+    """Whether the probe's logits through the installed wrappers are within `limit` of the
+    model's own (`reference`); a forward that raises does not agree."""
+    try:
+        got, _ = _probe(model, make_cache)
+        return mx.abs(got - reference).max().item() <= limit + 1e-6
+    except Exception:  # a layout that only looked like a known one: the model's own path
+        return False
 
 
 def _probe(model: nn.Module, make_cache: Callable[[], list]) -> tuple[mx.array, mx.Dtype]:
