@@ -144,6 +144,14 @@ def test_half_precision_forwards_take_bucketed_attention(monkeypatch, bf16_targe
         return real(q, cache, scale, buckets)
 
     monkeypatch.setattr(verify_attention, "bucketed_attention", counted)
+    reserved = []
+    real_reserve = verify_attention.reserve
+
+    def reserve_counted(cache, n):
+        reserved.append(n)
+        return real_reserve(cache, n)
+
+    monkeypatch.setattr(verify_attention, "reserve", reserve_counted)
     target = outrider.load(str(bf16_target), mode="baseline").target
     layers = decoder_layers(target)
     assert all(isinstance(x.self_attn, ChunkedAttention) and x.self_attn.buckets for x in layers)
@@ -159,14 +167,23 @@ def test_half_precision_forwards_take_bucketed_attention(monkeypatch, bf16_targe
             cache = target.make_cache()
             target.prefill(prompt, cache)
             calls.clear()
+            reserved.clear()
             out.append(target.forward(ids, cache)[0].astype(mx.float32))
             heard = list(calls)
             for x, a in zip(layers, own):
                 x.self_attn = a
             if wrapped:
                 assert heard == ([rows] * len(layers) if rows >= 3 else []), f"{rows} rows"
+                assert reserved == heard  # room made before each bucketed update
         tol = 5e-2 * mx.abs(out[1]).max().item()
         assert fp32_close(out[0], out[1], atol=tol), f"{rows} rows"
+    # a padded score matrix past UNFUSED_SCORES (a long context) keeps the other paths
+    monkeypatch.setattr(verify_attention, "UNFUSED_SCORES", 1000)
+    cache = target.make_cache()
+    target.prefill(prompt, cache)
+    calls.clear()
+    target.forward(mx.array(list(range(5, 14)), dtype=mx.uint32), cache)
+    assert calls == []
     monkeypatch.setenv(BUCKETS_ENV, "off")
     target = outrider.load(str(bf16_target), mode="baseline").target
     assert all(x.self_attn.buckets is None for x in decoder_layers(target))

@@ -380,10 +380,11 @@ class ChunkedAttention(PassThrough):
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         kind = type(cache)
         attend = None
-        if kind is KVCache and _is_causal(mask) and self._bucketed(x):
-            masks, scale = self.buckets, self.attention.scale
+        if kind is KVCache and _is_causal(mask) and self._bucketed(x, cache.offset + x.shape[1]):
+            buckets, scale = self.buckets, self.attention.scale
+            reserve(cache, x.shape[1])
             return self._attend(
-                x, cache, lambda q, k, v: bucketed_attention(q, cache, scale, masks)
+                x, cache, lambda q, k, v: bucketed_attention(q, cache, scale, buckets)
             )
         if kind in (KVCache, DequantizingKVCache) and _is_causal(mask):
             attend = self._kernel(x, mask, cache.offset + x.shape[1])
@@ -410,14 +411,16 @@ class ChunkedAttention(PassThrough):
             return lambda q, k, v: matmul_attention(q, k, v, scale, mask)
         return None
 
-    def _bucketed(self, x: mx.array) -> bool:
-        """Whether this call takes bucketed attention: buckets on, half precision, and
-        BUCKET_FROM to UNFUSED_BELOW - 1 rows."""
-        return (
-            self.buckets is not None
-            and x.dtype in HALF
-            and BUCKET_FROM <= x.shape[1] < UNFUSED_BELOW
-        )
+    def _bucketed(self, x: mx.array, keys: int) -> bool:
+        """Whether this call of x's rows over `keys` keys takes bucketed attention: buckets
+        on, half precision, BUCKET_FROM to UNFUSED_BELOW - 1 rows, and a padded score matrix
+        within UNFUSED_SCORES (a long context keeps MLX's fused kernel, which never holds the
+        scores: at 32k keys a 512-row chunk's would take gigabytes a layer)."""
+        b, n = x.shape[:2]
+        if self.buckets is None or x.dtype not in HALF or not BUCKET_FROM <= n < UNFUSED_BELOW:
+            return False
+        padded_keys = -(-keys // KEY_STEP) * KEY_STEP + KEY_STEP  # at most a step past
+        return b * self.heads * bucket_rows(n) * padded_keys <= UNFUSED_SCORES
 
     def _unfused(self, x: mx.array, n: int, keys: int) -> bool:
         """Whether this call takes matmul attention: half precision, 2 to UNFUSED_BELOW - 1
