@@ -84,9 +84,10 @@ def doctor_report() -> dict:
     if not plug.strategies:
         problems.append("no plugin provides a drafting strategy")
     try:
-        report["attention"] = "split" if split_attention() else "native"
+        split = split_attention()
+        report["attention"] = "split" if split else "native"
         # half-precision multi-row attention at bucketed shapes (plugins/targets/verify_attention.py)
-        report["attention_buckets"] = attention_buckets()
+        report["attention_buckets"] = split and attention_buckets()
     except OutriderError as e:
         report["attention"] = None
         problems.append(str(e))

@@ -98,8 +98,14 @@ def test_rows_pad_to_few_shapes(n, rows):
 
 
 def test_the_switch_follows_the_environment(monkeypatch):
+    from outrider import doctor
+
     monkeypatch.delenv(BUCKETS_ENV, raising=False)
+    monkeypatch.setenv(ATTENTION_ENV, "split")
     assert attention_buckets()
+    assert doctor.doctor_report()["attention_buckets"] is True
+    monkeypatch.setenv(ATTENTION_ENV, "native")  # nothing rerouted, nothing bucketed
+    assert doctor.doctor_report()["attention_buckets"] is False
     monkeypatch.setenv(BUCKETS_ENV, "off")
     assert not attention_buckets()
     monkeypatch.setenv(BUCKETS_ENV, "maybe")
