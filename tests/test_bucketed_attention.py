@@ -206,7 +206,7 @@ def test_bucketed_verify_is_lossless(monkeypatch, tmp_path, bf16_target):
     pipes.append(outrider.load(str(bf16_target), mode="lookup", target=pipes[0].target))
     assert all(x.self_attn.buckets for x in decoder_layers(pipes[0].target))
     for pipe in pipes:
-        for cap in (2, 4, 7):
+        for cap in (2, 7):  # verifies of 3 and 8 rows
             for prompt in PROMPTS[:2]:
                 ids = pipe.encode(prompt)
                 want = plain_greedy(bf16_target, ids, 40)

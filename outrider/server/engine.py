@@ -9,7 +9,6 @@ within one chunk or round, even in the middle of a long prompt.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import queue
 import sys
@@ -24,6 +23,8 @@ from typing import Any
 from ..api import Pipeline
 from ..core import hub
 from ..core.prefix_cache import PrefixCache
+from .batching import decode_batch
+from .jobs import Job, Requests, Running, post
 from .memory import fit_warning, relieve_memory
 from .metrics import Metrics
 
@@ -42,18 +43,6 @@ class LoadSpec:
     kv_bits: int | None = None
     draft_model: str | None = None  # mode draft's small model (mlx-lm's --draft-model)
     lookup_drafts: bool | None = None  # None: the registry row's `lookup`, else on
-
-
-@dataclass
-class Job:
-    """One generation: prompt ids, Pipeline.stream keywords, and the way back to its request."""
-
-    prompt: list[int]
-    options: dict
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cancel: threading.Event = field(default_factory=threading.Event)
-    tokens: int = 0  # generated so far (read by tests and metrics)
 
 
 @dataclass
@@ -171,7 +160,7 @@ class Engine:
         self.max_batch = max_batch
         self.batch_scheduler = batch_scheduler
         self._deferred: list = []  # items taken from the queue while a batch ran
-        self._running: dict[int, _Running] = {}  # the batch's requests, by row
+        self._running: dict[int, Running] = {}  # the batch's requests, by row
         self._loader = loader
         if prefetch is None and loader is default_loader:
             prefetch = default_prefetch
@@ -180,6 +169,7 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="outrider-engine", daemon=True)
         self._lock = threading.Lock()
         self.metrics = metrics or Metrics()
+        self.requests = Requests(self.metrics, self._lock)
         self.metrics.queue_depth = self._jobs.qsize
         self.pipeline: Pipeline | None = None
         self.spec: LoadSpec | None = None
@@ -211,7 +201,7 @@ class Engine:
                 break
             if isinstance(item, Job):
                 item.cancel.set()
-                self._post(item, "end", None)
+                post(item, "end", None)
         current = self._current
         if current is not None:
             current.cancel.set()
@@ -454,72 +444,41 @@ class Engine:
             else:
                 self.state, self.spec, self.error = "error", None, error
 
-    @staticmethod
-    def _post(job: Job, kind: str, value: Any) -> None:
-        try:
-            job.loop.call_soon_threadsafe(job.events.put_nowait, (kind, value))
-        except RuntimeError:  # the request's event loop is gone
-            job.cancel.set()
-
     def _generate(self, job: Job) -> None:
         pipe = self.pipeline
         if job.cancel.is_set():
-            self._left_while_waiting(job)
+            self.requests.left_while_waiting(job)
             return
         if pipe is None:
-            self._post(job, "end", None)
+            post(job, "end", None)
             return
         pipe.prefix_cache = self.prefix_cache
         stream = pipe.stream(job.prompt, cancelled=job.cancel.is_set, **job.options)
-        run, result = _Running(job), None
+        run, result = Running(job), None
         try:
             for chunk in stream:
                 run.add(chunk)
                 result = chunk.result
         except Exception as e:
             traceback.print_exc(file=sys.stderr)
-            self.metrics.error("generation")
-            self._post(job, "error", e)
+            self.requests.failed(job, e)
             return
         finally:
             stream.close()  # keeps the final cache (the prefix cache) before "end" is posted
             if self.prefix_cache is not None:
                 self._prefix_seen = self.prefix_cache.snapshot_stats()
-        self._report(run, result)
+        self.requests.report(run, result)
 
-    # -- continuous batching -------------------------------------------------------------------
+    # -- continuous batching (server/batching.py) ----------------------------------------------
     def _generate_batched(self, first: Job) -> None:
         """Decode `first` and every request that arrives while it runs, up to `max_batch` at
-        once: each joins after its own prefill, at a round boundary, and ends the moment it
-        finishes. A load or unload that arrives waits until the batch drains."""
+        once. A load or unload that arrives waits until the batch drains."""
         pipe = self.pipeline
         pipe.prefix_cache = self.prefix_cache
         pipe.schedule_batches = self.batch_scheduler
-        batch = pipe.make_batch()
-        running = self._running = {}
-        waiting = [first]
+        self._running = {}
         try:
-            while waiting or len(batch):
-                for job in waiting:
-                    self._admit(pipe, batch, job, running)
-                waiting = self._arrivals(self.max_batch - len(batch))
-                if not len(batch):
-                    continue
-                self.metrics.batch_round(len(batch))
-                for row, step in batch.round():
-                    self.metrics.drafts_cut(step.cut)
-                    run = running[id(row)]
-                    chunk = run.collector.add(step)
-                    run.add(chunk)
-                    if chunk.result is not None:
-                        del running[id(row)]
-                        self._finish(run, chunk.result)
-        except Exception as e:  # a failed round fails every request in it
-            traceback.print_exc(file=sys.stderr)
-            for run in list(running.values()) + [_Running(j) for j in waiting]:
-                self.metrics.error("generation")
-                self._post(run.job, "error", e)
-                self._done(run.job)
+            decode_batch(pipe, first, self.requests, self._arrivals, self.max_batch, self._running)
         finally:
             if self.prefix_cache is not None:
                 self._prefix_seen = self.prefix_cache.snapshot_stats()
@@ -537,71 +496,6 @@ class Engine:
             else:
                 self._deferred.append(item)
         return out
-
-    def _admit(self, pipe: Pipeline, batch: Any, job: Job, running: dict) -> None:
-        """Prefill `job` alone and add its row to the batch (or finish it, if that was all)."""
-        run = _Running(job)
-        if job.cancel.is_set():
-            self._left_while_waiting(job)
-            self._done(job)
-            return
-        try:
-            start = pipe.start_row(job.prompt, cancelled=job.cancel.is_set, **job.options)
-        except Exception as e:
-            traceback.print_exc(file=sys.stderr)
-            self.metrics.error("generation")
-            self._post(job, "error", e)
-            self._done(job)
-            return
-        run.collector = start.collector
-        run.add(start.first)
-        if start.row is None:
-            self._finish(run, start.first.result)
-            return
-        running[id(start.row)] = run
-        batch.join(start.row, start.cache)
-
-    def _finish(self, run: _Running, result: Any) -> None:
-        """A batched request is over: report it and take it out of the in-flight count."""
-        self._report(run, result)
-        self._done(run.job)
-
-    def _report(self, run: _Running, result: Any) -> None:
-        """Metrics for a finished generation, then its "end" event (no answer if cancelled:
-        the request is gone, or the server is stopping)."""
-        job = run.job
-        if result is not None and result.finish_reason == "cancelled":
-            with self._lock:
-                self.metrics.cancelled += 1
-            result = None
-        tps = result.decode_tps if result is not None else 0.0
-        self.metrics.generation(len(job.prompt), job.tokens, run.accepts, tps)
-        self._post(job, "end", result)
-
-    def _left_while_waiting(self, job: Job) -> None:
-        """A request whose client went away before it started: counted as cancelled, ended."""
-        with self._lock:
-            self.metrics.cancelled += 1
-        self._post(job, "end", None)
-
-    def _done(self, job: Job) -> None:
-        with self._lock:
-            self.metrics.in_flight -= 1
-
-
-@dataclass
-class _Running:
-    """A running request: its job, its chunk collector (in a batch), its acceptance so far."""
-
-    job: Job
-    collector: Any = None
-    accepts: list[int] = field(default_factory=list)
-
-    def add(self, chunk: Any) -> None:
-        self.job.tokens += len(chunk.tokens)
-        if chunk.step.source == "draft":
-            self.accepts.append(chunk.step.accepted + 1)
-        Engine._post(self.job, "chunk", chunk)
 
 
 def model_id(pipe: Pipeline) -> str:

@@ -1,0 +1,84 @@
+"""A generation request as the engine's thread sees it, and how its events and accounting
+reach the HTTP side: chunks and the end cross through the request's asyncio queue, fed with
+`loop.call_soon_threadsafe`; counts go to the server's metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from .metrics import Metrics
+
+
+@dataclass
+class Job:
+    """One generation: prompt ids, Pipeline.stream keywords, and the way back to its request."""
+
+    prompt: list[int]
+    options: dict
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    tokens: int = 0  # generated so far (read by tests and metrics)
+
+
+def post(job: Job, kind: str, value: Any) -> None:
+    """Hand an event ("chunk", "error", "end") to the request's event loop; a loop that is
+    gone cancels the job."""
+    try:
+        job.loop.call_soon_threadsafe(job.events.put_nowait, (kind, value))
+    except RuntimeError:  # the request's event loop is gone
+        job.cancel.set()
+
+
+@dataclass
+class Running:
+    """A running request: its job, its chunk collector (in a batch), its acceptance so far."""
+
+    job: Job
+    collector: Any = None
+    accepts: list[int] = field(default_factory=list)
+
+    def add(self, chunk: Any) -> None:
+        self.job.tokens += len(chunk.tokens)
+        if chunk.step.source == "draft":
+            self.accepts.append(chunk.step.accepted + 1)
+        post(self.job, "chunk", chunk)
+
+
+class Requests:
+    """The accounting of requests the engine runs, one at a time or batched: in flight,
+    cancelled, each finished generation's figures, and the events that end them."""
+
+    def __init__(self, metrics: Metrics, lock: threading.Lock) -> None:
+        self.metrics, self._lock = metrics, lock
+
+    def report(self, run: Running, result: Any) -> None:
+        """Metrics for a finished generation, then its "end" event (no answer if cancelled:
+        the request is gone, or the server is stopping)."""
+        job = run.job
+        if result is not None and result.finish_reason == "cancelled":
+            with self._lock:
+                self.metrics.cancelled += 1
+            result = None
+        tps = result.decode_tps if result is not None else 0.0
+        self.metrics.generation(len(job.prompt), job.tokens, run.accepts, tps)
+        post(job, "end", result)
+
+    def failed(self, job: Job, error: Exception) -> None:
+        """A generation that raised: counted, and the error handed to its request."""
+        self.metrics.error("generation")
+        post(job, "error", error)
+
+    def left_while_waiting(self, job: Job) -> None:
+        """A request whose client went away before it started: counted as cancelled, ended."""
+        with self._lock:
+            self.metrics.cancelled += 1
+        post(job, "end", None)
+
+    def done(self, job: Job) -> None:
+        """The request no longer counts as in flight."""
+        with self._lock:
+            self.metrics.in_flight -= 1
