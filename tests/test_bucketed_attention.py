@@ -18,7 +18,13 @@ from conftest import PROMPTS, decoder_layers, fp32_close, plain_greedy
 from mlx_lm.models.cache import KVCache
 
 import outrider
-from outrider.core.device import ATTENTION_ENV, BUCKETS_ENV, attention_buckets, on_cuda_gpu
+from outrider.core.device import (
+    ATTENTION_ENV,
+    BUCKETS_ENV,
+    attention_buckets,
+    batch_buckets,
+    on_cuda_gpu,
+)
 from outrider.core.errors import OutriderError
 from outrider.plugins.targets import verify_attention
 from outrider.plugins.targets.verify_attention import (
@@ -106,10 +112,13 @@ def test_the_switch_follows_the_environment(monkeypatch):
     assert doctor.doctor_report()["attention_buckets"] is True
     monkeypatch.setenv(ATTENTION_ENV, "native")  # nothing rerouted, nothing bucketed
     assert doctor.doctor_report()["attention_buckets"] is False
+    assert not batch_buckets()  # `on`: one sequence's cache only
     monkeypatch.setenv(BUCKETS_ENV, "off")
-    assert not attention_buckets()
+    assert not attention_buckets() and not batch_buckets()
+    monkeypatch.setenv(BUCKETS_ENV, "all")
+    assert attention_buckets() and batch_buckets()
     monkeypatch.setenv(BUCKETS_ENV, "maybe")
-    with pytest.raises(OutriderError, match="OUTRIDER_ATTENTION_BUCKETS must be on or off"):
+    with pytest.raises(OutriderError, match="OUTRIDER_ATTENTION_BUCKETS must be on, all or off"):
         attention_buckets()
 
 
@@ -248,3 +257,57 @@ def test_a_softmax_kernel_that_fails_the_probe_gives_way_to_mlxs_own(
     assert all(isinstance(x.self_attn, ChunkedAttention) for x in layers)
     buckets = {id(x.self_attn.buckets) for x in layers}
     assert len(buckets) == 1 and layers[0].self_attn.buckets.kernel is None
+
+
+def test_a_batchs_rows_bucketed_give_each_rows_own_logits(monkeypatch, bf16_target):
+    """With OUTRIDER_ATTENTION_BUCKETS=all a batch's multi-row forward (left-padded rows of
+    three lengths, each masked to its own columns) runs bucketed, and every row's logits are
+    that row's alone; with `on` the batch keeps matmul attention."""
+    monkeypatch.setenv(ATTENTION_ENV, "split")
+    calls = []
+    real = verify_attention.bucketed_rows_attention
+
+    def counted(q, cache, mask, scale, buckets):
+        calls.append(mask.shape)
+        return real(q, cache, mask, scale, buckets)
+
+    monkeypatch.setattr(verify_attention, "bucketed_rows_attention", counted)
+    prompts = [list(range(5, 5 + n)) for n in (9, 23, 14)]
+    block = mx.array([[40 + r + c for c in range(5)] for r in range(3)], dtype=mx.uint32)
+    for choice in ("all", "on"):
+        monkeypatch.setenv(BUCKETS_ENV, choice)
+        target = outrider.load(str(bf16_target), mode="baseline").target
+        layers = decoder_layers(target)
+        caches = []
+        for ids in prompts:
+            caches.append(target.make_cache())
+            target.prefill(ids, caches[-1])
+        calls.clear()
+        batched = target.forward_rows(block, target.merge_rows(caches))[0].astype(mx.float32)
+        assert calls == ([(3, 1, 5, 28)] * len(layers) if choice == "all" else []), choice
+        for i, ids in enumerate(prompts):
+            alone = target.forward(
+                mx.array(ids + block[i].tolist(), dtype=mx.uint32), target.make_cache()
+            )[0]
+            alone = alone[-5:].astype(mx.float32)
+            tol = 5e-2 * mx.abs(alone).max().item()
+            assert fp32_close(batched[i], alone, atol=tol), f"{choice}: row {i}"
+            assert not fp32_close(batched[(i + 1) % 3], alone, atol=tol)  # rows differ
+
+
+def test_batched_generation_with_bucketed_rows_equals_each_request_alone(
+    monkeypatch, tmp_path, bf16_target
+):
+    """generate_batch over the bfloat16 target with every multi-row forward bucketed (rows
+    joining as others finish) gives each prompt's own greedy tokens."""
+    from outrider.testing import make_tiny_drafter
+
+    monkeypatch.setenv(ATTENTION_ENV, "split")
+    monkeypatch.setenv(BUCKETS_ENV, "all")
+    dspark = make_tiny_drafter(tmp_path / "ds", bf16_target, "dspark", "deepspec", block_size=8)
+    pipe = outrider.load(str(bf16_target), str(dspark), mode="dspark", max_draft=4)
+    assert all(x.self_attn.batches for x in decoder_layers(pipe.target))
+    prompts = [pipe.encode(p) for p in PROMPTS[:3]]
+    got = pipe.generate_batch(prompts, max_batch=2, max_tokens=24, stop_tokens=set())
+    for ids, result in zip(prompts, got):
+        assert result.tokens == plain_greedy(bf16_target, ids, 24)

@@ -71,14 +71,25 @@ BUCKETS_ENV = "OUTRIDER_ATTENTION_BUCKETS"
 
 
 def attention_buckets() -> bool:
-    """OUTRIDER_ATTENTION_BUCKETS: `on` (the default) or `off`. On, rerouted half-precision
-    attention pads its query rows and keys to a few fixed shapes so MLX's CUDA attention reuses
-    the cuDNN graph it built for them (plugins/targets/verify_attention.py); off, it keeps the
-    exact shapes (one row per kernel call, or plain matmuls), as before 2026-12-04."""
+    """OUTRIDER_ATTENTION_BUCKETS: `on` (the default), `all` or `off`. On, rerouted
+    half-precision attention over one sequence's KV cache runs at a few fixed shapes, so MLX
+    meets a new one once per 256 keys rather than every call (plugins/targets/
+    verify_attention.py); `all` does the same for a batch's rows (not yet timed on a GPU);
+    off keeps the exact shapes (one row per kernel call, or plain matmuls), as before
+    2026-12-04."""
+    return _buckets_choice() != "off"
+
+
+def batch_buckets() -> bool:
+    """Whether a batch's rows are bucketed too (OUTRIDER_ATTENTION_BUCKETS=all)."""
+    return _buckets_choice() == "all"
+
+
+def _buckets_choice() -> str:
     choice = os.environ.get(BUCKETS_ENV, "on").strip().lower()
-    if choice not in ("on", "off"):
-        raise OutriderError(f"{BUCKETS_ENV} must be on or off, got {choice!r}")
-    return choice == "on"
+    if choice not in ("on", "all", "off"):
+        raise OutriderError(f"{BUCKETS_ENV} must be on, all or off, got {choice!r}")
+    return choice
 
 
 def attention_choice() -> str:

@@ -79,7 +79,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
-from ...core.device import attention_buckets, on_cuda_gpu, split_attention
+from ...core.device import attention_buckets, batch_buckets, on_cuda_gpu, split_attention
 from ...core.kv_quant import DequantizingKVCache
 from ...core.wrapper import PassThrough
 from .batched import QuantizedRows
@@ -179,27 +179,33 @@ def bucket_rows(n: int) -> int:
     return BUCKET_ROWS if n <= BUCKET_ROWS else -(-n // 16) * 16
 
 
-def reserve(cache: KVCache, n: int) -> None:
+def _used(cache: KVCache | BatchKVCache) -> int:
+    """How many key columns of the cache's buffers hold keys: a `KVCache`'s offset, a
+    `BatchKVCache`'s shared column count (its rows' offsets differ by their left padding)."""
+    return cache._idx if isinstance(cache, BatchKVCache) else cache.offset
+
+
+def reserve(cache: KVCache | BatchKVCache, n: int) -> None:
     """Before `cache`'s update with n rows: where its buffers are too short for them, lay its
     first `offset` rows into buffers of the next multiple of KEY_STEP past offset + n, so the
     update writes in place and `bucket_buffers` finds them bucketed (rather than mlx-lm's
     growth copying the cache once and a re-lay a second time). An empty cache is left to
     mlx-lm, whose first buffers are whole steps."""
-    if cache.keys is None or cache.offset + n <= cache.keys.shape[2]:
+    if cache.keys is None or _used(cache) + n <= cache.keys.shape[2]:
         return
-    s = cache.offset
+    s = _used(cache)
     pad = [(0, 0), (0, 0), (0, -(-(s + n) // KEY_STEP) * KEY_STEP - s), (0, 0)]
     cache.keys = mx.pad(cache.keys[..., :s, :], pad)
     cache.values = mx.pad(cache.values[..., :s, :], pad)
 
 
-def bucket_buffers(cache: KVCache) -> tuple[mx.array, mx.array]:
+def bucket_buffers(cache: KVCache | BatchKVCache) -> tuple[mx.array, mx.array]:
     """`cache`'s key and value buffers (after its update), their length a multiple of KEY_STEP
     less than two steps past the cache's offset. Where it is not (a restored prefix, a growth
     from an offset off the step), the first `offset` rows are re-laid into buffers of the next
     multiple, which the cache keeps: mlx-lm's KVCache writes into its buffers in place and
     reads only its first `offset` rows, so longer ones hold the same cache."""
-    s, length = cache.offset, cache.keys.shape[2]
+    s, length = _used(cache), cache.keys.shape[2]
     if length % KEY_STEP == 0 and length - s < 2 * KEY_STEP:
         return cache.keys, cache.values
     pad = [(0, 0), (0, 0), (0, -(-s // KEY_STEP) * KEY_STEP - s), (0, 0)]
@@ -352,6 +358,30 @@ def bucketed_attention(q: mx.array, cache: KVCache, scale: float, buckets: Bucke
     return (weights @ values).reshape(b, h, rows, d)[:, :, :n]
 
 
+def bucketed_rows_attention(
+    q: mx.array, cache: BatchKVCache, mask: mx.array, scale: float, buckets: Buckets
+) -> mx.array:
+    """A batch's attention of q [B, H, n, D] under the model's boolean mask [B, 1, n, S]
+    (each row's causal columns, its left padding masked) at a bucketed shape: rows padded to
+    `bucket_rows` (a padded row sees every real column; its output is dropped), columns to
+    `bucket_buffers` (unused ones masked), the query heads of each KV head stacked as rows,
+    and `mx.where` + `mx.softmax` on the padded mask."""
+    n, s = q.shape[2], mask.shape[-1]
+    keys, values = bucket_buffers(cache)
+    rows = bucket_rows(n)
+    b, h, _, d = q.shape
+    if rows > n:
+        q = mx.pad(q, [(0, 0), (0, 0), (0, rows - n), (0, 0)])
+        mask = mx.concatenate([mask, mx.ones((b, 1, rows - n, s), dtype=mx.bool_)], axis=2)
+    mask = mx.pad(mask, [(0, 0), (0, 0), (0, 0), (0, keys.shape[2] - s)])  # pads with False
+    kv_heads = keys.shape[1]
+    q = (q * scale).reshape(b, kv_heads, h // kv_heads * rows, d)
+    scores = (q @ keys.swapaxes(-1, -2)).reshape(b, kv_heads, h // kv_heads, rows, -1)
+    scores = mx.where(mx.expand_dims(mask, 2), scores, mx.array(-mx.inf, scores.dtype))
+    weights = mx.softmax(scores, axis=-1, precise=True).reshape(b, kv_heads, -1, keys.shape[2])
+    return (weights @ values).reshape(b, h, rows, d)[:, :, :n]
+
+
 class ChunkedAttention(PassThrough):
     """One decoder layer's attention, with verify-width calls split into kernel-sized chunks
     (`half`: half-precision ones too) and, with `unfused`, the other multi-row half-precision
@@ -367,12 +397,14 @@ class ChunkedAttention(PassThrough):
         half: bool = False,
         unfused: bool = False,
         buckets: Buckets | None = None,
+        batches: bool = False,
     ) -> None:
         super().__init__()
         self.attention = attention
         self.half = half  # split half-precision calls too, one row per kernel call
         self.unfused = unfused  # other multi-row half-precision calls: matmul attention
-        self.buckets = buckets  # half-precision calls over a KVCache: bucketed fused attention
+        self.buckets = buckets  # half-precision calls over a KVCache: bucketed attention
+        self.batches = batches  # and over a BatchKVCache (OUTRIDER_ATTENTION_BUCKETS=all)
         layout = _layout(attention)
         self.gated = layout == GATED
         self.heads, self.kv_heads = (getattr(attention, h) for h in HEADS.get(layout, PLAIN_HEADS))
@@ -385,6 +417,17 @@ class ChunkedAttention(PassThrough):
             reserve(cache, x.shape[1])
             return self._attend(
                 x, cache, lambda q, k, v: bucketed_attention(q, cache, scale, buckets)
+            )
+        if (
+            kind is BatchKVCache
+            and self.batches
+            and _is_boolean(mask)
+            and self._bucketed(x, mask.shape[-1])
+        ):
+            buckets, scale = self.buckets, self.attention.scale
+            reserve(cache, x.shape[1])
+            return self._attend(
+                x, cache, lambda q, k, v: bucketed_rows_attention(q, cache, mask, scale, buckets)
             )
         if kind in (KVCache, DequantizingKVCache) and _is_causal(mask):
             attend = self._kernel(x, mask, cache.offset + x.shape[1])
@@ -583,7 +626,13 @@ def install(
         if _layout(layer[attr]) == SHARED_KV:
             wrapper = SharedKVAttention(layer[attr], dtype in HALF, unfused=dtype in HALF)
         else:
-            wrapper = ChunkedAttention(layer[attr], dtype in HALF, dtype in HALF, masks)
+            wrapper = ChunkedAttention(
+                layer[attr],
+                dtype in HALF,
+                dtype in HALF,
+                masks,
+                masks is not None and batch_buckets(),
+            )
         layer[attr] = wrapper
     limit = PROBE_TOLERANCE.get(dtype, HALF_PROBE_TOLERANCE) * mx.abs(reference).max().item()
     agrees = _agrees(model, make_cache, reference, limit)
