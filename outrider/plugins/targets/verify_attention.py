@@ -32,10 +32,12 @@ and one row per kernel call cost 0.5-1 ms a row for an 8B verify
 (`benchmarks/verify_forward_ablation.py --sdpa`, docs/performance.md, "Bucketed attention").
 So with buckets on (the default; OUTRIDER_ATTENTION_BUCKETS=off keeps the exact shapes), a
 half-precision call of BUCKET_FROM or more rows and fewer than a full prefill chunk over a
-plain `KVCache` runs at a bucketed shape: query rows padded to `bucket_rows` (8, 16, then
-multiples of 16), keys to the cache's buffer, a whole number of KEY_STEP (mlx-lm's own growth
-step; laid so before the update where the buffer is too short, and re-laid once where a
-restore left it otherwise), as the stacked-head products of matmul attention around a causal
+plain `KVCache`, whose padded score matrix stays within UNFUSED_SCORES, runs at a bucketed
+shape (`all` also buckets a batch's rows, `bucketed_rows_attention`; not yet timed on a
+GPU): query rows padded to `bucket_rows` (8, 16, then multiples of 16), keys to the cache's
+buffer, a whole number of KEY_STEP (mlx-lm's own growth step; laid so before the update where
+the buffer is too short, and re-laid once where a restore left it otherwise), as the
+stacked-head products of matmul attention around a causal
 softmax (`Buckets.softmax`) that gives every padded key weight exactly zero, so padded rows
 and keys never reach a real row's output. The shapes then change once per 256 keys, not every
 call. On a CUDA GPU that softmax is one kernel of our own (`CAUSAL_SOFTMAX`, through
