@@ -388,7 +388,8 @@ class ChunkedAttention(PassThrough):
     """One decoder layer's attention, with verify-width calls split into kernel-sized chunks
     (`half`: half-precision ones too) and, with `unfused`, the other multi-row half-precision
     calls run as plain matmuls; with `buckets`, half-precision calls over a plain KVCache run
-    fused at bucketed shapes instead."""
+    at bucketed shapes instead (`bucketed_attention`), and with `batches` too a batch's rows
+    over a BatchKVCache (`bucketed_rows_attention`)."""
 
     wrapped = "attention"
     route = "split"
