@@ -203,10 +203,11 @@ def reserve(cache: KVCache | BatchKVCache, n: int) -> None:
 
 def bucket_buffers(cache: KVCache | BatchKVCache) -> tuple[mx.array, mx.array]:
     """`cache`'s key and value buffers (after its update), their length a multiple of KEY_STEP
-    less than two steps past the cache's offset. Where it is not (a restored prefix, a growth
-    from an offset off the step), the first `offset` rows are re-laid into buffers of the next
-    multiple, which the cache keeps: mlx-lm's KVCache writes into its buffers in place and
-    reads only its first `offset` rows, so longer ones hold the same cache."""
+    less than two steps past the columns in use (`_used`). Where it is not (a restored prefix,
+    a growth from a length off the step, a batch's rows filtered), the columns in use are
+    re-laid into buffers of the next multiple, which the cache keeps: mlx-lm's caches write
+    into their buffers in place and read only the columns in use, so longer buffers hold the
+    same cache."""
     s, length = _used(cache), cache.keys.shape[2]
     if length % KEY_STEP == 0 and length - s < 2 * KEY_STEP:
         return cache.keys, cache.values
@@ -346,7 +347,7 @@ class Buckets:
 
 def bucketed_attention(q: mx.array, cache: KVCache, scale: float, buckets: Buckets) -> mx.array:
     """Causal attention of q [B, H, n, D] (the last n of `cache`'s keys are its own) at a
-    bucketed shape: rows padded to a power of two, keys to `bucket_buffers`, as two matrix
+    bucketed shape: rows padded to `bucket_rows`, keys to `bucket_buffers`, as two matrix
     products around `Buckets.softmax`, the query heads of each KV head stacked as rows."""
     n, s = q.shape[2], cache.offset
     keys, values = bucket_buffers(cache)
