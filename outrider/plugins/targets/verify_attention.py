@@ -152,12 +152,19 @@ def chunked_causal_attention(
 
 
 def matmul_attention(
-    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None = None
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    mask: mx.array | None = None,
+    weigh: Callable[[mx.array], mx.array] | None = None,
 ) -> mx.array:
     """Attention of q [B, H, L, D] over k, v [B, Hkv, S, D] as matmul, mask and softmax, no
     kernel of which depends on L or S. `mask` is a boolean [B, 1, L, S] or [L, S] (True:
     attend; a batch's causal mask with each row's padding, a sliding window's band); None
-    means causal, the last L keys being the queries' own."""
+    means causal, the last L keys being the queries' own. `weigh`, where given, turns the
+    stacked scores [B, Hkv, repeats * L, S] into weights instead of the mask and softmax (a
+    kernel that masks by itself: `Buckets.softmax`)."""
     b, h, n, d = q.shape
     kv_heads, s = k.shape[1], k.shape[2]
     repeats = h // kv_heads
@@ -165,7 +172,10 @@ def matmul_attention(
     # two plain batched matmuls. (Broadcasting the keys over a repeats axis instead cost the
     # H200 ~0.4-0.55 ms a layer at 97 rows over 4k keys, docs/performance.md.)
     q = (q * scale).reshape(b, kv_heads, repeats * n, d)
-    scores = (q @ k.swapaxes(-1, -2)).reshape(b, kv_heads, repeats, n, s)
+    scores = q @ k.swapaxes(-1, -2)
+    if weigh is not None:
+        return (weigh(scores) @ v).reshape(b, h, n, d)
+    scores = scores.reshape(b, kv_heads, repeats, n, s)
     if mask is None:
         mask = create_causal_mask(n, offset=s - n)  # row i: keys up to s - n + i
     elif mask.ndim == 4:
@@ -187,18 +197,27 @@ def _used(cache: KVCache | BatchKVCache) -> int:
     return cache._idx if isinstance(cache, BatchKVCache) else cache.offset
 
 
+def _whole_steps(length: int) -> int:
+    """`length` rounded up to a whole number of KEY_STEP."""
+    return -(-length // KEY_STEP) * KEY_STEP
+
+
+def _lay_out(cache: KVCache | BatchKVCache, length: int) -> None:
+    """Copy the columns in use of `cache`'s buffers into new ones `length` long (zeros past)."""
+    s = _used(cache)
+    pad = [(0, 0), (0, 0), (0, length - s), (0, 0)]
+    cache.keys = mx.pad(cache.keys[..., :s, :], pad)
+    cache.values = mx.pad(cache.values[..., :s, :], pad)
+
+
 def reserve(cache: KVCache | BatchKVCache, n: int) -> None:
     """Before `cache`'s update with n rows: where its buffers are too short for them, lay its
     first `offset` rows into buffers of the next multiple of KEY_STEP past offset + n, so the
     update writes in place and `bucket_buffers` finds them bucketed (rather than mlx-lm's
     growth copying the cache once and a re-lay a second time). An empty cache is left to
     mlx-lm, whose first buffers are whole steps."""
-    if cache.keys is None or _used(cache) + n <= cache.keys.shape[2]:
-        return
-    s = _used(cache)
-    pad = [(0, 0), (0, 0), (0, -(-(s + n) // KEY_STEP) * KEY_STEP - s), (0, 0)]
-    cache.keys = mx.pad(cache.keys[..., :s, :], pad)
-    cache.values = mx.pad(cache.values[..., :s, :], pad)
+    if cache.keys is not None and _used(cache) + n > cache.keys.shape[2]:
+        _lay_out(cache, _whole_steps(_used(cache) + n))
 
 
 def bucket_buffers(cache: KVCache | BatchKVCache) -> tuple[mx.array, mx.array]:
@@ -209,11 +228,8 @@ def bucket_buffers(cache: KVCache | BatchKVCache) -> tuple[mx.array, mx.array]:
     into their buffers in place and read only the columns in use, so longer buffers hold the
     same cache."""
     s, length = _used(cache), cache.keys.shape[2]
-    if length % KEY_STEP == 0 and length - s < 2 * KEY_STEP:
-        return cache.keys, cache.values
-    pad = [(0, 0), (0, 0), (0, -(-s // KEY_STEP) * KEY_STEP - s), (0, 0)]
-    cache.keys = mx.pad(cache.keys[..., :s, :], pad)
-    cache.values = mx.pad(cache.values[..., :s, :], pad)
+    if length % KEY_STEP or length - s >= 2 * KEY_STEP:
+        _lay_out(cache, _whole_steps(s))
     return cache.keys, cache.values
 
 
@@ -324,13 +340,8 @@ class Buckets:
 
     def softmax(self, scores: mx.array, s: int, n: int, rows: int) -> mx.array:
         """The causal softmax of scores [B, Hkv, repeats * rows, keys] (each KV head's query
-        heads stacked as rows), float32 inside."""
+        heads stacked as rows) by the kernel, float32 inside, with `mask`'s rows."""
         keys = scores.shape[-1]
-        if self.kernel is None:
-            b, kv_heads, stacked, _ = scores.shape
-            scores = scores.reshape(b, kv_heads, stacked // rows, rows, keys)
-            scores = mx.where(self.mask(s, n, rows, keys), scores, -mx.inf)
-            return mx.softmax(scores, axis=-1, precise=True).reshape(b, kv_heads, stacked, keys)
         self._shape(s, n, rows, keys)
         if self._params is None:
             self._params = mx.array([keys, s, n, rows], dtype=mx.int32)
@@ -347,18 +358,22 @@ class Buckets:
 
 def bucketed_attention(q: mx.array, cache: KVCache, scale: float, buckets: Buckets) -> mx.array:
     """Causal attention of q [B, H, n, D] (the last n of `cache`'s keys are its own) at a
-    bucketed shape: rows padded to `bucket_rows`, keys to `bucket_buffers`, as two matrix
-    products around `Buckets.softmax`, the query heads of each KV head stacked as rows."""
+    bucketed shape: rows padded to `bucket_rows`, keys to `bucket_buffers`, as matmul
+    attention under `Buckets.mask`, or around `Buckets.softmax` where the kernel runs."""
     n, s = q.shape[2], cache.offset
     keys, values = bucket_buffers(cache)
     rows = bucket_rows(n)
-    if rows > n:
-        q = mx.pad(q, [(0, 0), (0, 0), (0, rows - n), (0, 0)])
-    b, h, _, d = q.shape
-    kv_heads = keys.shape[1]
-    q = (q * scale).reshape(b, kv_heads, h // kv_heads * rows, d)
-    weights = buckets.softmax(q @ keys.swapaxes(-1, -2), s, n, rows)
-    return (weights @ values).reshape(b, h, rows, d)[:, :, :n]
+    q = _pad_rows(q, rows)
+    if buckets.kernel is None:
+        mask = buckets.mask(s, n, rows, keys.shape[2])
+        return matmul_attention(q, keys, values, scale, mask)[:, :, :n]
+    weigh = lambda scores: buckets.softmax(scores, s, n, rows)  # noqa: E731
+    return matmul_attention(q, keys, values, scale, weigh=weigh)[:, :, :n]
+
+
+def _pad_rows(q: mx.array, rows: int) -> mx.array:
+    """q [B, H, L, D] with zero query rows after its own, `rows` in all."""
+    return mx.pad(q, [(0, 0), (0, 0), (0, rows - q.shape[2]), (0, 0)])
 
 
 def bucketed_rows_attention(
@@ -367,22 +382,15 @@ def bucketed_rows_attention(
     """A batch's attention of q [B, H, n, D] under the model's boolean mask [B, 1, n, S]
     (each row's causal columns, its left padding masked) at a bucketed shape: rows padded to
     `bucket_rows` (a padded row sees every real column; its output is dropped), columns to
-    `bucket_buffers` (unused ones masked), the query heads of each KV head stacked as rows,
-    and `mx.where` + `mx.softmax` on the padded mask."""
+    `bucket_buffers` (unused ones masked), as matmul attention under the padded mask."""
     n, s = q.shape[2], mask.shape[-1]
     keys, values = bucket_buffers(cache)
     rows = bucket_rows(n)
-    b, h, _, d = q.shape
     if rows > n:
-        q = mx.pad(q, [(0, 0), (0, 0), (0, rows - n), (0, 0)])
-        mask = mx.concatenate([mask, mx.ones((b, 1, rows - n, s), dtype=mx.bool_)], axis=2)
+        seen = mx.ones((q.shape[0], 1, rows - n, s), dtype=mx.bool_)
+        mask = mx.concatenate([mask, seen], axis=2)
     mask = mx.pad(mask, [(0, 0), (0, 0), (0, 0), (0, keys.shape[2] - s)])  # pads with False
-    kv_heads = keys.shape[1]
-    q = (q * scale).reshape(b, kv_heads, h // kv_heads * rows, d)
-    scores = (q @ keys.swapaxes(-1, -2)).reshape(b, kv_heads, h // kv_heads, rows, -1)
-    scores = mx.where(mx.expand_dims(mask, 2), scores, mx.array(-mx.inf, scores.dtype))
-    weights = mx.softmax(scores, axis=-1, precise=True).reshape(b, kv_heads, -1, keys.shape[2])
-    return (weights @ values).reshape(b, h, rows, d)[:, :, :n]
+    return matmul_attention(_pad_rows(q, rows), keys, values, scale, mask)[:, :, :n]
 
 
 class ChunkedAttention(PassThrough):
@@ -466,7 +474,7 @@ class ChunkedAttention(PassThrough):
         b, n = x.shape[:2]
         if self.buckets is None or x.dtype not in HALF or not BUCKET_FROM <= n < UNFUSED_BELOW:
             return False
-        padded_keys = -(-keys // KEY_STEP) * KEY_STEP + KEY_STEP  # at most a step past
+        padded_keys = _whole_steps(keys) + KEY_STEP  # at most a step past
         return b * self.heads * bucket_rows(n) * padded_keys <= UNFUSED_SCORES
 
     def _unfused(self, x: mx.array, n: int, keys: int) -> bool:
