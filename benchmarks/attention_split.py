@@ -33,10 +33,8 @@ import mlx.core as mx  # noqa: E402
 from outrider.api import load  # noqa: E402
 from outrider.core.proposer import DraftContext  # noqa: E402
 from outrider.core.sampling import SamplingParams  # noqa: E402
-from outrider.plugins.targets.verify_attention import (  # noqa: E402
-    ChunkedAttention,
-    chunked_causal_attention,
-)
+from outrider.plugins.targets.attention_forms import chunked_causal_attention  # noqa: E402
+from outrider.plugins.targets.verify_attention import ChunkedAttention  # noqa: E402
 from outrider.testing import cast_model  # noqa: E402
 
 

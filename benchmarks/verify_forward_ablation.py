@@ -42,7 +42,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 
-from outrider.plugins.targets.verify_attention import (
+from outrider.plugins.targets.attention_forms import (
     Buckets,
     bucketed_attention,
     chunked_causal_attention,

@@ -27,15 +27,15 @@ from outrider.core.device import (
 )
 from outrider.core.errors import OutriderError
 from outrider.plugins.targets import verify_attention
-from outrider.plugins.targets.verify_attention import (
+from outrider.plugins.targets.attention_forms import (
     KEY_STEP,
     Buckets,
-    ChunkedAttention,
     bucket_buffers,
     bucket_rows,
     bucketed_attention,
     reserve,
 )
+from outrider.plugins.targets.verify_attention import ChunkedAttention
 from outrider.testing import make_tiny_target
 
 

@@ -16,11 +16,8 @@ import outrider
 from outrider.core.device import ATTENTION_ENV, split_attention
 from outrider.core.errors import OutriderError
 from outrider.plugins.targets import verify_attention
-from outrider.plugins.targets.verify_attention import (
-    Buckets,
-    ChunkedAttention,
-    chunked_causal_attention,
-)
+from outrider.plugins.targets.attention_forms import Buckets, chunked_causal_attention
+from outrider.plugins.targets.verify_attention import ChunkedAttention
 from outrider.testing import cast_model
 
 

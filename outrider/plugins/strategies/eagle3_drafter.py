@@ -23,7 +23,8 @@ from mlx_lm.models.cache import KVCache
 from ...core.device import split_attention
 from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
-from ..targets.verify_attention import MAX_ROWS, chunked_causal_attention
+from ..targets.attention_forms import chunked_causal_attention
+from ..targets.verify_attention import MAX_ROWS
 from .block_drafter import DraftMLP, drafter_rope
 from .drafter_weights import load_strict, quantize
 
