@@ -12,7 +12,10 @@ nothing, so it would only measure cost). With a real model the prompts are the f
 `--suite` (chat templates applied).
 
 Greedy rows of a batch may differ from single requests only at fp ties (batched matmuls round
-differently on some backends); the table counts rows that differ, and `--strict` fails on any.
+differently on some backends): each row that differs is checked where it first parts (the two
+tokens within a few units in the last place of the top logit, `outrider.benchmark.runner.
+check_lossless`), and any other divergence stops the run. The table counts the rows that
+differ, the receipt keeps each tie's logits, and `--strict` fails on any.
 
 `--requests N` (N > B) models B clients that each send their next request the moment the
 last one ends: N requests, at most B decoding at once, each waiting one joining the round a
@@ -51,6 +54,7 @@ import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.
 # isort: split
 import mlx.core as mx
 
+from outrider.benchmark.runner import check_lossless
 from outrider.benchmark.suites import load_suite, parse_suites
 from outrider.core import calibration
 
@@ -84,7 +88,7 @@ def run_mode(
             times[on].append(b)
     tokens = sum(len(r.tokens) for r in singles)
     seq = sorted(seq_times)[repeats // 2]
-    first = arm(outs[arms[0]], sorted(times[arms[0]])[repeats // 2], singles)
+    first = arm(pipe, prompts, outs[arms[0]], sorted(times[arms[0]])[repeats // 2], singles)
     sched = pipe.scheduler
     row = {
         "mode": pipe.mode,
@@ -95,6 +99,7 @@ def run_mode(
         "batched_tps": first["tps"],
         "ratio": seq / first["s"],
         "rows_differing": first["rows_differing"],
+        "fp_ties": first["fp_ties"],
         "mean_rounds": first["mean_rounds"],
         "mean_accept_len": first["mean_accept_len"],
         "scheduler": "both" if len(arms) == 2 else "on" if arms[0] else "off",
@@ -102,20 +107,28 @@ def run_mode(
         "drafts_cut": sched.cut if sched else 0,
     }
     if len(arms) == 2:
-        second = arm(outs[arms[1]], sorted(times[arms[1]])[repeats // 2], singles)
+        second = arm(pipe, prompts, outs[arms[1]], sorted(times[arms[1]])[repeats // 2], singles)
         row.update({f"scheduled_{k}": v for k, v in second.items()})
         row["scheduler_ratio"] = first["s"] / second["s"]
     return row
 
 
-def arm(batched: list, seconds: float, singles: list) -> dict:
-    """One batched arm's numbers, its rows checked against the single requests."""
+def arm(pipe, prompts: list[list[int]], batched: list, seconds: float, singles: list) -> dict:
+    """One batched arm's numbers, its rows checked against the single requests: a row that
+    differs must part at an fp tie (else LosslessError)."""
     rounds = [len(r.rounds) or len(r.tokens) for r in batched]
     accept = [r.mean_accept_len for r in batched if r.rounds]
+    ties = []
+    for i, (one, row) in enumerate(zip(singles, batched, strict=True)):
+        where = {"mode": f"{pipe.mode} batched", "suite": "batch", "prompt": i, "trial": 0}
+        tie = check_lossless(pipe.target, prompts[i], row.tokens, one.tokens, where)
+        if tie is not None:
+            ties.append(tie)
     return {
         "s": seconds,
         "tps": sum(len(r.tokens) for r in batched) / seconds,
-        "rows_differing": sum(a.tokens != b.tokens for a, b in zip(singles, batched)),
+        "rows_differing": len(ties),
+        "fp_ties": ties,
         "mean_rounds": sum(rounds) / len(rounds),
         "mean_accept_len": sum(accept) / len(accept) if accept else None,
     }

@@ -265,7 +265,12 @@ def uneven_rounds(target, lengths: list[int], rounds: int, seed: int, close) -> 
             alone, _ = target.forward(
                 mx.array(row + block[i], dtype=mx.uint32), target.make_cache()
             )
-            assert close(logits[i], alone[-width:]), (round_, i)
+            want = alone[-width:]
+            assert close(logits[i], want), (  # the round, the row, and by how much
+                round_,
+                i,
+                (mx.abs(logits[i] - want).max() / mx.abs(want).max()).item(),
+            )
             history[i] = row + block[i][: width - rejected[i]]
         target.rollback_rows(batched, rejected)
         if round_ == rounds // 2 - 1:

@@ -208,7 +208,11 @@ def test_half_precision_forwards_take_bucketed_attention(monkeypatch, bf16_targe
 
 def test_bucketed_verify_is_lossless(monkeypatch, tmp_path, bf16_target):
     """Every mode over the bfloat16 target, its verify rows and prompt chunks bucketed, gives
-    mlx-lm's plain greedy tokens (mlx-lm's own attention, no wrapper)."""
+    mlx-lm's plain greedy tokens (mlx-lm's own attention, no wrapper). On a GPU, where
+    mlx-lm's fused attention keeps its weights in float32 and the bucketed form rounds them to
+    bfloat16, the two may part where two logits tie in bfloat16 (the benchmark's rule,
+    `check_lossless`; GPU run 11 parted once at token 32); on the CPU they agree exactly."""
+    from outrider.benchmark.runner import check_lossless
     from outrider.testing import make_tiny_drafter
 
     monkeypatch.setenv(ATTENTION_ENV, "split")
@@ -222,7 +226,9 @@ def test_bucketed_verify_is_lossless(monkeypatch, tmp_path, bf16_target):
                 ids = pipe.encode(prompt)
                 want = plain_greedy(bf16_target, ids, 40)
                 got = pipe.generate(ids, max_tokens=40, max_draft=cap, stop_tokens=set())
-                assert got.tokens == want, f"{pipe.mode} cap {cap} diverged on {prompt!r}"
+                where = {"mode": pipe.mode, "suite": f"cap {cap}", "prompt": prompt, "trial": 0}
+                tie = check_lossless(pipe.target, ids, got.tokens, want, where)  # else raises
+                assert tie is None or mx.default_device() == mx.gpu, (where, tie)
 
 
 def test_a_fake_cache_is_enough_for_the_benchmark():
@@ -239,12 +245,21 @@ def test_a_fake_cache_is_enough_for_the_benchmark():
 def test_a_softmax_kernel_that_fails_the_probe_gives_way_to_mlxs_own(
     monkeypatch, bf16_target, kernel
 ):
-    """Where the CUDA softmax kernel cannot run (here: a CPU, told it is on a CUDA GPU) or
-    gives other weights than the softmax, the load's probe drops the kernel and keeps
-    bucketed attention with MLX's own ops, rather than every rerouted path."""
+    """Where the CUDA softmax kernel cannot be built or run, or gives other weights than the
+    softmax, the load's probe drops the kernel and keeps bucketed attention with MLX's own
+    ops, rather than every rerouted path (on a CPU, told it is on a CUDA GPU, as on one)."""
     monkeypatch.setenv(ATTENTION_ENV, "split")
     monkeypatch.setattr(verify_attention, "on_cuda_gpu", lambda: True)
-    if kernel == "wrong":
+    if kernel == "raises":
+
+        def unbuildable(name, input_names, output_names, source):
+            def run(*args, **kwargs):  # MLX compiles a kernel at its first call
+                raise RuntimeError("NVRTC compilation failed")
+
+            return run
+
+        monkeypatch.setattr(mx.fast, "cuda_kernel", unbuildable)
+    else:
 
         def uniform(name, input_names, output_names, source):
             def run(inputs, output_shapes, output_dtypes, **_):

@@ -11,7 +11,7 @@ from collections import Counter
 
 import mlx.core as mx
 import pytest
-from conftest import fp32_close, plain_greedy, same_bits
+from conftest import HALF_STEP, fp32_close, plain_greedy, same_bits
 from mlx_lm.models.cache import trim_prompt_cache
 
 import outrider
@@ -155,7 +155,7 @@ def test_rollback_is_bit_exact(models_dir, family):
     # and one forward over the whole accepted text
     whole = target.make_cache()
     target.model(mx.array([prompt + [anchor, *accepted]]), cache=whole)
-    kinds = set()
+    kinds, computes_in = set(), compute_dtype(target.model)
     for ours, same, one in zip(cache, fresh, whole, strict=True):
         kinds.add(type(ours).__name__)
         assert getattr(ours, "offset", None) == getattr(same, "offset", None)
@@ -165,9 +165,14 @@ def test_rollback_is_bit_exact(models_dir, family):
                 f"{type(ours).__name__} differs by {mx.abs(got - want).max()}"
             )
             # one long forward sums in another order (chunked attention, matmul tiling): the
-            # same values up to fp32 rounding; a rotating cache keeps only the window's tail
+            # same values up to the rounding of the type the model computes in (a float16
+            # pack's float32 recurrent state carries float16's: GPU run 11 parted by ~0.4%);
+            # a rotating cache keeps only the window's tail
             alt = alt[..., -got.shape[-2] :, :] if is_rotating(ours) else alt
-            assert fp32_close(got, alt, atol=2e-5, rtol=1e-5)
+            tol = 8 * HALF_STEP.get(computes_in, 0.0) * float(mx.abs(alt).max().item())
+            assert fp32_close(got, alt, atol=max(2e-5, tol), rtol=1e-5), (
+                f"{type(ours).__name__} parts from one long forward by {mx.abs(got - alt).max()}"
+            )
     assert kinds & {"RecordingArraysCache", "RotatingKVCache", "KVCache"}
 
     # mlx-lm's own rollback helper leaves these caches as they were after the verify

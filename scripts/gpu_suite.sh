@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs the test suite on the GPU machine (docs/testing-on-gpu.md). Source .device/c/setup.sh
+# first, carry .device/c and .whl (the test wheels), then:
+#   SUITE_TIMEOUT=540 bash scripts/gpu_suite.sh -o addopts="" -p xdist -n 15 -rfEs tests
+# MLX goes into the interpreter's own site-packages (subprocess tests build their own
+# environment), and the package is installed by that interpreter, so the `outrider` console
+# script sits beside python3. No network: every wheel comes from the carried parts. The test
+# wheels: pytest, pytest-xdist, fastapi, uvicorn, openai, anthropic, jsonschema, httpx and
+# mlx-vlm with their dependencies (`pip download --only-binary=:all: --python-version 3.12`).
+set -u
+here="$(pwd)"
+wheels=$(mktemp -d)
+cat /root/outrider-stash/wheels.part_0 /root/outrider-stash/wheels.part_1 .device/c/wheels.part_2 \
+  | tar xf - -C "$wheels"
+cp -n "$here"/.whl/*.whl "$wheels"/  # one copy of a wheel both sets carry (pip refuses two)
+python3 -m pip install -q --no-index --no-deps --no-compile "$wheels"/*.whl || exit 3
+if ! python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here"; then
+  echo "gpu_suite.sh: an editable install failed; writing the console script by hand" >&2
+  bin="$(dirname "$(python3 -c 'import sys; print(sys.executable)')")"
+  printf '#!%s\nimport sys\nsys.path.insert(0, %s)\nfrom outrider.__main__ import run\nrun()\n' \
+    "$(python3 -c 'import sys; print(sys.executable)')" "'$here'" > "$bin/outrider"
+  chmod +x "$bin/outrider"
+fi
+rm -rf "$wheels"
+python3 -c "import mlx.core as mx, mlx_lm, outrider; print('mlx', mx.__version__, mx.default_device(), 'outrider from', outrider.__file__)"
+timeout "${SUITE_TIMEOUT:-540}" python3 -m pytest "$@"
