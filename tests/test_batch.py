@@ -322,7 +322,9 @@ def test_a_family_without_batched_caches_is_refused(tmp_path):
         pipe.generate_batch([[1, 2, 3]], max_tokens=4)
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", pytest.param("nemotron_h", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "family", ["qwen3_5", "lfm2", pytest.param("nemotron_h", marks=pytest.mark.slow)]
+)
 def test_recurrent_rows_accepting_different_counts_match_each_row_alone(tmp_path, family):
     """Hybrids batch too: each row's recurrent state replays its own accepted prefix."""
     path = make_tiny_target(tmp_path / family, family=family)

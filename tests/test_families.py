@@ -30,6 +30,7 @@ FAMILIES = {  # make_tiny_target family -> the family plugin that must run it
     "prism_hadamard_qwen35": "gated_delta",
     "qwen3_moe": "dense",
     "nemotron_h": "nemotron_h",
+    "lfm2": "short_conv",
     "gemma4_text": "gemma4",
     "gemma4": "gemma4",  # mlx-vlm checkpoint: its language tower
     "muse_glimmer": "muse_glimmer",
@@ -200,6 +201,8 @@ def test_family_detection_and_refusals(tmp_path):
         "qwen3": "dense",
         "qwen3_5": "gated_delta",
         "nemotron_h": "nemotron_h",
+        "lfm2": "short_conv",
+        "lfm2_moe": "short_conv",
         "gemma4_text": "gemma4",
         "muse_glimmer": "muse_glimmer",
     }
@@ -249,7 +252,7 @@ def test_doctor_and_models_list_the_families():
 
     from outrider.cli import app
 
-    want = {"dense", "gated_delta", "nemotron_h", "gemma4", "muse_glimmer", "mlx_lm"}
+    want = {"dense", "gated_delta", "nemotron_h", "short_conv", "gemma4", "muse_glimmer", "mlx_lm"}
     doctor = json.loads(CliRunner().invoke(app, ["doctor", "--json"]).stdout)
     assert want <= set(doctor["target_families"])
     models = json.loads(CliRunner().invoke(app, ["models", "--json"]).stdout)

@@ -55,6 +55,7 @@ def test_safetensors_headers_are_read_without_the_weights(tmp_path):
         ("gemma4", [(8, 1, 16), (4096, 1, 32)] * 2),  # nested text_config
         ("nemotron_h", [(4096, 2, 16)]),  # one "*" (attention) layer among Mamba and MoE
         ("qwen3_5", [(4096, 2, 16)] * 2),  # every other layer is linear attention
+        ("lfm2", [(4096, 2, 16)] * 2),  # short convolutions between attention layers
     ],
 )
 def test_kv_cache_counts_only_attention_layers(family, layers):

@@ -29,6 +29,7 @@ FAMILIES = {  # family -> whether every layer's cache trims (else: checkpoints)
     "qwen3": True,
     "qwen3_5": False,  # gated-delta
     "nemotron_h": False,  # Mamba-2
+    "lfm2": False,  # short convolutions
     "gemma4_text": False,  # sliding window
 }
 INTERVAL = 8

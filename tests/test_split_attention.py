@@ -298,7 +298,7 @@ def test_batched_half_precision_rows_take_matmul_attention(half_target):
 
 
 # each hybrid family's tiny model, and where its layers keep their attention module
-HYBRIDS = {"qwen3_5": "self_attn", "nemotron_h": "mixer"}
+HYBRIDS = {"qwen3_5": "self_attn", "nemotron_h": "mixer", "lfm2": "self_attn"}
 
 
 @pytest.fixture(scope="module", params=sorted(HYBRIDS))

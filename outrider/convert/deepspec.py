@@ -43,6 +43,8 @@ def refusal(spec: DrafterSpec) -> str | None:
         return "EAGLE-3 drafters are not DeepSpec block drafters"
     if spec.extra:
         return f"its settings {', '.join(sorted(spec.extra))} have no DeepSpec config field"
+    if spec.rope_traditional:
+        return "its interleaved rope has no DeepSpec config field (DeepSpec ropes by halves)"
     if spec.logits_start not in (0, 1):
         return f"its first draft slot ({spec.logits_start}) has no DeepSpec meaning"
     return None

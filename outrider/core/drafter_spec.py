@@ -31,6 +31,7 @@ class DrafterSpec:
     mask_token_id: int
     target_layer_ids: tuple[int, ...]  # DeepSpec convention (j = output of layer j)
     rope_scaling: dict | None = None
+    rope_traditional: bool = False  # interleaved (GPT-J) pairs instead of rotate-half (NeoX)
     max_position_embeddings: int = 32768
     attention_bias: bool = False
     own_embedding: bool = True  # False: bind the target's embedding

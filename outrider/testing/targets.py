@@ -13,6 +13,12 @@ from mlx.utils import tree_flatten, tree_map
 from .configs import SANDWICH_NORMS, text_config, tiny_config
 from .tokenizer import SPECIAL_TOKENS, build_tokenizer
 
+# per model_type, the weights whose layer outputs a random tied-embedding model scales up
+LOUDER_OUTPUTS = {
+    "gemma4_text": SANDWICH_NORMS,
+    "lfm2": ("out_proj.weight", "feed_forward.w2.weight"),
+}
+
 
 def build_model(config: dict, seed: int = 0, scale: float = 4.0, dtype: mx.Dtype | None = None):
     """An mlx-lm model of the config's architecture with random weights.
@@ -31,13 +37,13 @@ def build_model(config: dict, seed: int = 0, scale: float = 4.0, dtype: mx.Dtype
         model_cls, args_cls = _get_classes(config)
         model = model_cls(args_cls.from_dict(config))
     params = dict(tree_flatten(model.parameters()))
-    sandwich = text_config(config).get("model_type") == "gemma4_text"
+    # Gemma scales its tied embedding by sqrt(hidden), and LFM2 ties its embedding too: without
+    # louder layer outputs such a random model only echoes its input token.
+    louder = LOUDER_OUTPUTS.get(text_config(config).get("model_type"), ())
     for name in params:
         if name.endswith("lm_head.weight") or name.endswith("embed_tokens.weight"):
             params[name] = params[name] * scale
-        elif sandwich and name.endswith(SANDWICH_NORMS):
-            # Gemma scales its tied embedding by sqrt(hidden): without louder layer outputs a
-            # random model only echoes its input token.
+        elif louder and name.endswith(louder):
             params[name] = params[name] * 16.0
     _randomize_packed(params)
     if dtype is not None:

@@ -224,11 +224,12 @@ class RowsLayerCache:
 
 
 def drafter_rope(spec: DrafterSpec, head_dim: int) -> nn.Module:
-    """The drafter's RoPE: rotate-half over the full head, the config's theta and scaling."""
+    """The drafter's RoPE over the full head, the config's theta and scaling: rotate-half (NeoX),
+    or interleaved pairs where the packaging says so (LiquidAI's LFM2.5 drafters)."""
     return initialize_rope(
         head_dim,
         base=spec.rope_theta,
-        traditional=False,
+        traditional=spec.rope_traditional,
         scaling_config=spec.rope_scaling,
         max_position_embeddings=spec.max_position_embeddings,
     )

@@ -1,5 +1,6 @@
 """Hybrid targets with recurrent state: gated-delta-net (Qwen3.5 / 3.6 / 3.8, Qwen3-Next,
-Ornith, Ternary-Bonsai, MoE variants) and Mamba-2 (Nemotron-H). Attention layers keep KV caches
+Ornith, Ternary-Bonsai, MoE variants), Mamba-2 (Nemotron-H) and gated short convolutions
+(LiquidAI LFM2, LFM2.5). Attention layers keep KV caches
 that trim; each recurrent mixer is wrapped per instance so a verify forward records its state
 after every token, and rollback restores the state at the accept point (see caches.py)."""
 
@@ -50,7 +51,22 @@ class NemotronHFamily(BatchedRows, Snapshots, MlxLmFamily):
         return model.backbone.embeddings(ids)
 
 
+class ShortConvFamily(BatchedRows, Snapshots, MlxLmFamily):
+    """LFM2's gated short convolutions keep the last few inputs as state (an `ArraysCache`),
+    which rolls back by replay like the other recurrent mixers."""
+
+    name = "short_conv"
+    description = "gated short-convolution + attention hybrids (lfm2, lfm2_moe)"
+    model_types = frozenset({"lfm2", "lfm2_moe"})
+
+    def prepare(self, model: nn.Module) -> None:
+        layers = self.layers(model)
+        wrap_mixers(layers, "conv", lambda layer: not getattr(layer, "is_attention_layer", True))
+        verify_attention.install(model, layers, lambda: make_prompt_cache(model))
+
+
 @hookimpl
 def register_target_families(register):
     register(GatedDeltaFamily())
     register(NemotronHFamily())
+    register(ShortConvFamily())

@@ -105,6 +105,12 @@ UNROTATED = ("nemotron_h", "NemotronHAttention")
 # layer kind, k = v on some global layers, and KV-shared layers that take an earlier layer's
 # keys and values; it is called with (and returns) those keys, values and rope offset.
 SHARED_KV = ("gemma4_text", "Attention")
+# LiquidAI LFM2's attention layers (mlx-lm lfm2, lfm2_moe): the same layout under other names
+# for the q/k norms and the output projection.
+RENAMED = {
+    layout: {"q_norm": "q_layernorm", "k_norm": "k_layernorm", "o_proj": "out_proj"}
+    for layout in (("lfm2", "Attention"), ("lfm2_moe", "Attention"))
+}
 # the caches `SharedKVAttention` computes around: what their update returns and the mask the
 # model made for them are all it uses (a quantized cache has its own attention: it passes)
 WINDOWED_CACHES = (KVCache, RotatingKVCache, BatchKVCache, BatchRotatingKVCache)
@@ -148,6 +154,10 @@ class ChunkedAttention(PassThrough):
         layout = _layout(attention)
         self.gated = layout == GATED
         self.heads, self.kv_heads = (getattr(attention, h) for h in HEADS.get(layout, PLAIN_HEADS))
+        names = RENAMED.get(layout, {})
+        self.q_norm, self.k_norm, self.o_proj = (
+            names.get(n, n) for n in ("q_norm", "k_norm", "o_proj")
+        )
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         kind = type(cache)
@@ -221,8 +231,8 @@ class ChunkedAttention(PassThrough):
         if self.gated:
             q, gate = mx.split(q, 2, axis=-1)
         k = a.k_proj(x).reshape(b, n, self.kv_heads, -1)
-        if "q_norm" in a:
-            q, k = a.q_norm(q), a.k_norm(k)
+        if self.q_norm in a:
+            q, k = a[self.q_norm](q), a[self.k_norm](k)
         q = q.transpose(0, 2, 1, 3)
         k = k.transpose(0, 2, 1, 3)
         v = a.v_proj(x).reshape(b, n, self.kv_heads, -1).transpose(0, 2, 1, 3)
@@ -233,7 +243,7 @@ class ChunkedAttention(PassThrough):
         out = attend(q, keys, values).transpose(0, 2, 1, 3).reshape(b, n, -1)
         if self.gated:
             out = out * mx.sigmoid(gate.reshape(b, n, -1))
-        return a.o_proj(out)
+        return a[self.o_proj](out)
 
 
 class SharedKVAttention(ChunkedAttention):
@@ -315,12 +325,16 @@ def fits(attention: nn.Module) -> bool:
     elif layout == UNROTATED:
         if "rope" in attention or "q_norm" in attention:
             return False
+    elif layout in RENAMED:
+        if not all(name in attention for name in RENAMED[layout].values()):
+            return False
     elif layout[0] not in MODULES or layout[1] != "Attention":
         return False
-    parts = LAYOUT if layout != UNROTATED else LAYOUT[:-1]
+    names = RENAMED.get(layout, {})
+    parts = [names.get(n, n) for n in (LAYOUT if layout != UNROTATED else LAYOUT[:-1])]
     if not all(name in attention for name in parts):
         return False
-    if ("q_norm" in attention) != ("k_norm" in attention):
+    if (names.get("q_norm", "q_norm") in attention) != (names.get("k_norm", "k_norm") in attention):
         return False
     return all(hasattr(attention, a) for a in (*HEADS.get(layout, PLAIN_HEADS), "scale"))
 
