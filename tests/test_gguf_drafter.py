@@ -304,6 +304,10 @@ def test_convert_every_packaging(kind, packaging, qwen3_target, tmp_path):
     src = make_tiny_drafter(tmp_path / "src", qwen3_target, kind, packaging)
     out = tmp_path / "out"
     res = cli(str(src), "--out", str(out), "--target", str(qwen3_target))
+    if packaging == "liquid":  # LiquidAI's interleaved rope: DeepSpec ropes by halves
+        assert res.exit_code == 2 and "interleaved rope" in res.output and not out.exists()
+        src = make_tiny_drafter(tmp_path / "neox", qwen3_target, kind, packaging, neox=True)
+        res = cli(str(src), "--out", str(out), "--target", str(qwen3_target))
     if kind not in ("dspark", "dflash"):
         assert res.exit_code == 2 and "cannot write this" in res.output and not out.exists()
         assert ("DFlash 2" if kind == "dflash2" else f"{kind} drafters have no") in res.output
