@@ -12,9 +12,12 @@ here="$(pwd)"
 wheels=$(mktemp -d)
 cat /root/outrider-stash/wheels.part_0 /root/outrider-stash/wheels.part_1 .device/c/wheels.part_2 \
   | tar xf - -C "$wheels"
-cp -n "$here"/.whl/*.whl "$wheels"/  # one copy of a wheel both sets carry (pip refuses two)
-python3 -m pip install -q --no-index --no-deps --no-compile "$wheels"/*.whl || exit 3
-if ! python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here"; then
+for w in "$here"/.whl/*.whl; do  # one copy of a wheel both sets carry (pip refuses two)
+  [ -e "$wheels/$(basename "$w")" ] || cp "$w" "$wheels"/
+done
+# PYTHONPATH unset: pip counts what setup.sh's folder holds as installed and would skip it
+env -u PYTHONPATH python3 -m pip install -q --no-index --no-deps --no-compile "$wheels"/*.whl || exit 3
+if ! env -u PYTHONPATH python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$here"; then
   echo "gpu_suite.sh: an editable install failed; writing the console script by hand" >&2
   bin="$(dirname "$(python3 -c 'import sys; print(sys.executable)')")"
   printf '#!%s\nimport sys\nsys.path.insert(0, %s)\nfrom outrider.__main__ import run\nrun()\n' \
@@ -22,5 +25,6 @@ if ! python3 -m pip install -q --no-index --no-deps --no-build-isolation -e "$he
   chmod +x "$bin/outrider"
 fi
 rm -rf "$wheels"
-python3 -c "import mlx.core as mx, mlx_lm, outrider; print('mlx', mx.__version__, mx.default_device(), 'outrider from', outrider.__file__)"
+# what a subprocess test's child sees: the interpreter's own site-packages, no PYTHONPATH
+env -u PYTHONPATH python3 -c "import mlx.core as mx, mlx_lm, outrider; print('mlx', mx.__version__, mx.default_device(), 'outrider from', outrider.__file__)" || exit 3
 timeout "${SUITE_TIMEOUT:-540}" python3 -m pytest "$@"
