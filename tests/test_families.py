@@ -31,6 +31,7 @@ FAMILIES = {  # make_tiny_target family -> the family plugin that must run it
     "qwen3_moe": "dense",
     "nemotron_h": "nemotron_h",
     "lfm2": "short_conv",
+    "lfm2_moe": "short_conv",
     "gemma4_text": "gemma4",
     "gemma4": "gemma4",  # mlx-vlm checkpoint: its language tower
     "muse_glimmer": "muse_glimmer",
