@@ -87,8 +87,9 @@ def make_tiny_target(path: str | Path, family: str = "qwen3", seed: int = 0, **o
     """Write a tiny random-weight model folder of a real mlx-lm / mlx-vlm architecture (float32).
 
     `family` is the mlx-lm model_type: qwen3, llama, qwen2, qwen3_moe, qwen3_5, qwen3_5_moe,
-    qwen3_next, prism_hadamard_qwen35, nemotron_h, lfm2, lfm2_moe, gemma4_text, muse_glimmer; or gemma4 and
-    muse_glimmer_vlm for mlx-vlm multimodal checkpoints (language tower + a toy vision tower).
+    qwen3_next, prism_hadamard_qwen35, nemotron_h, lfm2, lfm2_moe, gemma4_text, muse_glimmer;
+    or gemma4 and muse_glimmer_vlm for mlx-vlm multimodal checkpoints (language tower + a toy
+    vision tower).
     Sliding windows are `SLIDING_WINDOW` tokens, so short generations wrap them.
     """
     path = Path(path)
