@@ -4,6 +4,11 @@ Taps wrap entries of the instance's own layer list (never the model classes), so
 forward runs unchanged and its logits are bit-identical to plain decoding; the wrappers only
 record the raw output of the tapped decoder layers (DeepSpec convention: id j = output of
 layer j, id -1 = the embedding output, i.e. the input of layer 0).
+
+A looped-depth model runs its layer list several times a forward (a family's `loops`); its
+tap ids index the unrolled stream, id j + k·n being layer j's output in loop k, and where the
+model norms the stream between loops (the family's `loop_boundary`), the last layer's tap in
+every loop but the last is taken after that norm: the state the next loop starts from.
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ class _TapSink:
     def __init__(self) -> None:
         self.active = False
         self.store: dict[int, mx.array] = {}
+        self.calls: dict[int, int] = {}  # per tapped layer: its calls so far in this forward
+
+    def clear(self) -> None:
+        self.store = {}
+        self.calls = {}
 
 
 class _TappedLayer(PassThrough):
@@ -50,21 +60,37 @@ class _TappedLayer(PassThrough):
 
     wrapped = "layer"
 
-    def __init__(self, layer: nn.Module, sink: _TapSink, index: int, capture_input: bool):
+    def __init__(
+        self,
+        layer: nn.Module,
+        sink: _TapSink,
+        index: int,
+        capture_input: bool,
+        stride: int = 0,
+        boundary: tuple[int, Callable[[mx.array], mx.array]] | None = None,
+    ) -> None:
         super().__init__()
         self.layer = layer
         self._sink = sink
         self._index = index
         self._capture_input = capture_input
         self._capture_output = False
+        self._stride = stride  # a looped model: call k of this layer is tap index + k·stride
+        self._boundary = boundary  # (loops, the norm between loops), on a loop's last layer
 
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> Any:
         out = self.layer(x, *args, **kwargs)
-        if self._sink.active:
-            if self._capture_input:
-                self._sink.store[-1] = x
+        sink = self._sink
+        if sink.active:
+            k = sink.calls.get(self._index, 0)
+            sink.calls[self._index] = k + 1
+            if self._capture_input and k == 0:
+                sink.store[-1] = x
             if self._capture_output:
-                self._sink.store[self._index] = out[0] if isinstance(out, tuple) else out
+                h = out[0] if isinstance(out, tuple) else out
+                if self._boundary is not None and k < self._boundary[0] - 1:
+                    h = self._boundary[1](h)
+                sink.store[self._index + k * self._stride] = h
         return out
 
 
@@ -261,7 +287,7 @@ class Target:
         if begin is not None:
             begin(cache, True)
         self._sink.active = bool(tap_ids)
-        self._sink.store = {}
+        self._sink.clear()
         try:
             logits = self.model(ids, cache=cache)
         finally:
@@ -271,25 +297,35 @@ class Target:
         try:
             taps = mx.concatenate([self._sink.store[j] for j in tap_ids], axis=-1)
         finally:
-            self._sink.store = {}
+            self._sink.clear()
         return logits, taps
 
     # -- taps ------------------------------------------------------------------------------
+    @property
+    def loops(self) -> int:
+        """How many times a forward runs the decoder layer list (a looped-depth family's
+        `loops`; 1 elsewhere): tap ids index that unrolled stream."""
+        return getattr(self.family, "loops", lambda model: 1)(self.model)
+
     def install_taps(self, layer_ids: tuple[int, ...]) -> None:
         """Wrap the layers needed for `layer_ids` (idempotent), then probe them once."""
         layers = self.family.layers(self.model)
         n = len(layers)
+        loops = self.loops
+        boundary = getattr(self.family, "loop_boundary", lambda model: None)(self.model)
         for j in layer_ids:
-            if not -1 <= j < n:
+            if not -1 <= j < n * loops:
                 raise UnsupportedTargetError(
-                    f"the drafter taps target layer {j}, but the target has {n} layers "
-                    "(is this drafter made for another model?)"
+                    f"the drafter taps target layer {j}, but the target has {n * loops} layers"
+                    + (f" ({n} run {loops} times)" if loops > 1 else "")
+                    + " (is this drafter made for another model?)"
                 )
         for j in sorted(set(layer_ids) - self._tapped):
-            idx = 0 if j == -1 else j
+            idx = 0 if j == -1 else j % n
             wrapper = layers[idx]
             if not isinstance(wrapper, _TappedLayer):
-                wrapper = _TappedLayer(wrapper, self._sink, idx, capture_input=False)
+                edge = (loops, boundary) if boundary is not None and idx == n - 1 else None
+                wrapper = _TappedLayer(wrapper, self._sink, idx, False, n, edge)
                 layers[idx] = wrapper
             if j == -1:
                 wrapper._capture_input = True
@@ -360,13 +396,13 @@ class Target:
         """Whole sequences at once, no cache (training): ids [b, T] -> (logits [b, T, V],
         taps [b, T, len(tap_ids)·H])."""
         self._sink.active = True
-        self._sink.store = {}
+        self._sink.clear()
         try:
             logits = self.model(ids)
             taps = mx.concatenate([self._sink.store[j] for j in tap_ids], axis=-1)
         finally:
             self._sink.active = False
-            self._sink.store = {}
+            self._sink.clear()
         return logits, taps
 
     def _run(
@@ -377,7 +413,7 @@ class Target:
         if begin is not None:
             begin(cache, verify)
         self._sink.active = bool(tap_ids)
-        self._sink.store = {}
+        self._sink.clear()
         try:
             return self.model(ids[None], cache=cache)
         finally:
@@ -391,7 +427,7 @@ class Target:
         except KeyError:
             return None
         finally:
-            self._sink.store = {}
+            self._sink.clear()
         return mx.concatenate(parts, axis=-1)
 
     def prefill(

@@ -4,9 +4,10 @@ from .formats import deepspec, liquid_dspark, specforge_dspark, speculators, zla
 from .formats import dflash2 as dflash2_format
 from .formats import eagle3 as eagle3_format
 from .strategies import baseline, dflash, dflash2, draft_model, dspark, eagle3, lookup
-from .targets import dense, fallback, hybrid, sliding
+from .targets import dense, fallback, hybrid, looped, sliding
 
-BUILTIN = [dense, hybrid, sliding, fallback, deepspec, zlab, dspark, dflash, lookup, baseline]
+BUILTIN = [dense, hybrid, sliding, looped, fallback, deepspec, zlab, dspark, dflash, lookup]
+BUILTIN += [baseline]
 BUILTIN += [draft_model]
 BUILTIN += [speculators, specforge_dspark, liquid_dspark]
 BUILTIN += [dflash2_format, dflash2]

@@ -118,6 +118,13 @@ FAMILIES = {
         "num_dense_layers": 1,
         "tie_word_embeddings": True,
     },
+    "nanbeige": {  # Nanbeige4.2's looped depth: the layer stack run twice, normed in between
+        "model_type": "nanbeige",
+        "head_dim": 16,
+        "num_hidden_layers": 2,
+        "num_loops": 2,
+        "tie_word_embeddings": False,
+    },
     "gemma4_text": {
         "model_type": "gemma4_text",
         "head_dim": 16,

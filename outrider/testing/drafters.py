@@ -120,6 +120,15 @@ def target_embedding_and_head(target: Path) -> tuple[mx.array, mx.array]:
     return embed, read(("lm_head.weight",), embed)
 
 
+def target_layers(tcfg: dict) -> int:
+    """The layers a drafter's taps index: a looped-depth target's unrolled stream (its stack
+    times its loops, as mlx-lm's nanbeige counts them), else its stack."""
+    loops = tcfg.get("num_loops", 1) or 1
+    if tcfg.get("loop_loss_weights"):
+        loops = len(tcfg["loop_loss_weights"]) + 1
+    return tcfg["num_hidden_layers"] * loops
+
+
 def default_tap_ids(num_layers: int, n: int = 3) -> list[int]:
     """Evenly spread taps below the last layer (DeepSpec never taps the final layer)."""
     n = max(1, min(n, num_layers - 1))
@@ -147,7 +156,7 @@ def block_spec(
     (`draft_vocab_size`: a reduced head of that many rows)."""
     hidden, heads = tcfg["hidden_size"], tcfg["num_attention_heads"]
     rank = markov_rank if kind == "dspark" else 0
-    ids = target_layer_ids or default_tap_ids(tcfg["num_hidden_layers"])
+    ids = target_layer_ids or default_tap_ids(target_layers(tcfg))
     vocab = tcfg["vocab_size"]
     if draft_vocab_size is not None and draft_vocab_size >= vocab:
         draft_vocab_size = None  # a head as wide as the vocabulary is not a reduced one
@@ -216,7 +225,7 @@ def deepspec_config(tcfg: dict, spec: DrafterSpec, architecture: str = "Qwen3DSp
         architectures=[architecture],
         model_type=tcfg.get("model_type", "qwen3"),
         num_hidden_layers=spec.num_layers,
-        num_target_layers=tcfg["num_hidden_layers"],
+        num_target_layers=target_layers(tcfg),
         layer_types=["full_attention"] * spec.num_layers,
         block_size=spec.block_size,
         mask_token_id=spec.mask_token_id,

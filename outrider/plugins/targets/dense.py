@@ -42,6 +42,7 @@ NOT_DENSE = {
     "jamba",
     "muse_glimmer",
     "prism_hadamard_qwen35",
+    "nanbeige",  # looped depth: looped.py
 }
 
 

@@ -94,7 +94,7 @@ UNFUSED_BELOW = 512
 UNFUSED_SCORES = 1 << 27
 HALF = (mx.float16, mx.bfloat16)
 LAYOUT = ("q_proj", "k_proj", "v_proj", "o_proj", "rope")
-MODULES = ("llama", "qwen2", "qwen3", "mistral")  # mlx_lm.models.* with that exact layout
+MODULES = ("llama", "qwen2", "qwen3", "mistral", "nanbeige")  # mlx_lm.models.* of that layout
 # The gated-delta hybrids' attention layers (qwen3_next, and qwen3_5 / qwen3_5_moe, which
 # import it): the same layout, with q_proj also giving a gate the output is multiplied by.
 GATED = ("qwen3_next", "Qwen3NextAttention")
