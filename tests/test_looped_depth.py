@@ -82,3 +82,42 @@ def test_dspark_on_a_looped_target_equals_plain_greedy(tmp_path):
         assert got.tokens == want[0], f"cap {cap}"
     batch = pipe.generate_batch(prompts, max_tokens=32, stop_tokens=set())
     assert [r.tokens for r in batch] == want
+
+
+def test_nanbeiges_repack_reads_its_fields_from_dflash_config(tmp_path):
+    """Nanbeige4.2-3B-DSpark keeps DeepSpec's architecture (`Qwen3DSparkModel`, the anchor
+    slot predicts) but puts the mask id and the taps in a SpecForge-style `dflash_config` and
+    ships no embedding or head: it reads as the flat DeepSpec config of the same drafter, and
+    drafts the same."""
+    from conftest import plain_greedy
+
+    from outrider.api import load_drafter
+    from outrider.core.plugins import Plugins
+
+    path = make_tiny_target(tmp_path / "t", family="nanbeige")
+    flat = make_tiny_drafter(tmp_path / "flat", path, "dspark", "deepspec", block_size=6,
+                             share_target_head=True)  # fmt: skip
+    nested = tmp_path / "nested"
+    nested.mkdir()
+    (nested / "model.safetensors").write_bytes((flat / "model.safetensors").read_bytes())
+    cfg = json.loads((flat / "config.json").read_text())
+    moved = {k: cfg.pop(k) for k in ("mask_token_id", "target_layer_ids")}
+    cfg["dflash_config"] = {"projector_type": "dspark", **moved}
+    (nested / "config.json").write_text(json.dumps(cfg))
+    plugins = Plugins(load_entrypoints=False)
+    a, b = load_drafter(plugins, str(flat)), load_drafter(plugins, str(nested))
+    assert (b.format, b.logits_start, b.own_embedding, b.own_lm_head) == (
+        "deepspec",
+        0,
+        False,
+        False,
+    )
+    assert (b.mask_token_id, b.target_layer_ids) == (a.mask_token_id, a.target_layer_ids)
+    pipe = outrider.load(str(path), str(nested), mode="dspark")
+    ids = pipe.encode(PROMPT)
+    got = pipe.generate(ids, max_tokens=24, stop_tokens=set())
+    assert got.tokens == plain_greedy(path, ids, 24)
+    same = outrider.load(str(path), str(flat), mode="dspark").generate(
+        ids, max_tokens=24, stop_tokens=set()
+    )
+    assert [r.drafted for r in got.rounds] == [r.drafted for r in same.rounds]

@@ -2,7 +2,9 @@
 
 Flat config (a copy of the target's with block_size, mask_token_id, target_layer_ids, markov and
 confidence fields); own frozen embed_tokens / lm_head copies; block of B inputs yields B drafts
-(the anchor slot predicts the next token).
+(the anchor slot predicts the next token). Some repacks (Nanbeige's Nanbeige4.2-3B-DSpark)
+keep the mask id, the taps and the heads' fields in a SpecForge-style `dflash_config` instead,
+and ship no embedding or head: a field missing at the top level is read from there.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class DeepSpecFormat:
         return any(isinstance(a, str) and a.endswith("DSparkModel") for a in archs)
 
     def translate(self, checkpoint: Checkpoint) -> DrafterSpec:
-        cfg = checkpoint.config
+        cfg = hoisted(checkpoint.config)
         rank = as_int(cfg.get("markov_rank", 0), "markov_rank")
         markov_type = cfg.get("markov_head_type", "vanilla") if rank > 0 else "vanilla"
         if markov_type not in ("vanilla", "gated", "rnn"):
@@ -57,6 +59,26 @@ class DeepSpecFormat:
             raise CheckpointError(f"block_size must be >= 1, got {spec.block_size}")
         spec.weights = weights
         return spec
+
+
+HOISTED = (
+    "mask_token_id",
+    "target_layer_ids",
+    "num_target_layers",
+    "markov_rank",
+    "markov_head_type",
+    "enable_confidence_head",
+    "confidence_head_with_markov",
+)
+
+
+def hoisted(config: dict) -> dict:
+    """The config with the drafter fields a nested `dflash_config` holds brought to the top
+    level where the top level lacks them."""
+    nested = config.get("dflash_config")
+    if not isinstance(nested, dict):
+        return config
+    return {**{k: nested[k] for k in HOISTED if k in nested}, **config}
 
 
 @hookimpl
