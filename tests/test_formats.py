@@ -175,6 +175,11 @@ def test_damaged_files_are_refused(plugins, drafters, tmp_path):
         ({"target_layer_ids": "1,2"}, "list of integers"),
         ({"block_size": "seven"}, "must be an integer"),
         ({"markov_head_type": "lstm"}, "unknown markov_head_type"),
+        # Ornith's qwen3_5-native fork: refused by name, not by a tensor shape
+        (
+            {"enable_qwen35_gated_q_proj": True, "architectures": ["Qwen35DSparkModel"]},
+            "qwen3_5-native fork",
+        ),
     ],
 )
 def test_bad_config_values_are_named(plugins, drafters, tmp_path, change, reason):

@@ -28,6 +28,12 @@ class DeepSpecFormat:
 
     def translate(self, checkpoint: Checkpoint) -> DrafterSpec:
         cfg = hoisted(checkpoint.config)
+        if cfg.get("enable_qwen35_gated_q_proj"):
+            raise CheckpointError(
+                "this DSpark drafter is the qwen3_5-native fork (enable_qwen35_gated_q_proj: a "
+                "gated query projection, partial rotary, norms stored as offsets from one), "
+                "which outrider does not read yet; --mode lookup works with its target"
+            )
         rank = as_int(cfg.get("markov_rank", 0), "markov_rank")
         markov_type = cfg.get("markov_head_type", "vanilla") if rank > 0 else "vanilla"
         if markov_type not in ("vanilla", "gated", "rnn"):
