@@ -158,6 +158,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # a subprocess decoding every mode: the full suite's
 def test_every_mode_matches_plain_decoding_on_a_dense_target_under_an_optimized_blas() -> None:
     if not _optimized_blas_installed():
         pytest.skip("no optimized BLAS on this machine (Debian/Ubuntu: apt install libopenblas0)")

@@ -188,6 +188,7 @@ def test_claude_launches_the_child_with_its_environment(server, scripted, tmp_pa
     assert list(home.iterdir()) == []  # nothing written to the user's files
 
 
+@pytest.mark.slow  # a fuzzing run: the full suite's
 def test_schema_fuzz_finds_no_server_errors(server, scripted):
     """Schemathesis generates requests from the server's own OpenAPI document."""
     import schemathesis

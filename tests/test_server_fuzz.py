@@ -9,6 +9,7 @@ import collections
 import sys
 from pathlib import Path
 
+import pytest
 from live_server import live_server
 
 from outrider.server.engine import LoadSpec
@@ -47,6 +48,7 @@ def test_a_run_covers_every_route_and_kind_of_malformation():
         assert kinds[kind] > 10, kind
 
 
+@pytest.mark.slow  # a fuzzing run: the full suite's
 def test_fuzz_run_finds_no_server_errors(models_dir):
     path = make_scripted_target(models_dir / "scripted-fuzz")
     target = FuzzTarget("scripted-fuzz", str(path), KEY)

@@ -28,6 +28,10 @@ def config(toy, out: Path, **overrides) -> TrainConfig:
     return toy_train_config(toy, out, **overrides)
 
 
+# the tests that read one training run share a worker (addopts' --dist loadgroup), so it runs once
+DSPARK_RUN = pytest.mark.xdist_group("dspark_run")
+
+
 @pytest.fixture(scope="module")
 def dspark_run(toy):
     out = toy["root"] / "dspark"
@@ -36,6 +40,7 @@ def dspark_run(toy):
     return out, report, events
 
 
+@DSPARK_RUN  # one worker trains it once
 def test_trained_dspark_beats_its_untrained_init(dspark_run):
     out, report, events = dspark_run
     # measured by the real loop on held-out prompts; the block gives at most 5 + 1 per round
@@ -47,6 +52,7 @@ def test_trained_dspark_beats_its_untrained_init(dspark_run):
     assert json.loads((out / "train_report.json").read_text()) == report.to_json()
 
 
+@DSPARK_RUN  # one worker trains it once
 def test_checkpoint_is_deepspec_and_decodes_losslessly(toy, dspark_run):
     out, report, _ = dspark_run
     spec = load_drafter(Plugins(load_entrypoints=False), str(out))
@@ -69,6 +75,7 @@ def test_checkpoint_is_deepspec_and_decodes_losslessly(toy, dspark_run):
                 assert result.mean_accept_len > 2.5
 
 
+@pytest.mark.slow  # a second training run, through the CLI: the full suite's
 def test_dflash_through_the_cli_with_json_progress(toy):
     out = toy["root"] / "dflash"
     # batches of 4 windows of 64 (the toy config's are 8 of 96) cost under half as much and learn
@@ -99,6 +106,7 @@ def test_dflash_through_the_cli_with_json_progress(toy):
     assert run["tokens"] == plain_greedy(toy["target"], run["prompt_tokens"], 16)
 
 
+@DSPARK_RUN  # one worker trains it once
 def test_init_fine_tunes_an_existing_drafter(toy, dspark_run, tmp_path):
     out, trained, _ = dspark_run
     with pytest.raises(OutriderError, match="is a dspark drafter, not dflash"):
@@ -242,6 +250,7 @@ def test_cli_refuses_bad_options_before_loading(tmp_path):
     assert missing.exit_code == 2 and "error:" in missing.output
 
 
+@DSPARK_RUN  # one worker trains it once
 def test_progress_views_show_loss_speed_and_acceptance(dspark_run):
     import io
 
@@ -266,6 +275,7 @@ def test_progress_views_show_loss_speed_and_acceptance(dspark_run):
     assert "24/24" in shown and "accept" in shown and "held-out acceptance (init" in shown
 
 
+@pytest.mark.slow  # another training run: the full suite's
 def test_a_quantized_target_trains_from_its_dequantized_teacher(toy, tmp_path):
     """The teacher (a dequantized copy) answers and runs the training forwards; the drafter
     learns the quantized target's choices, measured by the real loop on that target."""

@@ -73,6 +73,7 @@ def test_chain_rows_need_their_first_two_predictions_supervised():
     assert set(anchors[0][keep[0]]) == {4, 5, 6}
 
 
+@pytest.mark.slow  # an EAGLE-3 training run: the full suite's
 def test_trained_eagle3_beats_its_untrained_init_and_decodes_losslessly(toy, eagle3_run, tmp_path):
     out, report, events = eagle3_run
     # the real loop on held-out prompts (depth 5, the chain drafts 7)
