@@ -34,37 +34,43 @@ class DeepSpecFormat:
                 "gated query projection, partial rotary, norms stored as offsets from one), "
                 "which outrider does not read yet; --mode lookup works with its target"
             )
-        rank = as_int(cfg.get("markov_rank", 0), "markov_rank")
-        markov_type = cfg.get("markov_head_type", "vanilla") if rank > 0 else "vanilla"
-        if markov_type not in ("vanilla", "gated", "rnn"):
-            raise CheckpointError(f"unknown markov_head_type {markov_type!r}")
-        confidence = bool(cfg.get("enable_confidence_head", False))
-        # DeepSpec saves frozen copies of the target's embedding and head; repacks of this
-        # layout that leave them out use the target's (checked against its vocabulary at load).
-        weights = strip_prefixes(checkpoint.tensors)
-        n_target = cfg.get("num_target_layers")
-        spec = DrafterSpec(
-            format=self.name,
-            kind="dspark" if rank > 0 or confidence else "dflash",
-            block_size=as_int(require(cfg, "block_size"), "block_size"),
-            # 1 only in `outrider convert` output of z-lab drafters (anchor slot discarded)
-            logits_start=1 if cfg.get("logits_start") == 1 else 0,
-            mask_token_id=as_int(require(cfg, "mask_token_id"), "mask_token_id"),
-            target_layer_ids=layer_ids(require(cfg, "target_layer_ids"), n_target),
-            own_embedding="embed_tokens.weight" in weights,
-            own_lm_head="lm_head.weight" in weights,
-            markov_rank=rank,
-            markov_type=markov_type,
-            confidence_head=confidence,
-            confidence_with_markov=confidence
-            and bool(cfg.get("confidence_head_with_markov"))
-            and rank > 0,
-            **(gemma4_backbone_fields(cfg) if is_gemma4(cfg) else backbone_fields(cfg)),
-        )
-        if spec.block_size < 1:
-            raise CheckpointError(f"block_size must be >= 1, got {spec.block_size}")
-        spec.weights = weights
-        return spec
+        return deepspec_spec(cfg, checkpoint.tensors, self.name)
+
+
+def deepspec_spec(cfg: dict, tensors: dict, name: str) -> DrafterSpec:
+    """The spec of a DeepSpec-layout drafter from its flat config (other packagings of the same
+    head, e.g. LiquidAI's, bring theirs to this shape first) and its tensors."""
+    rank = as_int(cfg.get("markov_rank", 0), "markov_rank")
+    markov_type = cfg.get("markov_head_type", "vanilla") if rank > 0 else "vanilla"
+    if markov_type not in ("vanilla", "gated", "rnn"):
+        raise CheckpointError(f"unknown markov_head_type {markov_type!r}")
+    confidence = bool(cfg.get("enable_confidence_head", False))
+    # DeepSpec saves frozen copies of the target's embedding and head; repacks of this
+    # layout that leave them out use the target's (checked against its vocabulary at load).
+    weights = strip_prefixes(tensors)
+    n_target = cfg.get("num_target_layers")
+    spec = DrafterSpec(
+        format=name,
+        kind="dspark" if rank > 0 or confidence else "dflash",
+        block_size=as_int(require(cfg, "block_size"), "block_size"),
+        # 1 only in `outrider convert` output of z-lab drafters (anchor slot discarded)
+        logits_start=1 if cfg.get("logits_start") == 1 else 0,
+        mask_token_id=as_int(require(cfg, "mask_token_id"), "mask_token_id"),
+        target_layer_ids=layer_ids(require(cfg, "target_layer_ids"), n_target),
+        own_embedding="embed_tokens.weight" in weights,
+        own_lm_head="lm_head.weight" in weights,
+        markov_rank=rank,
+        markov_type=markov_type,
+        confidence_head=confidence,
+        confidence_with_markov=confidence
+        and bool(cfg.get("confidence_head_with_markov"))
+        and rank > 0,
+        **(gemma4_backbone_fields(cfg) if is_gemma4(cfg) else backbone_fields(cfg)),
+    )
+    if spec.block_size < 1:
+        raise CheckpointError(f"block_size must be >= 1, got {spec.block_size}")
+    spec.weights = weights
+    return spec
 
 
 HOISTED = (

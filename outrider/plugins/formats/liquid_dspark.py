@@ -20,10 +20,11 @@ from __future__ import annotations
 from ...core.checkpoint import Checkpoint
 from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
-from ...core.formats import as_int, backbone_fields, layer_ids, strip_prefixes
 from ...core.hookspecs import hookimpl
+from .deepspec import deepspec_spec, hoisted
 
 ARCHITECTURE = "Lfm2DSparkDraftModel"
+NESTED = ("mask_token_id", "target_layer_ids", "num_target_layers")  # under dflash_config
 
 
 class LiquidDSparkFormat:
@@ -47,44 +48,21 @@ class LiquidDSparkFormat:
     def translate(self, checkpoint: Checkpoint) -> DrafterSpec:
         cfg = checkpoint.config
         dcfg = cfg["dflash_config"]
-
-        def field(name: str):  # dflash_config first, as published; the top level as a fallback
-            value = dcfg.get(name, cfg.get(name))
-            if value is None:
+        ids = {k: dcfg[k] for k in NESTED if dcfg.get(k) is not None}  # as published
+        for name in NESTED[:2]:
+            if name not in ids and cfg.get(name) is None:
                 raise CheckpointError(f"LiquidAI DSpark config has no dflash_config.{name}")
-            return value
-
-        block = as_int(cfg.get("block_size"), "block_size")
-        if block < 1:
-            raise CheckpointError(f"block_size must be >= 1, got {block}")
-        n_target = dcfg.get("num_target_layers", cfg.get("num_target_layers"))
-        rank = as_int(cfg.get("markov_rank", dcfg.get("markov_rank", 0)) or 0, "markov_rank")
-        markov_type = str(cfg.get("markov_head_type", "vanilla")).lower()
-        if markov_type not in ("vanilla", "gated", "rnn"):
-            raise CheckpointError(f"unknown markov_head_type {markov_type!r}")
-        confidence = bool(cfg.get("enable_confidence_head", False))
-        with_markov = confidence and rank > 0 and bool(cfg.get("confidence_head_with_markov", True))
         neox = cfg.get("rope_is_neox_style", True)
         if not isinstance(neox, bool):
             raise CheckpointError(f"rope_is_neox_style must be true or false, got {neox!r}")
-        weights = strip_prefixes(checkpoint.tensors)
-        spec = DrafterSpec(
-            format=self.name,
-            kind="dspark" if rank > 0 or confidence else "dflash",
-            block_size=block,
-            logits_start=0,
-            mask_token_id=as_int(field("mask_token_id"), "mask_token_id"),
-            target_layer_ids=layer_ids(field("target_layer_ids"), n_target),
-            own_embedding="embed_tokens.weight" in weights,
-            own_lm_head="lm_head.weight" in weights,
-            markov_rank=rank,
-            markov_type=markov_type,
-            confidence_head=confidence,
-            confidence_with_markov=with_markov,
-            rope_traditional=not neox,
-            **backbone_fields(cfg),
-        )
-        spec.weights = weights
+        # DeepSpec's flat shape: the ids as published, then the top level's fields
+        flat = {**hoisted(cfg), **ids}
+        flat["markov_rank"] = flat.get("markov_rank") or 0
+        flat["markov_head_type"] = str(flat.get("markov_head_type", "vanilla")).lower()
+        # vLLM's Lfm2DSparkForCausalLM: the confidence head reads the Markov head unless told
+        flat.setdefault("confidence_head_with_markov", True)
+        spec = deepspec_spec(flat, checkpoint.tensors, self.name)
+        spec.rope_traditional = not neox
         return spec
 
 
