@@ -5,7 +5,9 @@ Rows of different prompt lengths join a running batch at different rounds and le
 different rounds; every row's steps (its drafts round by round, what was accepted, what was
 committed) must equal those of the same row decoded alone (`decode`, a batch of one). Greedy
 and sampled rows (each with its own key stream) share rounds; lookup copies (lookup_assist.py)
-replace some rows' drafts; the confidence cut stays per row.
+replace some rows' drafts; the confidence cut stays per row. A head whose layers slide over a
+window (NVIDIA's packaging) sees in a batch exactly the positions it sees alone, though a
+batched row's context columns are not in position order.
 """
 
 from __future__ import annotations
@@ -23,15 +25,20 @@ from outrider.core.loop import begin_row, decode, prefill, verify_round
 from outrider.core.proposer import DraftContext
 from outrider.core.sampling import KeyStream, SamplingParams
 from outrider.core.stopping import Stopper
+from outrider.testing import make_tiny_drafter
 
 GREEDY = SamplingParams()
 
 
 @pytest.fixture(scope="module")
-def pipes(qwen3_target, drafters):
+def pipes(qwen3_target, drafters, tmp_path_factory):
     target = str(qwen3_target)
     dspark, dflash = str(drafters["dspark"]), str(drafters["dflash-zlab"])
+    window = make_tiny_drafter(
+        tmp_path_factory.mktemp("window") / "d", qwen3_target, "dspark", "nvidia", window=6
+    )
     return {
+        "dspark-window": outrider.load(target, str(window), mode="dspark", lookup_drafts=False),
         "dspark": outrider.load(target, dspark, mode="dspark"),
         "dflash": outrider.load(target, dflash, mode="dflash"),
         "dspark-confidence": outrider.load(target, dspark, mode="dspark", confidence_threshold=0.3),
@@ -54,6 +61,11 @@ def alone(pipe, ids: list[int], n: int, sampling: SamplingParams = GREEDY) -> li
     proposer = fork(pipe.proposer)
     stopper = Stopper(n, set())
     return [seen(s) for s in decode(pipe.target, proposer, ids, stopper, sampling, pipe.max_draft)]
+
+
+def drafting(row):
+    """A row's block proposer (inside the lookup-drafts wrapper, where there is one)."""
+    return getattr(row.proposer, "inner", row.proposer)
 
 
 def make_row(pipe, ids: list[int], n: int, sampling: SamplingParams = GREEDY):
@@ -97,7 +109,7 @@ LENGTHS = [40, 14, 30, 22]  # rows leave at different rounds
 JOINS = [0, 0, 2, 5]  # and join at different rounds
 
 
-@pytest.mark.parametrize("name", ["dspark", "dflash", "dspark-confidence"])
+@pytest.mark.parametrize("name", ["dspark", "dflash", "dspark-confidence", "dspark-window"])
 def test_greedy_rows_draft_exactly_what_they_draft_alone(pipes, name):
     pipe = pipes[name]
     rows = prompts(pipe)
@@ -188,11 +200,12 @@ def test_one_drafter_call_per_round_for_the_whole_batch(pipes):
     assert drafter.forwards - before == sum(1 for s in steps if s[1])
 
 
-def test_a_row_moves_its_context_into_and_out_of_a_batch(pipes):
+@pytest.mark.parametrize("name", ["dspark", "dspark-window"])
+def test_a_row_moves_its_context_into_and_out_of_a_batch(pipes, name):
     """Row a drafts alone for three rounds, then joins row b's rows (its drafter context moves
     in); later b leaves and goes on alone (its context moves out) while a stays batched.
     Both draft round by round exactly what they draft alone."""
-    pipe = pipes["dspark"]
+    pipe = pipes[name]
     target = pipe.target
     a, b = prompts(pipe)[3], prompts(pipe)[1]
     n = 48
@@ -201,7 +214,7 @@ def test_a_row_moves_its_context_into_and_out_of_a_batch(pipes):
     got_a = [seen(first)]
     for _ in range(3):
         got_a += [seen(s) for s in verify_round(target, [row_a], cache_a)]
-    drafter_rows = row_a.proposer.inner._group.context
+    drafter_rows = drafting(row_a)._group.context
     assert drafter_rows.lengths[0] > len(a)  # a holds context of its own rounds
     row_b, cache_b, first = make_row(pipe, b, n)
     got_b = [seen(first)]
@@ -211,7 +224,7 @@ def test_a_row_moves_its_context_into_and_out_of_a_batch(pipes):
         got_b.append(seen(steps[0]))
         got_a.append(seen(steps[1]))
     assert not row_a.done and not row_b.done
-    assert row_a.proposer.inner._group is row_b.proposer.inner._group  # one drafter batch
+    assert drafting(row_a)._group is drafting(row_b)._group  # one drafter batch
     cache_b = target.extract_row(cache, 0)
     target.filter_rows(cache, [1])
     while not (row_a.done and row_b.done):
@@ -219,16 +232,17 @@ def test_a_row_moves_its_context_into_and_out_of_a_batch(pipes):
             got_b += [seen(s) for s in verify_round(target, [row_b], cache_b)]
         if not row_a.done:
             got_a += [seen(s) for s in verify_round(target, [row_a], cache)]
-    assert row_a.proposer.inner._group is not row_b.proposer.inner._group
+    assert drafting(row_a)._group is not drafting(row_b)._group
     assert got_a == want_a
     assert got_b == want_b
 
 
-def test_padded_rows_draft_what_they_draft_apart(pipes):
+@pytest.mark.parametrize("name", ["dspark-bare", "dspark-window"])
+def test_padded_rows_draft_what_they_draft_apart(pipes, name):
     """Rows holding different amounts of context, taking in different amounts a round, draft
     together what each drafts on its own: padding is masked and every row is roped at its own
-    positions."""
-    pipe = pipes["dspark-bare"]
+    positions (and a window keeps what it keeps by position)."""
+    pipe = pipes[name]
     inner = pipe.proposer
     dims = len(inner.spec.target_layer_ids) * inner.spec.hidden_size
     taps = mx.random.normal((40, dims), key=mx.random.key(3))

@@ -20,14 +20,13 @@ from outrider.core.errors import CheckpointError
 from outrider.core.plugins import Plugins
 from outrider.core.sampling import SamplingParams
 from outrider.plugins.formats.zlab import ZLabFormat
-from outrider.plugins.strategies.block_drafter import ContextCache
+from outrider.plugins.strategies.block_drafter import ContextCache, visibility
 from outrider.plugins.strategies.dflash2 import top_candidates, walk
 from outrider.plugins.strategies.dflash2_drafter import (
     CandidateSelector,
     DFlash2Attention,
     GroupedDynamicCausalConv,
     WindowContextCache,
-    visibility,
 )
 from outrider.registry import Pair
 from outrider.testing import make_tiny_drafter
@@ -292,10 +291,10 @@ def test_selector_walk_matches_numpy():
 
 
 def test_sliding_layer_keeps_window_rows_and_masks_by_position():
-    ok = np.array(visibility(2, mx.arange(0, 7), 5, causal=False, window=3))
+    ok = np.array(visibility(mx.arange(5, 7), mx.arange(0, 7), causal=False, window=3))
     # queries at 5, 6; keys 0..6: |q - k| < 3
     assert ok.tolist() == [[abs(q - k) < 3 for k in range(7)] for q in (5, 6)]
-    ok = np.array(visibility(2, mx.arange(0, 7), 5, causal=True, window=None))
+    ok = np.array(visibility(mx.arange(5, 7), mx.arange(0, 7), causal=True, window=None))
     assert ok.tolist() == [[k <= q for k in range(7)] for q in (5, 6)]
 
     spec = DrafterSpec(

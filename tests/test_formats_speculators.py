@@ -376,24 +376,33 @@ def test_layer_config_values_left_out_take_qwen3_defaults(plugins, spec_drafters
     assert spec.hidden_size == 64  # stated values still win
 
 
-def test_sliding_window_layers_are_read_and_refused_by_name(
+def test_sliding_window_layers_are_read_and_run_losslessly(
     plugins, qwen3_target, spec_drafters, tmp_path
 ):
-    """Muse-Glimmer-style heads: causal sliding layers (the block drafter does not run them)."""
+    """Muse-Glimmer-style heads: sliding layers causal within the block (unless the config
+    says `sliding_window_non_causal`), full layers bidirectional; greedy output is the
+    target's with the window biting from the first round."""
     ck = copy_ckpt(spec_drafters["dspark"], tmp_path / "d")
     cfg = json.loads((ck / "config.json").read_text())
     layers = cfg["transformer_layer_config"]
     layers.update(
         layer_types=["sliding_attention", "full_attention"],
-        sliding_window=16,
+        sliding_window=6,
         use_sliding_window=True,
     )
     (ck / "config.json").write_text(json.dumps(cfg))
     spec = load_drafter(plugins, str(ck))
     assert spec.layer_types == ("sliding_attention", "full_attention")
-    assert spec.sliding_window == 16 and spec.extra["sliding_window_non_causal"] is False
-    message = refusal(lambda: outrider.load(str(qwen3_target), str(ck), mode="dspark"))
-    assert "sliding-window layers" in message
+    assert spec.sliding_window == 6 and spec.causal_sliding and not spec.causal_block
+    pipe = outrider.load(str(qwen3_target), str(ck), mode="dspark")
+    attn = [layer.self_attn for layer in pipe.proposer.inner.drafter.layers]
+    assert [(a.causal, a.window) for a in attn] == [(True, 6), (False, None)]
+    ids = pipe.encode(PROMPTS[1] + " # the window is six tokens wide")
+    want = plain_greedy(qwen3_target, ids, 24)
+    assert pipe.generate(ids, max_tokens=24, stop_tokens=set()).tokens == want
+    cfg["sliding_window_non_causal"] = True
+    (ck / "config.json").write_text(json.dumps(cfg))
+    assert not load_drafter(plugins, str(ck)).causal_sliding
     layers["layer_types"] = ["sliding_attention"]
     (ck / "config.json").write_text(json.dumps(cfg))
     assert "does not describe 2 full / sliding attention layers" in refusal(

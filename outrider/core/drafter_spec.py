@@ -47,6 +47,12 @@ class DrafterSpec:
     backbone: str = "qwen3"
     layer_types: tuple[str, ...] = ()  # per draft layer: full_attention | sliding_attention
     sliding_window: int | None = None
+    # DFlash-lineage block attention (NVIDIA's Nemotron DSpark head): slot k sees only slots
+    # <= k, and each layer has a learned per-head sink logit (`attention_sink_bias`).
+    causal_block: bool = False
+    attention_sinks: bool = False
+    # sliding layers causal within the block, full ones not (vllm-project/speculators' rule)
+    causal_sliding: bool = False
     # DFlash 2 (dflash_config): grouped dynamic causal convs and the candidate path selector.
     conv_kernel_size: int = 0
     conv_group_size: int = 0

@@ -15,6 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from .errors import CheckpointError
+from .modelopt import dequantize_modelopt, is_modelopt
 
 
 def quantizable(name: str, array: mx.array, group_size: int) -> bool:
@@ -44,7 +45,10 @@ def quantize_tensors(
 
 
 def dequantize_tensors(tensors: dict[str, mx.array], config: dict) -> dict[str, mx.array]:
-    """Float tensors back from an mlx-lm-style quantised checkpoint; a float one is returned as is."""
+    """Float tensors back from a quantised checkpoint, mlx-lm's packing or NVIDIA modelopt's
+    NVFP4 (`core/modelopt.py`); a float one is returned as is."""
+    if is_modelopt(tensors):
+        return dequantize_modelopt(tensors, config)
     stems = [n[: -len(".scales")] for n in tensors if n.endswith(".scales")]
     if not stems:
         return tensors

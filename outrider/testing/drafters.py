@@ -21,7 +21,7 @@ from ..core.drafter_spec import DrafterSpec
 from .configs import text_config
 
 KINDS = ("dspark", "dflash", "dflash2", "eagle3")
-PACKAGINGS = ("deepspec", "zlab", "speculators", "specforge", "liquid", "gguf")
+PACKAGINGS = ("deepspec", "zlab", "speculators", "specforge", "liquid", "nvidia", "gguf")
 
 # (kind, packaging) -> "module:function"; a writer is
 # writer(path: Path, target: Path, kind: str, **overrides) -> Path (the folder, or a .gguf file).
@@ -38,6 +38,7 @@ WRITERS: dict[tuple[str, str], str] = {
     ("dflash2", "zlab"): "outrider.testing.drafters_dflash2:write_dflash2",
     ("dspark", "gguf"): "outrider.testing.drafters_gguf:write_prismml_dspark",
     ("dspark", "liquid"): "outrider.testing.drafters_liquid:write_liquid_dspark",
+    ("dspark", "nvidia"): "outrider.testing.drafters_nvidia:write_nvidia_dspark",
 }
 
 

@@ -5,6 +5,13 @@ confidence fields); own frozen embed_tokens / lm_head copies; block of B inputs 
 (the anchor slot predicts the next token). Some repacks (Nanbeige's Nanbeige4.2-3B-DSpark)
 keep the mask id, the taps and the heads' fields in a SpecForge-style `dflash_config` instead,
 and ship no embedding or head: a field missing at the top level is read from there.
+
+Heads of the DFlash lineage in this layout (NVIDIA's Nemotron-3.5-Lightning DSpark head) add,
+at either level: `dspark_bonus_anchor: true` / `sample_from_anchor: false` (the anchor is the
+last committed token and slots 1.. are the drafts, as z-lab's; vLLM's `DSparkSpeculator` reads
+`dspark_bonus_anchor`), `causal` (a causal block), `use_swa` with `swa_window_size` (every
+layer slides over that many positions) and `attention_sink_bias` (a learned sink logit per
+head). NVIDIA's config leaves the confidence head out; its tensors say whether there is one.
 """
 
 from __future__ import annotations
@@ -44,17 +51,18 @@ def deepspec_spec(cfg: dict, tensors: dict, name: str) -> DrafterSpec:
     markov_type = cfg.get("markov_head_type", "vanilla") if rank > 0 else "vanilla"
     if markov_type not in ("vanilla", "gated", "rnn"):
         raise CheckpointError(f"unknown markov_head_type {markov_type!r}")
-    confidence = bool(cfg.get("enable_confidence_head", False))
     # DeepSpec saves frozen copies of the target's embedding and head; repacks of this
     # layout that leave them out use the target's (checked against its vocabulary at load).
     weights = strip_prefixes(tensors)
+    confidence, with_markov = confidence_fields(cfg, weights, rank)
     n_target = cfg.get("num_target_layers")
     spec = DrafterSpec(
         format=name,
         kind="dspark" if rank > 0 or confidence else "dflash",
         block_size=as_int(require(cfg, "block_size"), "block_size"),
-        # 1 only in `outrider convert` output of z-lab drafters (anchor slot discarded)
-        logits_start=1 if cfg.get("logits_start") == 1 else 0,
+        # 1 for heads whose anchor is the bonus token, and in `outrider convert` output of z-lab
+        # drafters (anchor slot discarded)
+        logits_start=1 if bonus_anchor(cfg) or cfg.get("logits_start") == 1 else 0,
         mask_token_id=as_int(require(cfg, "mask_token_id"), "mask_token_id"),
         target_layer_ids=layer_ids(require(cfg, "target_layer_ids"), n_target),
         own_embedding="embed_tokens.weight" in weights,
@@ -62,15 +70,60 @@ def deepspec_spec(cfg: dict, tensors: dict, name: str) -> DrafterSpec:
         markov_rank=rank,
         markov_type=markov_type,
         confidence_head=confidence,
-        confidence_with_markov=confidence
-        and bool(cfg.get("confidence_head_with_markov"))
-        and rank > 0,
+        confidence_with_markov=with_markov,
         **(gemma4_backbone_fields(cfg) if is_gemma4(cfg) else backbone_fields(cfg)),
     )
     if spec.block_size < 1:
         raise CheckpointError(f"block_size must be >= 1, got {spec.block_size}")
+    block_attention(cfg, spec)
     spec.weights = weights
     return spec
+
+
+def bonus_anchor(cfg: dict) -> bool:
+    """Whether the block's anchor slot holds the bonus token (slots 1.. draft) rather than
+    predicting (DeepSpec's own heads); the two fields that say so must agree."""
+    bonus, from_anchor = cfg.get("dspark_bonus_anchor"), cfg.get("sample_from_anchor")
+    for key, value in (("dspark_bonus_anchor", bonus), ("sample_from_anchor", from_anchor)):
+        if value is not None and not isinstance(value, bool):
+            raise CheckpointError(f"drafter config field {key!r} must be true or false")
+    if bonus is not None and from_anchor is not None and bonus == from_anchor:
+        raise CheckpointError(
+            f"drafter config says dspark_bonus_anchor {str(bonus).lower()} and "
+            f"sample_from_anchor {str(from_anchor).lower()}, which contradict each other"
+        )
+    return bonus if bonus is not None else from_anchor is False
+
+
+def confidence_fields(cfg: dict, weights: dict, rank: int) -> tuple[bool, bool]:
+    """(a confidence head?, does it read the Markov head?): as the config says, else (NVIDIA's
+    config says neither) as the head's tensors say."""
+    proj = weights.get("confidence_head.proj.weight")
+    if "enable_confidence_head" in cfg:
+        confidence = bool(cfg["enable_confidence_head"])
+    else:
+        confidence = proj is not None
+    if not confidence or rank == 0:
+        return confidence, False
+    if "confidence_head_with_markov" in cfg or proj is None:
+        return True, bool(cfg.get("confidence_head_with_markov"))
+    return True, proj.shape[-1] > as_int(require(cfg, "hidden_size"), "hidden_size")
+
+
+def block_attention(cfg: dict, spec: DrafterSpec) -> None:
+    """The DFlash lineage's block attention, where the config asks for it: causal block,
+    one sliding window for every layer, per-head sinks."""
+    for key in ("causal", "use_swa", "attention_sink_bias"):
+        if not isinstance(cfg.get(key, False), bool):
+            raise CheckpointError(f"drafter config field {key!r} must be true or false")
+    spec.causal_block = cfg.get("causal", False)
+    spec.attention_sinks = cfg.get("attention_sink_bias", False)
+    if cfg.get("use_swa"):
+        window = as_int(require(cfg, "swa_window_size"), "swa_window_size")
+        if window < 2:
+            raise CheckpointError(f"swa_window_size must be >= 2, got {window}")
+        spec.sliding_window = window
+        spec.layer_types = ("sliding_attention",) * spec.num_layers
 
 
 HOISTED = (
@@ -81,6 +134,12 @@ HOISTED = (
     "markov_head_type",
     "enable_confidence_head",
     "confidence_head_with_markov",
+    # the DFlash lineage's block attention and anchor (NVIDIA's Nemotron head nests them)
+    "sample_from_anchor",
+    "causal",
+    "use_swa",
+    "swa_window_size",
+    "attention_sink_bias",
 )
 
 

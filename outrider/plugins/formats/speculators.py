@@ -184,11 +184,7 @@ class SpeculatorsFormat:
             sliding_window=window if "sliding_attention" in layer_types else None,
             # speculators: sliding layers are causal within the block unless this is set; full
             # attention layers are always bidirectional (`models/dflash/attention.py`)
-            extra=(
-                {"sliding_window_non_causal": bool(cfg.get("sliding_window_non_causal"))}
-                if "sliding_attention" in layer_types
-                else {}
-            ),
+            causal_sliding=not cfg.get("sliding_window_non_causal"),
             **dims,
         )
         spec.weights = weights

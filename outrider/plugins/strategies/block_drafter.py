@@ -7,6 +7,12 @@ each layer's context cache as K/V (roped at their absolute positions; the contex
 input_layernorm); the block attends bidirectionally to every cached context row and to the whole
 block; block slot k sits at position anchor + k. Block K/V are never cached.
 
+Heads of the DFlash lineage change what a block query sees (NVIDIA's Nemotron DSpark head):
+a causal block (slot k sees slots <= k), a sliding window over positions (a key at most
+`window - 1` positions back), and a learned per-head sink logit, a key with no value that
+takes its share of the softmax (MLX's `sinks`). The cache of each call says which keys a query
+sees (`mask`), so one attention serves every kind of layer.
+
 One call drafts several rows (`ContextBackbone.backbone_rows`, `ContextRows`): every row's
 context K/V sit in one left-padded batched cache per layer, each row roped at its own positions
 and its padding masked, so each row's hidden states are those it gets alone.
@@ -47,8 +53,39 @@ class ContextCache:
     def fetch(self) -> tuple[mx.array | None, mx.array | None]:
         return self._last
 
-    def mask(self) -> None:
-        return None  # one row, nothing padded
+    def mask(self, n: int, keys: int, causal: bool, window: int | None) -> mx.array | None:
+        """One row, keys in order: its context positions, then the block's."""
+        return ordered_mask(self.offset, keys - n, n, causal, window)
+
+
+def visibility(
+    queries: mx.array, keys: mx.array, causal: bool, window: int | None
+) -> mx.array | None:
+    """Which keys block queries see: positions queries [..., n] and keys [..., K] -> a boolean
+    [..., n, K] (None: every key). A window keeps keys fewer than `window` positions back (and,
+    in a bidirectional layer, ahead), as transformers' sliding attention does."""
+    if not causal and window is None:
+        return None
+    q, k = queries[..., :, None], keys[..., None, :]
+    ok = mx.ones(q.shape[:-1] + k.shape[-1:], dtype=mx.bool_)
+    if causal:
+        ok = ok & (k <= q)
+    if window is not None:
+        ok = ok & (q - k < window)
+        if not causal:
+            ok = ok & (k - q < window)
+    return ok
+
+
+def ordered_mask(
+    offset: int, n_ctx: int, n: int, causal: bool, window: int | None
+) -> mx.array | None:
+    """The mask of one row whose keys are its last `n_ctx` context positions before `offset`,
+    in order, then the block's `n` (None when every key is visible)."""
+    if not causal and (window is None or n_ctx + n <= window):
+        return None  # the window reaches past the first key
+    keys = mx.arange(offset - n_ctx, offset + n)
+    return visibility(mx.arange(offset, offset + n), keys, causal, window)
 
 
 @dataclass
@@ -63,6 +100,9 @@ class _Call:
     drop: int  # leading columns no row uses after the call, cut off
     drafting: mx.array | None  # [D] the rows that run a block (None: every row)
     mask: mx.array | None  # [D, 1, 1, keys + block] keys a drafting row sees (None: all)
+    ends: list[int]  # each drafting row's context length after the call (on the host)
+    positions: mx.array | None = None  # [D, 1, keys, 1] each key column's position
+    masks: dict | None = None  # (causal, window) -> that kind of layer's mask, made once
 
 
 class ContextRows:
@@ -79,11 +119,20 @@ class ContextRows:
     calls; lengths and padding are kept on the host, so none of this waits for the device.
     """
 
-    def __init__(self, n_layers: int) -> None:
+    def __init__(self, n_layers: int, positions: bool = False) -> None:
         self.layers = [RowsLayerCache(self) for _ in range(n_layers)]
+        # Sliding-window layers must know each column's position, and a column's position is
+        # not its order (see above): the positions ride along as one more cache, moved,
+        # dropped and handed over exactly as the keys are.
+        self.positions = RowsLayerCache(self) if positions else None
         self.lengths: list[int] = []  # context rows each row holds
         self.pads: list[int] = []  # each row's left padding
         self.call: _Call | None = None
+
+    @property
+    def caches(self) -> list[RowsLayerCache]:
+        """Every cache a row has a column in: the layers', then the positions'."""
+        return self.layers + ([self.positions] if self.positions is not None else [])
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -117,18 +166,27 @@ class ContextRows:
             drop,
             None if every else mx.array(drafting, dtype=mx.int32),
             mask,
+            [after[i] for i in drafting],
         )
-        for layer in self.layers:  # context rows go in at `before`; no context: the block
+        for layer in self.caches:  # context rows go in at `before`; no context: the block
             layer.offset = self.call.before if widest else self.call.block
         self.lengths, self.pads = after, pads
+        if self.positions is not None:
+            if widest:
+                new = self.call.before[:, None] + mx.arange(widest, dtype=mx.int32)
+                self.positions.append(*[new[:, None, :, None].astype(mx.float32)] * 2)
+            self.call.positions = self.positions.fetch()[0]
 
     def end(self) -> None:
         self.call = None
 
-    def add(self, row: list[tuple[mx.array, mx.array] | None], length: int) -> None:
-        """Append one row: its K/V per layer ([1, kv, length, D], None when empty)."""
+    def add(self, row: list[tuple[mx.array, mx.array] | None] | None, length: int) -> None:
+        """Append one row: its K/V per cache (`caches`; [1, kv, length, D], None when empty;
+        row None: an empty row)."""
         width = max(self.width, length)
-        for layer, kv in zip(self.layers, row, strict=True):
+        if row is None:
+            row = [None] * len(self.caches)
+        for layer, kv in zip(self.caches, row, strict=True):
             piece = BatchKVCache([0])
             if kv is not None:
                 piece.keys, piece.values = kv
@@ -142,11 +200,11 @@ class ContextRows:
         self.lengths = self.lengths + [length]
 
     def take(self, i: int) -> tuple[list[tuple[mx.array, mx.array] | None], int]:
-        """Row i's K/V per layer (compact copies, computed now) and its length; `add` takes
+        """Row i's K/V per cache (compact copies, computed now) and its length; `add` takes
         them."""
         length, pad, width = self.lengths[i], self.pads[i], self.width
         row = []
-        for layer in self.layers:
+        for layer in self.caches:
             kv = layer.kv
             if not length or kv.keys is None:
                 row.append(None)
@@ -161,14 +219,14 @@ class ContextRows:
     def keep(self, rows: list[int]) -> None:
         """Keep only `rows` (in that order); columns that become padding in every row go."""
         if not rows:
-            for layer in self.layers:
+            for layer in self.caches:
                 layer.kv = None
             self.lengths, self.pads = [], []
             return
         pads = [self.pads[i] for i in rows]
         drop = min(pads)
         index = mx.array(rows, dtype=mx.int32)
-        for layer in self.layers:
+        for layer in self.caches:
             kv = layer.kv
             if kv.keys is not None:
                 kv.keys = kv.keys[index][..., drop:, :]
@@ -219,8 +277,26 @@ class RowsLayerCache:
             return keys, values
         return keys[rows], values[rows]
 
-    def mask(self) -> mx.array | None:
-        return self.rows.call.mask
+    def mask(self, n: int, keys: int, causal: bool, window: int | None) -> mx.array | None:
+        """The keys (`keys` columns, the block's `n` last) each drafting row's block queries
+        see: its own columns, not its padding, and of those what the layer's causality and
+        window allow."""
+        call = self.rows.call
+        if not causal and (window is None or max(call.ends) + n <= window):
+            return call.mask  # the window reaches past every row's first position
+        made = call.masks = call.masks or {}
+        if (causal, window) not in made:
+            block = call.block[:, None] + mx.arange(n, dtype=mx.int32)  # [D, n] positions
+            if window is None:  # context columns all visible: only the block's slots differ
+                seen = visibility(block, block, causal, None)  # [D, n, n]
+                context = mx.ones((block.shape[0], n, keys - n), dtype=mx.bool_)
+                ok = mx.concatenate([context, seen], axis=-1)
+            else:
+                context = call.positions[:, 0, :, 0].astype(mx.int32)  # [D, keys - n]
+                ok = visibility(block, mx.concatenate([context, block], axis=-1), causal, window)
+            ok = ok[:, None]  # [D, 1, n, keys]
+            made[(causal, window)] = ok if call.mask is None else ok & call.mask
+        return made[(causal, window)]
 
 
 def drafter_rope(spec: DrafterSpec, head_dim: int) -> nn.Module:
@@ -241,10 +317,15 @@ class DraftAttention(nn.Module):
     # can ride as extra heads of one query row (still grouped per KV head).
     fold_rows = False
 
-    def __init__(self, spec: DrafterSpec):
+    def __init__(self, spec: DrafterSpec, layer_type: str = "full_attention"):
         super().__init__()
         h, hd = spec.hidden_size, spec.head_dim
         self.n_heads, self.n_kv = spec.num_heads, spec.num_kv_heads
+        sliding = layer_type == "sliding_attention"
+        self.causal = spec.causal_block or (sliding and spec.causal_sliding)
+        self.window = spec.sliding_window if sliding else None
+        if spec.attention_sinks:
+            self.attention_sink_bias = mx.zeros((self.n_heads,))
         self.scale = hd**-0.5
         self.q_proj = nn.Linear(h, self.n_heads * hd, bias=spec.attention_bias)
         self.k_proj = nn.Linear(h, self.n_kv * hd, bias=spec.attention_bias)
@@ -274,13 +355,20 @@ class DraftAttention(nn.Module):
         if keys is not None:
             bk = mx.concatenate([keys, bk], axis=2)
             bv = mx.concatenate([values, bv], axis=2)
-        mask = cache.mask()  # rows drafted together: each row's padding
+        mask = cache.mask(n, bk.shape[2], self.causal, self.window)
+        sinks = self.get("attention_sink_bias")
         if self.fold_rows and mask is None:
             folded = q.reshape(b, self.n_heads * n, 1, -1)
-            out = mx.fast.scaled_dot_product_attention(folded, bk, bv, scale=self.scale)
+            if sinks is not None:  # folded heads run head by head, each head's slots in turn
+                sinks = mx.repeat(sinks, n)
+            out = mx.fast.scaled_dot_product_attention(
+                folded, bk, bv, scale=self.scale, sinks=sinks
+            )
             out = out.reshape(b, self.n_heads, n, -1)
         else:
-            out = mx.fast.scaled_dot_product_attention(q, bk, bv, scale=self.scale, mask=mask)
+            out = mx.fast.scaled_dot_product_attention(
+                q, bk, bv, scale=self.scale, mask=mask, sinks=sinks
+            )
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
 
 
@@ -296,9 +384,9 @@ class DraftMLP(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    def __init__(self, spec: DrafterSpec):
+    def __init__(self, spec: DrafterSpec, layer_type: str = "full_attention"):
         super().__init__()
-        self.self_attn = DraftAttention(spec)
+        self.self_attn = DraftAttention(spec, layer_type)
         self.mlp = DraftMLP(spec.hidden_size, spec.intermediate_size)
         self.input_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
@@ -407,7 +495,8 @@ class BlockDrafter(ContextBackbone, nn.Module):
         n_taps = len(spec.target_layer_ids)
         self.fc = nn.Linear(n_taps * h, h, bias=False)
         self.hidden_norm = nn.RMSNorm(h, eps=spec.rms_norm_eps)
-        self.layers = [DraftLayer(spec) for _ in range(spec.num_layers)]
+        types = spec.layer_types or ("full_attention",) * spec.num_layers
+        self.layers = [DraftLayer(spec, t) for t in types]
         self.norm = nn.RMSNorm(h, eps=spec.rms_norm_eps)
         if spec.own_embedding:
             self.embed_tokens = nn.Embedding(spec.vocab_size, h)
@@ -427,14 +516,16 @@ def load_block_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) -
     if spec.backbone == "gemma4":
         from .gemma4_block_drafter import Gemma4BlockDrafter  # it builds on this module
 
+        if "sliding_attention" in spec.layer_types:
+            raise CheckpointError(
+                f"this {spec.format} Gemma-4 drafter has sliding-window layers, which the "
+                "Gemma-4 block drafter does not run yet"
+            )
         model = Gemma4BlockDrafter(spec)
     else:
+        if "sliding_attention" in spec.layer_types and not spec.sliding_window:
+            raise CheckpointError(f"this {spec.format} drafter has sliding layers but no window")
         model = BlockDrafter(spec)
-    if "sliding_attention" in spec.layer_types:
-        raise CheckpointError(
-            f"this {spec.format} drafter has sliding-window layers, which the block drafter "
-            "does not run yet"
-        )
     got = dict(spec.weights)
     # Vocabulary-map buffers are not parameters: the head's ids -> target ids.
     d2t, t2d = got.pop("d2t", None), got.pop("t2d", None)

@@ -40,7 +40,8 @@ class RowGroup:
 
     def __init__(self, drafter: BlockDrafter) -> None:
         self.drafter = drafter
-        self.context = ContextRows(len(drafter.layers))
+        windowed = any(layer.self_attn.window for layer in drafter.layers)
+        self.context = ContextRows(len(drafter.layers), positions=windowed)
         self._members: list[weakref.ref] = []
 
     @property
@@ -53,7 +54,7 @@ class RowGroup:
 
     def add(self, proposer: BlockProposer, row: tuple[list, int] | None = None) -> None:
         """Add `proposer`'s row: its K/V as `ContextRows.take` gives them (None: empty)."""
-        kv, length = row if row is not None else ([None] * len(self.context.layers), 0)
+        kv, length = row if row is not None else (None, 0)
         self.context.add(kv, length)
         self._members.append(weakref.ref(proposer))
         proposer._group = self

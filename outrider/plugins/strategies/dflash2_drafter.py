@@ -16,7 +16,7 @@ import mlx.nn as nn
 
 from ...core.device import split_attention
 from ...core.drafter_spec import DrafterSpec
-from .block_drafter import ContextBackbone, ContextCache, DraftAttention, DraftMLP
+from .block_drafter import ContextBackbone, ContextCache, DraftAttention, DraftMLP, ordered_mask
 from .drafter_weights import load_strict, quantize
 
 
@@ -86,55 +86,18 @@ class WindowContextCache:
     def fetch(self) -> tuple[mx.array | None, mx.array | None]:
         return self._kept
 
-
-def visibility(
-    n_queries: int, key_positions: mx.array, offset: int, causal: bool, window: int | None
-) -> mx.array | None:
-    """Boolean mask [n, keys] for block queries at positions offset.. (None: all visible)."""
-    if not causal and window is None:
-        return None
-    q = mx.arange(offset, offset + n_queries)[:, None]
-    k = key_positions[None, :]
-    ok = mx.ones((n_queries, key_positions.shape[0]), dtype=mx.bool_)
-    if causal:
-        ok = ok & (k <= q)
-    if window is not None:
-        ok = ok & (q - k < window)
-        if not causal:
-            ok = ok & (k - q < window)
-    return ok
+    def mask(self, n: int, keys: int, causal: bool, window: int | None) -> mx.array | None:
+        """Keys in order: the last context positions kept, then the block's."""
+        return ordered_mask(self.offset, keys - n, n, causal, window)
 
 
 class DFlash2Attention(DraftAttention):
     """Block attention over the context cache, with the layer's window and causality."""
 
     def __init__(self, spec: DrafterSpec, layer_type: str):
-        super().__init__(spec)
-        sliding = layer_type == "sliding_attention"
+        super().__init__(spec, layer_type)
         configured = spec.extra.get("is_causal")
-        self.causal = sliding if configured is None else bool(configured)
-        self.window = spec.sliding_window if sliding else None
-
-    def __call__(self, x: mx.array, context: mx.array | None, cache: ContextCache) -> mx.array:
-        if not self.causal and self.window is None:
-            return super().__call__(x, context, cache)
-        b, n, _ = x.shape
-        if context is not None and context.shape[1] > 0:
-            keys, values = cache.append(*self._kv(context, cache.offset))
-        else:
-            keys, values = cache.fetch()
-        offset = cache.offset
-        q = self.q_norm(self.q_proj(x).reshape(b, n, self.n_heads, -1)).transpose(0, 2, 1, 3)
-        q = self.rope(q, offset=offset)
-        bk, bv = self._kv(x, offset)
-        n_ctx = 0 if keys is None else keys.shape[2]
-        if keys is not None:
-            bk = mx.concatenate([keys, bk], axis=2)
-            bv = mx.concatenate([values, bv], axis=2)
-        positions = mx.arange(offset - n_ctx, offset + n)
-        mask = visibility(n, positions, offset, self.causal, self.window)
-        out = mx.fast.scaled_dot_product_attention(q, bk, bv, scale=self.scale, mask=mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+        self.causal = layer_type == "sliding_attention" if configured is None else bool(configured)
 
 
 class DFlash2Layer(nn.Module):
