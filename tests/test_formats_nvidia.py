@@ -5,6 +5,7 @@ exactly, attending as defined, lossless, refused by name where broken."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import struct
@@ -16,6 +17,7 @@ from conftest import plain_greedy
 
 import outrider
 from outrider.api import load_drafter
+from outrider.core.batch import fork
 from outrider.core.drafter_spec import DrafterSpec
 from outrider.core.errors import CheckpointError
 from outrider.core.plugins import Plugins
@@ -225,3 +227,36 @@ def test_convert_refuses_what_deepspec_cannot_say(nemotron, tmp_path):
     assert spec.sliding_window is None and not spec.layer_types and spec.causal_block
     with pytest.raises(OutriderError, match="causal block / attention sinks"):
         deepspec_checkpoint(spec, target)
+
+
+def test_a_causal_block_runs_only_the_slots_a_round_reads(nemotron):
+    """A slot of a causal block sees only the slots before it, so a round at cap k runs the
+    anchor and k masks, not the whole block, and drafts exactly what the whole block drafts."""
+    from outrider.core.proposer import DraftContext
+    from outrider.core.sampling import SamplingParams
+
+    target, head, _ = nemotron
+    pipe = outrider.load(
+        str(target), str(head), mode="dspark", lookup_drafts=False, confidence_threshold=1e-9
+    )
+    proposer = pipe.proposer
+    assert proposer._truncates
+    dims = len(proposer.spec.target_layer_ids) * proposer.spec.hidden_size
+    taps = mx.random.normal((20, dims), key=mx.random.key(5))
+    widths, full = [], copy.copy(proposer)
+    full._truncates = False
+    drafter = proposer.drafter
+    run = drafter.backbone_rows
+    drafter.backbone_rows = lambda block, *a: widths.append(block.shape[1]) or run(block, *a)
+    try:
+        for cap in (1, 3, 7):
+            short, whole = fork(proposer), fork(full)
+            for p in (short, whole):
+                p.start([1], taps)
+            ctx = DraftContext([5, 9], cap, SamplingParams())
+            a, b = short.propose(ctx), whole.propose(ctx)
+            assert a.tokens.tolist() == b.tokens.tolist()
+            np.testing.assert_allclose(np.array(a.confidence), np.array(b.confidence), atol=1e-5)
+    finally:
+        del drafter.backbone_rows
+    assert widths == [2, 8, 4, 8, 8, 8]  # anchor + cap masks, against the whole block of 8

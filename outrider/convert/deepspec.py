@@ -37,6 +37,8 @@ def refusal(spec: DrafterSpec) -> str | None:
         return f"its {spec.backbone} backbone cannot be written as a Qwen3DSparkModel"
     if spec.sliding_window or any(t != "full_attention" for t in spec.layer_types):
         return "its sliding-window draft layers cannot be written as DeepSpec (full attention only)"
+    if spec.gated_q or spec.rope_dims:
+        return "its gated queries / partial rotary (the qwen3_5-native fork) cannot be written as DeepSpec"
     if spec.causal_block or spec.attention_sinks:
         return "its causal block / attention sinks cannot be written as DeepSpec (bidirectional, no sinks)"
     if spec.output_multiplier != 1.0 or spec.final_logit_softcapping:

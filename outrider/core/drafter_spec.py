@@ -53,6 +53,10 @@ class DrafterSpec:
     attention_sinks: bool = False
     # sliding layers causal within the block, full ones not (vllm-project/speculators' rule)
     causal_sliding: bool = False
+    # The qwen3_5-native fork (Ornith's): q_proj yields [q ‖ gate] per head and the attention
+    # output is scaled by sigmoid(gate); rope turns only the first `rope_dims` of each head.
+    gated_q: bool = False
+    rope_dims: int | None = None
     # DFlash 2 (dflash_config): grouped dynamic causal convs and the candidate path selector.
     conv_kernel_size: int = 0
     conv_group_size: int = 0

@@ -21,7 +21,9 @@ from ..core.drafter_spec import DrafterSpec
 from .configs import text_config
 
 KINDS = ("dspark", "dflash", "dflash2", "eagle3")
-PACKAGINGS = ("deepspec", "zlab", "speculators", "specforge", "liquid", "nvidia", "gguf")
+PACKAGINGS = (
+    "deepspec", "zlab", "speculators", "specforge", "liquid", "nvidia", "ornith", "gguf",
+)  # fmt: skip
 
 # (kind, packaging) -> "module:function"; a writer is
 # writer(path: Path, target: Path, kind: str, **overrides) -> Path (the folder, or a .gguf file).
@@ -39,6 +41,7 @@ WRITERS: dict[tuple[str, str], str] = {
     ("dspark", "gguf"): "outrider.testing.drafters_gguf:write_prismml_dspark",
     ("dspark", "liquid"): "outrider.testing.drafters_liquid:write_liquid_dspark",
     ("dspark", "nvidia"): "outrider.testing.drafters_nvidia:write_nvidia_dspark",
+    ("dspark", "ornith"): "outrider.testing.drafters_ornith:write_ornith_dspark",
 }
 
 

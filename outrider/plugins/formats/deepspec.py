@@ -12,6 +12,14 @@ last committed token and slots 1.. are the drafts, as z-lab's; vLLM's `DSparkSpe
 `dspark_bonus_anchor`), `causal` (a causal block), `use_swa` with `swa_window_size` (every
 layer slides over that many positions) and `attention_sink_bias` (a learned sink logit per
 head). NVIDIA's config leaves the confidence head out; its tensors say whether there is one.
+
+The qwen3_5-native fork (`Qwen35DSparkModel` with `enable_qwen35_gated_q_proj`, Ornith's heads)
+is this layout with Qwen3.5's attention and norms: q_proj yields [q ‖ gate] per head and the
+attention output is scaled by sigmoid(gate), rope turns the first `partial_rotary_factor` of each
+head, and every RMSNorm weight is stored as its offset from one (Qwen3.5's (1 + w) · x̂), which
+is added back here. Its `confidence_temperatures` (per-slot calibration of the confidence head)
+are not applied: the confidence estimates only steer how far to draft. The rest of such a config
+(mrope sections, vision and linear-attention fields) is the target's, copied, and ignored.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from .deepspec_gemma4 import gemma4_backbone_fields, is_gemma4
 class DeepSpecFormat:
     name = "deepspec"
     description = "DeepSpec DSpark / DFlash (Qwen3DSparkModel; anchor slot predicts)"
-    architectures = ("Qwen3DSparkModel", "Gemma4DSparkModel")
+    architectures = ("Qwen3DSparkModel", "Gemma4DSparkModel", "Qwen35DSparkModel")
 
     def detect(self, config: dict) -> bool:
         archs = config.get("architectures") or []
@@ -35,13 +43,15 @@ class DeepSpecFormat:
 
     def translate(self, checkpoint: Checkpoint) -> DrafterSpec:
         cfg = hoisted(checkpoint.config)
-        if cfg.get("enable_qwen35_gated_q_proj"):
+        spec = deepspec_spec(cfg, checkpoint.tensors, self.name)
+        native = cfg.get("enable_qwen35_gated_q_proj", False)
+        if not isinstance(native, bool):
             raise CheckpointError(
-                "this DSpark drafter is the qwen3_5-native fork (enable_qwen35_gated_q_proj: a "
-                "gated query projection, partial rotary, norms stored as offsets from one), "
-                "which outrider does not read yet; --mode lookup works with its target"
+                "drafter config field 'enable_qwen35_gated_q_proj' must be true or false"
             )
-        return deepspec_spec(cfg, checkpoint.tensors, self.name)
+        if native:
+            qwen35_native(cfg, spec)
+        return spec
 
 
 def deepspec_spec(cfg: dict, tensors: dict, name: str) -> DrafterSpec:
@@ -78,6 +88,26 @@ def deepspec_spec(cfg: dict, tensors: dict, name: str) -> DrafterSpec:
     block_attention(cfg, spec)
     spec.weights = weights
     return spec
+
+
+def qwen35_native(cfg: dict, spec: DrafterSpec) -> None:
+    """Ornith's fork: gated queries, partial rotary, norms back from their offsets."""
+    params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise CheckpointError(f"partial_rotary_factor must be in (0, 1], got {factor!r}")
+    dims = int(spec.head_dim * factor)
+    if dims % 2 or dims < 2:
+        raise CheckpointError(
+            f"partial_rotary_factor {factor} ropes {dims} of {spec.head_dim} head dims; rope "
+            "needs an even number"
+        )
+    spec.gated_q = True
+    spec.rope_dims = dims if dims < spec.head_dim else None
+    spec.weights = {
+        name: w + 1 if name.endswith("norm.weight") and w.ndim == 1 else w
+        for name, w in spec.weights.items()
+    }
 
 
 def bonus_anchor(cfg: dict) -> bool:

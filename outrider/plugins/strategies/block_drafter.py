@@ -300,10 +300,11 @@ class RowsLayerCache:
 
 
 def drafter_rope(spec: DrafterSpec, head_dim: int) -> nn.Module:
-    """The drafter's RoPE over the full head, the config's theta and scaling: rotate-half (NeoX),
-    or interleaved pairs where the packaging says so (LiquidAI's LFM2.5 drafters)."""
+    """The drafter's RoPE with the config's theta and scaling, over the full head (or its first
+    `rope_dims`, the qwen3_5-native fork's partial rotary): rotate-half (NeoX), or interleaved
+    pairs where the packaging says so (LiquidAI's LFM2.5 drafters)."""
     return initialize_rope(
-        head_dim,
+        spec.rope_dims or head_dim,
         base=spec.rope_theta,
         traditional=spec.rope_traditional,
         scaling_config=spec.rope_scaling,
@@ -327,7 +328,9 @@ class DraftAttention(nn.Module):
         if spec.attention_sinks:
             self.attention_sink_bias = mx.zeros((self.n_heads,))
         self.scale = hd**-0.5
-        self.q_proj = nn.Linear(h, self.n_heads * hd, bias=spec.attention_bias)
+        self.gated = spec.gated_q
+        q_out = self.n_heads * hd * (2 if self.gated else 1)  # [q ‖ gate] per head
+        self.q_proj = nn.Linear(h, q_out, bias=spec.attention_bias)
         self.k_proj = nn.Linear(h, self.n_kv * hd, bias=spec.attention_bias)
         self.v_proj = nn.Linear(h, self.n_kv * hd, bias=spec.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, h, bias=False)
@@ -349,8 +352,11 @@ class DraftAttention(nn.Module):
         else:
             keys, values = cache.fetch()
         block_offset = cache.offset
-        q = self.q_norm(self.q_proj(x).reshape(b, n, self.n_heads, -1)).transpose(0, 2, 1, 3)
-        q = self.rope(q, offset=block_offset)
+        q = self.q_proj(x).reshape(b, n, self.n_heads, -1)
+        gate = None
+        if self.gated:  # the gate is not normed (mlx-lm's Qwen3NextAttention reads it so too)
+            q, gate = mx.split(q, 2, axis=-1)
+        q = self.rope(self.q_norm(q).transpose(0, 2, 1, 3), offset=block_offset)
         bk, bv = self._kv(x, block_offset)
         if keys is not None:
             bk = mx.concatenate([keys, bk], axis=2)
@@ -369,7 +375,10 @@ class DraftAttention(nn.Module):
             out = mx.fast.scaled_dot_product_attention(
                 q, bk, bv, scale=self.scale, mask=mask, sinks=sinks
             )
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+        out = out.transpose(0, 2, 1, 3).reshape(b, n, -1)
+        if gate is not None:
+            out = out * mx.sigmoid(gate.reshape(b, n, -1))
+        return self.o_proj(out)
 
 
 class DraftMLP(nn.Module):

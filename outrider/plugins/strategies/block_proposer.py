@@ -129,6 +129,9 @@ class BlockProposer:
         # (a parked run of plain steps adds one row a step).
         self._pending: list[mx.array] = []
         self._masks = [spec.mask_token_id] * (spec.block_size - 1)
+        # In a block causal in every layer a slot sees only the slots before it, so the slots
+        # after the last one a round reads change nothing: such rounds run a shorter block.
+        self._truncates = all(layer.self_attn.causal for layer in drafter.layers)
 
     def _target_head(self, target: Target):
         """The target's output head, restricted to the draft vocabulary when it is reduced."""
@@ -173,10 +176,11 @@ class BlockProposer:
         drafting = [i for i, cap in enumerate(caps) if cap > 0]
         if not drafting:  # nothing to draft: the context waits for the next call
             return [Proposal.empty() for _ in proposers]
-        hidden = self._forward(group, [asks[i].tokens[-1] for i in drafting], drafting)
         asks, caps = [asks[i] for i in drafting], [caps[i] for i in drafting]
         widest = max(caps)
         start = self.spec.logits_start
+        width = start + widest if self._truncates else self.spec.block_size
+        hidden = self._forward(group, [ctx.tokens[-1] for ctx in asks], drafting, width)
         slots = hidden[:, start : start + widest]  # [drafting rows, widest, H]
         logits = self._head(slots).astype(mx.float32)  # [drafting rows, widest, vocabulary]
         keys = [None if ctx.sampling.greedy else mx.random.split(ctx.key, cap)
@@ -190,10 +194,12 @@ class BlockProposer:
             out[i] = proposal
         return [out[where[id(p)]] for p in proposers]
 
-    def _forward(self, group: RowGroup, anchors: list[int], drafting: list[int]) -> mx.array:
+    def _forward(
+        self, group: RowGroup, anchors: list[int], drafting: list[int], width: int
+    ) -> mx.array:
         """One backbone call: every row of `group` takes in its pending taps, the rows of
-        `drafting` run their blocks [anchor, mask...] -> final-normed hidden [drafting, block,
-        H]."""
+        `drafting` run their blocks [anchor, mask...] of `width` slots -> final-normed hidden
+        [drafting, width, H]."""
         taps = []
         for p in group.members:
             pending, p._pending = p._pending, []
@@ -202,7 +208,8 @@ class BlockProposer:
             )
             taps.append(joined)
         incoming = [0 if t is None else t.shape[0] for t in taps]
-        ids = mx.array([[anchor, *self._masks] for anchor in anchors], dtype=mx.uint32)
+        masks = self._masks[: width - 1]
+        ids = mx.array([[anchor, *masks] for anchor in anchors], dtype=mx.uint32)
         block = self._embed(ids)
         group.context.begin(incoming, ids.shape[1], drafting)
         try:
