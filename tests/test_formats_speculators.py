@@ -136,7 +136,7 @@ def test_writer_lays_out_what_speculators_saves(spec_drafters):
         ("dflash", "speculators", "dflash", 1, None, True),
         ("dflash-anchor-reduced", "speculators", "dflash", 0, REDUCED, True),
         ("deepspec-shared", "deepspec", "dspark", 0, None, False),
-        ("specforge-dspark", "specforge-dspark", "dspark", 1, None, False),
+        ("specforge-dspark", "specforge-dspark", "dspark", 0, None, False),  # slot 0 drafts
     ],
 )
 def test_detection_and_translation(plugins, spec_drafters, name, fmt, kind, start, vocab, own):
@@ -256,7 +256,7 @@ def as_bf16(path):
     [
         ("dspark", "deepspec", {"block_size": 8}),  # anchor slot drafts in both
         ("dflash", "zlab", {"block_size": 9}),  # anchor slot discarded, the target's head
-        ("dspark", "specforge", {"block_size": 9, "sample_from_anchor": False}),
+        ("dspark", "specforge", {"block_size": 9, "sample_from_anchor": True}),  # slot 0 drafts
     ],
 )
 def test_same_weights_in_two_packagings_draft_the_same(

@@ -1,7 +1,7 @@
 """Random-weight DSpark drafters in SpecForge's packaging (sgl-project/SpecForge
 `configs/qwen3-4b-dspark.json`, `specforge/modeling/draft/dspark.py`): `DSparkDraftModel`, a flat
 Qwen3 config with the drafter's fields under `dflash_config`, bf16 backbone and head tensors
-without an embedding or LM head (the target's are used), the anchor slot discarded."""
+without an embedding or LM head (the target's are used), every block slot drafting."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .drafters import PT, random_block_drafter, save_checkpoint
 
 def write_specforge_dspark(path: Path, target: Path, kind: str, seed: int = 1, **overrides) -> Path:
     tcfg, spec, weights = random_block_drafter(
-        target, kind, seed, logits_start=1, own_embedding=False, own_lm_head=False,
+        target, kind, seed, logits_start=0, own_embedding=False, own_lm_head=False,
         format="specforge-dspark", **overrides,
     )  # fmt: skip
     weights = {k: v.astype(mx.bfloat16) for k, v in weights.items()}

@@ -4,8 +4,13 @@ A z-lab DFlash backbone with DSpark's heads on top: `DSparkDraftModel`, a flat Q
 `block_size` at the top level and the drafter's fields under `dflash_config` (`mask_token_id`,
 `target_layer_ids` in z-lab's convention, `projector_type: "dspark"`, `markov_rank`,
 `markov_head_type`, `enable_confidence_head`, `confidence_head_with_markov`). As in z-lab's
-DFlash, the embedding and the head are the target's and the anchor slot's output is discarded
-(`draft_hidden[:, -block_size + 1:]`); the Markov head's first previous token is the anchor.
+DFlash, the embedding and the head are the target's; unlike it, every block slot drafts: slot j
+is trained on the token at anchor + j + 1, the anchor's own token seeding slot 0
+(`specforge/core/dspark.py`, `OnlineDSparkModel.forward`: "there is no masked anchor slot,
+unlike SpecForge DFlash which drops slot 0"), DeepSpec's convention. SpecForge's shared DFlash
+generation loop slices from slot 1 (`draft_hidden[:, -block_size + 1:]`), which drafts every
+token one position late (mlx-dspark measured acceptance 1.35 that way against 3.42). The Markov
+head's first previous token is the anchor.
 Early checkpoints kept the heads under a `logit_head.` container, which SpecForge maps away on
 load (`normalize_draft_head_checkpoint_keys` in `specforge/modeling/draft/dflash.py`).
 """
@@ -74,7 +79,7 @@ class SpecForgeDSparkFormat:
             format=self.name,
             kind="dspark" if rank > 0 or confidence else "dflash",
             block_size=block,
-            logits_start=1,
+            logits_start=0,  # every slot drafts (see above)
             mask_token_id=as_int(dcfg["mask_token_id"], "mask_token_id"),
             target_layer_ids=layer_ids(ids, n_target),
             own_embedding=False,
