@@ -452,6 +452,7 @@ def load(
     draft_model: str | None = None,
     num_draft_tokens: int | None = None,
     lookup_drafts: bool | None = None,
+    drafter_window: int | None = None,
 ) -> Pipeline:
     """Load a target (local folder or Hugging Face repo id) and its drafting strategy.
 
@@ -469,7 +470,9 @@ def load(
     small causal LM with the target's tokenizer) runs mode draft; `num_draft_tokens` is
     mlx-lm's name for its cap. `lookup_drafts` (default: the registry row's `lookup`, else on)
     lets a drafter's round verify a lookup copy of the context instead where the text is being
-    copied (`plugins/strategies/lookup_assist.py`).
+    copied (`plugins/strategies/lookup_assist.py`). `drafter_window` (DSpark and DFlash block
+    drafters) is how many of the latest context rows the drafter sees: 0 all of them, default
+    the registry row's, else 4096 (`plugins/strategies/block_proposer.py`).
     """
     if drafter_bits not in (4, 8, 16):
         raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
@@ -485,6 +488,14 @@ def load(
         raise OutriderError(f"--max-draft must be >= 0 or auto, got {max_draft!r}")
     if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
         raise OutriderError(f"--confidence-threshold must be in [0, 1], got {confidence_threshold}")
+    if drafter_window is not None and (
+        isinstance(drafter_window, bool)
+        or not isinstance(drafter_window, int)
+        or drafter_window < 0
+    ):
+        raise OutriderError(
+            f"--drafter-window must be >= 0 (0: the whole context), got {drafter_window!r}"
+        )
     plugins = plugins or Plugins()
     mode = draft_mode(mode, drafter, draft_model)
     requested, explicit = mode, drafter
@@ -512,6 +523,11 @@ def load(
     if confidence_threshold is None:
         confidence_threshold = pair.confidence_threshold if pair else 0.0
     options = {"drafter_bits": drafter_bits, "confidence_threshold": confidence_threshold}
+    requested_window = drafter_window
+    if drafter_window is None and pair is not None:
+        drafter_window = pair.drafter_window
+    if drafter_window is not None:
+        options["drafter_window"] = drafter_window
     if mode == "draft" and draft_model is not None:
         # the draft model loads like a target: its family rolls its cache back
         options.update(draft_model=load_target(plugins, draft_model, download))
@@ -533,6 +549,8 @@ def load(
     cap = min(max_draft, proposer.max_draft)
     if requested_threshold is not None and mode != "dspark":
         notes.append(f"--confidence-threshold does nothing in {mode} mode (DSpark only)")
+    if requested_window is not None and mode not in ("dspark", "dflash"):
+        notes.append(f"--drafter-window does nothing in {mode} mode (DSpark and DFlash only)")
     ref = drafter if spec is not None and strategy.needs_drafter else None
     pipe = Pipeline(target, proposer, mode, cap, spec, pair, options, notes, ref, prefix_cache)
     pipe.auto_cap = auto_cap and proposer.max_draft > 0

@@ -111,6 +111,12 @@ def generate(
     confidence_threshold: float | None = Opt(
         None, "--confidence-threshold", help="DSpark: stop drafting below this confidence."
     ),
+    drafter_window: int | None = Opt(
+        None,
+        "--drafter-window",
+        metavar="ROWS",
+        help="DSpark/DFlash: the drafter sees the latest ROWS context rows (0: all; default 4096).",
+    ),
     max_tokens: int = Opt(
         256, "--max-tokens", "-n", "--max-new-tokens", help="Tokens to generate."
     ),
@@ -183,6 +189,7 @@ def generate(
                 draft_model=draft_model,
                 num_draft_tokens=num_draft_tokens,
                 lookup_drafts=False if no_lookup_drafts else None,
+                drafter_window=drafter_window,
             )
         for note in pipe.notes:
             _warn(note)

@@ -39,6 +39,10 @@ def pipes(qwen3_target, drafters, tmp_path_factory):
     )
     return {
         "dspark-window": outrider.load(target, str(window), mode="dspark", lookup_drafts=False),
+        # the drafter sees its latest 10 context rows (--drafter-window)
+        "dspark-limited": outrider.load(
+            target, dspark, mode="dspark", lookup_drafts=False, drafter_window=10
+        ),
         "dspark": outrider.load(target, dspark, mode="dspark"),
         "dflash": outrider.load(target, dflash, mode="dflash"),
         "dspark-confidence": outrider.load(target, dspark, mode="dspark", confidence_threshold=0.3),
@@ -109,7 +113,9 @@ LENGTHS = [40, 14, 30, 22]  # rows leave at different rounds
 JOINS = [0, 0, 2, 5]  # and join at different rounds
 
 
-@pytest.mark.parametrize("name", ["dspark", "dflash", "dspark-confidence", "dspark-window"])
+@pytest.mark.parametrize(
+    "name", ["dspark", "dflash", "dspark-confidence", "dspark-window", "dspark-limited"]
+)
 def test_greedy_rows_draft_exactly_what_they_draft_alone(pipes, name):
     pipe = pipes[name]
     rows = prompts(pipe)
@@ -200,7 +206,7 @@ def test_one_drafter_call_per_round_for_the_whole_batch(pipes):
     assert drafter.forwards - before == sum(1 for s in steps if s[1])
 
 
-@pytest.mark.parametrize("name", ["dspark", "dspark-window"])
+@pytest.mark.parametrize("name", ["dspark", "dspark-window", "dspark-limited"])
 def test_a_row_moves_its_context_into_and_out_of_a_batch(pipes, name):
     """Row a drafts alone for three rounds, then joins row b's rows (its drafter context moves
     in); later b leaves and goes on alone (its context moves out) while a stays batched.
@@ -237,7 +243,7 @@ def test_a_row_moves_its_context_into_and_out_of_a_batch(pipes, name):
     assert got_b == want_b
 
 
-@pytest.mark.parametrize("name", ["dspark-bare", "dspark-window"])
+@pytest.mark.parametrize("name", ["dspark-bare", "dspark-window", "dspark-limited"])
 def test_padded_rows_draft_what_they_draft_apart(pipes, name):
     """Rows holding different amounts of context, taking in different amounts a round, draft
     together what each drafts on its own: padding is masked and every row is roped at its own

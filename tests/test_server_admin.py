@@ -287,9 +287,11 @@ def test_health_names_the_registry_drafter_in_use():
     with live_server(LoadSpec(demo_target())) as (url, engine):
         h = requests.get(url + "/health").json()
         assert h["mode"] == "dspark" and h["drafter"] == "outrider-demo/dspark"
+        assert h["drafter_window"] == 4096  # context rows the drafter sees, by default
         assert requests.get(url + "/admin/status").json()["drafter"] == "outrider-demo/dspark"
     with live_server(LoadSpec(demo_target(), mode="lookup")) as (url, engine):
-        assert requests.get(url + "/health").json()["drafter"] is None
+        h = requests.get(url + "/health").json()
+        assert h["drafter"] is None and h["drafter_window"] is None
 
 
 def test_serve_on_a_busy_port_is_one_line_before_listening():

@@ -80,6 +80,12 @@ def benchmark(
         metavar="",
         help="Drafter rounds never verify a lookup copy of the context instead.",
     ),
+    drafter_window: int | None = Opt(
+        None,
+        "--drafter-window",
+        metavar="ROWS",
+        help="DSpark/DFlash: the drafter sees the latest ROWS context rows (0: all; default 4096).",
+    ),
     no_thinking: bool = Opt(False, "--no-thinking", help="Turn the model's thinking off."),
     json_path: str | None = Opt(None, "--json", help="Write the receipt (JSON) to this file."),
     plot_path: str | None = Opt(
@@ -170,6 +176,7 @@ def benchmark(
             peer_draft_model=peer_draft_model,
             draft_model=draft_model,
             lookup_drafts=False if no_lookup_drafts else None,
+            drafter_window=drafter_window,
             max_draft=max_draft,
             drafter_bits=drafter_bits,
             thinking=False if no_thinking else None,

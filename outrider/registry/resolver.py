@@ -54,6 +54,7 @@ class Pair:
     drafters: dict[str, str] = field(default_factory=dict)  # mode -> repo, this quantisation
     cap: int | None = None
     confidence_threshold: float = 0.0
+    drafter_window: int | None = None  # context rows a block drafter sees (0: all; None: default)
     lookup: bool = True
     speedup: str = ""
     source: str = ""
@@ -90,6 +91,7 @@ class Pair:
             mode=over.get("mode", self.mode),
             cap=over.get("cap", self.cap),
             confidence_threshold=float(over.get("confidence_threshold", self.confidence_threshold)),
+            drafter_window=over.get("drafter_window", self.drafter_window),
             lookup=bool(over.get("lookup", self.lookup)),
             speedup=over.get("speedup", self.speedup),
             receipt=over.get("receipt", self.receipt),
@@ -130,6 +132,7 @@ def pairs_from_rows(rows: list[dict]) -> list[Pair]:
                 drafters={m: r.repo for m, r in refs.items()},
                 cap=row.get("cap"),
                 confidence_threshold=float(row.get("confidence_threshold", 0.0)),
+                drafter_window=row.get("drafter_window"),
                 lookup=bool(row.get("lookup", True)),
                 speedup=row.get("speedup", ""),
                 source=row.get("source", ""),

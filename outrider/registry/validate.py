@@ -28,6 +28,7 @@ ROW_KEYS = {
     "aliases",
     "cap",
     "confidence_threshold",
+    "drafter_window",
     "lookup",
     "speedup",
     "source",
@@ -39,7 +40,10 @@ ROW_KEYS = {
     "size_gb",
     *DRAFTER_MODES,
 }
-QUANT_KEYS = {"mode", "cap", "confidence_threshold", "lookup", "speedup", "receipt", *DRAFTER_MODES}
+QUANT_KEYS = {
+    "mode", "cap", "confidence_threshold", "drafter_window", "lookup", "speedup", "receipt",
+    *DRAFTER_MODES,
+}  # fmt: skip
 
 
 @lru_cache(maxsize=1)
@@ -132,6 +136,11 @@ def _settings_problems(label: str, row: dict, plugins: Any, claims: dict[str, st
     cap = row.get("cap")
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
         problems.append(f"{label}: cap must be an integer >= 0, got {cap!r}")
+    window = row.get("drafter_window")
+    if window is not None and (
+        isinstance(window, bool) or not isinstance(window, int) or window < 0
+    ):
+        problems.append(f"{label}: drafter_window must be an integer >= 0, got {window!r}")
     for m in DRAFTER_MODES:
         if m in row:
             problems += _drafter_problems(label, m, row[m], claims)

@@ -26,6 +26,7 @@ class LoadRequest(CheckedRequest):
     max_draft: int | Literal["auto"] | None = Field(default=None)
     context_window: int | None = Field(default=None, ge=0)  # 0: back to the model's own
     confidence_threshold: float | None = Field(default=None, ge=0, le=1)
+    drafter_window: int | None = Field(default=None, ge=0, le=10_000_000)  # 0: every row
     kv_bits: Literal[4, 8] | None = None
 
 
@@ -61,6 +62,11 @@ def check_reference(ref: str, param: str) -> None:
     )
 
 
+def drafter_window(pipe: Any) -> int | None:
+    proposer = getattr(pipe.proposer, "inner", pipe.proposer) if pipe else None
+    return getattr(proposer, "context_window", None)
+
+
 def health(state: Any) -> dict[str, Any]:
     engine = state.engine
     pipe = engine.pipeline
@@ -70,6 +76,8 @@ def health(state: Any) -> dict[str, Any]:
         "mode": pipe.mode if pipe else None,
         "drafter": pipe.drafter_ref if pipe else None,  # registry drafters included
         "max_draft": ("auto" if pipe.auto_cap else pipe.max_draft) if pipe else None,
+        # context rows a DSpark / DFlash drafter sees (None: every row, or no block drafter)
+        "drafter_window": drafter_window(pipe),
         "load": engine.status(),
         "context_window": engine.context_window,
         "max_output_tokens": state.limits.max_tokens_cap,
@@ -134,6 +142,7 @@ def router(state: Any) -> APIRouter:
             body.confidence_threshold,
             kv_bits=body.kv_bits,
             draft_model=body.draft_model,
+            drafter_window=body.drafter_window,
         )
         state.engine.load(spec)
         return health(state)

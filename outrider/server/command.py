@@ -48,6 +48,12 @@ def serve(
         "--confidence-threshold",
         help="DSpark: stop drafting below this confidence, 0..1 (default: the pair's, else 0).",
     ),
+    drafter_window: int | None = Opt(
+        None,
+        "--drafter-window",
+        metavar="ROWS",
+        help="DSpark/DFlash: the drafter sees the latest ROWS context rows (0: all; default 4096).",
+    ),
     drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
     no_model: bool = Opt(False, "--no-model", help="Start empty; load with POST /admin/load."),
     host: str = Opt("127.0.0.1", "--host"),
@@ -158,7 +164,7 @@ def serve(
                 typer.echo(f"note: no --model given; {note}", err=True)
             spec = LoadSpec(
                 model, drafter, mode, max_draft, context_window, confidence_threshold, drafter_bits,
-                kv_bits, draft_model, False if no_lookup_drafts else None,
+                kv_bits, draft_model, False if no_lookup_drafts else None, drafter_window,
             )  # fmt: skip
             _load_with_progress(engine, spec)
         elif context_window:

@@ -43,6 +43,7 @@ class LoadSpec:
     kv_bits: int | None = None
     draft_model: str | None = None  # mode draft's small model (mlx-lm's --draft-model)
     lookup_drafts: bool | None = None  # None: the registry row's `lookup`, else on
+    drafter_window: int | None = None  # context rows a block drafter sees (0: all)
 
 
 @dataclass
@@ -133,6 +134,7 @@ def default_loader(spec: LoadSpec) -> Pipeline:
         kv_bits=spec.kv_bits,
         draft_model=spec.draft_model,
         lookup_drafts=spec.lookup_drafts,
+        drafter_window=spec.drafter_window,
     )
 
 

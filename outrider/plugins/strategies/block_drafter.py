@@ -119,12 +119,15 @@ class ContextRows:
     calls; lengths and padding are kept on the host, so none of this waits for the device.
     """
 
-    def __init__(self, n_layers: int, positions: bool = False) -> None:
+    def __init__(self, n_layers: int, positions: bool = False, limit: int | None = None) -> None:
         self.layers = [RowsLayerCache(self) for _ in range(n_layers)]
-        # Sliding-window layers must know each column's position, and a column's position is
-        # not its order (see above): the positions ride along as one more cache, moved,
-        # dropped and handed over exactly as the keys are.
-        self.positions = RowsLayerCache(self) if positions else None
+        # Blocks see at most the last `limit` context rows (the drafter's context window;
+        # None: all of them).
+        self.limit = limit
+        # Sliding-window layers and a limit must know each column's position, and a column's
+        # position is not its order (see above): the positions ride along as one more cache,
+        # moved, dropped and handed over exactly as the keys are.
+        self.positions = RowsLayerCache(self) if positions or limit is not None else None
         self.lengths: list[int] = []  # context rows each row holds
         self.pads: list[int] = []  # each row's left padding
         self.call: _Call | None = None
@@ -279,21 +282,33 @@ class RowsLayerCache:
 
     def mask(self, n: int, keys: int, causal: bool, window: int | None) -> mx.array | None:
         """The keys (`keys` columns, the block's `n` last) each drafting row's block queries
-        see: its own columns, not its padding, and of those what the layer's causality and
-        window allow."""
-        call = self.rows.call
-        if not causal and (window is None or max(call.ends) + n <= window):
-            return call.mask  # the window reaches past every row's first position
+        see: its own columns, not its padding, of those the last `ContextRows.limit` context
+        rows, and what the layer's causality and window allow."""
+        call, limit = self.rows.call, self.rows.limit
+        longest = max(call.ends)
+        if (
+            not causal
+            and (window is None or longest + n <= window)
+            and (limit is None or longest <= limit)
+        ):
+            return call.mask  # the window and the limit reach past every row's first position
         made = call.masks = call.masks or {}
         if (causal, window) not in made:
             block = call.block[:, None] + mx.arange(n, dtype=mx.int32)  # [D, n] positions
-            if window is None:  # context columns all visible: only the block's slots differ
-                seen = visibility(block, block, causal, None)  # [D, n, n]
+            if window is None and (limit is None or longest <= limit):
+                seen = visibility(block, block, causal, None)  # [D, n, n]: only the block's
                 context = mx.ones((block.shape[0], n, keys - n), dtype=mx.bool_)
                 ok = mx.concatenate([context, seen], axis=-1)
             else:
                 context = call.positions[:, 0, :, 0].astype(mx.int32)  # [D, keys - n]
-                ok = visibility(block, mx.concatenate([context, block], axis=-1), causal, window)
+                positions = mx.concatenate([context, block], axis=-1)
+                ok = visibility(block, positions, causal, window)
+                if limit is not None and longest > limit:  # the last `limit` context rows
+                    recent = positions >= (call.block - limit)[:, None]  # [D, keys]
+                    ok = recent[:, None, :] if ok is None else ok & recent[:, None, :]
+                if ok is None:
+                    ok = mx.ones((block.shape[0], n, keys), dtype=mx.bool_)
+                ok = mx.broadcast_to(ok, (block.shape[0], n, keys))
             ok = ok[:, None]  # [D, 1, n, keys]
             made[(causal, window)] = ok if call.mask is None else ok & call.mask
         return made[(causal, window)]

@@ -7,7 +7,7 @@ from ...core.errors import OutriderError
 from ...core.hookspecs import hookimpl
 from ...core.target import Target
 from .block_drafter import load_block_drafter
-from .block_proposer import BlockProposer
+from .block_proposer import BlockProposer, context_window
 
 
 class DFlash:
@@ -25,7 +25,9 @@ class DFlash:
                 f"use --mode {drafter.kind}"
             )
         model = load_block_drafter(drafter, bits=options.get("drafter_bits", 4))
-        return BlockProposer(self.name, target, model, sequential=False)
+        return BlockProposer(
+            self.name, target, model, sequential=False, context_window=context_window(options)
+        )
 
 
 @hookimpl

@@ -7,7 +7,7 @@ from ...core.errors import OutriderError
 from ...core.hookspecs import hookimpl
 from ...core.target import Target
 from .block_drafter import load_block_drafter
-from .block_proposer import BlockProposer
+from .block_proposer import BlockProposer, context_window
 
 
 class DSpark:
@@ -31,6 +31,7 @@ class DSpark:
             model,
             sequential=True,
             confidence_threshold=options.get("confidence_threshold") or 0.0,
+            context_window=context_window(options),
         )
 
 
