@@ -132,7 +132,8 @@ def generate(
     raw: bool = Opt(
         False,
         "--raw",
-        "--ignore-chat-template",
+        "--ignore-chat-template",  # mlx-lm's spelling
+        "--no-chat-template",  # mlx-dspark's
         metavar="",
         help="Feed the prompt as is, no chat template.",
     ),

@@ -510,7 +510,9 @@ def test_alias_spellings_match_outrider_spellings(models):
     assert len(json.loads(theirs.stdout)["tokens"]) == 12
     raw = invoke(*base, "-p", PROMPT, "--raw")
     ignore = invoke(*base, "-p", PROMPT, "--ignore-chat-template")
+    dspark = invoke(*base, "-p", PROMPT, "--no-chat-template")  # mlx-dspark's spelling
     assert json.loads(ignore.stdout)["prompt_tokens"] == json.loads(raw.stdout)["prompt_tokens"]
+    assert json.loads(dspark.stdout)["prompt_tokens"] == json.loads(raw.stdout)["prompt_tokens"]
     assert json.loads(ignore.stdout)["prompt_tokens"] != json.loads(ours.stdout)["prompt_tokens"]
 
 

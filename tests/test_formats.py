@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import mlx.core as mx
 import pytest
+from checkpoint_edits import copy_ckpt, edit_config, edit_tensors
 
 import outrider
 from outrider.api import load_drafter
@@ -19,24 +19,6 @@ from outrider.plugins.formats.zlab import default_layer_ids
 @pytest.fixture(scope="module")
 def plugins():
     return Plugins(load_entrypoints=False)
-
-
-def copy_ckpt(src, dst):
-    shutil.copytree(src, dst)
-    return dst
-
-
-def edit_config(path, **changes):
-    cfg = json.loads((path / "config.json").read_text())
-    cfg.update(changes)
-    (path / "config.json").write_text(json.dumps(cfg))
-
-
-def edit_tensors(path, fn):
-    f = path / "model.safetensors"
-    tensors = dict(mx.load(str(f)))
-    fn(tensors)
-    mx.save_safetensors(str(f), tensors)
 
 
 @pytest.mark.parametrize(

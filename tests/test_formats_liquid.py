@@ -5,10 +5,10 @@ where the config is broken."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import mlx.core as mx
 import pytest
+from checkpoint_edits import edited
 from conftest import plain_greedy
 
 import outrider
@@ -28,14 +28,6 @@ def lfm2(tmp_path_factory):
     drafter = make_tiny_drafter(d / "liquid", target, "dspark", "liquid", block_size=5)
     neox = make_tiny_drafter(d / "neox", target, "dspark", "liquid", block_size=5, neox=True)
     return target, drafter, neox
-
-
-def edited(src, dst, change) -> str:
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    change(cfg)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return str(dst)
 
 
 def test_the_packaging_is_read_as_published(lfm2):

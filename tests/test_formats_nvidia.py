@@ -13,6 +13,7 @@ import struct
 import mlx.core as mx
 import numpy as np
 import pytest
+from checkpoint_edits import edited
 from conftest import plain_greedy
 
 import outrider
@@ -46,14 +47,6 @@ def header(path) -> dict:
     raw = (path / "model.safetensors").read_bytes()
     (size,) = struct.unpack("<Q", raw[:8])
     return json.loads(raw[8 : 8 + size])
-
-
-def edited(src, dst, change) -> str:
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    change(cfg)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return str(dst)
 
 
 def test_the_packaging_is_read_as_published(nemotron):

@@ -6,11 +6,11 @@ lossless, refused by name where broken."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from checkpoint_edits import edited
 from conftest import plain_greedy
 
 import outrider
@@ -114,23 +114,16 @@ def test_dspark_over_qwen35_equals_plain_greedy(ornith):
     ],
 )
 def test_a_broken_config_is_refused_by_name(ornith, tmp_path, change, reason):
-    shutil.copytree(ornith[1], tmp_path / "d")
-    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
-    cfg.update(change)
-    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=reason):
-        read(tmp_path / "d")
+        read(edited(ornith[1], tmp_path / "d", lambda cfg: cfg.update(change)))
 
 
 def test_the_fork_without_its_flag_is_refused_at_load(ornith, tmp_path):
     """Without `enable_qwen35_gated_q_proj` the doubled q_proj cannot be a plain head's: the
     load names the tensor, instead of drafting from half of it."""
-    shutil.copytree(ornith[1], tmp_path / "d")
-    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
-    del cfg["enable_qwen35_gated_q_proj"]
-    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
+    path = edited(ornith[1], tmp_path / "d", lambda cfg: cfg.pop("enable_qwen35_gated_q_proj"))
     with pytest.raises(OutriderError, match="q_proj.weight has shape"):
-        outrider.load(str(ornith[0]), str(tmp_path / "d"), mode="dspark")
+        outrider.load(str(ornith[0]), path, mode="dspark")
 
 
 def test_convert_refuses_the_fork(ornith):

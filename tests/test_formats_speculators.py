@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import mlx.core as mx
 import pytest
+from checkpoint_edits import copy_ckpt, edit_config, edit_tensors
 from conftest import PROMPTS, plain_greedy
 from sampling_check import PARAMS, assert_follows_target
 
@@ -86,24 +86,6 @@ def pipelines(qwen3_target, spec_drafters):
         name: outrider.load(str(qwen3_target), str(spec_drafters[name]), mode=MODES[name])
         for name in MODES
     }
-
-
-def copy_ckpt(src, dst):
-    shutil.copytree(src, dst)
-    return dst
-
-
-def edit_config(path, **changes):
-    cfg = json.loads((path / "config.json").read_text())
-    cfg.update(changes)
-    (path / "config.json").write_text(json.dumps(cfg))
-
-
-def edit_tensors(path, fn):
-    f = path / "model.safetensors"
-    tensors = dict(mx.load(str(f)))
-    fn(tensors)
-    mx.save_safetensors(str(f), tensors)
 
 
 # ---- layout and detection -----------------------------------------------------------------
