@@ -34,13 +34,14 @@ TOOLS_O = [
     }
 ]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+LIMITS = Limits(keepalive_s=5)  # the server's defaults; a test may change one and restore it
 
 
 @pytest.fixture(scope="module")
 def server(models_dir):
     path = make_scripted_target(models_dir / "scripted")
     spec = LoadSpec(str(path), mode="lookup", context_window=WINDOW)
-    with live_server(spec, Limits(keepalive_s=5)) as (url, engine):
+    with live_server(spec, LIMITS) as (url, engine):
         yield url, engine
 
 
@@ -195,6 +196,32 @@ def test_openai_reasoning_and_tool_round_trip(oai):
         model="scripted", messages=ASK, tools=TOOLS_O, tool_choice="none"
     )
     assert raw.choices[0].message.content.startswith("<tool_call>")
+
+
+def test_the_servers_reasoning_effort_is_the_default_a_request_can_override(oai, claude):
+    """`outrider serve --reasoning-effort E`: a request that names no effort renders as one
+    that names E; one that names its own keeps it."""
+    plain = oai.chat.completions.create(model="scripted", messages=ASK, max_tokens=1)
+    low = oai.chat.completions.create(
+        model="scripted", messages=ASK, max_tokens=1, reasoning_effort="low"
+    )
+    high = oai.chat.completions.create(
+        model="scripted", messages=ASK, max_tokens=1, reasoning_effort="high"
+    )
+    counted = claude.messages.count_tokens(model="scripted", messages=ASK).input_tokens
+    LIMITS.reasoning_effort = "low"
+    try:
+        default = oai.chat.completions.create(model="scripted", messages=ASK, max_tokens=1)
+        kept = oai.chat.completions.create(
+            model="scripted", messages=ASK, max_tokens=1, reasoning_effort="high"
+        )
+        defaulted = claude.messages.count_tokens(model="scripted", messages=ASK).input_tokens
+    finally:
+        LIMITS.reasoning_effort = None
+    assert plain.usage.prompt_tokens < low.usage.prompt_tokens  # the template reads it
+    assert default.usage.prompt_tokens == low.usage.prompt_tokens
+    assert kept.usage.prompt_tokens == high.usage.prompt_tokens
+    assert defaulted > counted
 
 
 def test_mid_conversation_system_message_is_folded(oai):

@@ -82,6 +82,7 @@ def health(state: Any) -> dict[str, Any]:
         "context_window": engine.context_window,
         "max_output_tokens": state.limits.max_tokens_cap,
         "thinking_default": {None: "template", True: "on", False: "off"}[state.limits.thinking],
+        "reasoning_effort_default": state.limits.reasoning_effort,  # None: the template's
         "queue_depth": engine.metrics.queue_depth(),
         "kv_bits": pipe.target.kv_bits if pipe else None,
         "max_batch": engine.max_batch,

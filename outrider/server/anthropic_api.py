@@ -176,13 +176,14 @@ def _tools(body: CountRequest) -> list[dict] | None:
     ]
 
 
-def _thinking(body: CountRequest, default: bool | None) -> tuple[bool | None, str | None]:
-    """(enable_thinking, reasoning_effort) for the template."""
+def _thinking(body: CountRequest, limits: Any) -> tuple[bool | None, str | None]:
+    """(enable_thinking, reasoning_effort) for the template: the request's, else the
+    server's defaults."""
     if body.thinking is not None and body.thinking.type == "disabled":
         return False, None
-    thinking = True if body.thinking is not None else default
+    thinking = True if body.thinking is not None else limits.thinking
     effort = (body.output_config or {}).get("effort")
-    return thinking, effort if effort in EFFORTS else None
+    return thinking, effort if effort in EFFORTS else limits.reasoning_effort
 
 
 def _render(
@@ -192,7 +193,7 @@ def _render(
     assistant message with text is continued (Anthropic's prefill), not closed."""
     pipe = ready_pipeline(state.engine)
     check_model(state.engine, body.model)
-    thinking, effort = _thinking(body, state.limits.thinking)
+    thinking, effort = _thinking(body, state.limits)
     chat = to_chat(body)
     last = chat[-1] if chat else {}
     prefill = last.get("role") == "assistant" and bool(last["content"].strip())

@@ -65,6 +65,11 @@ def serve(
     default_max_tokens: int = Opt(2048, "--default-max-tokens"),
     max_tokens_cap: int = Opt(131072, "--max-tokens-cap", help="Refuse larger max_tokens."),
     no_thinking: bool = Opt(False, "--no-thinking", help="Thinking off unless a request asks."),
+    reasoning_effort: str | None = Opt(
+        None,
+        "--reasoning-effort",
+        help="Effort for templates that read one, unless a request says (none..xhigh).",
+    ),
     keepalive: float = Opt(15.0, "--keepalive", help="Seconds between stream keep-alives."),
     max_request_mb: float = Opt(
         4.0, "--max-request-mb", help="Refuse request bodies larger than this (413)."
@@ -102,6 +107,7 @@ def serve(
     """Serve OpenAI- and Anthropic-compatible APIs; speculation is invisible to clients."""
     from ..cli_common import check_options, parse_max_draft, plugins, user_errors
     from ..core.errors import OutriderError
+    from .prompting import EFFORTS
 
     with user_errors():
         max_draft = parse_max_draft(max_draft_text)
@@ -120,6 +126,10 @@ def serve(
             raise OutriderError(f"--prefix-cache-gb must be >= 0, got {prefix_cache_gb}")
         if no_model and model:
             raise OutriderError("--no-model and --model contradict each other")
+        if reasoning_effort is not None and reasoning_effort not in EFFORTS:
+            raise OutriderError(
+                f"--reasoning-effort must be one of {', '.join(EFFORTS)}, got {reasoning_effort!r}"
+            )
         if not 0 < max_request_mb <= 1024:
             raise OutriderError(f"--max-request-mb must be in (0, 1024], got {max_request_mb}")
         level = log_level.lower()
@@ -154,6 +164,7 @@ def serve(
             False if no_thinking else None,
             max_body_bytes=int(max_request_mb * (1 << 20)),
             trust_request_chat_template=trust_request_chat_template,
+            reasoning_effort=reasoning_effort,
         )
         app = create_app(
             engine, limits, api_key, plugins=plugins, cors_origins=tuple(cors_origin or ())

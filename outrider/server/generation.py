@@ -33,6 +33,7 @@ class Limits:
     max_tokens_cap: int = 131072
     keepalive_s: float = 15.0
     thinking: bool | None = None  # server default for enable_thinking (None: the template's)
+    reasoning_effort: str | None = None  # server default for templates that read one
     max_body_bytes: int = 4 << 20  # larger request bodies are refused with 413
     trust_request_chat_template: bool = False  # a request's own template (sandboxed) allowed
 

@@ -240,7 +240,7 @@ def router(state: Any) -> APIRouter:
             messages,
             tools,
             thinking,
-            body.reasoning_effort,
+            body.reasoning_effort or limits.reasoning_effort,
             extra,
             template=template,
             continue_final=body.continue_final_message,

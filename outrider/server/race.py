@@ -177,8 +177,9 @@ def router(state: Any) -> APIRouter:
         if thinking is None:
             thinking = state.limits.thinking
         prompt, _ = await prompt_ids(
-            engine, False, render_chat, pipe.tokenizer, messages, None, thinking
-        )
+            engine, False, render_chat, pipe.tokenizer, messages, None, thinking,
+            state.limits.reasoning_effort,
+        )  # fmt: skip
         check_context(engine, len(prompt), anthropic=False)
         opts = options(engine, state.limits, len(prompt), GenParams(max_tokens=body.max_tokens))
         stream = race_events(state, pipe, prompt, opts)

@@ -252,7 +252,7 @@ def router(state: Any) -> APIRouter:
         tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
         prompt, in_thinking = await prompt_ids(
             engine, False, render_chat, pipe.tokenizer, messages, tool_dicts, limits.thinking,
-            effort, {},
+            effort or limits.reasoning_effort, {},
         )  # fmt: skip
         schemas = _tool_schemas(tools)
         prompt, forced = force_tool_call(
