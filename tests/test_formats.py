@@ -7,6 +7,7 @@ import json
 import mlx.core as mx
 import pytest
 from checkpoint_edits import copy_ckpt, edit_config, edit_tensors
+from conftest import PROMPTS, plain_greedy
 
 import outrider
 from outrider.api import load_drafter
@@ -75,6 +76,28 @@ def test_zlab_default_layer_rule():
     assert default_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert default_layer_ids(40, 5) == [1, 10, 19, 28, 37]
     assert default_layer_ids(36, 1) == [18]
+
+
+def test_zlab_sliding_layers_slide_both_ways(plugins, qwen3_target, drafters, tmp_path):
+    """z-lab's attention is bidirectional with the config's window on its sliding layers (as
+    transformers' Qwen3Config reads `use_sliding_window`); output stays plain greedy's."""
+    ck = copy_ckpt(drafters["dflash-zlab"], tmp_path / "d")
+    n = load_drafter(plugins, str(ck)).num_layers
+    types = ["sliding_attention"] + ["full_attention"] * (n - 1)
+    edit_config(ck, layer_types=types, sliding_window=6, use_sliding_window=True)
+    spec = load_drafter(plugins, str(ck))
+    assert spec.layer_types == tuple(types) and spec.sliding_window == 6
+    pipe = outrider.load(str(qwen3_target), str(ck), mode="dflash")
+    attn = [layer.self_attn for layer in pipe.proposer.inner.drafter.layers]
+    assert [(a.causal, a.window) for a in attn] == [(False, 6)] + [(False, None)] * (n - 1)
+    ids = pipe.encode(PROMPTS[1] + " # a window six tokens wide")
+    want = plain_greedy(qwen3_target, ids, 24)
+    assert pipe.generate(ids, max_tokens=24, stop_tokens=set()).tokens == want
+    edit_config(ck, use_sliding_window=False)  # Qwen3Config then keeps no window
+    assert load_drafter(plugins, str(ck)).sliding_window is None
+    edit_config(ck, use_sliding_window=True, layer_types=types[:1] * (n + 1))
+    with pytest.raises(CheckpointError, match="one entry per draft layer"):
+        load_drafter(plugins, str(ck))
 
 
 def test_missing_tensor_is_named(plugins, drafters, tmp_path):

@@ -92,3 +92,36 @@ def strip_prefixes(tensors: dict) -> dict:
     if out and all(k.startswith("model.") for k in out):
         out = {k.removeprefix("model."): v for k, v in out.items()}
     return out
+
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def attention_layers(config: dict, num_layers: int, what: str) -> tuple[str, ...]:
+    """Each draft layer's attention (`layer_types`, transformers' field), checked; all full
+    attention when the config lists none. `what` names the packaging in a refusal."""
+    types = config.get("layer_types")
+    if types is None:
+        return ("full_attention",) * num_layers
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise CheckpointError(
+            f"{what} layer_types must list one entry per draft layer ({num_layers}), got {types!r}"
+        )
+    unknown = sorted({t for t in types if t not in LAYER_TYPES})
+    if unknown:
+        raise CheckpointError(f"{what} layer_types has unknown layer type {unknown[0]!r}")
+    return tuple(types)
+
+
+def sliding_window(config: dict, types: tuple[str, ...], what: str) -> int | None:
+    """The sliding layers' window; None when no layer slides, or (as transformers' Qwen3Config
+    reads it) when `use_sliding_window` is false."""
+    if "sliding_attention" not in types or config.get("use_sliding_window") is False:
+        return None
+    window = config.get("sliding_window")
+    if window is None:
+        raise CheckpointError(f"{what} config has sliding_attention layers but no sliding_window")
+    window = as_int(window, "sliding_window")
+    if window < 2:
+        raise CheckpointError(f"{what} sliding_window must be >= 2, got {window}")
+    return window

@@ -12,12 +12,18 @@ from __future__ import annotations
 from ...core.checkpoint import Checkpoint
 from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
-from ...core.formats import as_int, backbone_fields, layer_ids, strip_prefixes
+from ...core.formats import (
+    as_int,
+    attention_layers,
+    backbone_fields,
+    layer_ids,
+    sliding_window,
+    strip_prefixes,
+)
 from ...core.hookspecs import hookimpl
 from .zlab import default_layer_ids
 
 CODEBOOKS = ("predecessor_codebook", "successor_codebook")
-LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def is_dflash2(config: dict) -> bool:
@@ -43,33 +49,6 @@ def _number(value, key: str, default: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CheckpointError(f"DFlash 2 dflash_config.{key} must be a number, got {value!r}")
     return float(value)
-
-
-def _layer_types(cfg: dict, num_layers: int) -> tuple[str, ...]:
-    types = cfg.get("layer_types")
-    if types is None:
-        return ("full_attention",) * num_layers
-    if not isinstance(types, list) or len(types) != num_layers:
-        raise CheckpointError(
-            f"DFlash 2 layer_types must list one entry per draft layer ({num_layers}), got {types!r}"
-        )
-    unknown = sorted({t for t in types if t not in LAYER_TYPES})
-    if unknown:
-        raise CheckpointError(f"DFlash 2 layer_types has unknown layer type {unknown[0]!r}")
-    return tuple(types)
-
-
-def _sliding_window(cfg: dict, types: tuple[str, ...]) -> int | None:
-    """transformers' Qwen3Config drops the window when use_sliding_window is false."""
-    if "sliding_attention" not in types or cfg.get("use_sliding_window") is False:
-        return None
-    window = cfg.get("sliding_window")
-    if window is None:
-        raise CheckpointError("DFlash 2 config has sliding_attention layers but no sliding_window")
-    window = as_int(window, "sliding_window")
-    if window < 2:
-        raise CheckpointError(f"DFlash 2 sliding_window must be >= 2, got {window}")
-    return window
 
 
 def _check_shape(tensors: dict, name: str, shape: tuple[int, ...]) -> None:
@@ -126,7 +105,7 @@ class DFlash2Format:
                     "DFlash 2 config has neither target_layer_ids nor num_target_layers"
                 )
             ids = default_layer_ids(int(n_target), dims["num_layers"])
-        types = _layer_types(cfg, dims["num_layers"])
+        types = attention_layers(cfg, dims["num_layers"], "DFlash 2")
         is_causal = cfg.get("is_causal")
         spec = DrafterSpec(
             format=self.name,
@@ -138,7 +117,7 @@ class DFlash2Format:
             own_embedding=False,
             own_lm_head=False,
             layer_types=types,
-            sliding_window=_sliding_window(cfg, types),
+            sliding_window=sliding_window(cfg, types, "DFlash 2"),
             conv_kernel_size=kernel,
             conv_group_size=group,
             selector_rank=rank,

@@ -3,7 +3,10 @@
 DFlash fields live in `dflash_config` (block_size may sit at the top level in older releases);
 no embedding or head is shipped (the target's are bound at run time); a block of B inputs yields
 B-1 drafts (the anchor slot's output is discarded). Getting that slice wrong silently halves
-acceptance, so it is fixed here, once.
+acceptance, so it is fixed here, once. Layers listed as `sliding_attention` (with
+`sliding_window`, unless `use_sliding_window` is false) see keys fewer than that many positions
+away on either side, as z-lab's `Qwen3DFlashAttention` hands the window to a bidirectional
+attention (`is_causal = False`).
 """
 
 from __future__ import annotations
@@ -11,7 +14,14 @@ from __future__ import annotations
 from ...core.checkpoint import Checkpoint
 from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
-from ...core.formats import as_int, backbone_fields, layer_ids, strip_prefixes
+from ...core.formats import (
+    as_int,
+    attention_layers,
+    backbone_fields,
+    layer_ids,
+    sliding_window,
+    strip_prefixes,
+)
 from ...core.hookspecs import hookimpl
 
 
@@ -80,6 +90,8 @@ class ZLabFormat:
                     "z-lab DFlash config has neither target_layer_ids nor num_target_layers"
                 )
             ids = default_layer_ids(int(n_target), dims["num_layers"])
+        types = attention_layers(cfg, dims["num_layers"], "z-lab DFlash")
+        window = sliding_window(cfg, types, "z-lab DFlash")
         spec = DrafterSpec(
             format=self.name,
             kind="dflash",
@@ -89,6 +101,8 @@ class ZLabFormat:
             target_layer_ids=layer_ids(ids, n_target),
             own_embedding=False,
             own_lm_head=False,
+            layer_types=types if window else (),
+            sliding_window=window,
             **dims,
         )
         if spec.block_size < 2:
