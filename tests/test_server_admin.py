@@ -419,3 +419,39 @@ def test_a_cancel_after_the_download_loads_the_previous_model_again(scripted):
     finally:
         gate.set()
         engine.stop()
+
+
+def test_calibration_and_doctor_report_what_the_commands_do():
+    """`GET /calibration`: the loaded pair's measured costs and what `auto` believes (or why
+    there are none); `GET /doctor`: `outrider doctor --json`."""
+    from outrider.demo import demo_target
+    from outrider.server.engine import LoadSpec
+
+    with live_server(LoadSpec(demo_target(), max_draft=2)) as (url, engine):
+        got = requests.get(url + "/calibration").json()
+        assert got["available"] is False and "not calibrated" in got["reason"]
+        doctor = requests.get(url + "/doctor").json()
+        assert doctor["outrider_version"] and isinstance(doctor["problems"], list)
+        assert "dense" in doctor["target_families"]
+    with live_server(None) as (url, engine):
+        assert requests.get(url + "/calibration").json() == {
+            "available": False,
+            "reason": "no model is loaded",
+        }
+
+
+@pytest.mark.slow  # measures the demo pair's costs inline first (~15 s on 2 cores)
+def test_calibration_shows_the_measured_curve_and_the_policy():
+    from outrider.demo import demo_target
+    from outrider.server.engine import LoadSpec
+
+    with live_server(LoadSpec(demo_target(), max_draft="auto")) as (url, engine):
+        requests.post(
+            url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "def f(x):"}], "max_tokens": 8},
+        ).raise_for_status()
+        got = requests.get(url + "/calibration").json()
+        assert got["available"] and got["mode"] == "dspark" and got["max_draft"] == "auto"
+        cal = got["calibration"]
+        assert cal["key"]["mode"] == "dspark" and cal["verify_ms"] and cal["draft_ms"] > 0
+        assert got["policy"] is not None  # a generation ran under `auto`

@@ -161,4 +161,43 @@ def router(state: Any) -> APIRouter:
     def status() -> dict:
         return state.engine.status()
 
+    @r.get("/calibration")
+    def get_calibration() -> dict:
+        return calibration_report(state.engine.pipeline)
+
+    @r.get("/doctor")
+    def get_doctor() -> dict:
+        from ..doctor import doctor_report
+
+        return doctor_report()  # what `outrider doctor --json` prints
+
     return r
+
+
+def calibration_report(pipe: Any) -> dict[str, Any]:
+    """The loaded pipeline's measured costs (what `--max-draft auto` and the batch scheduler
+    read) and what its cap policy believes now; `available` false with the reason when there
+    are none."""
+    if pipe is None:
+        return {"available": False, "reason": "no model is loaded"}
+    out: dict[str, Any] = {
+        "mode": pipe.mode,
+        "max_draft": "auto" if pipe.auto_cap else pipe.max_draft,
+    }
+    cal = pipe.calibration
+    if cal is None:
+        reason = (
+            f"{pipe.mode} mode drafts nothing"
+            if pipe.proposer.max_draft == 0
+            else "not calibrated on this machine (outrider calibrate, or --max-draft auto)"
+        )
+        return {"available": False, "reason": reason, **out}
+    policy = pipe.cap_policy.snapshot() if pipe.cap_policy is not None else None
+    return {
+        "available": True,
+        **out,
+        "file": str(cal.path) if cal.path else None,
+        "padding": {str(n): v for n, v in sorted(cal.widths.items())},
+        "calibration": cal.as_dict(),
+        "policy": policy,
+    }
