@@ -14,10 +14,13 @@ import pytest
 from outrider.server.batching import decode_batch
 from outrider.server.jobs import Job, Requests
 from outrider.server.metrics import Metrics
+from outrider.server.rounds import RoundLog
 
 
 def chunk(result=None):
-    step = SimpleNamespace(source="target", accepted=0, cut=0)
+    step = SimpleNamespace(
+        source="plain", drafted=[], accepted=0, committed=[7], seconds=1e-3, cut=0
+    )
     return SimpleNamespace(tokens=[7], step=step, result=result)
 
 
@@ -46,6 +49,8 @@ class ScriptedBatch:
 
 class ScriptedPipe:
     """A pipeline whose prefill of a prompt starting with 0 raises."""
+
+    mode = "scripted"
 
     def __init__(self, length: int = 3, fail_at: int | None = None) -> None:
         self.batch = ScriptedBatch(length, fail_at)
@@ -80,7 +85,8 @@ def test_every_request_ends_once_whatever_fails(fail_at):
     loop = asyncio.new_event_loop()
     try:
         metrics = Metrics()
-        requests = Requests(metrics, threading.Lock())
+        rounds = RoundLog()
+        requests = Requests(metrics, threading.Lock(), rounds)
         jobs = [Job([1, 2], {}, loop), Job([0, 2], {}, loop), Job([3], {}, loop)]
         jobs[2].cancel.set()  # its client left before it started
         later = [Job([4], {}, loop)]
@@ -95,6 +101,8 @@ def test_every_request_ends_once_whatever_fails(fail_at):
     assert metrics.in_flight == 0 and running == {}
     assert heard[1] == ["error"]  # its prefill raised
     assert heard[2] == ["end"] and metrics.cancelled == 1
+    # every chunk a request was sent is a round in the engine's log
+    assert rounds.stats()["rounds"] == sum(h.count("chunk") for h in heard)
     if fail_at is None:  # rows decode to their end, each its own chunks, then "end"
         assert heard[0] == ["chunk"] * 4 + ["end"]
         assert heard[3] == ["chunk"] * 4 + ["end"]

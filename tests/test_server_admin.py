@@ -455,3 +455,55 @@ def test_calibration_shows_the_measured_curve_and_the_policy():
         cal = got["calibration"]
         assert cal["key"]["mode"] == "dspark" and cal["verify_ms"] and cal["draft_ms"] > 0
         assert got["policy"] is not None  # a generation ran under `auto`
+
+
+def test_rounds_and_events_show_each_round_as_it_runs():
+    """`GET /rounds`: the engine's last rounds across requests and their totals; `GET /events`
+    replays the last rounds, then streams each new one as its request runs."""
+    import json
+
+    from outrider.demo import demo_target
+    from outrider.server.engine import LoadSpec
+
+    def ask(url: str) -> None:
+        body = {"messages": [{"role": "user", "content": "def f(x):"}], "max_tokens": 12}
+        requests.post(url + "/v1/chat/completions", json=body).raise_for_status()
+
+    with live_server(LoadSpec(demo_target(), max_draft=2), Limits(keepalive_s=0.2)) as (url, _):
+        empty = requests.get(url + "/rounds").json()
+        assert empty["rounds"] == [] and empty["stats"]["rounds"] == 0
+        ask(url)
+        first = requests.get(url + "/rounds").json()
+        mine = [r for r in first["rounds"] if r["req"] == 1]
+        assert mine and [r["i"] for r in mine] == list(range(len(mine)))
+        assert mine[0]["source"] == "prefill" and {r["mode"] for r in mine} == {"dspark"}
+        assert sum(r["committed"] for r in mine) == 12 == first["stats"]["tokens"]
+        drafts = [r for r in mine if r["source"] == "draft"]
+        assert drafts and all(0 <= r["accepted"] <= r["drafted"] <= 2 for r in drafts)
+        assert requests.get(url + "/rounds?limit=2").json()["rounds"] == first["rounds"][-2:]
+        assert requests.get(url + "/rounds?limit=-1").status_code == 400
+
+        with requests.get(url + "/events", stream=True) as stream:
+            frames = stream.iter_lines(decode_unicode=True)
+
+            def next_event() -> tuple[str, dict]:
+                kind = None
+                for line in frames:
+                    if line.startswith("event: "):
+                        kind = line.removeprefix("event: ")
+                    elif line.startswith("data: "):
+                        return kind, json.loads(line.removeprefix("data: "))
+                raise AssertionError("the event stream ended")
+
+            replay = []
+            while (event := next_event())[0] == "round":
+                replay.append(event[1])
+            assert replay == first["rounds"][-32:] and event == ("stats", first["stats"])
+            ask(url)  # while the stream is open
+            live = []
+            second = [r for r in requests.get(url + "/rounds").json()["rounds"] if r["req"] == 2]
+            while len(live) < len(second):
+                kind, data = next_event()
+                if kind == "round":
+                    live.append(data)
+            assert live == second

@@ -1,12 +1,16 @@
-"""Operations routes: /health, /metrics, and the /admin control plane (load, unload, cancel)."""
+"""Operations routes: /health, /metrics, /rounds and /events, /calibration, /doctor, and the /admin
+control plane (load, unload, cancel)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import APIRouter
-from fastapi.responses import PlainTextResponse
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import ConfigDict, Field
 
 from ..core.hub import looks_like_repo_id
@@ -14,6 +18,7 @@ from .checks import CheckedRequest
 from .engine import LoadSpec, model_id
 from .errors import ApiError
 from .prompting import capabilities
+from .rounds import KEEP, RoundLog
 
 
 class LoadRequest(CheckedRequest):
@@ -165,6 +170,23 @@ def router(state: Any) -> APIRouter:
     def get_calibration() -> dict:
         return calibration_report(state.engine.pipeline)
 
+    @r.get("/rounds")
+    def get_rounds(limit: int = Query(128, ge=0, le=KEEP)) -> dict:
+        """The engine's last rounds across requests, oldest first, and totals."""
+        log = state.engine.rounds
+        return {"rounds": log.snapshot(limit), "stats": log.stats()}
+
+    @r.get("/events")
+    async def events(request: Request) -> StreamingResponse:
+        """Server-sent events: the last rounds (`event: round`), then each round as it runs,
+        and the totals (`event: stats`) after the replay and whenever nothing has run for a
+        keep-alive interval."""
+        return StreamingResponse(
+            round_events(state.engine.rounds, request, state.limits.keepalive_s),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
     @r.get("/doctor")
     def get_doctor() -> dict:
         from ..doctor import doctor_report
@@ -172,6 +194,27 @@ def router(state: Any) -> APIRouter:
         return doctor_report()  # what `outrider doctor --json` prints
 
     return r
+
+
+async def round_events(log: RoundLog, request: Request, idle_s: float) -> AsyncIterator[str]:
+    queue, replay = log.subscribe()
+    try:
+        for event in replay:
+            yield sse("round", event)
+        yield sse("stats", log.stats())
+        while not await request.is_disconnected():
+            try:
+                event = await asyncio.wait_for(queue.get(), idle_s)
+            except asyncio.TimeoutError:
+                yield sse("stats", log.stats())
+                continue
+            yield sse("round", event)
+    finally:
+        log.unsubscribe(queue)
+
+
+def sse(kind: str, data: dict) -> str:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
 def calibration_report(pipe: Any) -> dict[str, Any]:

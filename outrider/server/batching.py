@@ -66,7 +66,7 @@ def _admit(
         requests.failed(job, e)
         requests.done(job)
         return
-    run = Running(job, collector=start.collector)
+    run = Running(job, collector=start.collector, log=requests.rounds, mode=pipe.mode)
     run.add(start.first)
     if start.row is None:
         requests.report(run, start.first.result)

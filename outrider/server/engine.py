@@ -27,6 +27,7 @@ from .batching import decode_batch
 from .jobs import Job, Requests, Running, post
 from .memory import fit_warning, relieve_memory
 from .metrics import Metrics
+from .rounds import RoundLog
 
 
 @dataclass
@@ -171,7 +172,9 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="outrider-engine", daemon=True)
         self._lock = threading.Lock()
         self.metrics = metrics or Metrics()
-        self.requests = Requests(self.metrics, self._lock)
+        self.rounds = RoundLog()  # the last rounds run, across requests (GET /rounds, /events)
+        self.requests = Requests(self.metrics, self._lock, self.rounds)
+        self._submitted = 0
         self.metrics.queue_depth = self._jobs.qsize
         self.pipeline: Pipeline | None = None
         self.spec: LoadSpec | None = None
@@ -268,6 +271,8 @@ class Engine:
             raise NotReady(self.state)
         with self._lock:
             self.metrics.in_flight += 1
+            self._submitted += 1
+            job.number = self._submitted
         self._jobs.put(job)
 
     @property
@@ -456,7 +461,7 @@ class Engine:
             return
         pipe.prefix_cache = self.prefix_cache
         stream = pipe.stream(job.prompt, cancelled=job.cancel.is_set, **job.options)
-        run, result = Running(job), None
+        run, result = Running(job, log=self.rounds, mode=pipe.mode), None
         try:
             for chunk in stream:
                 run.add(chunk)

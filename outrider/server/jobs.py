@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .metrics import Metrics
+from .rounds import RoundLog
 
 
 @dataclass
@@ -22,6 +23,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     tokens: int = 0  # generated so far (read by tests and metrics)
+    number: int = 0  # the engine's count of requests it was given (the round log's `req`)
 
 
 def post(job: Job, kind: str, value: Any) -> None:
@@ -40,11 +42,17 @@ class Running:
     job: Job
     collector: Any = None
     accepts: list[int] = field(default_factory=list)
+    log: RoundLog | None = None  # the engine's recent rounds (GET /rounds, /events)
+    mode: str = ""
+    steps: int = 0
 
     def add(self, chunk: Any) -> None:
         self.job.tokens += len(chunk.tokens)
         if chunk.step.source == "draft":
             self.accepts.append(chunk.step.accepted + 1)
+        if self.log is not None:
+            self.log.add(self.job.number, self.mode, self.steps, chunk.step)
+        self.steps += 1
         post(self.job, "chunk", chunk)
 
 
@@ -52,8 +60,8 @@ class Requests:
     """The accounting of requests the engine runs, one at a time or batched: in flight,
     cancelled, each finished generation's figures, and the events that end them."""
 
-    def __init__(self, metrics: Metrics, lock: threading.Lock) -> None:
-        self.metrics, self._lock = metrics, lock
+    def __init__(self, metrics: Metrics, lock: threading.Lock, rounds: RoundLog) -> None:
+        self.metrics, self._lock, self.rounds = metrics, lock, rounds
 
     def report(self, run: Running, result: Any) -> None:
         """Metrics for a finished generation, then its "end" event (no answer if cancelled:
