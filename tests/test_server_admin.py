@@ -507,3 +507,41 @@ def test_rounds_and_events_show_each_round_as_it_runs():
                 if kind == "round":
                     live.append(data)
             assert live == second
+
+
+def test_integrations_hand_agents_working_settings_and_never_the_key(tmp_path):
+    """`GET /admin/integrations`: Claude Code, Codex, OpenCode, pi and any OpenAI-compatible
+    app, each pointed at this server's URL and model; files parse as their formats; a server
+    with an API key names a variable instead of the key."""
+    import json
+
+    from outrider.registry.validate import tomllib  # the standard library's, or tomli on 3.10
+
+    target = make_scripted_target(tmp_path / "scripted")
+    spec_args = dict(mode="lookup")
+    from outrider.server.engine import LoadSpec
+
+    with live_server(LoadSpec(str(target), **spec_args)) as (url, engine):
+        got = requests.get(url + "/admin/integrations").json()
+        model = requests.get(url + "/health").json()["model"]
+        assert got["base_url"] == url and got["model"] == model
+        by_id = {i["id"]: i for i in got["integrations"]}
+        assert set(by_id) == {"claude-code", "codex", "opencode", "pi", "openai-compatible"}
+        env = by_id["claude-code"]["setup"][1]["env"]
+        assert env["ANTHROPIC_BASE_URL"] == url and env["ANTHROPIC_MODEL"] == model
+        codex = tomllib.loads(by_id["codex"]["setup"][0]["content"])
+        assert codex["model_providers"]["outrider"]["base_url"] == url + "/v1"
+        assert codex["profiles"]["outrider"]["model"] == model
+        opencode = json.loads(by_id["opencode"]["setup"][0]["content"])
+        assert opencode["provider"]["outrider"]["options"]["baseURL"] == url + "/v1"
+        pi = json.loads(by_id["pi"]["setup"][0]["content"])
+        assert pi["providers"]["outrider"]["models"][0]["id"] == model
+    with live_server(LoadSpec(str(target), **spec_args), api_key="sekret-key") as (url, engine):
+        r = requests.get(url + "/admin/integrations", headers={"x-api-key": "sekret-key"})
+        assert r.status_code == 200 and "sekret-key" not in r.text
+        by_id = {i["id"]: i for i in r.json()["integrations"]}
+        codex = tomllib.loads(by_id["codex"]["setup"][0]["content"])
+        assert codex["model_providers"]["outrider"]["env_key"] == "OUTRIDER_API_KEY"
+        assert requests.get(url + "/admin/integrations").status_code == 401
+    with live_server(None) as (url, engine):
+        assert requests.get(url + "/admin/integrations").status_code == 503

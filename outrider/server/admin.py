@@ -187,6 +187,21 @@ def router(state: Any) -> APIRouter:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
+    @r.get("/admin/integrations")
+    def get_integrations(request: Request) -> dict:
+        """Settings that point coding agents at this server (server/integrations.py)."""
+        from .integrations import integrations
+
+        base = str(request.base_url).rstrip("/")
+        info = health(state)
+        if not info["model"]:
+            raise ApiError(503, "no model is loaded (POST /admin/load first)")
+        return {
+            "base_url": base,
+            "model": info["model"],
+            "integrations": integrations(base, info, keyed=bool(state.api_key)),
+        }
+
     @r.get("/doctor")
     def get_doctor() -> dict:
         from ..doctor import doctor_report
