@@ -281,7 +281,10 @@ def test_admin_answers_only_local_clients_without_a_key():
     remote = TestClient(create_app(engine), client=("203.0.113.7", 5000))
     r = remote.get("/admin/status")
     assert r.status_code == 403 and r.json()["error"]["code"] == "admin_local_only"
+    for path in ("/doctor", "/calibration"):  # this machine's paths
+        assert remote.get(path).json()["error"]["code"] == "admin_local_only"
     assert remote.get("/health").status_code == 200  # the rest is not admin
+    assert remote.get("/rounds").status_code == 200
     local = TestClient(create_app(engine), client=("127.0.0.1", 5000))
     assert local.get("/admin/status").status_code == 200
     keyed = TestClient(create_app(engine, api_key="k"), client=("203.0.113.7", 5000))

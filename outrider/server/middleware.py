@@ -190,8 +190,14 @@ class BodyLimit:
         )
 
 
+# Routes that control the server or show this machine's paths (`/doctor`: the interpreter,
+# caches, plugins; `/calibration`: where calibrations are kept).
+LOCAL_ONLY = ("/admin", "/doctor", "/calibration")
+
+
 class LocalAdmin:
-    """Keeps /admin/* to clients on this machine when the server has no API key."""
+    """Keeps /admin/*, /doctor and /calibration to clients on this machine when the server has
+    no API key."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -199,13 +205,13 @@ class LocalAdmin:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if (
             scope["type"] == "http"
-            and scope["path"].startswith("/admin")
+            and scope["path"].startswith(LOCAL_ONLY)
             and not is_loopback((scope.get("client") or (None,))[0])
         ):
             err = ApiError(
                 403,
-                "/admin routes answer only clients on this machine unless the server is "
-                "started with --api-key",
+                "/admin, /doctor and /calibration answer only clients on this machine unless "
+                "the server is started with --api-key",
                 "permission_error",
                 code="admin_local_only",
             )
