@@ -253,3 +253,11 @@ def test_a_causal_block_runs_only_the_slots_a_round_reads(nemotron):
     finally:
         del drafter.backbone_rows
     assert widths == [2, 8, 4, 8, 8, 8]  # anchor + cap masks, against the whole block of 8
+
+
+def test_the_markov_rank_reads_under_vllms_name_too(nemotron, tmp_path):
+    """NVIDIA's config states the rank twice; `dspark_markov_rank` (vLLM's name) alone will do."""
+    head = nemotron[1]
+    rank = read(head).markov_rank
+    path = edited(head, tmp_path / "d", lambda cfg: cfg.pop("markov_rank"))
+    assert rank > 0 and read(path).markov_rank == rank

@@ -57,7 +57,8 @@ class DeepSpecFormat:
 def deepspec_spec(cfg: dict, tensors: dict, name: str) -> DrafterSpec:
     """The spec of a DeepSpec-layout drafter from its flat config (other packagings of the same
     head, e.g. LiquidAI's, bring theirs to this shape first) and its tensors."""
-    rank = as_int(cfg.get("markov_rank", 0), "markov_rank")
+    # NVIDIA's head states it twice (`dspark_markov_rank`, vLLM's name, and `markov_rank`)
+    rank = as_int(cfg.get("markov_rank", cfg.get("dspark_markov_rank", 0)), "markov_rank")
     markov_type = cfg.get("markov_head_type", "vanilla") if rank > 0 else "vanilla"
     if markov_type not in ("vanilla", "gated", "rnn"):
         raise CheckpointError(f"unknown markov_head_type {markov_type!r}")
