@@ -261,3 +261,19 @@ def test_the_markov_rank_reads_under_vllms_name_too(nemotron, tmp_path):
     rank = read(head).markov_rank
     path = edited(head, tmp_path / "d", lambda cfg: cfg.pop("markov_rank"))
     assert rank > 0 and read(path).markov_rank == rank
+
+
+def test_sinks_stored_in_another_float_type_still_run():
+    """MLX wants sinks in the attention's output type: float32 sinks in a bfloat16 head (a
+    checkpoint may keep them so) are cast, not refused."""
+    spec = DrafterSpec(
+        format="t", kind="dspark", hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+        head_dim=8, intermediate_size=16, vocab_size=10, rms_norm_eps=1e-6, rope_theta=1e4,
+        block_size=4, logits_start=1, mask_token_id=9, target_layer_ids=(0,), attention_sinks=True,
+    )  # fmt: skip
+    attn = DraftAttention(spec)
+    attn.set_dtype(mx.bfloat16)
+    attn.attention_sink_bias = mx.ones((4,), dtype=mx.float32)
+    block, context = (mx.random.normal(s).astype(mx.bfloat16) for s in ((1, 4, 32), (1, 6, 32)))
+    out = attn(block, context, ContextCache())
+    assert out.dtype == mx.bfloat16 and bool(mx.all(mx.isfinite(out)))

@@ -378,6 +378,8 @@ class DraftAttention(nn.Module):
             bv = mx.concatenate([values, bv], axis=2)
         mask = cache.mask(n, bk.shape[2], self.causal, self.window)
         sinks = self.get("attention_sink_bias")
+        if sinks is not None:  # MLX wants them in the output's type (a checkpoint may differ)
+            sinks = sinks.astype(q.dtype)
         if self.fold_rows and mask is None:
             folded = q.reshape(b, self.n_heads * n, 1, -1)
             if sinks is not None:  # folded heads run head by head, each head's slots in turn
