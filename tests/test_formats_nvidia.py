@@ -277,3 +277,25 @@ def test_sinks_stored_in_another_float_type_still_run():
     block, context = (mx.random.normal(s).astype(mx.bfloat16) for s in ((1, 4, 32), (1, 6, 32)))
     out = attn(block, context, ContextCache())
     assert out.dtype == mx.bfloat16 and bool(mx.all(mx.isfinite(out)))
+
+
+def test_a_block_wider_than_its_window_drafts_with_no_context_yet():
+    """The window is by position: with no context row yet, a block of 8 under a window of 4
+    sees the block's own nearby slots (both ways: the layer is not causal)."""
+    from outrider.plugins.strategies.block_drafter import ContextRows, visibility
+
+    spec = DrafterSpec(
+        format="t", kind="dspark", hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+        head_dim=8, intermediate_size=16, vocab_size=10, rms_norm_eps=1e-6, rope_theta=1e4,
+        block_size=8, logits_start=1, mask_token_id=9, target_layer_ids=(0,),
+        sliding_window=4, layer_types=("sliding_attention",),
+    )  # fmt: skip
+    attn = DraftAttention(spec, "sliding_attention")
+    rows = ContextRows(1, positions=True)
+    rows.add(None, 0)
+    rows.begin([0], 8, [0])
+    mask = rows.layers[0].mask(8, 8, False, 4)
+    out = attn(mx.random.normal((1, 8, 32)), None, rows.layers[0])
+    rows.end()
+    want = visibility(mx.arange(8), mx.arange(8), False, 4)
+    assert mask[0, 0].tolist() == want.tolist() and bool(mx.all(mx.isfinite(out)))

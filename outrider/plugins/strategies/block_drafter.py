@@ -300,7 +300,10 @@ class RowsLayerCache:
                 context = mx.ones((block.shape[0], n, keys - n), dtype=mx.bool_)
                 ok = mx.concatenate([context, seen], axis=-1)
             else:
-                context = call.positions[:, 0, :, 0].astype(mx.int32)  # [D, keys - n]
+                if call.positions is None:  # no context yet: the block's own keys only
+                    context = mx.zeros((block.shape[0], 0), dtype=mx.int32)
+                else:
+                    context = call.positions[:, 0, :, 0].astype(mx.int32)  # [D, keys - n]
                 positions = mx.concatenate([context, block], axis=-1)
                 ok = visibility(block, positions, causal, window)
                 if limit is not None and longest > limit:  # the last `limit` context rows
