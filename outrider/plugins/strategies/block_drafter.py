@@ -305,12 +305,11 @@ class RowsLayerCache:
                 else:
                     context = call.positions[:, 0, :, 0].astype(mx.int32)  # [D, keys - n]
                 positions = mx.concatenate([context, block], axis=-1)
+                # None only for a bidirectional, windowless layer, here because the limit bites
                 ok = visibility(block, positions, causal, window)
                 if limit is not None and longest > limit:  # the last `limit` context rows
                     recent = positions >= (call.block - limit)[:, None]  # [D, keys]
                     ok = recent[:, None, :] if ok is None else ok & recent[:, None, :]
-                if ok is None:
-                    ok = mx.ones((block.shape[0], n, keys), dtype=mx.bool_)
                 ok = mx.broadcast_to(ok, (block.shape[0], n, keys))
             ok = ok[:, None]  # [D, 1, n, keys]
             made[(causal, window)] = ok if call.mask is None else ok & call.mask
