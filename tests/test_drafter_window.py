@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from cli_runner import invoke
 from conftest import PROMPTS, plain_greedy
+from draft_layers import attention_spec
 
 import outrider
-from outrider.core.drafter_spec import DrafterSpec
 from outrider.core.errors import OutriderError
 from outrider.plugins.strategies.block_drafter import ContextRows, DraftAttention
 from outrider.plugins.strategies.block_proposer import DEFAULT_CONTEXT_WINDOW
@@ -35,11 +35,7 @@ def reference(attn, block, context, visible) -> mx.array:
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_block_sees_the_latest_rows_of_its_context(causal):
-    spec = DrafterSpec(
-        format="t", kind="dspark", hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-        head_dim=8, intermediate_size=16, vocab_size=10, rms_norm_eps=1e-6, rope_theta=1e4,
-        block_size=4, logits_start=0, mask_token_id=9, target_layer_ids=(0,), causal_block=causal,
-    )  # fmt: skip
+    spec = attention_spec(causal_block=causal)
     mx.random.seed(2)
     attn = DraftAttention(spec)
     context, block = mx.random.normal((1, 11, 32)), mx.random.normal((1, 4, 32))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from checkpoint_edits import edited
 from conftest import plain_greedy
+from draft_layers import attention_spec
 
 import outrider
 from outrider.api import load_drafter
@@ -121,12 +122,9 @@ def reference_attention(q, k, v, scale, allowed, sinks) -> mx.array:
 def test_block_attention_is_what_the_head_defines(causal, window, sinks):
     """A block query at position p sees a key at position k when p - k < window, and, in a
     causal block, k <= p; each head adds its sink logit to the softmax's denominator."""
-    spec = DrafterSpec(
-        format="t", kind="dspark", hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-        head_dim=8, intermediate_size=16, vocab_size=10, rms_norm_eps=1e-6, rope_theta=1e4,
-        block_size=4, logits_start=1, mask_token_id=9, target_layer_ids=(0,),
-        sliding_window=window, causal_block=causal, attention_sinks=sinks,
-    )  # fmt: skip
+    spec = attention_spec(
+        logits_start=1, sliding_window=window, causal_block=causal, attention_sinks=sinks
+    )
     mx.random.seed(3)
     attn = DraftAttention(spec, "sliding_attention" if window else "full_attention")
     if sinks:
@@ -266,11 +264,7 @@ def test_the_markov_rank_reads_under_vllms_name_too(nemotron, tmp_path):
 def test_sinks_stored_in_another_float_type_still_run():
     """MLX wants sinks in the attention's output type: float32 sinks in a bfloat16 head (a
     checkpoint may keep them so) are cast, not refused."""
-    spec = DrafterSpec(
-        format="t", kind="dspark", hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-        head_dim=8, intermediate_size=16, vocab_size=10, rms_norm_eps=1e-6, rope_theta=1e4,
-        block_size=4, logits_start=1, mask_token_id=9, target_layer_ids=(0,), attention_sinks=True,
-    )  # fmt: skip
+    spec = attention_spec(logits_start=1, attention_sinks=True)
     attn = DraftAttention(spec)
     attn.set_dtype(mx.bfloat16)
     attn.attention_sink_bias = mx.ones((4,), dtype=mx.float32)
@@ -284,12 +278,9 @@ def test_a_block_wider_than_its_window_drafts_with_no_context_yet():
     sees the block's own nearby slots (both ways: the layer is not causal)."""
     from outrider.plugins.strategies.block_drafter import ContextRows, visibility
 
-    spec = DrafterSpec(
-        format="t", kind="dspark", hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-        head_dim=8, intermediate_size=16, vocab_size=10, rms_norm_eps=1e-6, rope_theta=1e4,
-        block_size=8, logits_start=1, mask_token_id=9, target_layer_ids=(0,),
-        sliding_window=4, layer_types=("sliding_attention",),
-    )  # fmt: skip
+    spec = attention_spec(
+        block_size=8, logits_start=1, sliding_window=4, layer_types=("sliding_attention",)
+    )
     attn = DraftAttention(spec, "sliding_attention")
     rows = ContextRows(1, positions=True)
     rows.add(None, 0)

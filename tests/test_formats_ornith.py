@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from checkpoint_edits import edited
 from conftest import plain_greedy
+from draft_layers import attention_spec
 
 import outrider
 from outrider.api import load_drafter
@@ -63,14 +64,9 @@ def test_gated_attention_is_qwen35s():
     """Each head's q_proj rows are [q ‖ gate]: the output is o_proj(sigmoid(gate) * attention
     of the q half), the attention that of an ungated head whose q_proj is those q rows; rope
     turns only the first rope_dims of each head."""
-    common = dict(
-        format="t", kind="dspark", hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-        head_dim=8, intermediate_size=16, vocab_size=10, rms_norm_eps=1e-6, rope_theta=1e4,
-        block_size=4, logits_start=0, mask_token_id=9, target_layer_ids=(0,), rope_dims=4,
-    )  # fmt: skip
     mx.random.seed(7)
-    gated = DraftAttention(DrafterSpec(**common, gated_q=True))
-    plain = DraftAttention(DrafterSpec(**common))
+    gated = DraftAttention(attention_spec(rope_dims=4, gated_q=True))
+    plain = DraftAttention(attention_spec(rope_dims=4))
     rows = gated.q_proj.weight.reshape(4, 2, 8, 32)  # [head, q | gate, head_dim, hidden]
     plain.update({k: v for k, v in gated.parameters().items() if k != "q_proj"})
     plain.q_proj.weight = rows[:, 0].reshape(32, 32)
