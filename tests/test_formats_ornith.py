@@ -16,9 +16,13 @@ from draft_layers import attention_spec
 
 import outrider
 from outrider.api import load_drafter
+from outrider.core.batch import fork
 from outrider.core.drafter_spec import DrafterSpec
 from outrider.core.errors import CheckpointError, OutriderError
+from outrider.core.loop import prefill
 from outrider.core.plugins import Plugins
+from outrider.core.proposer import DraftContext
+from outrider.core.sampling import SamplingParams
 from outrider.plugins.strategies.block_drafter import ContextCache, DraftAttention
 from outrider.testing import make_tiny_drafter, make_tiny_target
 
@@ -58,6 +62,26 @@ def test_the_fork_is_read_as_published(ornith):
         spec.weights["layers.0.self_attn.q_proj.weight"].shape[0]
         == 2 * spec.num_heads * spec.head_dim
     )
+
+
+def test_confidence_temperatures_calibrate_each_slot(ornith, tmp_path):
+    """Slot j's estimate is sigmoid(logit / T_j): the same head with its temperatures taken out
+    estimates sigmoid(logit), so the two estimates' logits differ by exactly T_j per slot."""
+    target, drafter = ornith
+    assert read(drafter).confidence_temperatures == (1.5, 0.9, 1.5, 1.6, 0.9, 1.4, 1.6)
+    bare = edited(drafter, tmp_path / "d", lambda cfg: cfg.pop("confidence_temperatures"))
+    logits = []
+    for path in (drafter, bare):
+        pipe = outrider.load(str(target), str(path), mode="dspark", lookup_drafts=False)
+        ids, greedy = pipe.encode(PROMPT), SamplingParams()
+        proposer = fork(pipe.proposer)
+        started = prefill(pipe.target, proposer, ids, greedy, None, [], 0, None)
+        ctx = DraftContext([*ids, started.first.item()], 7, greedy, extras={"confidence": True})
+        c = np.array(proposer.propose(ctx).confidence)
+        logits.append(np.log(c / (1 - c)))
+    temps = np.array(read(drafter).confidence_temperatures)
+    np.testing.assert_allclose(logits[0] * temps, logits[1], rtol=1e-4, atol=1e-4)
+    assert not np.allclose(logits[0], logits[1], rtol=1e-2, atol=1e-2)
 
 
 def test_gated_attention_is_qwen35s():
@@ -107,6 +131,9 @@ def test_dspark_over_qwen35_equals_plain_greedy(ornith):
         ({"partial_rotary_factor": 0, "rope_parameters": {}}, "must be in \\(0, 1\\]"),
         ({"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.1}}, "even number"),
         ({"enable_qwen35_gated_q_proj": "yes"}, "must be true or false"),
+        ({"confidence_temperatures": [1.0] * 6}, "has 6 values; this head drafts 7"),
+        ({"confidence_temperatures": [1.0] * 6 + [0]}, "list of positive numbers"),
+        ({"confidence_temperatures": "1.5"}, "list of positive numbers"),
     ],
 )
 def test_a_broken_config_is_refused_by_name(ornith, tmp_path, change, reason):
@@ -128,3 +155,17 @@ def test_convert_refuses_the_fork(ornith):
     target, drafter = ornith
     with pytest.raises(OutriderError, match="qwen3_5-native fork"):
         deepspec_checkpoint(read(drafter), target)
+
+
+def test_a_stock_heads_temperatures_survive_convert(drafters, tmp_path):
+    """A DeepSpec-stock head may ship them too; `outrider convert` writes them back."""
+    from outrider.convert.deepspec import deepspec_checkpoint
+
+    temps = [1.25, 2.0, 0.5, 1.0, 1.5, 3.0, 0.75, 1.0]  # the fixture's head drafts 8
+    path = edited(
+        drafters["dspark"], tmp_path / "d", lambda c: c.update(confidence_temperatures=temps)
+    )
+    spec = read(path)
+    assert not spec.gated_q and spec.confidence_temperatures == tuple(temps)
+    config, _, _ = deepspec_checkpoint(spec)
+    assert config["confidence_temperatures"] == temps

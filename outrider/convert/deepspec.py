@@ -134,6 +134,8 @@ def deepspec_checkpoint(
         config["markov_head_type"] = spec.markov_type
     if spec.confidence_head:
         config["confidence_head_with_markov"] = spec.confidence_with_markov
+    if spec.confidence_temperatures:
+        config["confidence_temperatures"] = list(spec.confidence_temperatures)
     if spec.logits_start == 1:
         config["logits_start"] = 1
         notes.append(

@@ -40,6 +40,9 @@ class DrafterSpec:
     markov_type: str = "vanilla"  # vanilla | gated | rnn
     confidence_head: bool = False
     confidence_with_markov: bool = False
+    # Per draft slot, the confidence head's calibration: slot j's estimate is
+    # sigmoid(logit / T_j) (temperature scaling, DSpark paper §3.2.1). Empty: T = 1.
+    confidence_temperatures: tuple[float, ...] = ()
     # Reduced draft vocabulary (speculators, SpecForge): the head has draft_vocab_size rows and
     # weights["d2t"] maps them to target ids (core/draft_vocab.py). None: the full vocabulary.
     draft_vocab_size: int | None = None

@@ -17,12 +17,17 @@ The qwen3_5-native fork (`Qwen35DSparkModel` with `enable_qwen35_gated_q_proj`, 
 is this layout with Qwen3.5's attention and norms: q_proj yields [q ‖ gate] per head and the
 attention output is scaled by sigmoid(gate), rope turns the first `partial_rotary_factor` of each
 head, and every RMSNorm weight is stored as its offset from one (Qwen3.5's (1 + w) · x̂), which
-is added back here. Its `confidence_temperatures` (per-slot calibration of the confidence head)
-are not applied: the confidence estimates only steer how far to draft. The rest of such a config
-(mrope sections, vision and linear-attention fields) is the target's, copied, and ignored.
+is added back here. The rest of such a config (mrope sections, vision and linear-attention
+fields) is the target's, copied, and ignored.
+
+A head may ship `confidence_temperatures`, one per draft slot: the post-hoc calibration of its
+confidence head (the DSpark paper's sequential temperature scaling, §3.2.1), read as slot j's
+estimate = sigmoid(logit / T_j). They change only how far a round drafts, never the output.
 """
 
 from __future__ import annotations
+
+import math
 
 from ...core.checkpoint import Checkpoint
 from ...core.drafter_spec import DrafterSpec
@@ -87,8 +92,30 @@ def deepspec_spec(cfg: dict, tensors: dict, name: str) -> DrafterSpec:
     if spec.block_size < 1:
         raise CheckpointError(f"block_size must be >= 1, got {spec.block_size}")
     block_attention(cfg, spec)
+    spec.confidence_temperatures = temperatures(cfg, spec)
     spec.weights = weights
     return spec
+
+
+def temperatures(cfg: dict, spec: DrafterSpec) -> tuple[float, ...]:
+    """The confidence head's per-slot temperatures, one for each slot the head drafts."""
+    values = cfg.get("confidence_temperatures")
+    if values is None or not spec.confidence_head:
+        return ()  # nothing to calibrate without a confidence head
+    ok = isinstance(values, list) and all(
+        isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
+        for t in values
+    )
+    if not ok:
+        raise CheckpointError(
+            f"confidence_temperatures must be a list of positive numbers, got {values!r}"
+        )
+    if len(values) != spec.max_draft:
+        raise CheckpointError(
+            f"confidence_temperatures has {len(values)} values; this head drafts "
+            f"{spec.max_draft} tokens a call and needs one for each"
+        )
+    return tuple(float(t) for t in values)
 
 
 def qwen35_native(cfg: dict, spec: DrafterSpec) -> None:
@@ -165,6 +192,7 @@ HOISTED = (
     "markov_head_type",
     "enable_confidence_head",
     "confidence_head_with_markov",
+    "confidence_temperatures",
     # the DFlash lineage's block attention and anchor (NVIDIA's Nemotron head nests them)
     "sample_from_anchor",
     "causal",

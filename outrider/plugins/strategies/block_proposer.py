@@ -272,7 +272,10 @@ class BlockProposer:
             if confident:
                 feats = [h, e] if self.spec.confidence_with_markov else [h]
                 c = self.drafter.confidence_head.proj(mx.concatenate(feats, axis=-1))
-                conf.append(mx.sigmoid(c.astype(mx.float32))[:, 0])
+                c = c.astype(mx.float32)[:, 0]
+                if self.spec.confidence_temperatures:
+                    c = c / self.spec.confidence_temperatures[j]
+                conf.append(mx.sigmoid(c))
             if greedy:
                 chosen = mx.argmax(z, axis=-1)
             else:
