@@ -85,6 +85,12 @@ def _root(
 
 @app.command()
 def generate(
+    text_argument: str | None = typer.Argument(
+        None,
+        metavar="[PROMPT]",
+        show_default=False,
+        help="The prompt (or --prompt); - or none reads standard input.",
+    ),
     model: str | None = Opt(
         None, "--model", "-m", help="Target folder or repo id (default: demo)."
     ),
@@ -172,6 +178,9 @@ def generate(
         if verbose is not None and verbose.lower() not in ("true", "t", "false", "f"):
             raise OutriderError(f"--verbose takes true or false, got {verbose!r}")
         quiet = verbose is not None and verbose.lower() in ("false", "f")
+        if text_argument is not None and prompt is not None:
+            raise OutriderError("give the prompt once: as an argument or with --prompt, not both")
+        prompt = prompt if text_argument is None else text_argument
         text = read_prompt(None if prompt == "-" else prompt)
         if model is None:
             model = demo_target()

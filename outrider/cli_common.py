@@ -94,7 +94,9 @@ def read_prompt(prompt: str | None) -> str:
     """--prompt, else standard input when it is piped; never an empty prompt."""
     if prompt is None:
         if sys.stdin is None or sys.stdin.isatty():
-            raise OutriderError("no prompt: pass --prompt or pipe text on standard input")
+            raise OutriderError(
+                'no prompt: give one (outrider generate "..."), or pipe text on standard input'
+            )
         try:
             prompt = sys.stdin.read()
         except UnicodeDecodeError as e:

@@ -523,6 +523,18 @@ def test_prompt_dash_reads_standard_input(models, json_runs):
     assert json.loads(result.stdout)["tokens"] == json_runs["baseline"]["tokens"]
 
 
+def test_the_prompt_as_an_argument(models, json_runs):
+    """`outrider generate "text"` is `--prompt "text"`; `-` reads standard input; both at once
+    is one error line."""
+    args = [a for a in generate_args(models, "baseline", "--json") if a not in ("--prompt", PROMPT)]
+    for extra, stdin in (([PROMPT], None), (["-"], PROMPT)):
+        result = invoke(*args, *extra, input=stdin)
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["tokens"] == json_runs["baseline"]["tokens"]
+    line = assert_one_error_line(invoke(*args, PROMPT, "--prompt", PROMPT))
+    assert "as an argument or with --prompt, not both" in line
+
+
 def test_max_draft_zero_is_the_full_block_with_a_note(models):
     result = invoke(*generate_args(models, "dflash", "--json", "--max-draft", "0"))
     assert result.exit_code == 0, result.output
