@@ -67,7 +67,9 @@ def test_converted_model_computes_what_the_original_does(tmp_path, family):
         assert mx.abs(flipped(ids) - want).max().item() > 0.1
 
 
-@pytest.mark.parametrize("qtype,bits", [("Q8_0", 8), ("Q4_1", 4), ("Q4_0", 4)])
+@pytest.mark.parametrize(
+    "qtype,bits", [("Q8_0", 8), ("Q4_1", 4), ("Q4_0", 4), ("Q5_0", 5), ("Q5_1", 5)]
+)
 def test_quantized_tensors_stay_quantized_and_exact(tmp_path, llama_target, qtype, bits):
     """MLX's affine triples, group 32, dequantize to exactly what llama.cpp's reference
     (gguf-py) dequantizes the stored blocks to."""
@@ -115,6 +117,85 @@ def test_tokenizer_comes_from_the_metadata(tmp_path, llama_target):
 
 
 # --- every mode is lossless on a GGUF target --------------------------------------------------
+
+
+# A Q4_K_M-like file: Q4_K projections, Q5_K keys, Q6_K values, down projections and head.
+K_TYPES = {"token_embd.weight": "Q4_K", "output.weight": "Q6_K"}
+for _i in range(2):
+    K_TYPES.update({f"blk.{_i}.attn_k.weight": "Q5_K", f"blk.{_i}.attn_v.weight": "Q6_K"})
+    K_TYPES[f"blk.{_i}.ffn_down.weight"] = "Q6_K"
+
+
+@pytest.fixture(scope="module")
+def k_quant_gguf(models_dir):
+    """K-quants hold rows of whole 256-weight super-blocks: a tiny llama 256 wide."""
+    return make_tiny_gguf(
+        models_dir / "llama-k.gguf",
+        family="llama",
+        quant="Q4_K",
+        types=K_TYPES,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        head_dim=64,
+    )
+
+
+def test_k_quants_keep_their_codes(k_quant_gguf):
+    """Q4_K and Q5_K run at 4 and 5 bits with the file's codes: each weight is what llama.cpp's
+    reference (gguf-py) dequantizes, up to rounding the group's scale and bias to float16
+    (2^-11 of them; a wrong code would be off by a whole scale). Q6_K runs at 8 bits, each
+    weight within half of its group's 8-bit step."""
+    import gguf as gguf_py
+    from mlx.utils import tree_flatten
+
+    model = gguf.build_model(k_quant_gguf)
+    params = dict(tree_flatten(model.parameters()))
+    bits = {"Q4_K": 4, "Q5_K": 5, "Q6_K": 8}
+    seen = set()
+    for t in gguf_py.GGUFReader(str(k_quant_gguf)).tensors:
+        kind = t.tensor_type.name
+        if kind not in bits:
+            continue
+        base = gguf._module_name(t.name)
+        module = model
+        for part in base.split("."):
+            module = module[int(part)] if part.isdigit() else getattr(module, part)
+        assert (module.bits, module.group_size) == (bits[kind], 32), t.name
+        want = gguf_py.quants.dequantize(np.array(t.data), t.tensor_type)
+        scales = np.array(params[f"{base}.scales"].astype(mx.float32))
+        biases = np.array(params[f"{base}.biases"].astype(mx.float32))
+        got = np.array(
+            mx.dequantize(
+                params[f"{base}.weight"],
+                mx.array(scales),
+                mx.array(biases),
+                group_size=32,
+                bits=bits[kind],
+            )
+        )
+        per_weight = lambda a: np.repeat(np.abs(a), 32, axis=-1)  # noqa: E731
+        if kind == "Q6_K":
+            bound = 0.51 * per_weight(scales)
+        else:
+            bound = 2.0**-11 * (((1 << bits[kind]) - 1) * per_weight(scales) + per_weight(biases))
+        assert (np.abs(got - want) <= bound + 1e-9).all(), t.name
+        seen.add(kind)
+    assert seen == set(bits)
+
+
+@pytest.mark.parametrize("mode", ["dspark", "baseline"])
+def test_a_k_quant_file_matches_plain_greedy(tmp_path, k_quant_gguf, mode):
+    pipe = outrider.load(str(k_quant_gguf), mode="baseline")
+    if mode == "dspark":
+        source = k_quant_gguf.with_name(k_quant_gguf.stem + "-hf")
+        drafter = make_tiny_drafter(tmp_path / "d", source, "dspark", "deepspec")
+        pipe = outrider.load(str(k_quant_gguf), str(drafter), mode=mode)
+    ids = pipe.encode(PROMPTS[0])
+    want = plain_greedy(k_quant_gguf, ids, 24)
+    for cap in (1, 4):
+        got = pipe.generate(ids, max_tokens=24, max_draft=cap, stop_tokens=set())
+        assert got.tokens == want, f"{mode} cap {cap}"
 
 
 @pytest.fixture(scope="module")
@@ -199,16 +280,28 @@ def _damaged(tmp_path, source, kind):
         types = {"blk.2.ffn_up.weight": "IQ2_XXS"}
         path = make_tiny_gguf(tmp_path / "iq.gguf", source, types=types)
         return path, "tensor 'blk.2.ffn_up.weight' has type IQ2_XXS"
-    if kind == "k-quant":  # MLX 0.32 dequantizes Q4_K wrongly; refused until repacked
+    if kind == "k-quant":  # 16-weight sub-blocks at 2-3 bits: no faithful MLX layout as small
+        path = make_tiny_gguf(tmp_path / "k.gguf", source, types={"output.weight": "Q3_K"})
+        return path, "has type Q3_K"
+    if kind == "partial-block":  # a K-quant row must hold whole 256-weight super-blocks
         path = make_tiny_gguf(tmp_path / "k.gguf", source, types={"output.weight": "Q4_K"})
-        return path, "has type Q4_K"
+        return path, "'output.weight' is Q4_K, whose rows hold whole blocks of 256"
     path = tmp_path / "not.gguf"
     path.write_bytes(b"PK\x03\x04" + bytes(100))
     return path, "is not a GGUF file"
 
 
 @pytest.mark.parametrize(
-    "kind", ["truncated", "header-cut", "architecture", "tensor-type", "k-quant", "not-gguf"]
+    "kind",
+    [
+        "truncated",
+        "header-cut",
+        "architecture",
+        "tensor-type",
+        "k-quant",
+        "partial-block",
+        "not-gguf",
+    ],
 )
 def test_damaged_files_are_refused_with_one_line(tmp_path, llama_target, kind):
     path, words = _damaged(tmp_path, llama_target, kind)

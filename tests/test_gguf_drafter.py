@@ -17,7 +17,7 @@ from outrider.api import load_drafter
 from outrider.cli import app
 from outrider.convert.deepspec import refusal
 from outrider.core.errors import CheckpointError
-from outrider.core.gguf_drafter import cache_dir, converted_drafter
+from outrider.core.gguf_drafter import cache_dir, converted_drafter, deepspec_name
 from outrider.core.plugins import Plugins
 from outrider.testing import make_tiny_drafter
 from outrider.testing.drafters import WRITERS
@@ -139,7 +139,7 @@ DAMAGE = {
     "truncated header": (dict(), lambda p: _truncate(p, 60), "is truncated"),
     "not a gguf": (dict(), lambda p: p.write_bytes(b"PK\x03\x04" + bytes(60)), "is not a GGUF"),
     "unknown architecture": (dict(architecture="dsparkle"), None, "'dsparkle' is not a DSpark"),
-    "unsupported type": (dict(types={"blk.1.attn_q.weight": "Q8_0"}), None, "stored as Q8_0"),
+    "unsupported type": (dict(types={"blk.1.attn_q.weight": "Q8_1"}), None, "stored as Q8_1"),
     "missing tensor": (dict(drop=("blk.1.ffn_up.weight",)), None, "lacks the tensor"),
     "log-snr tensors, no flag": (
         dict(log_snr=True, metadata={"dspark.dspark.log_snr_conditioning": False}),
@@ -158,6 +158,34 @@ DAMAGE = {
     ),
     "wrong shape": (dict(), "shape", "has shape"),
 }
+
+
+def test_a_quantized_drafter_gguf_is_read_dequantized(tmp_path, qwen3_target):
+    """Q8_0 and Q4_1 tensors come back as llama.cpp's reference dequantizes them (float32),
+    and the drafter stays lossless."""
+    import gguf
+
+    path = make_tiny_drafter(
+        tmp_path / "q.gguf",
+        qwen3_target,
+        "dspark",
+        "gguf",
+        types={"blk.0.attn_q.weight": "Q8_0", "blk.1.ffn_down.weight": "Q4_1"},
+    )
+    folder, _ = converted_drafter(path)
+    converted = mx.load(str(folder / "model.safetensors"))
+    checked = set()
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.tensor_type.name in ("Q8_0", "Q4_1"):
+            want = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+            got = converted[deepspec_name(t.name)]
+            assert got.dtype == mx.float32 and np.array_equal(np.array(got), want)
+            checked.add(t.tensor_type.name)
+    assert checked == {"Q8_0", "Q4_1"}
+    pipe = outrider.load(str(qwen3_target), str(path), mode="dspark")
+    ids = pipe.encode(PROMPTS[0])
+    got = pipe.generate(ids, max_tokens=20, max_draft=4, stop_tokens=set())
+    assert got.tokens == plain_greedy(qwen3_target, ids, 20)
 
 
 @pytest.mark.parametrize("case", sorted(DAMAGE))

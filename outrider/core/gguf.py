@@ -2,10 +2,11 @@
 mlx-lm's module names, tokenizer), without executing anything from the file.
 
 The header (metadata, tensor table) is parsed here, so a damaged or unsupported file is refused
-with one line before MLX touches it: MLX's own reader skips some tensor types without a word and
-dequantizes others wrongly (Q4_K in MLX 0.32). Tensor data comes from `mx.load`, which hands
-Q4_0 / Q4_1 / Q8_0 back as MLX affine triples (weight, scales, biases; group size 32, the GGML
-block), so those stay quantized exactly as stored.
+with one line before anything is read. Tensor data is read here too, not by MLX's own GGUF
+reader (which skips some types without a word and dequantizes Q4_K wrongly in MLX 0.32):
+float tensors as stored, quantized ones as MLX affine triples (`gguf_blocks.py`): Q4_0, Q4_1,
+Q8_0, Q4_K and Q5_K keep the file's codes, so the K-quant files most people download (Q4_K_M,
+Q5_K_M) run at their own size; Q6_K is held at 8 bits.
 
 RoPE: llama.cpp's converter permutes the Q/K rows of `llama` files so that GGML's "normal" RoPE
 (adjacent pairs) computes what the Hugging Face model computes with rotate-half. We keep the
@@ -28,6 +29,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .errors import CheckpointError
+from .gguf_blocks import BITS, BLOCK, GROUP_SIZE, affine_triple
 
 MAGIC = b"GGUF"
 
@@ -36,11 +38,10 @@ MAGIC = b"GGUF"
 # QWEN2 / QWEN3 are "neox" (rotate-half, rows as in the Hugging Face checkpoint).
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
 
-# Tensor types read as stored; the quantized ones come back from MLX as affine triples.
-PLAIN_TYPES = {"F32", "F16", "BF16"}
-QUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
-GROUP_SIZE = 32  # the GGML block of Q4_0 / Q4_1 / Q8_0
-READABLE = sorted(PLAIN_TYPES | set(QUANT_BITS))
+# Tensor types read as stored; the quantized ones become MLX affine triples (gguf_blocks.py).
+PLAIN_TYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+QUANT_BITS = BITS
+READABLE = sorted(PLAIN_TYPES) + sorted(QUANT_BITS)
 
 # llama.cpp tensor names -> mlx-lm module names (per block: blk.N.<key>).
 GLOBAL_NAMES = {
@@ -254,6 +255,14 @@ def check(header: Header) -> None:
                 f"{name}: tensor {t.name!r} has type {t.type}, which outrider cannot read "
                 f"faithfully (readable: {', '.join(READABLE)})"
             )
+        if t.type in QUANT_BITS:
+            block = BLOCK[t.type][0]
+            cols = t.shape[-1] if t.shape else 0
+            if cols <= 0 or cols % block:
+                raise CheckpointError(
+                    f"{name}: tensor {t.name!r} is {t.type}, whose rows hold whole blocks of "
+                    f"{block} weights, but its rows have {cols}"
+                )
         if t.name == "rope_freqs.weight":
             raise CheckpointError(
                 f"{name}: per-dimension RoPE factors (rope_freqs.weight, Llama-3.1-style "
@@ -349,41 +358,28 @@ def read_config(path: Path) -> dict:
 
 
 def read_weights(path: Path) -> dict[str, mx.array]:
-    """Every tensor under its mlx-lm name; Q4_0/Q4_1/Q8_0 as MLX affine triples."""
+    """Every tensor under its mlx-lm name; quantized ones as MLX affine triples (group 32)."""
     header = read_header(path)
     check(header)
     try:
-        raw = mx.load(str(path), format="gguf")
-    except Exception as e:  # a file that changed since its header was read, say
-        raise CheckpointError(f"{path.name} could not be read by MLX ({e})") from None
+        data = np.memmap(path, np.uint8, mode="r")
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path.name} could not be read ({e})") from None
     weights = {}
     for tname, info in header.tensors.items():
         base, kind = _module_name(tname), tname.rsplit(".", 1)[1]
-        if info.type == "BF16":  # MLX would narrow bfloat16 to float16; read the bits as stored
-            bits = np.fromfile(path, np.uint16, info.nbytes // 2, offset=info.offset)
-            weights[f"{base}.{kind}"] = mx.array(bits).view(mx.bfloat16).reshape(info.shape)
-            continue
-        arr = raw.get(tname)
-        if arr is None:
-            raise CheckpointError(f"{path.name}: MLX returned no data for tensor {tname!r}")
+        raw = data[info.offset : info.offset + info.nbytes]
+        if len(raw) != info.nbytes:  # the file shrank since its header was read
+            raise CheckpointError(f"{path.name} is truncated: tensor {tname!r} runs past its end")
         if info.type in QUANT_BITS:
-            stem = tname.rsplit(".", 1)[0]  # MLX names the triple <stem>.weight/.scales/.biases
-            scales, biases = raw.get(f"{stem}.scales"), raw.get(f"{stem}.biases")
-            rows, cols = info.shape[0], info.shape[-1]
-            packed = cols * QUANT_BITS[info.type] // 32
-            if (
-                scales is None
-                or biases is None
-                or arr.shape != (rows, packed)
-                or scales.shape != (rows, cols // GROUP_SIZE)
-            ):
-                raise CheckpointError(
-                    f"{path.name}: MLX gave {tname!r} ({info.type}) an unexpected layout"
-                )
+            w, scales, biases = affine_triple(info.type, raw, info.shape, f"{path.name}: {tname!r}")
             weights[f"{base}.scales"], weights[f"{base}.biases"] = scales, biases
-        elif arr.shape != info.shape:
-            raise CheckpointError(f"{path.name}: tensor {tname!r} came back as {arr.shape}")
-        weights[f"{base}.{kind}"] = arr
+            weights[f"{base}.{kind}"] = w
+            continue
+        array = mx.array(np.array(raw.view(PLAIN_TYPES[info.type]).reshape(info.shape)))
+        if info.type == "BF16":  # the bits as stored (numpy has no bfloat16)
+            array = array.view(mx.bfloat16)
+        weights[f"{base}.{kind}"] = array
     return weights
 
 

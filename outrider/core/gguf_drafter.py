@@ -4,7 +4,8 @@ DeepSpec's safetensors layout in outrider's cache, then loaded like any DeepSpec
 The file is parsed, never executed: outrider's bounds-checked header reader
 (`outrider.core.gguf.read_header`) refuses a truncated or foreign file before any tensor data is
 touched, and gguf-py's `GGUFReader` (llama.cpp's own reader) hands the tensor data back as
-NumPy views. Metadata keys and tensor names follow PrismML's converter as inverted by
+NumPy views. Quantized tensors (a Q8_0 or Q4_K repack, say) are dequantized to float32 by
+gguf-py; the drafter is quantized again at `--drafter-bits` when it loads, as any drafter is. Metadata keys and tensor names follow PrismML's converter as inverted by
 ARahim3/mlx-dspark `src/mlx_dspark/gguf_convert.py`; the target layout is DeepSpec's
 (deepseek-ai/DeepSpec `deepspec/modeling/dspark/qwen3/config.py`, `.../modeling.py`). GGUF lists
 dimensions fastest-first, so every shape is reversed back to row-major.
@@ -43,7 +44,7 @@ from .gguf import ARCHITECTURES, BLOCK_NAMES, read_header
 from .paths import cache_root
 
 ARCHITECTURE = "dspark"
-PLAIN_TYPES = ("F32", "F16", "BF16")
+PLAIN_TYPES = ("F32", "F16")  # as stored; BF16 from its bits; the rest dequantized
 # Bumped when the conversion's output changes, so old cache entries are not reused.
 CONVERTER_VERSION = 2
 
@@ -138,19 +139,33 @@ def deepspec_config(metadata: dict, vocab_size: int, source: str) -> dict:
     return config
 
 
-def _tensor_array(tensor) -> mx.array:
-    """One GGUFReader tensor as an MLX array of its stored dtype, row-major shape."""
+def _tensor_array(tensor, file: str) -> mx.array:
+    """One GGUFReader tensor as an MLX array, row-major: float tensors in their stored dtype,
+    quantized ones dequantized to float32 by gguf-py (llama.cpp's reference dequantization;
+    the drafter is quantized again at --drafter-bits when it loads)."""
+    import gguf
+
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
     data = np.asarray(tensor.data)
-    if tensor.tensor_type.name == "BF16":  # gguf-py hands BF16 back as raw bytes
+    kind = tensor.tensor_type.name
+    if kind == "BF16":  # gguf-py hands BF16 back as raw bytes
         return mx.array(data.view(np.uint16).reshape(shape)).view(mx.bfloat16)
-    return mx.array(data.reshape(shape))
+    if kind in PLAIN_TYPES:
+        return mx.array(data.reshape(shape))
+    try:
+        values = gguf.quants.dequantize(data, tensor.tensor_type)
+    except (NotImplementedError, ValueError):  # a type it lacks, rows of no whole block
+        raise CheckpointError(
+            f"{file}: tensor {tensor.name!r} is stored as {kind} {list(shape)}, which llama.cpp's "
+            "reference reader (gguf-py) cannot dequantize"
+        ) from None
+    return mx.array(values.reshape(shape))
 
 
 def read_gguf_checkpoint(path: Path) -> Checkpoint:
     """A PrismML DSpark GGUF as a DeepSpec checkpoint in memory (config + tensors), or
     CheckpointError naming what is wrong: not a GGUF, truncated, not a DSpark drafter, a tensor
-    type other than F32/F16/BF16, an unknown or missing tensor or metadata key. Log-SNR
+    type gguf-py cannot dequantize, an unknown or missing tensor or metadata key. Log-SNR
     conditioning is folded into the embedding table (see the module's docstring)."""
     import gguf  # gguf-py, llama.cpp's reader
 
@@ -168,12 +183,6 @@ def read_gguf_checkpoint(path: Path) -> Checkpoint:
             f"{name}: GGUF architecture {arch or '(none)'!r} is not a DSpark drafter "
             "(expected general.architecture 'dspark')"
         )
-    for info in header.tensors.values():
-        if info.type not in PLAIN_TYPES:
-            raise CheckpointError(
-                f"{name}: tensor {info.name!r} is stored as {info.type}; outrider converts DSpark "
-                "GGUFs with F32/F16/BF16 tensors only (use the -bf16 file)"
-            )
     metadata = header.metadata
     log_snr = bool(_scalar(metadata.get("dspark.dspark.log_snr_conditioning", False)))
     if not log_snr and any(t in LOG_SNR_TENSORS for t in header.tensors):
@@ -198,7 +207,7 @@ def read_gguf_checkpoint(path: Path) -> Checkpoint:
         reader = gguf.GGUFReader(str(path))
     except (ValueError, KeyError, IndexError, OverflowError) as e:
         raise CheckpointError(f"{name} is not a readable GGUF file ({e})") from None
-    arrays = {t.name: _tensor_array(t) for t in reader.tensors}
+    arrays = {t.name: _tensor_array(t, name) for t in reader.tensors}
     tensors = {deepspec_name(n): a for n, a in arrays.items() if n not in LOG_SNR_TENSORS}
     if log_snr:
         low = float(_number(metadata, "dspark.dspark.min_log_snr", name))

@@ -19,6 +19,7 @@ from .drafters import (
     random_block_drafter,
     target_embedding_and_head,
 )
+from .gguf import random_blocks
 
 _TO_GGUF = {v: k for k, v in GLOBAL_NAMES.items()}
 _LAYER_TO_GGUF = {v: k for k, v in LAYER_NAMES.items()}
@@ -123,7 +124,11 @@ def write_prismml_dspark(
         elif qtype == Q.F16:
             w.add_tensor(name, arr.astype(np.float16))
         else:
-            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+            try:
+                data = gguf.quants.quantize(arr, qtype)
+            except (NotImplementedError, gguf.quants.QuantError):  # K-quants, Q8_1: random
+                data = random_blocks(qtype.name, arr.shape)
+            w.add_tensor(name, data, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -156,13 +156,34 @@ def make_tiny_gguf(
         else:
             try:
                 data = gguf.quants.quantize(arr, qtype)
-            except (NotImplementedError, gguf.quants.QuantError):  # IQ2_XXS, Q4_K: random blocks
-                block, size = gguf.GGML_QUANT_SIZES[qtype]
-                shape = (*arr.shape[:-1], arr.shape[-1] // block * size)
-                data = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+            except (NotImplementedError, gguf.quants.QuantError):  # IQ2_XXS, K-quants
+                data = random_blocks(qtype.name, arr.shape, seed)
             w.add_tensor(gname, data, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# Where a K-quant block keeps its float16 super-block scales: (byte offset, value) pairs.
+SCALE_FIELDS = {
+    "Q4_K": ((0, 2e-4), (2, 1e-4)),  # d, dmin: weights d·sc·q − dmin·m stay within ±0.2
+    "Q5_K": ((0, 1e-4), (2, 1e-4)),
+    "Q6_K": ((208, 2e-4),),  # d: weights d·sc·(q − 32), sc a signed byte
+}
+
+
+def random_blocks(qtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Blocks of GGML type `qtype` for a tensor of `shape`, for types gguf-py cannot quantize
+    to: random bytes, with a K-quant's float16 scales set to small finite values so the
+    weights are those of a usable model (random bytes would put NaNs and huge values there).
+    Rows narrower than one block come out empty: a malformed file, for refusal tests."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    rows = int(np.prod(shape[:-1]))
+    data = np.random.default_rng(seed).integers(0, 256, (rows, shape[-1] // block, size), np.uint8)
+    for at, value in SCALE_FIELDS.get(qtype, ()):
+        data[..., at : at + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+    return data.reshape(*shape[:-1], -1)
