@@ -67,6 +67,38 @@ def test_converted_model_computes_what_the_original_does(tmp_path, family):
         assert mx.abs(flipped(ids) - want).max().item() > 0.1
 
 
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+LLAMA3["original_max_position_embeddings"] = 8192
+
+
+def test_llama3_rope_scaling_comes_back_from_its_factors(tmp_path):
+    """Llama 3.1-3.3 files store their RoPE scaling as per-pair factors (rope_freqs.weight);
+    read back as mlx-lm's llama3 scaling, the model computes what the original does, over
+    positions long enough for the scaling to matter."""
+    from mlx_lm import load as mlx_lm_load
+
+    path = make_tiny_gguf(
+        tmp_path / "l3.gguf", family="llama", seed=3, rope_theta=500000.0, rope_scaling=LLAMA3
+    )
+    original, _ = mlx_lm_load(str(tmp_path / "l3-hf"))
+    ids = mx.array([list(range(5, 45)) * 10])
+    want = original(ids)
+    config = gguf.read_config(path)
+    assert config["rope_scaling"] == LLAMA3
+    assert mx.abs(gguf.build_model(path, config)(ids) - want).max().item() < 1e-4
+    unscaled = gguf.build_model(path, {**config, "rope_scaling": None})
+    assert mx.abs(unscaled(ids) - want).max().item() > 1e-2
+
+
+def test_other_rope_factors_are_refused(tmp_path):
+    other = {**LLAMA3, "low_freq_factor": 2.0}
+    path = make_tiny_gguf(
+        tmp_path / "x.gguf", family="llama", rope_theta=500000.0, rope_scaling=other
+    )
+    with pytest.raises(CheckpointError, match="not Llama 3's scaling"):
+        gguf.read_config(path)
+
+
 @pytest.mark.parametrize(
     "qtype,bits", [("Q8_0", 8), ("Q4_1", 4), ("Q4_0", 4), ("Q5_0", 5), ("Q5_1", 5)]
 )

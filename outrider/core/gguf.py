@@ -12,7 +12,9 @@ RoPE: llama.cpp's converter permutes the Q/K rows of `llama` files so that GGML'
 (adjacent pairs) computes what the Hugging Face model computes with rotate-half. We keep the
 file's rows and run MLX's traditional (adjacent-pair) RoPE, the same computation; qwen2/qwen3
 files are not permuted and use GGML's NeoX RoPE, i.e. MLX's default. `tests/test_gguf.py` checks
-both against the unconverted model.
+both against the unconverted model. Llama 3.1-3.3 files carry their RoPE scaling as per-pair
+factors (`rope_freqs.weight`); it becomes mlx-lm's `llama3` rope_scaling again, checked to
+reproduce every stored factor.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from .errors import CheckpointError
 from .gguf_blocks import BITS, BLOCK, GROUP_SIZE, affine_triple
 
 MAGIC = b"GGUF"
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1-style per-dimension RoPE factors
 
 # general.architecture -> (mlx-lm model_type, MLX traditional RoPE). llama.cpp's rope type per
 # architecture: LLAMA is "normal" (adjacent pairs, Q/K rows permuted by the converter);
@@ -263,11 +266,8 @@ def check(header: Header) -> None:
                     f"{name}: tensor {t.name!r} is {t.type}, whose rows hold whole blocks of "
                     f"{block} weights, but its rows have {cols}"
                 )
-        if t.name == "rope_freqs.weight":
-            raise CheckpointError(
-                f"{name}: per-dimension RoPE factors (rope_freqs.weight, Llama-3.1-style "
-                "scaling) are not supported yet"
-            )
+        if t.name == ROPE_FREQS:  # read into the config (llama3_scaling), not a weight
+            continue
         if _module_name(t.name) is None or not t.name.endswith((".weight", ".bias")):
             raise CheckpointError(
                 f"{name}: tensor {t.name!r} has no place in a {header.arch} model"
@@ -298,6 +298,47 @@ def _int(header: Header, key: str, default: int | None = None) -> int:
     return int(value)
 
 
+# Llama 3.1's RoPE scaling, the one llama.cpp stores as per-dimension factors: everything but
+# the factor is the same in every Llama 3.x release (their config.json rope_scaling).
+LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+LLAMA3_SCALING["original_max_position_embeddings"] = 8192
+
+
+def llama3_factors(scaling: dict, head_dim: int, base: float) -> np.ndarray:
+    """Per rotated pair, the factor its wavelength is stretched by under Llama 3's scaling, as
+    llama.cpp's converter writes them (`rope_freqs.weight`): 1 for short wavelengths, `factor`
+    for long ones, a smooth blend between."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    wavelen = 2 * np.pi * base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    smooth = (old / wavelen - low) / (high - low)
+    blend = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < old / high, 1.0, np.where(wavelen > old / low, factor, blend))
+
+
+def llama3_scaling(header: Header, head_dim: int, base: float) -> dict:
+    """mlx-lm's `rope_scaling` for a file's `rope_freqs.weight`: Llama 3's scaling with the
+    factor the tensor shows, provided it reproduces every stored factor; refused otherwise."""
+    info = header.tensors[ROPE_FREQS]
+    name = header.path.name
+    if info.type != "F32" or info.shape != (head_dim // 2,):
+        raise CheckpointError(
+            f"{name}: rope_freqs.weight is {info.type} {list(info.shape)}; expected F32 "
+            f"[{head_dim // 2}], one factor per rotated pair"
+        )
+    stored = np.fromfile(header.path, "<f4", head_dim // 2, offset=info.offset).astype(np.float64)
+    scaling = {"rope_type": "llama3", "factor": float(stored.max()), **LLAMA3_SCALING}
+    if not np.all(np.isfinite(stored)) or not np.allclose(
+        llama3_factors(scaling, head_dim, base), stored, rtol=1e-5, atol=0
+    ):
+        raise CheckpointError(
+            f"{name}: rope_freqs.weight holds per-dimension RoPE factors that are not Llama 3's "
+            f"scaling (factor {scaling['factor']:g}, low 1, high 4, original context 8192); "
+            "other factors are not supported"
+        )
+    return scaling
+
+
 def read_config(path: Path) -> dict:
     """An mlx-lm config (config.json's fields) from the file's metadata."""
     header = read_header(path)
@@ -317,6 +358,11 @@ def read_config(path: Path) -> dict:
         rope_scaling = {"type": "linear", "factor": float(header.get("rope.scaling.factor"))}
     elif scaling != "none":
         raise CheckpointError(f"{path.name}: RoPE scaling {scaling!r} is not supported yet")
+    if ROPE_FREQS in tensors:
+        if rope_scaling is not None:
+            raise CheckpointError(f"{path.name} has both rope_freqs.weight and {scaling} scaling")
+        base = float(header.get("rope.freq_base", 10000.0))
+        rope_scaling = llama3_scaling(header, head_dim, base)
     vocab = tensors["token_embd.weight"].shape[0]
     config = {
         "model_type": model_type,
@@ -367,6 +413,8 @@ def read_weights(path: Path) -> dict[str, mx.array]:
         raise CheckpointError(f"{path.name} could not be read ({e})") from None
     weights = {}
     for tname, info in header.tensors.items():
+        if tname == ROPE_FREQS:  # in the config's rope_scaling
+            continue
         base, kind = _module_name(tname), tname.rsplit(".", 1)[1]
         raw = data[info.offset : info.offset + info.nbytes]
         if len(raw) != info.nbytes:  # the file shrank since its header was read

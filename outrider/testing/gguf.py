@@ -126,6 +126,12 @@ def make_tiny_gguf(
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    scaling = cfg.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "llama3":  # llama.cpp stores the stretch per rotated pair
+        from ..core.gguf import llama3_factors
+
+        factors = llama3_factors(scaling, head_dim, cfg.get("rope_theta", 10000.0))
+        w.add_tensor("rope_freqs.weight", factors.astype(np.float32))
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     w.add_tokenizer_model("gpt2")
