@@ -48,7 +48,7 @@ def plain_greedy(path, ids: list[int], n: int) -> list[int]:
 # --- the converted model is the model ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe"])
 def test_converted_model_computes_what_the_original_does(tmp_path, family):
     """Logits of the F32 GGUF equal the Hugging Face layout model's. For llama the converter
     permuted Q/K rows; running the other RoPE convention on the file's rows must be wrong."""
@@ -69,6 +69,25 @@ def test_converted_model_computes_what_the_original_does(tmp_path, family):
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 LLAMA3["original_max_position_embeddings"] = 8192
+
+
+def test_a_quantized_moe_file_matches_plain_greedy(tmp_path):
+    """qwen3moe: a router and every expert's projections in 3-D tensors, quantized (Q8_0
+    experts, Q4_1 attention); dspark over it gives mlx-lm's plain greedy tokens."""
+    path = make_tiny_gguf(
+        tmp_path / "moe.gguf", family="qwen3_moe", quant="Q4_1", seed=5,
+        types={f"blk.{i}.ffn_{p}_exps.weight": "Q8_0" for i in range(4) for p in ("gate", "up", "down")},
+    )  # fmt: skip
+    assert gguf.read_config(path)["quantization"]["model.layers.0.mlp.switch_mlp.up_proj"] == {
+        "group_size": 32,
+        "bits": 8,
+    }
+    drafter = make_tiny_drafter(tmp_path / "d", tmp_path / "moe-hf", "dspark", "deepspec")
+    pipe = outrider.load(str(path), str(drafter), mode="dspark")
+    ids = pipe.encode(PROMPTS[1])
+    want = plain_greedy(path, ids, 24)
+    for cap in (1, 4):
+        assert pipe.generate(ids, max_tokens=24, max_draft=cap, stop_tokens=set()).tokens == want
 
 
 def test_llama3_rope_scaling_comes_back_from_its_factors(tmp_path):

@@ -40,6 +40,7 @@ ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1-style per-dimension RoPE factors
 # architecture: LLAMA is "normal" (adjacent pairs, Q/K rows permuted by the converter);
 # QWEN2 / QWEN3 are "neox" (rotate-half, rows as in the Hugging Face checkpoint).
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
+ARCHITECTURES["qwen3moe"] = ("qwen3_moe", False)  # Qwen3's attention, every layer's MLP experts
 
 # Tensor types read as stored; the quantized ones become MLX affine triples (gguf_blocks.py).
 PLAIN_TYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
@@ -64,6 +65,11 @@ BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # a mixture of experts: the router, and each projection of every expert in one 3-D tensor
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
+    "ffn_up_exps": "mlp.switch_mlp.up_proj",
+    "ffn_down_exps": "mlp.switch_mlp.down_proj",
 }
 
 # tokenizer.ggml.pre -> the split expressions llama.cpp applies, in order (llama-vocab.cpp).
@@ -339,6 +345,25 @@ def llama3_scaling(header: Header, head_dim: int, base: float) -> dict:
     return scaling
 
 
+def moe_fields(header: Header) -> dict:
+    """mlx-lm's qwen3_moe fields: every layer routes among `expert_count` experts, the top
+    `expert_used_count` weighted by their softmax renormalised over the chosen (llama.cpp's
+    qwen3moe graph always renormalises)."""
+    experts, used = _int(header, "expert_count"), _int(header, "expert_used_count")
+    if not 0 < used <= experts:
+        raise CheckpointError(
+            f"{header.path.name}: {used} experts used of {experts}; expected 1 to {experts}"
+        )
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": used,
+        "moe_intermediate_size": _int(header, "expert_feed_forward_length"),
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+    }
+
+
 def read_config(path: Path) -> dict:
     """An mlx-lm config (config.json's fields) from the file's metadata."""
     header = read_header(path)
@@ -369,7 +394,10 @@ def read_config(path: Path) -> dict:
         "architectures": [f"GGUF:{arch}"],
         "hidden_size": hidden,
         "num_hidden_layers": _int(header, "block_count"),
-        "intermediate_size": _int(header, "feed_forward_length"),
+        # a MoE file may leave the dense width out (no layer of it is dense)
+        "intermediate_size": _int(
+            header, "feed_forward_length", header.get("expert_feed_forward_length")
+        ),
         "num_attention_heads": heads,
         "num_key_value_heads": _int(header, "attention.head_count_kv", heads),
         "head_dim": head_dim,
@@ -383,6 +411,8 @@ def read_config(path: Path) -> dict:
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "mlp_bias": "blk.0.ffn_gate.bias" in tensors,
     }
+    if model_type == "qwen3_moe":
+        config.update(moe_fields(header))
     for key in ("bos", "eos", "padding"):
         value = meta.get(f"tokenizer.ggml.{key}_token_id")
         if value is not None:

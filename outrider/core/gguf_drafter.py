@@ -61,8 +61,8 @@ GLOBAL_NAMES = {
     "dspark.confidence_head.bias": "confidence_head.proj.bias",
 }
 # Per layer: blk.{i}.<key>.weight -> layers.{i}.<value>.weight (llama.cpp's block names, as
-# a target GGUF's: the drafter's layers are Qwen3 decoder layers)
-LAYER_NAMES = BLOCK_NAMES
+# a target GGUF's: the drafter's layers are dense Qwen3 decoder layers, no experts)
+LAYER_NAMES = {k: v for k, v in BLOCK_NAMES.items() if not v.startswith(("mlp.gate", "mlp.switch"))}
 LOG_SNR_TENSORS = tuple(f"dspark.log_snr_fc{i}.{k}" for i in (1, 2) for k in ("weight", "bias"))
 LOG_SNR_FEATURES = 128  # sinusoidal features of the conditioning MLP's input
 

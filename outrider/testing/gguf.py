@@ -31,7 +31,12 @@ _BLOCK = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+    "mlp.switch_mlp.up_proj": "ffn_up_exps",
+    "mlp.switch_mlp.down_proj": "ffn_down_exps",
 }
+ARCH = {"qwen3_moe": "qwen3moe"}  # GGUF's name where it is not the model_type
 
 
 def gguf_name(name: str) -> str:
@@ -93,7 +98,7 @@ def make_tiny_gguf(
     """Write `path` (a .gguf file) from the tiny target folder `source`, or from a new one made
     beside it (`make_tiny_target(..., family, seed, **overrides)`).
 
-    `quant` is the GGML type of every 2-D weight (norms and biases stay F32, as the converter
+    `quant` is the GGML type of every 2-D and 3-D (experts) weight (norms and biases stay F32, as the converter
     keeps them); `types` overrides it per GGUF tensor name. `architecture` overrides
     general.architecture (to test refusals). Returns `path`.
     """
@@ -114,12 +119,16 @@ def make_tiny_gguf(
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     tok = _tokenizer_metadata(source)
 
-    w = gguf.GGUFWriter(str(path), architecture or arch)
+    w = gguf.GGUFWriter(str(path), architecture or ARCH.get(arch, arch))
     w.add_name(f"tiny {arch}")
     w.add_context_length(cfg.get("max_position_embeddings", 4096))
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_feed_forward_length(cfg["intermediate_size"])
+    if "num_experts" in cfg:
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
     w.add_key_length(head_dim)
@@ -154,7 +163,7 @@ def make_tiny_gguf(
         elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = permute_rows(arr, kv_heads)
         gname = gguf_name(name)
-        qtype = Q[(types or {}).get(gname, quant if arr.ndim == 2 else "F32")]
+        qtype = Q[(types or {}).get(gname, quant if arr.ndim >= 2 else "F32")]
         if qtype == Q.F32:
             w.add_tensor(gname, arr)
         elif qtype == Q.F16:
