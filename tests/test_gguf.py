@@ -331,6 +331,9 @@ def _damaged(tmp_path, source, kind):
         types = {"blk.2.ffn_up.weight": "IQ2_XXS"}
         path = make_tiny_gguf(tmp_path / "iq.gguf", source, types=types)
         return path, "tensor 'blk.2.ffn_up.weight' has type IQ2_XXS"
+    if kind == "experts-in-llama":  # Mixtral's packaging: a llama file with expert tensors
+        moe = make_tiny_gguf(tmp_path / "moe.gguf", family="qwen3_moe", architecture="llama")
+        return moe, "a llama file with experts (tensor 'blk.0.ffn_gate_inp.weight'"
     if kind == "k-quant":  # 16-weight sub-blocks at 2-3 bits: no faithful MLX layout as small
         path = make_tiny_gguf(tmp_path / "k.gguf", source, types={"output.weight": "Q3_K"})
         return path, "has type Q3_K"
@@ -351,6 +354,7 @@ def _damaged(tmp_path, source, kind):
         "tensor-type",
         "k-quant",
         "partial-block",
+        "experts-in-llama",
         "not-gguf",
     ],
 )

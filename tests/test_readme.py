@@ -70,7 +70,7 @@ COMMANDS = readme_commands()
 
 # Downloads a model: run offline, each must fail with the offline error naming that repo.
 NEEDS_NETWORK = {
-    'outrider generate -m Qwen/Qwen3-8B --prompt "Explain rainbows."': "Qwen/Qwen3-8B",
+    'outrider generate -m Qwen/Qwen3-8B "Explain rainbows."': "Qwen/Qwen3-8B",
     'outrider generate -m Qwen/Qwen3-4B -d deepseek-ai/dspark_qwen3_4b_block7 --mode dspark -p "..."': "Qwen/Qwen3-4B",
     'outrider generate -m Qwen/Qwen3-4B -d z-lab/Qwen3-4B-DFlash-b16 --mode dflash -p "..."': "Qwen/Qwen3-4B",
     'outrider generate -m mlx-community/Llama-3.2-1B-Instruct-4bit --mode lookup -p "..."': "mlx-community/Llama-3.2-1B-Instruct-4bit",
@@ -245,7 +245,7 @@ def check_offline(argv, env, tmp_path, repo: str):
 
 
 CHECKS = {
-    'outrider generate --prompt "def fibonacci("': check_demo_generate,
+    'outrider generate "def fibonacci("': check_demo_generate,
     'outrider generate -p "def fibonacci(" --json': check_demo_json,
     'outrider generate -m path/to/model.gguf -p "..."': check_gguf,
     'outrider generate -m HuggingFaceTB/SmolLM2-135M-Instruct -p "What is the capital of France?"': check_smollm2,
@@ -267,7 +267,7 @@ def test_the_walk_covers_the_readme():
     prose = re.sub(r"^```.*?^```", "", README, flags=re.M | re.S)
     indented = [line for line in prose.splitlines() if re.match(r"( {4}|\t)\S", line)]
     assert not indented, f"indented code in README.md; fence it as ```bash: {indented}"
-    assert norm('outrider generate --prompt "def fibonacci("') in COMMANDS
+    assert norm('outrider generate "def fibonacci("') in COMMANDS
     assert fenced(("python",)), "the README's Python example"
 
 

@@ -41,6 +41,7 @@ ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1-style per-dimension RoPE factors
 # QWEN2 / QWEN3 are "neox" (rotate-half, rows as in the Hugging Face checkpoint).
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
 ARCHITECTURES["qwen3moe"] = ("qwen3_moe", False)  # Qwen3's attention, every layer's MLP experts
+MOE_ARCHITECTURES = {"qwen3moe"}
 
 # Tensor types read as stored; the quantized ones become MLX affine triples (gguf_blocks.py).
 PLAIN_TYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
@@ -274,6 +275,11 @@ def check(header: Header) -> None:
                 )
         if t.name == ROPE_FREQS:  # read into the config (llama3_scaling), not a weight
             continue
+        if ".ffn_gate_inp." in t.name and header.arch not in MOE_ARCHITECTURES:
+            raise CheckpointError(
+                f"{name}: a {header.arch} file with experts (tensor {t.name!r}, Mixtral-style) "
+                f"is not supported (experts: {', '.join(sorted(MOE_ARCHITECTURES))})"
+            )
         if _module_name(t.name) is None or not t.name.endswith((".weight", ".bias")):
             raise CheckpointError(
                 f"{name}: tensor {t.name!r} has no place in a {header.arch} model"
