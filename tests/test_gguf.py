@@ -153,6 +153,37 @@ def test_quantized_tensors_stay_quantized_and_exact(tmp_path, llama_target, qtyp
     assert checked == 2 + 7 * 4  # embedding, head, seven projections in each of four layers
 
 
+@pytest.mark.parametrize(
+    "pre,text,pieces",
+    [  # tekken splits an upper-case run off the next word and every digit; qwen2 every digit
+        ("tekken", "HelloWORLDWide 123", ["Hello", "WORLDWide", " ", "1", "2", "3"]),
+        ("deepseek-r1-qwen", "HelloWORLD 123", ["HelloWORLD", " ", "1", "2", "3"]),
+        ("falcon3", "Hello 12345", ["Hello", " ", "123", "45"]),  # Llama 3's: digits in threes
+    ],
+)
+def test_pre_tokenizers_of_other_names(tmp_path, llama_target, pre, text, pieces):
+    """Files name their pre-tokenizer as llama.cpp reads it; its expression splits the text."""
+    path = make_tiny_gguf(tmp_path / "t.gguf", llama_target, tokenizer_pre=pre)
+    split = gguf.build_tokenizer(path)._tokenizer.backend_tokenizer.pre_tokenizer
+    got = [piece for piece, _ in split.pre_tokenize_str(text)]
+    byte_level = {" ": "Ġ"}  # the byte-level step after the split shows a space as Ġ
+    assert got == ["".join(byte_level.get(c, c) for c in p) for p in pieces]
+
+
+@pytest.mark.parametrize("pre,add_bos,adds", [("tekken", None, True), ("llama-bpe", None, True),
+                                              ("tekken", False, False), ("gpt2", None, False)])  # fmt: skip
+def test_a_bos_by_llama_cpps_defaults(tmp_path, llama_target, pre, add_bos, adds):
+    """Without tokenizer.ggml.add_bos_token, llama.cpp adds a BOS for Llama 3's and tekken's
+    pre-tokenizers, and not for the rest; the key, where present, decides."""
+    path = make_tiny_gguf(
+        tmp_path / "b.gguf", llama_target, tokenizer_pre=pre, bos_token="<|endoftext|>",
+        add_bos=add_bos,
+    )  # fmt: skip
+    tok = gguf.build_tokenizer(path)
+    bos = tok.convert_tokens_to_ids("<|endoftext|>")
+    assert (tok.encode("hi")[0] == bos) is adds
+
+
 def test_tokenizer_comes_from_the_metadata(tmp_path, llama_target):
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 

@@ -83,18 +83,26 @@ _QWEN2 = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-PRE_TOKENIZERS = {
-    "default": [_GPT2],
-    "gpt2": [_GPT2],
-    "smollm": [r"\p{N}", _GPT2],
-    "starcoder": [r"\p{N}", _GPT2],
-    "refact": [r"\p{N}", _GPT2],
-    "llama3": [_LLAMA3],
-    "llama-v3": [_LLAMA3],
-    "llama-bpe": [_LLAMA3],
-    "qwen2": [_QWEN2],
+# Mistral's tekken (Mistral Nemo, Small 3.x): tokenizer.json's own expression, which llama.cpp
+# quotes beside the rewrite its regex engine needs (an upper-case run splits off the next word).
+_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# The names llama.cpp reads each expression for (llama-vocab.cpp, `tokenizer_pre`).
+_SAME = {
+    (_GPT2,): ("default", "gpt2", "gpt-2", "phi-2", "mellum"),
+    (r"\p{N}", _GPT2): ("smollm", "starcoder", "refact"),
+    (_LLAMA3,): ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "lfm2"),
+    (_QWEN2,): ("qwen2", "deepseek-r1-qwen", "megrez"),
+    (_TEKKEN,): ("tekken",),
 }
-IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe"}  # their tokenizer.json says ignore_merges
+PRE_TOKENIZERS = {name: list(exprs) for exprs, names in _SAME.items() for name in names}
+# llama.cpp turns merges off (a word in the vocabulary is one token) and adds a BOS by default
+# for these; the file's tokenizer.ggml.add_bos_token overrides the latter.
+IGNORE_MERGES = set(_SAME[(_LLAMA3,)]) | {"tekken"}
+BOS_BY_DEFAULT = IGNORE_MERGES
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q"}
 _SCALARS.update({11: "<q", 12: "<d"})
@@ -511,7 +519,7 @@ def build_tokenizer(path: Path) -> Any:
         return tokens[int(idx)] if idx is not None and 0 <= int(idx) < len(tokens) else None
 
     bos, eos = special("bos"), special("eos")
-    if bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None:
+    if bool(meta.get("tokenizer.ggml.add_bos_token", pre in BOS_BY_DEFAULT)) and bos is not None:
         bos_id = int(meta["tokenizer.ggml.bos_token_id"])
         tok.post_processor = TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]

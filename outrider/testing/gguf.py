@@ -93,6 +93,9 @@ def make_tiny_gguf(
     types: dict[str, str] | None = None,
     architecture: str | None = None,
     seed: int = 0,
+    tokenizer_pre: str = "gpt2",
+    bos_token: str | None = None,
+    add_bos: bool | None = False,
     **overrides,
 ) -> Path:
     """Write `path` (a .gguf file) from the tiny target folder `source`, or from a new one made
@@ -100,7 +103,10 @@ def make_tiny_gguf(
 
     `quant` is the GGML type of every 2-D and 3-D (experts) weight (norms and biases stay F32, as the converter
     keeps them); `types` overrides it per GGUF tensor name. `architecture` overrides
-    general.architecture (to test refusals). Returns `path`.
+    general.architecture (to test refusals). `tokenizer_pre` is tokenizer.ggml.pre; `bos_token`
+    (a special token's text) sets the BOS id, and `add_bos` tokenizer.ggml.add_bos_token (None
+    leaves the key out, as converters do when the tokenizer config says nothing). Returns
+    `path`.
     """
     import gguf
     from gguf import GGMLQuantizationType as Q
@@ -144,14 +150,17 @@ def make_tiny_gguf(
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre(tokenizer_pre)
     w.add_token_list(tok["tokens"])
     w.add_token_types(tok["types"])
     if tok["merges"]:
         w.add_token_merges(tok["merges"])
     w.add_eos_token_id(tok["eos"])
     w.add_pad_token_id(tok["pad"])
-    w.add_add_bos_token(False)
+    if bos_token is not None:
+        w.add_bos_token_id(tok["tokens"].index(bos_token))
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
     if tok["chat_template"]:
         w.add_chat_template(tok["chat_template"])
 
