@@ -374,4 +374,9 @@ def test_call_openings_follow_the_templates_syntax():
     assert named == '<tool_call>\n{"name": "get_weather", "arguments": '
     assert call_opening("<|tool_call>call:", "f") == "<|tool_call>call:f{"
     assert call_opening("<tool_call><function=", "f") == "<tool_call>\n<function=f>"
+    lfm2 = "<|tool_list_start|>{{ tools }}<|tool_list_end|>"
+    assert call_opening(lfm2, "f") == "<|tool_call_start|>[f("
+    assert (
+        call_opening("{{ '<atem:invoke' }}", "f") == '<atem:function_calls>\n<atem:invoke name="f">'
+    )
     assert call_opening("{{ messages }}", None) is None

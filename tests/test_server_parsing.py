@@ -22,6 +22,11 @@ SYNTAXES = {
     "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
     "xml-bare": "<function=get_weather><parameter=city>Paris, FR</parameter>"
     "<parameter=days>3</parameter></function>",
+    "lfm2": '<|tool_call_start|>[get_weather(city="Paris, FR", days=3)]<|tool_call_end|>',
+    "lfm2-positional": '<|tool_call_start|>[get_weather("Paris, FR", 3)]<|tool_call_end|>',
+    "atem": '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city">'
+    'Paris, FR</atem:parameter>\n<atem:parameter name="days">3</atem:parameter>\n</atem:invoke>'
+    "\n</atem:function_calls>",
 }
 
 
@@ -50,6 +55,41 @@ def test_invalid_or_unknown_calls_stay_text():
     text = "a <tool_c"  # a marker prefix that never completes is released at the end
     gate = ToolGate(SCHEMAS)
     assert gate.feed(text) == "a " and gate.finish() == ("<tool_c", [])
+
+
+def test_python_calls_are_read_never_run():
+    """LFM2's calls are parsed as Python syntax: literal arguments only (a name or a call in an
+    argument, a truncated call, an unknown tool: the whole block stays text); JSON's
+    true/false/null read as Python's; two calls in one block come back in order."""
+    for body in (
+        '[get_weather(city=__import__("os").system("true"))]',
+        "[get_weather(city=CITY)]",
+        '[get_weather(city="Paris"',
+        '[launch_rockets(when="now")]',
+        '[get_weather("Paris", 3, "extra")]',  # more positional arguments than parameters
+        "[print]",
+    ):
+        text = f"<|tool_call_start|>{body}<|tool_call_end|>"
+        assert parse_tool_calls(text, SCHEMAS) == (text, []), body
+    text = (
+        '<|tool_call_start|>[get_weather(city="Oslo", days=null), '
+        'get_weather(city="Rome", days=true)]<|tool_call_end|> Checking both.'
+    )
+    rest, calls = parse_tool_calls(text, SCHEMAS)
+    assert rest == "Checking both."
+    assert [c.arguments for c in calls] == [
+        {"city": "Oslo", "days": None},
+        {"city": "Rome", "days": True},
+    ]
+
+
+def test_two_atem_invokes_in_one_block():
+    one = '<atem:invoke name="get_weather"><atem:parameter name="city">{}</atem:parameter></atem:invoke>'
+    text = (
+        "<atem:function_calls>" + one.format("Oslo") + one.format("42") + "</atem:function_calls>"
+    )
+    rest, calls = parse_tool_calls(text, SCHEMAS)
+    assert rest == "" and [c.arguments["city"] for c in calls] == ["Oslo", "42"]  # a string
 
 
 def test_two_calls_in_order():

@@ -54,6 +54,11 @@ def requested_call(choice: Any, tools: list[str], api: str) -> tuple[bool, str |
 
 def call_opening(template: str, name: str | None) -> str | None:
     """The start of a tool call in the syntax `template` renders calls in; None if unknown."""
+    if "<|tool_call_start|>" in template or "<|tool_list_start|>" in template:
+        # LiquidAI LFM2: <|tool_call_start|>[NAME(key="value")]<|tool_call_end|>
+        return "<|tool_call_start|>[" + (f"{name}(" if name else "")
+    if "<atem:" in template:  # Muse-Glimmer's ATEM form
+        return '<atem:function_calls>\n<atem:invoke name="' + (f'{name}">' if name else "")
     if "<|tool_call>" in template:  # Gemma-4: <|tool_call>call:NAME{...}<tool_call|>
         return "<|tool_call>call:" + (f"{name}{{" if name else "")
     if "<function=" in template:  # the XML function form (Qwen3-Coder and others)
@@ -80,7 +85,8 @@ def forced_opening(
         raise ApiError(
             400,
             "tool_choice forces a tool call, but this model's chat template renders no tool-call "
-            "syntax outrider knows (Hermes <tool_call>, Gemma-4 <|tool_call>, <function=>)",
+            "syntax outrider knows (Hermes <tool_call>, Gemma-4 <|tool_call>, <function=>, "
+            "LFM2 <|tool_call_start|>, ATEM <atem:invoke>)",
             param="tool_choice",
         )
     return (f"{close_thinking}\n\n" if close_thinking else "") + opening

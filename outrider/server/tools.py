@@ -1,8 +1,12 @@
 """Tool calls in each model family's own syntax, parsed into one neutral form.
 
 Syntaxes: Hermes/Qwen JSON (`<tool_call>{"name": …, "arguments": …}</tool_call>`), Gemma-4
-(`<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>`) and the XML function form
-(`<function=NAME><parameter=K>value</parameter></function>`, optionally inside `<tool_call>`).
+(`<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>`), the XML function form
+(`<function=NAME><parameter=K>value</parameter></function>`, optionally inside `<tool_call>`),
+LiquidAI LFM2's Python calls (`<|tool_call_start|>[get_weather(city="Paris", days=3)]
+<|tool_call_end|>`, read with `ast`, never run; positional arguments take the schema's order)
+and Muse-Glimmer's ATEM form (`<atem:function_calls><atem:invoke name="N"><atem:parameter
+name="K">value</atem:parameter></atem:invoke></atem:function_calls>`).
 A call is reported only once it is complete and valid (a known tool, arguments an object);
 anything else stays text. `ToolGate` streams answer text until the first call marker and holds
 the rest for parsing at the end.
@@ -10,12 +14,14 @@ the rest for parsing at the end.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import secrets
 from dataclasses import dataclass, field
 
-MARKERS = ("<tool_call>", "<|tool_call>", "<function=")
+MARKERS = ("<tool_call>", "<|tool_call>", "<function=", "<|tool_call_start|>")
+MARKERS += ("<atem:function_calls>", "<atem:invoke")
 _HERMES = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 _GEMMA = re.compile(r"<\|tool_call>call:([\w.\-]+)\{(.*?)\}<tool_call\|>", re.S)
 _XML = re.compile(
@@ -23,6 +29,15 @@ _XML = re.compile(
 )
 _XML_PARAM = re.compile(r"<parameter=([\w.\-]+)>\n?(.*?)\n?</parameter>", re.S)
 _GEMMA_STR = '<|"|>'
+_LFM2 = re.compile(r"<\|tool_call_start\|>(.*?)<\|tool_call_end\|>", re.S)
+_ATEM = re.compile(
+    r"(?:<atem:function_calls>\s*)?((?:<atem:invoke name=\"[^\"]+\">.*?</atem:invoke>\s*)+)"
+    r"(?:</atem:function_calls>)?",
+    re.S,
+)
+_ATEM_INVOKE = re.compile(r'<atem:invoke name="([^"]+)">(.*?)</atem:invoke>', re.S)
+_ATEM_PARAM = re.compile(r'<atem:parameter name="([^"]+)">(.*?)</atem:parameter>', re.S)
+_PY_WORDS = {"true": True, "false": False, "null": None}  # JSON spellings in a Python call
 
 
 @dataclass
@@ -71,6 +86,34 @@ def _gemma_args(body: str, types: dict[str, str]) -> dict | None:
     return args
 
 
+def _python_value(node: ast.expr):
+    """A literal argument of a Python-syntax call (no names, no calls: nothing is evaluated)."""
+    if isinstance(node, ast.Name) and node.id in _PY_WORDS:
+        return _PY_WORDS[node.id]
+    return ast.literal_eval(node)
+
+
+def _python_calls(body: str, order) -> list[ToolCall] | None:
+    """LFM2's `[f(a=1), g("x")]` as calls, or None when it is not a list of plain calls with
+    literal arguments; `order(name)` lists a tool's parameters for positional arguments."""
+    try:
+        tree = ast.parse(body.strip(), mode="eval").body
+        items = tree.elts if isinstance(tree, ast.List) else [tree]
+        calls = []
+        for item in items:
+            if not isinstance(item, ast.Call) or not isinstance(item.func, ast.Name):
+                return None
+            names = order(item.func.id)
+            if len(item.args) > len(names) or any(k.arg is None for k in item.keywords):
+                return None
+            args = {k: _python_value(v) for k, v in zip(names, item.args)}
+            args.update({k.arg: _python_value(k.value) for k in item.keywords})
+            calls.append(ToolCall(item.func.id, args))
+        return calls
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return None
+
+
 def parse_tool_calls(
     text: str, schemas: dict[str, dict] | None = None
 ) -> tuple[str, list[ToolCall]]:
@@ -110,11 +153,23 @@ def parse_tool_calls(
         args = {k: _scalar(v, kinds.get(k)) for k, v in _XML_PARAM.findall(m.group(2))}
         if known(m.group(1)):
             calls.append((m.start(), m.end(), ToolCall(m.group(1), args)))
+    for m in _LFM2.finditer(text):
+        found = _python_calls(m.group(1), lambda name: list(types(name)))
+        if found and all(known(c.name) for c in found):  # one block: all of it, or text
+            calls.extend((m.start(), m.end(), c) for c in found)
+    for m in _ATEM.finditer(text):
+        found = []
+        for name, body in _ATEM_INVOKE.findall(m.group(1)):
+            kinds = types(name)
+            args = {k: _scalar(v, kinds.get(k)) for k, v in _ATEM_PARAM.findall(body)}
+            found.append(ToolCall(name, args))
+        if found and all(known(c.name) for c in found):
+            calls.extend((m.start(), m.end(), c) for c in found)
     calls.sort(key=lambda c: c[0])
     kept, last = [], 0
     for start, end, _ in calls:
-        kept.append(text[last:start])
-        last = end
+        kept.append(text[last : max(start, last)])  # a block of several calls is cut once
+        last = max(last, end)
     kept.append(text[last:])
     return "".join(kept).strip(), [c for _, _, c in calls]
 
