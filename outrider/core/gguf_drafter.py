@@ -62,7 +62,7 @@ GLOBAL_NAMES = {
 }
 # Per layer: blk.{i}.<key>.weight -> layers.{i}.<value>.weight (llama.cpp's block names, as
 # a target GGUF's: the drafter's layers are dense Qwen3 decoder layers, no experts)
-LAYER_NAMES = {k: v for k, v in BLOCK_NAMES.items() if not v.startswith(("mlp.gate", "mlp.switch"))}
+LAYER_NAMES = {k: v for k, v in BLOCK_NAMES.items() if not k.endswith(("_exps", "_inp"))}
 LOG_SNR_TENSORS = tuple(f"dspark.log_snr_fc{i}.{k}" for i in (1, 2) for k in ("weight", "bias"))
 LOG_SNR_FEATURES = 128  # sinusoidal features of the conditioning MLP's input
 
