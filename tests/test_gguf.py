@@ -184,6 +184,75 @@ def test_a_bos_by_llama_cpps_defaults(tmp_path, llama_target, pre, add_bos, adds
     assert (tok.encode("hi")[0] == bos) is adds
 
 
+def spm_reference(text: str, tokens: list[str], scores: list[float]) -> list[int]:
+    """llama.cpp's SentencePiece tokenization, spelled out: spaces become "▁", one is prefixed,
+    the adjacent pair whose join is a piece with the highest score merges (the leftmost on a
+    tie) until none is, and a symbol that is no piece is spelled as byte pieces."""
+    ids = {t: i for i, t in enumerate(tokens) if i >= 259}  # pieces (not <unk>/<s>/</s>/bytes)
+    symbols = list("\u2581" + text.replace(" ", "\u2581"))
+    while True:
+        best = None
+        for i in range(len(symbols) - 1):
+            joined = ids.get(symbols[i] + symbols[i + 1])
+            if joined is not None and (best is None or scores[joined] > best[0]):
+                best = (scores[joined], i)
+        if best is None:
+            break
+        i = best[1]
+        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
+    out = []
+    for sym in symbols:
+        out.extend([ids[sym]] if sym in ids else [3 + b for b in sym.encode()])
+    return out
+
+
+@pytest.fixture(scope="module")
+def spm_gguf(models_dir):
+    return make_tiny_gguf(
+        models_dir / "llama-spm.gguf",
+        family="llama",
+        tokenizer_pre="sentencepiece",
+        vocab_size=340,
+        add_bos=None,  # llama.cpp's default for SentencePiece: a BOS
+    )
+
+
+def test_a_sentencepiece_vocabulary_tokenizes_as_llama_cpp_does(spm_gguf):
+    """On random text over the corpus' letters, spaces, punctuation and characters the
+    vocabulary lacks, the rebuilt tokenizer gives llama.cpp's ids (the procedure written out
+    in `spm_reference`), adds a BOS by default, and decodes back to the text."""
+    import random
+
+    meta = gguf.read_header(spm_gguf).metadata
+    tokens, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"].tolist()
+    tok = gguf.build_tokenizer(spm_gguf)
+    rng = random.Random(0)
+    alphabet = list("thequickbrownfoxjumpsoverlazydog") + [" "] * 6 + list(",.é→ZQ")
+    texts = ["the fox", "the  dog sleeps", " leading", "trailing ", "ünï → ok"]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(300)]
+    for text in texts:
+        want = spm_reference(text, tokens, scores)
+        assert tok.encode(text, add_special_tokens=False) == want, text
+        assert tok.encode(text) == [1, *want]
+        assert tok.decode(want) == text, text
+
+
+def test_a_sentencepiece_file_generates_and_streams(spm_gguf):
+    pipe = outrider.load(str(spm_gguf), mode="lookup")
+    ids = pipe.encode("the quick brown fox")
+    assert ids.count(1) == 1 and ids[0] == 1  # the template's BOS, not a second one
+    assert pipe.tokenizer.decode(ids[1:]) == "[INST] the quick brown fox [/INST]"
+    res = pipe.generate(ids, max_tokens=16, stop_tokens=set())
+    assert res.tokens == plain_greedy(spm_gguf, ids, 16)
+    text = "the lazy fox → ünï, ok"  # SentencePiece's streaming detokenizer, token by token
+    detokenizer = pipe.tokenizer.detokenizer
+    detokenizer.reset()
+    for t in pipe.tokenizer.encode(text, add_special_tokens=False):
+        detokenizer.add_token(t)
+    detokenizer.finalize()
+    assert detokenizer.text == text
+
+
 def test_tokenizer_comes_from_the_metadata(tmp_path, llama_target):
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 

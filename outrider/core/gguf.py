@@ -32,6 +32,8 @@ import numpy as np
 
 from .errors import CheckpointError
 from .gguf_blocks import BITS, BLOCK, GROUP_SIZE, affine_triple
+from .gguf_tokenizer import build_tokenizer as tokenizer_from_metadata
+from .gguf_tokenizer import check_tokenizer
 
 MAGIC = b"GGUF"
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1-style per-dimension RoPE factors
@@ -72,37 +74,6 @@ BLOCK_NAMES = {
     "ffn_up_exps": "mlp.switch_mlp.up_proj",
     "ffn_down_exps": "mlp.switch_mlp.down_proj",
 }
-
-# tokenizer.ggml.pre -> the split expressions llama.cpp applies, in order (llama-vocab.cpp).
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = (
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# Mistral's tekken (Mistral Nemo, Small 3.x): tokenizer.json's own expression, which llama.cpp
-# quotes beside the rewrite its regex engine needs (an upper-case run splits off the next word).
-_TEKKEN = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# The names llama.cpp reads each expression for (llama-vocab.cpp, `tokenizer_pre`).
-_SAME = {
-    (_GPT2,): ("default", "gpt2", "gpt-2", "phi-2", "mellum"),
-    (r"\p{N}", _GPT2): ("smollm", "starcoder", "refact"),
-    (_LLAMA3,): ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "lfm2"),
-    (_QWEN2,): ("qwen2", "deepseek-r1-qwen", "megrez"),
-    (_TEKKEN,): ("tekken",),
-}
-PRE_TOKENIZERS = {name: list(exprs) for exprs, names in _SAME.items() for name in names}
-# llama.cpp turns merges off (a word in the vocabulary is one token) and adds a BOS by default
-# for these; the file's tokenizer.ggml.add_bos_token overrides the latter.
-IGNORE_MERGES = set(_SAME[(_LLAMA3,)]) | {"tekken"}
-BOS_BY_DEFAULT = IGNORE_MERGES
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q"}
 _SCALARS.update({11: "<q", 12: "<d"})
@@ -294,17 +265,7 @@ def check(header: Header) -> None:
             )
     if "token_embd.weight" not in header.tensors:
         raise CheckpointError(f"{name} has no token_embd.weight tensor")
-    tok_model = header.metadata.get("tokenizer.ggml.model")
-    if tok_model != "gpt2":
-        raise CheckpointError(
-            f"{name}: tokenizer model {tok_model!r} is not supported yet (supported: 'gpt2', "
-            "byte-level BPE)"
-        )
-    pre = header.metadata.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
-        raise CheckpointError(
-            f"{name}: pre-tokenizer {pre!r} is not known (known: {', '.join(PRE_TOKENIZERS)})"
-        )
+    check_tokenizer(header.metadata, name)
 
 
 def _int(header: Header, key: str, default: int | None = None) -> int:
@@ -476,67 +437,10 @@ def read_weights(path: Path) -> dict[str, mx.array]:
 
 
 def build_tokenizer(path: Path) -> Any:
-    """A transformers fast tokenizer (in mlx-lm's wrapper) from the vocabulary, merges, special
-    ids and chat template in the file's metadata."""
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.processors import TemplateProcessing
-    from transformers import PreTrainedTokenizerFast
-
+    """The file's tokenizer (`gguf_tokenizer.py`), in mlx-lm's wrapper."""
     header = read_header(path)
     check(header)
-    meta = header.metadata
-    tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
-    if not tokens:
-        raise CheckpointError(f"{path.name} has no tokenizer vocabulary in its metadata")
-    pre = meta.get("tokenizer.ggml.pre", "default")
-    bpe = models.BPE(
-        vocab={t: i for i, t in enumerate(tokens)},
-        merges=merges,
-        ignore_merges=pre in IGNORE_MERGES,
-    )
-    tok = Tokenizer(bpe)
-    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[pre]]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
-    types = meta.get("tokenizer.ggml.token_type")
-    if types is not None:  # 3 = control (special), 4 = user-defined (matched whole, not special)
-        tok.add_special_tokens(
-            [
-                AddedToken(tokens[i], normalized=False, special=True)
-                for i in np.flatnonzero(types == 3)
-            ]
-        )
-        tok.add_tokens(
-            [AddedToken(tokens[i], normalized=False) for i in np.flatnonzero(types == 4)]
-        )
-
-    def special(key: str) -> str | None:
-        idx = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[int(idx)] if idx is not None and 0 <= int(idx) < len(tokens) else None
-
-    bos, eos = special("bos"), special("eos")
-    if bool(meta.get("tokenizer.ggml.add_bos_token", pre in BOS_BY_DEFAULT)) and bos is not None:
-        bos_id = int(meta["tokenizer.ggml.bos_token_id"])
-        tok.post_processor = TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
-        )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=bos,
-        eos_token=eos,
-        unk_token=special("unknown"),
-        pad_token=special("padding"),
-        clean_up_tokenization_spaces=False,
-    )
-    fast.chat_template = meta.get("tokenizer.chat_template")
-    eos_ids = [int(meta["tokenizer.ggml.eos_token_id"])] if eos is not None else []
-    if meta.get("tokenizer.ggml.eot_token_id") is not None:
-        eos_ids.append(int(meta["tokenizer.ggml.eot_token_id"]))
-    return TokenizerWrapper(fast, BPEStreamingDetokenizer, eos_token_ids=eos_ids)
+    return tokenizer_from_metadata(header.metadata, path.name)
 
 
 def build_model(path: Path, config: dict | None = None) -> nn.Module:

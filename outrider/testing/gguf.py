@@ -103,7 +103,8 @@ def make_tiny_gguf(
 
     `quant` is the GGML type of every 2-D and 3-D (experts) weight (norms and biases stay F32, as the converter
     keeps them); `types` overrides it per GGUF tensor name. `architecture` overrides
-    general.architecture (to test refusals). `tokenizer_pre` is tokenizer.ggml.pre; `bos_token`
+    general.architecture (to test refusals). `tokenizer_pre` is tokenizer.ggml.pre, or
+    "sentencepiece" for a `llama` vocabulary of pieces and scores (`spm_vocabulary`); `bos_token`
     (a special token's text) sets the BOS id, and `add_bos` tokenizer.ggml.add_bos_token (None
     leaves the key out, as converters do when the tokenizer config says nothing). Returns
     `path`.
@@ -149,20 +150,31 @@ def make_tiny_gguf(
         w.add_tensor("rope_freqs.weight", factors.astype(np.float32))
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(tokenizer_pre)
-    w.add_token_list(tok["tokens"])
-    w.add_token_types(tok["types"])
-    if tok["merges"]:
-        w.add_token_merges(tok["merges"])
-    w.add_eos_token_id(tok["eos"])
-    w.add_pad_token_id(tok["pad"])
-    if bos_token is not None:
-        w.add_bos_token_id(tok["tokens"].index(bos_token))
+    if tokenizer_pre == "sentencepiece":  # llama.cpp's `llama` vocabulary: pieces and scores
+        spm = spm_vocabulary(cfg["vocab_size"], seed)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(spm["tokens"])
+        w.add_token_scores(spm["scores"])
+        w.add_token_types(spm["types"])
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_chat_template(SPM_TEMPLATE)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(tokenizer_pre)
+        w.add_token_list(tok["tokens"])
+        w.add_token_types(tok["types"])
+        if tok["merges"]:
+            w.add_token_merges(tok["merges"])
+        w.add_eos_token_id(tok["eos"])
+        w.add_pad_token_id(tok["pad"])
+        if bos_token is not None:
+            w.add_bos_token_id(tok["tokens"].index(bos_token))
+        if tok["chat_template"]:
+            w.add_chat_template(tok["chat_template"])
     if add_bos is not None:
         w.add_add_bos_token(add_bos)
-    if tok["chat_template"]:
-        w.add_chat_template(tok["chat_template"])
 
     weights = mx.load(str(source / "model.safetensors"))
     for name in sorted(weights):
@@ -211,3 +223,37 @@ def random_blocks(qtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarr
     for at, value in SCALE_FIELDS.get(qtype, ()):
         data[..., at : at + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
     return data.reshape(*shape[:-1], -1)
+
+
+SPM_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }}"
+    " [/INST]{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+SPM_CORPUS = "the quick brown fox jumps over the lazy dog, then the dog sleeps and the fox runs"
+
+
+def spm_vocabulary(size: int, seed: int = 0) -> dict:
+    """A SentencePiece vocabulary of exactly `size` entries, laid out as Llama 2's: <unk>, <s>,
+    </s>, the 256 byte pieces <0x00>.., then "▁" and the corpus' characters, then random
+    substrings (2-6 characters) of its words with random scores, so that pieces overlap and
+    compete for the same characters and a long piece may outrank its parts (as a unigram
+    model's do)."""
+    rng = np.random.default_rng(seed)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    words = ["\u2581" + w for w in SPM_CORPUS.replace(",", " ,").split()]
+    pieces = sorted({c for w in words for c in w})
+    spans = sorted({w[i:j] for w in words for i in range(len(w)) for j in range(i + 2, i + 7)})
+    spans = [s for s in spans if len(s) >= 2 and s not in pieces]
+    room = size - len(tokens) - len(pieces)
+    if room < 0 or room > len(spans):
+        raise ValueError(f"a vocabulary of {size} needs {len(tokens) + len(pieces)} to "
+                         f"{len(tokens) + len(pieces) + len(spans)} entries")  # fmt: skip
+    chosen = [spans[i] for i in sorted(rng.choice(len(spans), room, replace=False))]
+    scores = [0.0] * len(tokens) + [-1.0] * len(pieces)  # single characters: the fallback
+    scores += [float(x) for x in rng.uniform(-50.0, 0.0, room)]
+    return {
+        "tokens": tokens + pieces + chosen,
+        "scores": scores,
+        "types": types + [1] * (len(pieces) + room),
+    }
