@@ -132,7 +132,7 @@ def models(
     if as_json:
         _print_json({"pairs": rows, **installed, "memory": {"bytes": memory, "source": source}})
         return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     widths = {"id": 18, "family": 12, "speedup": 14, "source": 9, "repo": 56}
     names = ("id", "family", "mode", "cap", "speedup", "source", "fits", "cached", "role")
     for name in (*names, "repo", "size"):
