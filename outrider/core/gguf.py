@@ -4,9 +4,10 @@ mlx-lm's module names, tokenizer), without executing anything from the file.
 The header (metadata, tensor table) is parsed here, so a damaged or unsupported file is refused
 with one line before anything is read. Tensor data is read here too, not by MLX's own GGUF
 reader (which skips some types without a word and dequantizes Q4_K wrongly in MLX 0.32):
-float tensors as stored, quantized ones as MLX affine triples (`gguf_blocks.py`): Q4_0, Q4_1,
-Q8_0, Q4_K and Q5_K keep the file's codes, so the K-quant files most people download (Q4_K_M,
-Q5_K_M) run at their own size; Q6_K is held at 8 bits.
+float tensors as stored, quantized ones as MLX affine triples (`gguf_blocks.py`): Q4_0 … Q8_0,
+Q4_K and Q5_K keep the file's codes, so the K-quant files most people download (Q4_K_M,
+Q5_K_M) run at about their own size; Q6_K is held at 8 bits. The tokenizer is rebuilt from the
+metadata (`gguf_tokenizer.py`). Architectures: llama, qwen2, qwen3 and qwen3moe.
 
 RoPE: llama.cpp's converter permutes the Q/K rows of `llama` files so that GGML's "normal" RoPE
 (adjacent pairs) computes what the Hugging Face model computes with rotate-half. We keep the
