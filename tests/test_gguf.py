@@ -48,7 +48,7 @@ def plain_greedy(path, ids: list[int], n: int) -> list[int]:
 # --- the converted model is the model ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"])
 def test_converted_model_computes_what_the_original_does(tmp_path, family):
     """Logits of the F32 GGUF equal the Hugging Face layout model's. For llama the converter
     permuted Q/K rows; running the other RoPE convention on the file's rows must be wrong."""
@@ -59,11 +59,12 @@ def test_converted_model_computes_what_the_original_does(tmp_path, family):
     ids = mx.array([list(range(5, 45))])
     want = original(ids)
     config = gguf.read_config(path)
-    assert config["rope_traditional"] is (family == "llama")
+    traditional = family in ("llama", "mixtral")  # `llama` files: Q/K rows permuted
+    assert config["rope_traditional"] is traditional
     got = gguf.build_model(path, config)(ids)
     assert mx.abs(got - want).max().item() < 1e-4
-    if family in ("llama", "qwen2"):  # (mlx-lm's qwen3 has no rope_traditional setting)
-        flipped = gguf.build_model(path, {**config, "rope_traditional": family != "llama"})
+    if family in ("llama", "qwen2", "mixtral"):  # (mlx-lm's qwen3 has no rope_traditional)
+        flipped = gguf.build_model(path, {**config, "rope_traditional": not traditional})
         assert mx.abs(flipped(ids) - want).max().item() > 0.1
 
 
@@ -71,14 +72,19 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
 LLAMA3["original_max_position_embeddings"] = 8192
 
 
-def test_a_quantized_moe_file_matches_plain_greedy(tmp_path):
-    """qwen3moe: a router and every expert's projections in 3-D tensors, quantized (Q8_0
-    experts, Q4_1 attention); dspark over it gives mlx-lm's plain greedy tokens."""
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_a_quantized_moe_file_matches_plain_greedy(tmp_path, family):
+    """qwen3moe and Mixtral (a llama file with experts): a router and every expert's
+    projections in 3-D tensors, quantized (Q8_0 experts, Q4_1 attention); dspark over it gives
+    mlx-lm's plain greedy tokens."""
     path = make_tiny_gguf(
-        tmp_path / "moe.gguf", family="qwen3_moe", quant="Q4_1", seed=5,
+        tmp_path / "moe.gguf", family=family, quant="Q4_1", seed=5,
         types={f"blk.{i}.ffn_{p}_exps.weight": "Q8_0" for i in range(4) for p in ("gate", "up", "down")},
     )  # fmt: skip
-    assert gguf.read_config(path)["quantization"]["model.layers.0.mlp.switch_mlp.up_proj"] == {
+    experts = "block_sparse_moe" if family == "mixtral" else "mlp"
+    assert gguf.read_config(path)["quantization"][
+        f"model.layers.0.{experts}.switch_mlp.up_proj"
+    ] == {
         "group_size": 32,
         "bits": 8,
     }
@@ -431,9 +437,9 @@ def _damaged(tmp_path, source, kind):
         types = {"blk.2.ffn_up.weight": "IQ2_XXS"}
         path = make_tiny_gguf(tmp_path / "iq.gguf", source, types=types)
         return path, "tensor 'blk.2.ffn_up.weight' has type IQ2_XXS"
-    if kind == "experts-in-llama":  # Mixtral's packaging: a llama file with expert tensors
-        moe = make_tiny_gguf(tmp_path / "moe.gguf", family="qwen3_moe", architecture="llama")
-        return moe, "a llama file with experts (tensor 'blk.0.ffn_gate_inp.weight'"
+    if kind == "experts-in-qwen3":  # only qwen3moe and llama (as Mixtral) files hold experts
+        moe = make_tiny_gguf(tmp_path / "moe.gguf", family="qwen3_moe", architecture="qwen3")
+        return moe, "a qwen3 file with experts (tensor 'blk.0.ffn_gate_inp.weight')"
     if kind == "k-quant":  # 16-weight sub-blocks at 2-3 bits: no faithful MLX layout as small
         path = make_tiny_gguf(tmp_path / "k.gguf", source, types={"output.weight": "Q3_K"})
         return path, "has type Q3_K"
@@ -454,7 +460,7 @@ def _damaged(tmp_path, source, kind):
         "tensor-type",
         "k-quant",
         "partial-block",
-        "experts-in-llama",
+        "experts-in-qwen3",
         "not-gguf",
     ],
 )

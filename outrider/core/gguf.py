@@ -7,7 +7,8 @@ reader (which skips some types without a word and dequantizes Q4_K wrongly in ML
 float tensors as stored, quantized ones as MLX affine triples (`gguf_blocks.py`): Q4_0 … Q8_0,
 Q4_K and Q5_K keep the file's codes, so the K-quant files most people download (Q4_K_M,
 Q5_K_M) run at about their own size; Q6_K is held at 8 bits. The tokenizer is rebuilt from the
-metadata (`gguf_tokenizer.py`). Architectures: llama, qwen2, qwen3 and qwen3moe.
+metadata (`gguf_tokenizer.py`). Architectures: llama (with experts: Mixtral), qwen2, qwen3 and
+qwen3moe.
 
 RoPE: llama.cpp's converter permutes the Q/K rows of `llama` files so that GGML's "normal" RoPE
 (adjacent pairs) computes what the Hugging Face model computes with rotate-half. We keep the
@@ -44,7 +45,7 @@ ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1-style per-dimension RoPE factors
 # QWEN2 / QWEN3 are "neox" (rotate-half, rows as in the Hugging Face checkpoint).
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
 ARCHITECTURES["qwen3moe"] = ("qwen3_moe", False)  # Qwen3's attention, every layer's MLP experts
-MOE_ARCHITECTURES = {"qwen3moe"}
+MIXTRAL = ("mixtral", True)  # a `llama` file with experts: Mixtral's packaging
 
 # Tensor types read as stored; the quantized ones become MLX affine triples (gguf_blocks.py).
 PLAIN_TYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
@@ -220,14 +221,26 @@ def _read_header(path_str: str, size: int, mtime: int) -> Header:
     return header
 
 
-def _module_name(tensor: str) -> str | None:
-    """The mlx-lm module path of a llama.cpp tensor name (without .weight/.bias), or None."""
+def model_type(header: Header) -> tuple[str, bool]:
+    """(mlx-lm model_type, traditional RoPE) of the file: by its architecture, where a `llama`
+    file with experts (a router per layer) is Mixtral."""
+    if header.arch == "llama" and "blk.0.ffn_gate_inp.weight" in header.tensors:
+        return MIXTRAL
+    return ARCHITECTURES[header.arch]
+
+
+def _module_name(tensor: str, model: str = "") -> str | None:
+    """The mlx-lm module path of a llama.cpp tensor name (without .weight/.bias), or None.
+    mlx-lm's Mixtral keeps its experts under `block_sparse_moe`, not `mlp`."""
     base = tensor.rsplit(".", 1)[0]
     if base in GLOBAL_NAMES:
         return GLOBAL_NAMES[base]
     parts = base.split(".")
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{BLOCK_NAMES[parts[2]]}"
+        inner = BLOCK_NAMES[parts[2]]
+        if model == "mixtral" and inner.startswith("mlp."):
+            inner = "block_sparse_moe." + inner.removeprefix("mlp.")
+        return f"model.layers.{parts[1]}.{inner}"
     return None
 
 
@@ -255,10 +268,10 @@ def check(header: Header) -> None:
                 )
         if t.name == ROPE_FREQS:  # read into the config (llama3_scaling), not a weight
             continue
-        if ".ffn_gate_inp." in t.name and header.arch not in MOE_ARCHITECTURES:
+        if ".ffn_gate_inp." in t.name and model_type(header)[0] not in ("qwen3_moe", "mixtral"):
             raise CheckpointError(
-                f"{name}: a {header.arch} file with experts (tensor {t.name!r}, Mixtral-style) "
-                f"is not supported (experts: {', '.join(sorted(MOE_ARCHITECTURES))})"
+                f"{name}: a {header.arch} file with experts (tensor {t.name!r}) is not supported "
+                "(experts: qwen3moe, and llama files as Mixtral)"
             )
         if _module_name(t.name) is None or not t.name.endswith((".weight", ".bias")):
             raise CheckpointError(
@@ -321,8 +334,9 @@ def llama3_scaling(header: Header, head_dim: int, base: float) -> dict:
     return scaling
 
 
-def moe_fields(header: Header) -> dict:
-    """mlx-lm's qwen3_moe fields: every layer routes among `expert_count` experts, the top
+def moe_fields(header: Header, width: bool = True) -> dict:
+    """mlx-lm's qwen3_moe fields (Mixtral takes the counts): every layer routes among
+    `expert_count` experts, the top
     `expert_used_count` weighted by their softmax renormalised over the chosen (llama.cpp's
     qwen3moe graph always renormalises)."""
     experts, used = _int(header, "expert_count"), _int(header, "expert_used_count")
@@ -330,14 +344,16 @@ def moe_fields(header: Header) -> dict:
         raise CheckpointError(
             f"{header.path.name}: {used} experts used of {experts}; expected 1 to {experts}"
         )
-    return {
+    fields = {
         "num_experts": experts,
         "num_experts_per_tok": used,
-        "moe_intermediate_size": _int(header, "expert_feed_forward_length"),
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
         "norm_topk_prob": True,
     }
+    if width:
+        fields["moe_intermediate_size"] = _int(header, "expert_feed_forward_length")
+    return fields
 
 
 def read_config(path: Path) -> dict:
@@ -345,7 +361,7 @@ def read_config(path: Path) -> dict:
     header = read_header(path)
     check(header)
     arch, meta, tensors = header.arch, header.metadata, header.tensors
-    model_type, traditional = ARCHITECTURES[arch]
+    model, traditional = model_type(header)
     hidden = _int(header, "embedding_length")
     heads = _int(header, "attention.head_count")
     head_dim = _int(header, "attention.key_length", hidden // heads)
@@ -366,7 +382,7 @@ def read_config(path: Path) -> dict:
         rope_scaling = llama3_scaling(header, head_dim, base)
     vocab = tensors["token_embd.weight"].shape[0]
     config = {
-        "model_type": model_type,
+        "model_type": model,
         "architectures": [f"GGUF:{arch}"],
         "hidden_size": hidden,
         "num_hidden_layers": _int(header, "block_count"),
@@ -387,14 +403,23 @@ def read_config(path: Path) -> dict:
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "mlp_bias": "blk.0.ffn_gate.bias" in tensors,
     }
-    if model_type == "qwen3_moe":
+    if model == "qwen3_moe":
         config.update(moe_fields(header))
+    elif model == "mixtral":  # experts as wide as the file's feed_forward_length
+        fields = moe_fields(header, width=False)
+        config["num_local_experts"] = fields["num_experts"]
+        config["num_experts_per_tok"] = fields["num_experts_per_tok"]
+        if head_dim != hidden // heads:
+            raise CheckpointError(
+                f"{path.name}: heads of {head_dim} in a {hidden}-wide model; mlx-lm's Mixtral "
+                f"takes {hidden // heads}"
+            )
     for key in ("bos", "eos", "padding"):
         value = meta.get(f"tokenizer.ggml.{key}_token_id")
         if value is not None:
             config["pad_token_id" if key == "padding" else f"{key}_token_id"] = int(value)
     quant = {
-        _module_name(t.name): {"group_size": GROUP_SIZE, "bits": QUANT_BITS[t.type]}
+        _module_name(t.name, model): {"group_size": GROUP_SIZE, "bits": QUANT_BITS[t.type]}
         for t in tensors.values()
         if t.type in QUANT_BITS
     }
@@ -418,10 +443,11 @@ def read_weights(path: Path) -> dict[str, mx.array]:
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path.name} could not be read ({e})") from None
     weights = {}
+    model = model_type(header)[0]
     for tname, info in header.tensors.items():
         if tname == ROPE_FREQS:  # in the config's rope_scaling
             continue
-        base, kind = _module_name(tname), tname.rsplit(".", 1)[1]
+        base, kind = _module_name(tname, model), tname.rsplit(".", 1)[1]
         raw = data[info.offset : info.offset + info.nbytes]
         if len(raw) != info.nbytes:  # the file shrank since its header was read
             raise CheckpointError(f"{path.name} is truncated: tensor {tname!r} runs past its end")

@@ -33,6 +33,12 @@ FAMILIES = {
         "tie_word_embeddings": False,
     },
     "qwen2": {"model_type": "qwen2", "tie_word_embeddings": False},
+    "mixtral": {  # mlx-lm's Mixtral: a llama with experts (GGUF files are `llama` ones)
+        "model_type": "mixtral",
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+    },
     "qwen3_moe": {
         "model_type": "qwen3_moe",
         "head_dim": 16,

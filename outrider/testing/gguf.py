@@ -35,8 +35,12 @@ _BLOCK = {
     "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
     "mlp.switch_mlp.up_proj": "ffn_up_exps",
     "mlp.switch_mlp.down_proj": "ffn_down_exps",
+    "block_sparse_moe.gate": "ffn_gate_inp",  # Mixtral's names for the same
+    "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
+    "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
+    "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
 }
-ARCH = {"qwen3_moe": "qwen3moe"}  # GGUF's name where it is not the model_type
+ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}  # GGUF's name where not the model_type
 
 
 def gguf_name(name: str) -> str:
@@ -132,10 +136,11 @@ def make_tiny_gguf(
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_feed_forward_length(cfg["intermediate_size"])
-    if "num_experts" in cfg:
-        w.add_expert_count(cfg["num_experts"])
+    if "num_experts_per_tok" in cfg:
+        w.add_expert_count(cfg.get("num_experts", cfg.get("num_local_experts")))
         w.add_expert_used_count(cfg["num_experts_per_tok"])
-        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if "moe_intermediate_size" in cfg:
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
     w.add_key_length(head_dim)
@@ -179,9 +184,9 @@ def make_tiny_gguf(
     weights = mx.load(str(source / "model.safetensors"))
     for name in sorted(weights):
         arr = np.array(weights[name].astype(mx.float32))
-        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+        if ARCH.get(arch, arch) == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = permute_rows(arr, heads)
-        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+        elif ARCH.get(arch, arch) == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = permute_rows(arr, kv_heads)
         gname = gguf_name(name)
         qtype = Q[(types or {}).get(gname, quant if arr.ndim >= 2 else "F32")]
