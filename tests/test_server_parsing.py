@@ -156,10 +156,10 @@ def test_reasoning_effort_falls_back_to_the_nearest_word_the_template_knows():
 def test_merged_chunks_keep_every_round_for_the_ribbon():
     """Chunks that pile up behind a slow client go out as one frame; its telemetry still lists
     each round (it used to keep the last one only)."""
-    from outrider.api import Chunk
     from outrider.core.loop import Step
     from outrider.server.generation import merge
     from outrider.server.openai_api import _StepReport
+    from outrider.streaming import Chunk
 
     def chunk(drafted: list[int], accepted: int) -> Chunk:
         kept = drafted[:accepted] + [9]

@@ -14,9 +14,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 
-from ..api import Chunk, Pipeline
+from ..api import Pipeline
 from ..core.events import Result
 from ..core.logits import Penalties
+from ..streaming import Chunk
 from .engine import Engine, Job, NotReady
 from .errors import ApiError
 from .prompting import PromptTooLong, template_text
