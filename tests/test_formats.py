@@ -114,6 +114,13 @@ def test_wrong_shape_is_named(drafters, qwen3_target, tmp_path):
         outrider.load(str(qwen3_target), str(ck), mode="dspark")
 
 
+def test_a_rope_scaling_without_a_field_it_needs_is_named(drafters, qwen3_target, tmp_path):
+    ck = copy_ckpt(drafters["dspark"], tmp_path / "d")
+    edit_config(ck, rope_scaling={"rope_type": "llama3"})  # no factor
+    with pytest.raises(CheckpointError, match="rope_scaling \\(llama3\\) lacks 'factor'"):
+        outrider.load(str(qwen3_target), str(ck), mode="dspark")
+
+
 def test_unexpected_tensor_is_named(drafters, qwen3_target, tmp_path):
     ck = copy_ckpt(drafters["dflash-zlab"], tmp_path / "d")
     edit_tensors(ck, lambda t: t.update({"mystery.weight": mx.zeros((2, 2))}))

@@ -48,7 +48,7 @@ def plain_greedy(path, ids: list[int], n: int) -> list[int]:
 # --- the converted model is the model ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3"])
 def test_converted_model_computes_what_the_original_does(tmp_path, family):
     """Logits of the F32 GGUF equal the Hugging Face layout model's. For llama the converter
     permuted Q/K rows; running the other RoPE convention on the file's rows must be wrong."""
@@ -94,6 +94,38 @@ def test_a_quantized_moe_file_matches_plain_greedy(tmp_path, family):
     want = plain_greedy(path, ids, 24)
     for cap in (1, 4):
         assert pipe.generate(ids, max_tokens=24, max_draft=cap, stop_tokens=set()).tokens == want
+
+
+LONGROPE = {"type": "longrope", "long_factor": [1, 1.5, 2, 3, 4, 6, 8, 12]}
+LONGROPE["short_factor"] = [1, 1, 1.2, 1.4, 2, 2, 3, 3]
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"partial_rotary_factor": 0.5},  # Phi-4-mini turns part of each head
+        {"rope_scaling": LONGROPE, "original_max_position_embeddings": 64},  # Phi-3.5's LongRoPE
+    ],
+)
+def test_phi3_rope_comes_back_from_the_file(tmp_path, rope):
+    """phi3 files keep RoPE's share of a head as rope.dimension_count and LongRoPE as two
+    tensors of per-pair factors; read back, the model computes the original's logits over 120
+    positions, and without them it does not. The drafter drafts over it losslessly."""
+    from mlx_lm import load as mlx_lm_load
+
+    path = make_tiny_gguf(tmp_path / "p.gguf", family="phi3", seed=3, **rope)
+    original, _ = mlx_lm_load(str(tmp_path / "p-hf"))
+    ids = mx.array([list(range(5, 45)) * 3])
+    want = original(ids)
+    config = gguf.read_config(path)
+    assert mx.abs(gguf.build_model(path, config)(ids) - want).max().item() < 1e-4
+    plain = {**config, "partial_rotary_factor": 1.0, "rope_scaling": None}
+    assert mx.abs(gguf.build_model(path, plain)(ids) - want).max().item() > 1e-2
+    drafter = make_tiny_drafter(tmp_path / "d", tmp_path / "p-hf", "dspark", "deepspec")
+    pipe = outrider.load(str(path), str(drafter), mode="dspark")
+    prompt = pipe.encode(PROMPTS[0])
+    got = pipe.generate(prompt, max_tokens=20, max_draft=4, stop_tokens=set())
+    assert got.tokens == plain_greedy(path, prompt, 20)
 
 
 def test_llama3_rope_scaling_comes_back_from_its_factors(tmp_path):

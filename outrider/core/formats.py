@@ -44,7 +44,14 @@ def rope_settings(config: dict) -> tuple[float, dict | None]:
         rope_type = params.get("rope_type", params.get("type", "default"))
         return theta, (None if rope_type == "default" else dict(params))
     theta = float(config.get("rope_theta", 1_000_000.0))
-    return theta, config.get("rope_scaling")
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, dict) and "original_max_position_embeddings" in config:
+        # Phi-3's LongRoPE keeps its original context beside the scaling, not in it
+        scaling = {
+            "original_max_position_embeddings": config["original_max_position_embeddings"],
+            **scaling,
+        }
+    return theta, scaling
 
 
 def layer_ids(value, num_target_layers: int | None) -> tuple[int, ...]:

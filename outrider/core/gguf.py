@@ -7,8 +7,8 @@ reader (which skips some types without a word and dequantizes Q4_K wrongly in ML
 float tensors as stored, quantized ones as MLX affine triples (`gguf_blocks.py`): Q4_0 … Q8_0,
 Q4_K and Q5_K keep the file's codes, so the K-quant files most people download (Q4_K_M,
 Q5_K_M) run at about their own size; Q6_K is held at 8 bits. The tokenizer is rebuilt from the
-metadata (`gguf_tokenizer.py`). Architectures: llama (with experts: Mixtral), qwen2, qwen3 and
-qwen3moe.
+metadata (`gguf_tokenizer.py`). Architectures: llama (with experts: Mixtral), qwen2, qwen3,
+qwen3moe and phi3.
 
 RoPE: llama.cpp's converter permutes the Q/K rows of `llama` files so that GGML's "normal" RoPE
 (adjacent pairs) computes what the Hugging Face model computes with rotate-half. We keep the
@@ -46,6 +46,8 @@ ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1-style per-dimension RoPE factors
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
 ARCHITECTURES["qwen3moe"] = ("qwen3_moe", False)  # Qwen3's attention, every layer's MLP experts
 MIXTRAL = ("mixtral", True)  # a `llama` file with experts: Mixtral's packaging
+ARCHITECTURES["phi3"] = ("phi3", False)  # Phi-3 / Phi-4: fused qkv and gate|up projections
+LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3's LongRoPE
 
 # Tensor types read as stored; the quantized ones become MLX affine triples (gguf_blocks.py).
 PLAIN_TYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
@@ -64,6 +66,7 @@ BLOCK_NAMES = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # phi3: q, k and v in one
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
     "ffn_norm": "post_attention_layernorm",
@@ -238,6 +241,8 @@ def _module_name(tensor: str, model: str = "") -> str | None:
     parts = base.split(".")
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in BLOCK_NAMES:
         inner = BLOCK_NAMES[parts[2]]
+        if model == "phi3" and parts[2] == "ffn_up":  # phi3's ffn_up is [gate; up], fused
+            inner = "mlp.gate_up_proj"
         if model == "mixtral" and inner.startswith("mlp."):
             inner = "block_sparse_moe." + inner.removeprefix("mlp.")
         return f"model.layers.{parts[1]}.{inner}"
@@ -266,7 +271,7 @@ def check(header: Header) -> None:
                     f"{name}: tensor {t.name!r} is {t.type}, whose rows hold whole blocks of "
                     f"{block} weights, but its rows have {cols}"
                 )
-        if t.name == ROPE_FREQS:  # read into the config (llama3_scaling), not a weight
+        if t.name == ROPE_FREQS or t.name in LONGROPE:  # read into the config, not weights
             continue
         if ".ffn_gate_inp." in t.name and model_type(header)[0] not in ("qwen3_moe", "mixtral"):
             raise CheckpointError(
@@ -356,6 +361,39 @@ def moe_fields(header: Header, width: bool = True) -> dict:
     return fields
 
 
+def phi3_fields(header: Header, hidden: int, heads: int, head_dim: int, rotated: int) -> dict:
+    """mlx-lm's phi3 fields: the share of each head RoPE turns and, where the file carries
+    LongRoPE's per-pair factors (Phi-3 128k, Phi-3.5), that scaling with its original context."""
+    name = header.path.name
+    if head_dim != hidden // heads:
+        raise CheckpointError(
+            f"{name}: heads of {head_dim} in a {hidden}-wide model; mlx-lm's phi3 takes "
+            f"{hidden // heads}"
+        )
+    fields: dict = {"partial_rotary_factor": rotated / head_dim}
+    present = [t for t in LONGROPE if t in header.tensors]
+    if not present:
+        return fields
+    factors = []
+    for tensor in LONGROPE:
+        info = header.tensors.get(tensor)
+        if info is None or info.type != "F32" or info.shape != (rotated // 2,):
+            raise CheckpointError(
+                f"{name}: LongRoPE needs {' and '.join(LONGROPE)}, F32 [{rotated // 2}] each"
+            )
+        values = np.fromfile(header.path, "<f4", rotated // 2, offset=info.offset)
+        factors.append([float(v) for v in values])
+    fields["rope_scaling"] = {
+        "type": "longrope",
+        "long_factor": factors[0],
+        "short_factor": factors[1],
+    }
+    fields["original_max_position_embeddings"] = _int(
+        header, "rope.scaling.original_context_length"
+    )
+    return fields
+
+
 def read_config(path: Path) -> dict:
     """An mlx-lm config (config.json's fields) from the file's metadata."""
     header = read_header(path)
@@ -367,7 +405,8 @@ def read_config(path: Path) -> dict:
     head_dim = _int(header, "attention.key_length", hidden // heads)
     if _int(header, "attention.value_length", head_dim) != head_dim:
         raise CheckpointError(f"{path.name}: key and value head sizes differ")
-    if _int(header, "rope.dimension_count", head_dim) != head_dim:
+    rotated = _int(header, "rope.dimension_count", head_dim)
+    if rotated != head_dim and model != "phi3":
         raise CheckpointError(f"{path.name}: partial RoPE (rope.dimension_count) is not supported")
     scaling = header.get("rope.scaling.type", "none")
     rope_scaling = None
@@ -403,6 +442,8 @@ def read_config(path: Path) -> dict:
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "mlp_bias": "blk.0.ffn_gate.bias" in tensors,
     }
+    if model == "phi3":
+        config.update(phi3_fields(header, hidden, heads, head_dim, rotated))
     if model == "qwen3_moe":
         config.update(moe_fields(header))
     elif model == "mixtral":  # experts as wide as the file's feed_forward_length
@@ -445,7 +486,7 @@ def read_weights(path: Path) -> dict[str, mx.array]:
     weights = {}
     model = model_type(header)[0]
     for tname, info in header.tensors.items():
-        if tname == ROPE_FREQS:  # in the config's rope_scaling
+        if tname == ROPE_FREQS or tname in LONGROPE:  # in the config's rope_scaling
             continue
         base, kind = _module_name(tname, model), tname.rsplit(".", 1)[1]
         raw = data[info.offset : info.offset + info.nbytes]

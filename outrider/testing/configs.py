@@ -33,6 +33,7 @@ FAMILIES = {
         "tie_word_embeddings": False,
     },
     "qwen2": {"model_type": "qwen2", "tie_word_embeddings": False},
+    "phi3": {"model_type": "phi3", "tie_word_embeddings": False},  # fused qkv, gate|up
     "mixtral": {  # mlx-lm's Mixtral: a llama with experts (GGUF files are `llama` ones)
         "model_type": "mixtral",
         "num_local_experts": 4,

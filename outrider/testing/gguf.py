@@ -35,6 +35,8 @@ _BLOCK = {
     "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
     "mlp.switch_mlp.up_proj": "ffn_up_exps",
     "mlp.switch_mlp.down_proj": "ffn_down_exps",
+    "self_attn.qkv_proj": "attn_qkv",  # phi3's fused projections
+    "mlp.gate_up_proj": "ffn_up",
     "block_sparse_moe.gate": "ffn_gate_inp",  # Mixtral's names for the same
     "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
     "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
@@ -145,9 +147,14 @@ def make_tiny_gguf(
     w.add_head_count_kv(kv_heads)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
+    rotated = int(head_dim * cfg.get("partial_rotary_factor", 1.0))
+    w.add_rope_dimension_count(rotated)
     w.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
     scaling = cfg.get("rope_scaling") or {}
+    if scaling.get("type") == "longrope":  # Phi-3's per-pair factors, as tensors
+        w.add_tensor("rope_factors_long.weight", np.array(scaling["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(scaling["short_factor"], np.float32))
+        w.add_rope_scaling_orig_ctx_len(cfg["original_max_position_embeddings"])
     if scaling.get("rope_type") == "llama3":  # llama.cpp stores the stretch per rotated pair
         from ..core.gguf import llama3_factors
 

@@ -320,13 +320,19 @@ def drafter_rope(spec: DrafterSpec, head_dim: int) -> nn.Module:
     """The drafter's RoPE with the config's theta and scaling, over the full head (or its first
     `rope_dims`, the qwen3_5-native fork's partial rotary): rotate-half (NeoX), or interleaved
     pairs where the packaging says so (LiquidAI's LFM2.5 drafters)."""
-    return initialize_rope(
-        spec.rope_dims or head_dim,
-        base=spec.rope_theta,
-        traditional=spec.rope_traditional,
-        scaling_config=spec.rope_scaling,
-        max_position_embeddings=spec.max_position_embeddings,
-    )
+    try:
+        return initialize_rope(
+            spec.rope_dims or head_dim,
+            base=spec.rope_theta,
+            traditional=spec.rope_traditional,
+            scaling_config=spec.rope_scaling,
+            max_position_embeddings=spec.max_position_embeddings,
+        )
+    except KeyError as e:  # a scaling config without a field its kind needs
+        raise CheckpointError(
+            f"the drafter's rope_scaling ({(spec.rope_scaling or {}).get('type') or (spec.rope_scaling or {}).get('rope_type')}) "
+            f"lacks {e.args[0]!r}"
+        ) from None
 
 
 class DraftAttention(nn.Module):
