@@ -42,6 +42,15 @@ _TEKKEN = (
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# OpenAI's o200k split (GPT-4o's: Phi-4, Llama 4): tekken's, with contractions and digits in
+# threes; again tokenizer.json's own expression, as llama.cpp quotes it.
+_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # The names llama.cpp reads each expression for (llama-vocab.cpp, `tokenizer_pre`).
 _SAME = {
     (_GPT2,): ("default", "gpt2", "gpt-2", "phi-2", "mellum"),
@@ -49,6 +58,7 @@ _SAME = {
     (_LLAMA3,): ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "lfm2"),
     (_QWEN2,): ("qwen2", "deepseek-r1-qwen", "megrez"),
     (_TEKKEN,): ("tekken",),
+    (_GPT4O,): ("gpt-4o", "llama4", "minimax-m2"),
 }
 PRE_TOKENIZERS = {name: list(exprs) for exprs, names in _SAME.items() for name in names}
 # llama.cpp turns merges off (a word in the vocabulary is one token) and adds a BOS by default
