@@ -62,7 +62,9 @@ GLOBAL_NAMES = {
 }
 # Per layer: blk.{i}.<key>.weight -> layers.{i}.<value>.weight (llama.cpp's block names, as
 # a target GGUF's: the drafter's layers are dense Qwen3 decoder layers, no experts)
-LAYER_NAMES = {k: v for k, v in BLOCK_NAMES.items() if not k.endswith(("_exps", "_inp"))}
+QWEN3_LAYER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm")
+QWEN3_LAYER += ("attn_k_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+LAYER_NAMES = {key: BLOCK_NAMES[key] for key in QWEN3_LAYER}
 LOG_SNR_TENSORS = tuple(f"dspark.log_snr_fc{i}.{k}" for i in (1, 2) for k in ("weight", "bias"))
 LOG_SNR_FEATURES = 128  # sinusoidal features of the conditioning MLP's input
 
