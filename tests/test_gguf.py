@@ -96,6 +96,16 @@ def test_a_quantized_moe_file_matches_plain_greedy(tmp_path, family):
         assert pipe.generate(ids, max_tokens=24, max_draft=cap, stop_tokens=set()).tokens == want
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
+def test_codes_are_packed_as_mlx_unpacks_them(bits):
+    from outrider.core.gguf_blocks import pack
+
+    codes = np.random.default_rng(bits).integers(0, 1 << bits, (3, 96)).astype(np.uint8)
+    ones, zeros = mx.ones((3, 3)), mx.zeros((3, 3))
+    got = mx.dequantize(mx.array(pack(codes, bits)), ones, zeros, group_size=32, bits=bits)
+    assert np.array_equal(np.array(got), codes.astype(np.float32))
+
+
 LONGROPE = {"type": "longrope", "long_factor": [1, 1.5, 2, 3, 4, 6, 8, 12]}
 LONGROPE["short_factor"] = [1, 1, 1.2, 1.4, 2, 2, 3, 3]
 

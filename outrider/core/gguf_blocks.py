@@ -150,9 +150,17 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
         return np.ascontiguousarray(codes).view(np.uint32)
     if bits == 4:
         return np.ascontiguousarray(codes[:, 0::2] | (codes[:, 1::2] << 4)).view(np.uint32)
-    stream = (codes[..., None] >> np.arange(bits, dtype=np.uint8)) & 1
-    rows = stream.reshape(codes.shape[0], -1)
-    return np.ascontiguousarray(np.packbits(rows, axis=-1, bitorder="little")).view(np.uint32)
+    # 32 codes fill `bits` whole words: code i starts at bit bits * i, and one that crosses a
+    # word's end carries its high bits into the next
+    groups = codes.reshape(codes.shape[0], -1, 32)
+    words = np.zeros((*groups.shape[:-1], bits), np.uint32)
+    for i in range(32):
+        code = groups[..., i].astype(np.uint32)
+        at, shift = divmod(bits * i, 32)
+        words[..., at] |= code << np.uint32(shift)
+        if shift + bits > 32:
+            words[..., at + 1] |= code >> np.uint32(32 - shift)
+    return words.reshape(codes.shape[0], -1)
 
 
 def affine_triple(
