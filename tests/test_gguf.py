@@ -269,6 +269,19 @@ def test_k_quants_keep_their_codes(k_quant_gguf):
     assert seen == set(bits)
 
 
+def test_the_memory_estimate_is_what_the_weights_take_loaded(k_quant_gguf):
+    """`fit` sizes a GGUF target from its header: exactly the loaded model's bytes, which for
+    K-quants exceed the file's."""
+    from mlx.utils import tree_flatten
+
+    from outrider.core import fit
+
+    model = gguf.build_model(k_quant_gguf)
+    loaded = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    stored = sum(t.nbytes for t in gguf.read_header(k_quant_gguf).tensors.values())
+    assert fit.local_weight_bytes(k_quant_gguf) == loaded > stored * 1.15
+
+
 @pytest.mark.parametrize("mode", ["dspark", "baseline"])
 def test_a_k_quant_file_matches_plain_greedy(tmp_path, k_quant_gguf, mode):
     pipe = outrider.load(str(k_quant_gguf), mode="baseline")

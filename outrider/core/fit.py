@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import CheckpointError
+
 # Bytes per element of each safetensors dtype (used when a header has no byte offsets).
 DTYPE_BYTES = {
     "F64": 8,
@@ -182,17 +184,27 @@ def header_bytes(header: dict[str, Any]) -> int:
     )
 
 
+def _gguf_bytes(path: Path) -> int:
+    from . import gguf
+
+    try:
+        return gguf.loaded_bytes(path)
+    except CheckpointError:  # not a GGUF we read: its size is the best guess
+        return path.stat().st_size
+
+
 def local_weight_bytes(path: str | Path) -> int | None:
-    """Weight bytes of a local model: a file's size (a GGUF), or a folder's safetensors headers
-    (a file whose header cannot be read counts its size); None when there are no weights."""
+    """Weight bytes of a local model: a GGUF's once loaded (its header says: quantized tensors
+    take more in MLX than in the file), or a folder's safetensors headers (a file whose header
+    cannot be read counts its size); None when there are no weights."""
     path = Path(path)
     try:
         if path.is_file():
-            return path.stat().st_size
+            return _gguf_bytes(path)
         files = sorted(path.glob("*.safetensors"))
         if not files:
             ggufs = sorted(path.glob("*.gguf"))
-            return ggufs[0].stat().st_size if len(ggufs) == 1 else None
+            return _gguf_bytes(ggufs[0]) if len(ggufs) == 1 else None
     except OSError:
         return None
     total = 0

@@ -475,6 +475,22 @@ def read_config(path: Path) -> dict:
     return config
 
 
+def loaded_bytes(path: Path) -> int:
+    """What the file's weights take once loaded: float tensors as stored, quantized ones at
+    their MLX bits plus a float16 scale and bias per 32 weights (Q6_K at 8 bits, a K-quant's
+    6-bit scales as two float16s: more than the file holds)."""
+    total = 0
+    for t in read_header(path).tensors.values():
+        if t.name == ROPE_FREQS or t.name in LONGROPE:
+            continue
+        count = int(np.prod(t.shape)) if t.shape else 1
+        if t.type in QUANT_BITS:
+            total += count * QUANT_BITS[t.type] // 8 + count // GROUP_SIZE * 4
+        else:
+            total += t.nbytes
+    return total
+
+
 def read_weights(path: Path) -> dict[str, mx.array]:
     """Every tensor under its mlx-lm name; quantized ones as MLX affine triples (group 32)."""
     header = read_header(path)
