@@ -31,6 +31,7 @@ def plain_greedy(path, ids: list[int], n: int) -> list[int]:
         ("deepseek-r1-qwen", "HelloWORLD 123", ["HelloWORLD", " ", "1", "2", "3"]),
         ("falcon3", "Hello 12345", ["Hello", " ", "123", "45"]),  # Llama 3's: digits in threes
         ("gpt-4o", "HelloWORLDWide's 12345", ["Hello", "WORLDWide's", " ", "123", "45"]),
+        ("dbrx", "Hello's 12345", ["Hello", "'s", " ", "123", "45"]),  # cl100k: Llama 3's split
     ],
 )
 def test_pre_tokenizers_of_other_names(tmp_path, llama_target, pre, text, pieces):
@@ -43,7 +44,8 @@ def test_pre_tokenizers_of_other_names(tmp_path, llama_target, pre, text, pieces
 
 
 @pytest.mark.parametrize("pre,add_bos,adds", [("tekken", None, True), ("llama-bpe", None, True),
-                                              ("tekken", False, False), ("gpt2", None, False)])  # fmt: skip
+                                              ("tekken", False, False), ("gpt2", None, False),
+                                              ("dbrx", None, False)])  # fmt: skip
 def test_a_bos_by_llama_cpps_defaults(tmp_path, llama_target, pre, add_bos, adds):
     """Without tokenizer.ggml.add_bos_token, llama.cpp adds a BOS for Llama 3's and tekken's
     pre-tokenizers, and not for the rest; the key, where present, decides."""

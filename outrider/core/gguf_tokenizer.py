@@ -52,18 +52,20 @@ _GPT4O = (
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # The names llama.cpp reads each expression for (llama-vocab.cpp, `tokenizer_pre`).
-_SAME = {
-    (_GPT2,): ("default", "gpt2", "gpt-2", "phi-2", "mellum"),
-    (r"\p{N}", _GPT2): ("smollm", "starcoder", "refact"),
-    (_LLAMA3,): ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "lfm2"),
-    (_QWEN2,): ("qwen2", "deepseek-r1-qwen", "megrez"),
-    (_TEKKEN,): ("tekken",),
-    (_GPT4O,): ("gpt-4o", "llama4", "minimax-m2"),
-}
-PRE_TOKENIZERS = {name: list(exprs) for exprs, names in _SAME.items() for name in names}
+_LLAMA3_NAMES = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "lfm2")
+_SAME = [
+    ((_GPT2,), ("default", "gpt2", "gpt-2", "phi-2", "mellum")),
+    ((r"\p{N}", _GPT2), ("smollm", "starcoder", "refact")),
+    ((_LLAMA3,), _LLAMA3_NAMES),
+    ((_LLAMA3,), ("dbrx", "smaug-bpe")),  # cl100k's split (Phi-4), merges kept, no BOS
+    ((_QWEN2,), ("qwen2", "deepseek-r1-qwen", "megrez")),
+    ((_TEKKEN,), ("tekken",)),
+    ((_GPT4O,), ("gpt-4o", "llama4", "minimax-m2")),
+]
+PRE_TOKENIZERS = {name: list(exprs) for exprs, names in _SAME for name in names}
 # llama.cpp turns merges off (a word in the vocabulary is one token) and adds a BOS by default
 # for these; the file's tokenizer.ggml.add_bos_token overrides the latter.
-IGNORE_MERGES = set(_SAME[(_LLAMA3,)]) | {"tekken"}
+IGNORE_MERGES = set(_LLAMA3_NAMES) | {"tekken"}
 BOS_BY_DEFAULT = IGNORE_MERGES
 MODELS = ("gpt2", "llama")  # byte-level BPE, SentencePiece
 SPACE = "\u2581"  # SentencePiece's "▁"
