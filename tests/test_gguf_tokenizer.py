@@ -31,7 +31,7 @@ def plain_greedy(path, ids: list[int], n: int) -> list[int]:
         ("deepseek-r1-qwen", "HelloWORLD 123", ["HelloWORLD", " ", "1", "2", "3"]),
         ("falcon3", "Hello 12345", ["Hello", " ", "123", "45"]),  # Llama 3's: digits in threes
         ("gpt-4o", "HelloWORLDWide's 12345", ["Hello", "WORLDWide's", " ", "123", "45"]),
-        ("dbrx", "Hello's 12345", ["Hello", "'s", " ", "123", "45"]),  # cl100k: Llama 3's split
+        ("dbrx", "Hello's 12345", ["Hello", "'s", " ", "123", "45"]),  # Llama 3's split
     ],
 )
 def test_pre_tokenizers_of_other_names(tmp_path, llama_target, pre, text, pieces):

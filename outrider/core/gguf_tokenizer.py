@@ -42,7 +42,7 @@ _TEKKEN = (
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# OpenAI's o200k split (GPT-4o's: Phi-4, Llama 4): tekken's, with contractions and digits in
+# OpenAI's o200k split (GPT-4o's; Llama 4's): tekken's, with contractions and digits in
 # threes; again tokenizer.json's own expression, as llama.cpp quotes it.
 _GPT4O = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
@@ -57,7 +57,7 @@ _SAME = [
     ((_GPT2,), ("default", "gpt2", "gpt-2", "phi-2", "mellum")),
     ((r"\p{N}", _GPT2), ("smollm", "starcoder", "refact")),
     ((_LLAMA3,), _LLAMA3_NAMES),
-    ((_LLAMA3,), ("dbrx", "smaug-bpe")),  # cl100k's split (Phi-4), merges kept, no BOS
+    ((_LLAMA3,), ("dbrx", "smaug-bpe")),  # the same split; merges kept, no BOS
     ((_QWEN2,), ("qwen2", "deepseek-r1-qwen", "megrez")),
     ((_TEKKEN,), ("tekken",)),
     ((_GPT4O,), ("gpt-4o", "llama4", "minimax-m2")),
