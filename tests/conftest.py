@@ -206,12 +206,20 @@ def plain_greedy(model_path, prompt_ids: list[int], max_tokens: int) -> list[int
 
 
 def _load_plain(path: str):
-    """mlx-lm's model, or for a multimodal checkpoint mlx-vlm's language model (ids -> logits).
-    A toy model's quantized layers one group wide are dequantized on a CUDA GPU, as outrider's
-    loader does: the same weights, without MLX's wrong kernel for them."""
+    """mlx-lm's model, or for a multimodal checkpoint mlx-vlm's language model (ids -> logits),
+    or for a GGUF file mlx-lm's model class over the file as outrider reads it (a separately
+    built instance). A toy model's quantized layers one group wide are dequantized on a CUDA
+    GPU, as outrider's loader does: the same weights, without MLX's wrong kernel for them."""
     import json
     from pathlib import Path
 
+    from outrider.core import gguf
+    from outrider.core.device import dense_single_groups
+
+    if gguf.is_gguf(Path(path)):
+        model = gguf.build_model(Path(path))
+        dense_single_groups(model)
+        return model
     if "vision_config" in json.loads((Path(path) / "config.json").read_text()):
         from mlx_vlm.utils import load_model
 
@@ -219,8 +227,6 @@ def _load_plain(path: str):
 
         return LanguageTower(load_model(Path(path)).language_model)
     from mlx_lm.utils import load
-
-    from outrider.core.device import dense_single_groups
 
     model = load(path)[0]
     dense_single_groups(model)  # MLX's wrong CUDA kernel for one-group rows (core/device.py)

@@ -15,7 +15,7 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import PROMPTS
+from conftest import PROMPTS, plain_greedy
 
 import outrider
 from outrider.core import gguf
@@ -26,24 +26,6 @@ from outrider.registry.resolver import Pair, packaged_gguf
 from outrider.testing import OracleProposer, make_tiny_drafter, make_tiny_gguf
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-_PLAIN: dict = {}
-
-
-def plain_greedy(path, ids: list[int], n: int) -> list[int]:
-    """mlx-lm's own greedy generation on a separately built instance of the converted model."""
-    from mlx_lm.generate import generate_step
-
-    key = str(path)
-    if key not in _PLAIN:
-        _PLAIN[key] = gguf.build_model(path)
-    out = []
-    for tok, _ in generate_step(mx.array(ids), _PLAIN[key], max_tokens=n):
-        out.append(int(tok))
-        if len(out) == n:
-            break
-    return out
-
 
 # --- the converted model is the model ---------------------------------------------------------
 

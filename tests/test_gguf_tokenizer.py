@@ -6,22 +6,12 @@ from __future__ import annotations
 
 import random
 
-import mlx.core as mx
 import pytest
-from conftest import PROMPTS
+from conftest import PROMPTS, plain_greedy
 
 import outrider
 from outrider.core import gguf
 from outrider.testing import make_tiny_gguf
-
-
-def plain_greedy(path, ids: list[int], n: int) -> list[int]:
-    """mlx-lm's own greedy generation on the converted model."""
-    from mlx_lm.generate import generate_step
-
-    model = gguf.build_model(path)
-    steps = generate_step(mx.array(ids), model, max_tokens=n)
-    return [int(tok) for tok, _ in steps]
 
 
 @pytest.mark.parametrize(
