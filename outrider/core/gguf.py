@@ -48,6 +48,9 @@ ARCHITECTURES["qwen3moe"] = ("qwen3_moe", False)  # Qwen3's attention, every lay
 MIXTRAL = ("mixtral", True)  # a `llama` file with experts: Mixtral's packaging
 ARCHITECTURES["phi3"] = ("phi3", False)  # Phi-3 / Phi-4: fused qkv and gate|up projections
 LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3's LongRoPE
+ROPE_TENSORS = (ROPE_FREQS, *LONGROPE)  # RoPE factors: read into the config, not weights
+MOE_MODELS = ("qwen3_moe", "mixtral")
+HEAD_FROM_WIDTH = ("phi3", "mixtral")  # mlx-lm models whose head size is hidden // heads
 
 # Tensor types read as stored; the quantized ones become MLX affine triples (gguf_blocks.py).
 PLAIN_TYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
@@ -257,6 +260,7 @@ def check(header: Header) -> None:
             f"{name}: GGUF architecture {header.arch or '(none)'!r} is not supported "
             f"(supported: {', '.join(ARCHITECTURES)})"
         )
+    experts = model_type(header)[0] in MOE_MODELS
     for t in header.tensors.values():
         if t.type not in PLAIN_TYPES and t.type not in QUANT_BITS:
             raise CheckpointError(
@@ -271,9 +275,9 @@ def check(header: Header) -> None:
                     f"{name}: tensor {t.name!r} is {t.type}, whose rows hold whole blocks of "
                     f"{block} weights, but its rows have {cols}"
                 )
-        if t.name == ROPE_FREQS or t.name in LONGROPE:  # read into the config, not weights
+        if t.name in ROPE_TENSORS:
             continue
-        if ".ffn_gate_inp." in t.name and model_type(header)[0] not in ("qwen3_moe", "mixtral"):
+        if ".ffn_gate_inp." in t.name and not experts:
             raise CheckpointError(
                 f"{name}: a {header.arch} file with experts (tensor {t.name!r}) is not supported "
                 "(experts: qwen3moe, and llama files as Mixtral)"
@@ -316,17 +320,22 @@ def llama3_factors(scaling: dict, head_dim: int, base: float) -> np.ndarray:
     return np.where(wavelen < old / high, 1.0, np.where(wavelen > old / low, factor, blend))
 
 
+def rope_factors(header: Header, tensor: str, pairs: int) -> np.ndarray:
+    """A tensor of per-pair RoPE factors (float64), checked to be F32 with one per pair."""
+    info = header.tensors[tensor]
+    if info.type != "F32" or info.shape != (pairs,):
+        raise CheckpointError(
+            f"{header.path.name}: {tensor} is {info.type} {list(info.shape)}; expected F32 "
+            f"[{pairs}], one factor per rotated pair"
+        )
+    return np.fromfile(header.path, "<f4", pairs, offset=info.offset).astype(np.float64)
+
+
 def llama3_scaling(header: Header, head_dim: int, base: float) -> dict:
     """mlx-lm's `rope_scaling` for a file's `rope_freqs.weight`: Llama 3's scaling with the
     factor the tensor shows, provided it reproduces every stored factor; refused otherwise."""
-    info = header.tensors[ROPE_FREQS]
     name = header.path.name
-    if info.type != "F32" or info.shape != (head_dim // 2,):
-        raise CheckpointError(
-            f"{name}: rope_freqs.weight is {info.type} {list(info.shape)}; expected F32 "
-            f"[{head_dim // 2}], one factor per rotated pair"
-        )
-    stored = np.fromfile(header.path, "<f4", head_dim // 2, offset=info.offset).astype(np.float64)
+    stored = rope_factors(header, ROPE_FREQS, head_dim // 2)
     scaling = {"rope_type": "llama3", "factor": float(stored.max()), **LLAMA3_SCALING}
     if not np.all(np.isfinite(stored)) or not np.allclose(
         llama3_factors(scaling, head_dim, base), stored, rtol=1e-5, atol=0
@@ -339,55 +348,27 @@ def llama3_scaling(header: Header, head_dim: int, base: float) -> dict:
     return scaling
 
 
-def moe_fields(header: Header, width: bool = True) -> dict:
-    """mlx-lm's qwen3_moe fields (Mixtral takes the counts): every layer routes among
-    `expert_count` experts, the top
-    `expert_used_count` weighted by their softmax renormalised over the chosen (llama.cpp's
-    qwen3moe graph always renormalises)."""
+def expert_counts(header: Header) -> tuple[int, int]:
+    """(experts a layer routes among, experts each token uses), checked."""
     experts, used = _int(header, "expert_count"), _int(header, "expert_used_count")
     if not 0 < used <= experts:
         raise CheckpointError(
             f"{header.path.name}: {used} experts used of {experts}; expected 1 to {experts}"
         )
-    fields = {
-        "num_experts": experts,
-        "num_experts_per_tok": used,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "norm_topk_prob": True,
-    }
-    if width:
-        fields["moe_intermediate_size"] = _int(header, "expert_feed_forward_length")
-    return fields
+    return experts, used
 
 
-def phi3_fields(header: Header, hidden: int, heads: int, head_dim: int, rotated: int) -> dict:
+def phi3_fields(header: Header, head_dim: int, rotated: int) -> dict:
     """mlx-lm's phi3 fields: the share of each head RoPE turns and, where the file carries
     LongRoPE's per-pair factors (Phi-3 128k, Phi-3.5), that scaling with its original context."""
-    name = header.path.name
-    if head_dim != hidden // heads:
-        raise CheckpointError(
-            f"{name}: heads of {head_dim} in a {hidden}-wide model; mlx-lm's phi3 takes "
-            f"{hidden // heads}"
-        )
     fields: dict = {"partial_rotary_factor": rotated / head_dim}
     present = [t for t in LONGROPE if t in header.tensors]
     if not present:
         return fields
-    factors = []
-    for tensor in LONGROPE:
-        info = header.tensors.get(tensor)
-        if info is None or info.type != "F32" or info.shape != (rotated // 2,):
-            raise CheckpointError(
-                f"{name}: LongRoPE needs {' and '.join(LONGROPE)}, F32 [{rotated // 2}] each"
-            )
-        values = np.fromfile(header.path, "<f4", rotated // 2, offset=info.offset)
-        factors.append([float(v) for v in values])
-    fields["rope_scaling"] = {
-        "type": "longrope",
-        "long_factor": factors[0],
-        "short_factor": factors[1],
-    }
+    if len(present) < len(LONGROPE):
+        raise CheckpointError(f"{header.path.name}: LongRoPE needs {' and '.join(LONGROPE)}")
+    long, short = (rope_factors(header, t, rotated // 2).tolist() for t in LONGROPE)
+    fields["rope_scaling"] = {"type": "longrope", "long_factor": long, "short_factor": short}
     fields["original_max_position_embeddings"] = _int(
         header, "rope.scaling.original_context_length"
     )
@@ -442,19 +423,25 @@ def read_config(path: Path) -> dict:
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "mlp_bias": "blk.0.ffn_gate.bias" in tensors,
     }
+    if model in HEAD_FROM_WIDTH and head_dim != hidden // heads:
+        raise CheckpointError(
+            f"{path.name}: heads of {head_dim} in a {hidden}-wide model; mlx-lm's {model} "
+            f"takes {hidden // heads}"
+        )
     if model == "phi3":
-        config.update(phi3_fields(header, hidden, heads, head_dim, rotated))
-    if model == "qwen3_moe":
-        config.update(moe_fields(header))
+        config.update(phi3_fields(header, head_dim, rotated))
+    elif model == "qwen3_moe":  # llama.cpp's qwen3moe graph renormalises the chosen experts
+        experts, used = expert_counts(header)
+        config.update(
+            num_experts=experts,
+            num_experts_per_tok=used,
+            moe_intermediate_size=_int(header, "expert_feed_forward_length"),
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=True,
+        )
     elif model == "mixtral":  # experts as wide as the file's feed_forward_length
-        fields = moe_fields(header, width=False)
-        config["num_local_experts"] = fields["num_experts"]
-        config["num_experts_per_tok"] = fields["num_experts_per_tok"]
-        if head_dim != hidden // heads:
-            raise CheckpointError(
-                f"{path.name}: heads of {head_dim} in a {hidden}-wide model; mlx-lm's Mixtral "
-                f"takes {hidden // heads}"
-            )
+        config["num_local_experts"], config["num_experts_per_tok"] = expert_counts(header)
     for key in ("bos", "eos", "padding"):
         value = meta.get(f"tokenizer.ggml.{key}_token_id")
         if value is not None:
@@ -481,7 +468,7 @@ def loaded_bytes(path: Path) -> int:
     6-bit scales as two float16s: more than the file holds)."""
     total = 0
     for t in read_header(path).tensors.values():
-        if t.name == ROPE_FREQS or t.name in LONGROPE:
+        if t.name in ROPE_TENSORS:
             continue
         count = int(np.prod(t.shape)) if t.shape else 1
         if t.type in QUANT_BITS:
@@ -502,7 +489,7 @@ def read_weights(path: Path) -> dict[str, mx.array]:
     weights = {}
     model = model_type(header)[0]
     for tname, info in header.tensors.items():
-        if tname == ROPE_FREQS or tname in LONGROPE:  # in the config's rope_scaling
+        if tname in ROPE_TENSORS:
             continue
         base, kind = _module_name(tname, model), tname.rsplit(".", 1)[1]
         raw = data[info.offset : info.offset + info.nbytes]
