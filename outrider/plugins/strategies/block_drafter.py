@@ -329,10 +329,9 @@ def drafter_rope(spec: DrafterSpec, head_dim: int) -> nn.Module:
             max_position_embeddings=spec.max_position_embeddings,
         )
     except KeyError as e:  # a scaling config without a field its kind needs
-        raise CheckpointError(
-            f"the drafter's rope_scaling ({(spec.rope_scaling or {}).get('type') or (spec.rope_scaling or {}).get('rope_type')}) "
-            f"lacks {e.args[0]!r}"
-        ) from None
+        scaling = spec.rope_scaling or {}
+        kind = scaling.get("type") or scaling.get("rope_type")
+        raise CheckpointError(f"the drafter's rope_scaling ({kind}) lacks {e.args[0]!r}") from None
 
 
 class DraftAttention(nn.Module):
