@@ -160,7 +160,7 @@ def _sentencepiece(meta: dict, tokens: list[str]):
     return tok, True  # llama.cpp adds a BOS to a SentencePiece vocabulary by default
 
 
-def build_tokenizer(metadata: dict, name: str) -> Any:
+def build_tokenizer(meta: dict, name: str) -> Any:
     """A transformers fast tokenizer (in mlx-lm's wrapper) from the vocabulary, merges or
     scores, special ids and chat template in a file's metadata."""
     from mlx_lm.tokenizer_utils import (
@@ -172,8 +172,7 @@ def build_tokenizer(metadata: dict, name: str) -> Any:
     from tokenizers.processors import TemplateProcessing
     from transformers import PreTrainedTokenizerFast
 
-    check_tokenizer(metadata, name)
-    meta = metadata
+    check_tokenizer(meta, name)
     tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
     if not tokens:
         raise CheckpointError(f"{name} has no tokenizer vocabulary in its metadata")
