@@ -128,6 +128,11 @@ def parse_tool_calls(
         props = ((schemas or {}).get(name) or {}).get("properties") or {}
         return {k: v.get("type") for k, v in props.items() if isinstance(v, dict)}
 
+    def typed(name: str, pairs: list[tuple[str, str]]) -> dict:
+        """Tag-delimited (key, text) arguments, each typed by the tool's schema."""
+        kinds = types(name)
+        return {k: _scalar(v, kinds.get(k)) for k, v in pairs}
+
     for m in _HERMES.finditer(text):
         try:
             obj = json.loads(m.group(1))
@@ -149,20 +154,18 @@ def parse_tool_calls(
     for m in _XML.finditer(text):
         if any(s <= m.start() < e for s, e, _ in calls):
             continue
-        kinds = types(m.group(1))
-        args = {k: _scalar(v, kinds.get(k)) for k, v in _XML_PARAM.findall(m.group(2))}
         if known(m.group(1)):
+            args = typed(m.group(1), _XML_PARAM.findall(m.group(2)))
             calls.append((m.start(), m.end(), ToolCall(m.group(1), args)))
     for m in _LFM2.finditer(text):
         found = _python_calls(m.group(1), lambda name: list(types(name)))
         if found and all(known(c.name) for c in found):  # one block: all of it, or text
             calls.extend((m.start(), m.end(), c) for c in found)
     for m in _ATEM.finditer(text):
-        found = []
-        for name, body in _ATEM_INVOKE.findall(m.group(1)):
-            kinds = types(name)
-            args = {k: _scalar(v, kinds.get(k)) for k, v in _ATEM_PARAM.findall(body)}
-            found.append(ToolCall(name, args))
+        found = [
+            ToolCall(name, typed(name, _ATEM_PARAM.findall(body)))
+            for name, body in _ATEM_INVOKE.findall(m.group(1))
+        ]
         if found and all(known(c.name) for c in found):
             calls.extend((m.start(), m.end(), c) for c in found)
     calls.sort(key=lambda c: c[0])
