@@ -17,8 +17,6 @@ from typer.testing import CliRunner
 
 from outrider import cli, cli_common, telemetry
 from outrider.api import load
-from outrider.core.hookspecs import hookimpl
-from outrider.core.plugins import Plugins
 from outrider.testing import make_tiny_drafter, make_tiny_target
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
@@ -295,89 +293,9 @@ def test_live_telemetry_renders(models, json_runs):
         assert word in shown
 
 
-# --- plugins -----------------------------------------------------------------
-
-
-def test_plugins_table_and_json():
-    result = invoke("plugins")
-    assert result.exit_code == 0, result.output
-    for name in ("dense", "deepspec", "zlab", "dspark", "dflash", "lookup", "baseline"):
-        assert name in result.stdout
-    rows = json.loads(invoke("plugins", "--json").stdout)
-    assert {"name", "version", "provides"} <= set(rows[0])
-    names = " ".join(r["name"] for r in rows)
-    for name in ("dense", "deepspec", "zlab", "dspark", "lookup"):
-        assert name in names
-    provides = {p for r in rows for p in r["provides"]}
-    assert {"family:dense", "format:zlab", "strategy:dspark"} <= provides
-
-
 def test_version():
     result = invoke("--version")
     assert result.exit_code == 0 and result.stdout.startswith("outrider ")
-
-
-# --- plugin robustness -----------------------------------------------------------------------
-
-
-def test_failing_third_party_plugin_is_one_warning(monkeypatch, capsys):
-    real = cli_common.Plugins
-
-    def flaky(load_entrypoints: bool = True):
-        if load_entrypoints:
-            raise RuntimeError("broken plugin")
-        return real(load_entrypoints=False)
-
-    monkeypatch.setattr(cli_common, "Plugins", flaky)
-    cli.plugins.cache_clear()
-    try:
-        found = cli.plugins()
-    finally:
-        cli.plugins.cache_clear()
-    assert "dense" in found.families
-    err = capsys.readouterr().err
-    assert err.startswith("warning: ") and len(err.strip().splitlines()) == 1
-
-
-def make_app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.command()
-    def builtin() -> None:
-        """A stand-in for the built-in commands."""
-
-    return app
-
-
-def test_plugins_add_commands(monkeypatch):
-    class HelloPlugin:
-        @hookimpl
-        def register_commands(self, cli):
-            @cli.command()
-            def hello() -> None:
-                typer.echo("hello from a plugin")
-
-    found = Plugins(load_entrypoints=False)
-    found.pm.register(HelloPlugin(), name="hello-plugin")
-    monkeypatch.setattr(cli, "plugins", lambda: found)
-    app = make_app()
-    cli.add_plugin_commands(app)
-    cli.add_plugin_commands(app)  # once per app
-    result = CliRunner().invoke(app, ["hello"])
-    assert result.exit_code == 0 and result.stdout == "hello from a plugin\n"
-
-
-def test_plugin_failing_to_add_commands_is_one_warning(monkeypatch, capsys):
-    class Broken:
-        def register_commands(self, cli):
-            raise RuntimeError("no commands today")
-
-    monkeypatch.setattr(cli, "plugins", lambda: Broken())
-    app = make_app()
-    cli.add_plugin_commands(app)
-    err = capsys.readouterr().err
-    assert err.startswith("warning: ") and "no commands today" in err
-    assert CliRunner().invoke(app, ["--help"]).exit_code == 0
 
 
 def test_a_prompt_over_the_context_window_is_refused_in_one_line(models):
@@ -579,13 +497,6 @@ def test_flags_are_not_shown_as_taking_values():
             if "--json" in line or "--raw" in line or "--no-thinking" in line:
                 assert "<bool>" not in line, line
     assert invoke("generate", "--json", "true", "--prompt", "x").exit_code != 0  # a flag, no value
-
-
-def test_plugins_piped_prints_whole_names():
-    result = invoke("plugins")
-    names = [line.split("\t")[0] for line in result.stdout.splitlines()]
-    assert "outrider.plugins.strategies.baseline" in names
-    assert "outrider.plugins.targets.hybrid" in names and "…" not in result.stdout
 
 
 def test_command_modules_do_not_import_the_cli():
