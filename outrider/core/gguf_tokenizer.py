@@ -181,12 +181,11 @@ def build_tokenizer(meta: dict, name: str) -> Any:
     types = meta.get("tokenizer.ggml.token_type")
     if types is not None:  # control tokens are special; user-defined ones are matched whole
         types = np.asarray(types)
+        control, user = np.flatnonzero(types == CONTROL), np.flatnonzero(types == USER_DEFINED)
         tok.add_special_tokens(
-            [AddedToken(tokens[i], normalized=False, special=True) for i in np.flatnonzero(types == CONTROL)]
-        )  # fmt: skip
-        tok.add_tokens(
-            [AddedToken(tokens[i], normalized=False) for i in np.flatnonzero(types == USER_DEFINED)]
+            [AddedToken(tokens[i], normalized=False, special=True) for i in control]
         )
+        tok.add_tokens([AddedToken(tokens[i], normalized=False) for i in user])
 
     def special(key: str) -> str | None:
         idx = meta.get(f"tokenizer.ggml.{key}_token_id")

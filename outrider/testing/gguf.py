@@ -107,9 +107,9 @@ def make_tiny_gguf(
     """Write `path` (a .gguf file) from the tiny target folder `source`, or from a new one made
     beside it (`make_tiny_target(..., family, seed, **overrides)`).
 
-    `quant` is the GGML type of every 2-D and 3-D (experts) weight (norms and biases stay F32, as the converter
-    keeps them); `types` overrides it per GGUF tensor name. `architecture` overrides
-    general.architecture (to test refusals). `tokenizer_pre` is tokenizer.ggml.pre, or
+    `quant` is the GGML type of every 2-D and 3-D (experts) weight (norms and biases stay F32,
+    as the converter keeps them); `types` overrides it per GGUF tensor name. `architecture`
+    overrides general.architecture (to test refusals). `tokenizer_pre` is tokenizer.ggml.pre, or
     "sentencepiece" for a `llama` vocabulary of pieces and scores (`spm_vocabulary`); `bos_token`
     (a special token's text) sets the BOS id, and `add_bos` tokenizer.ggml.add_bos_token (None
     leaves the key out, as converters do when the tokenizer config says nothing). Returns
