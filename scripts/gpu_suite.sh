@@ -12,7 +12,11 @@ here="$(pwd)"
 wheels=$(mktemp -d)
 cat /root/outrider-stash/wheels.part_0 /root/outrider-stash/wheels.part_1 .device/c/wheels.part_2 \
   | tar xf - -C "$wheels"
-for w in "$here"/.whl/*.whl; do  # one copy of a wheel both sets carry (pip refuses two)
+# .whl: the test wheels carried with this call; /root/outrider-extra: wheels too large to
+# carry beside MLX's third part (ruff, schemathesis and its parts), stashed there by earlier
+# calls on the same warm machine (docs/testing-on-gpu.md)
+for w in "$here"/.whl/*.whl /root/outrider-extra/*.whl; do  # one copy of each (pip refuses two)
+  [ -e "$w" ] || continue
   [ -e "$wheels/$(basename "$w")" ] || cp "$w" "$wheels"/
 done
 # PYTHONPATH unset: pip counts what setup.sh's folder holds as installed and would skip it
