@@ -239,6 +239,11 @@ def test_a_causal_block_runs_only_the_slots_a_round_reads(nemotron):
     drafter = proposer.drafter
     run = drafter.backbone_rows
     drafter.backbone_rows = lambda block, *a: widths.append(block.shape[1]) or run(block, *a)
+    # On the CPU a row's products do not depend on how many rows share them. On a GPU a block
+    # of 2 and one of 8 rows run the head's quantized layers through different kernels (MLX's
+    # CUDA backend: a matrix-vector kernel below 8 rows, a tiled one from 8), which round apart:
+    # 1.3e-3 of a confidence on the H200 (docs/testing-on-gpu.md, run 13)
+    tol = {"atol": 1e-5} if mx.default_device() == mx.cpu else {"atol": 1e-5, "rtol": 5e-3}
     try:
         for cap in (1, 3, 7):
             short, whole = fork(proposer), fork(full)
@@ -247,7 +252,7 @@ def test_a_causal_block_runs_only_the_slots_a_round_reads(nemotron):
             ctx = DraftContext([5, 9], cap, SamplingParams())
             a, b = short.propose(ctx), whole.propose(ctx)
             assert a.tokens.tolist() == b.tokens.tolist()
-            np.testing.assert_allclose(np.array(a.confidence), np.array(b.confidence), atol=1e-5)
+            np.testing.assert_allclose(np.array(a.confidence), np.array(b.confidence), **tol)
     finally:
         del drafter.backbone_rows
     assert widths == [2, 8, 4, 8, 8, 8]  # anchor + cap masks, against the whole block of 8
