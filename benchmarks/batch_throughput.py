@@ -200,6 +200,9 @@ class RowOracle:
     def propose(self, ctx):
         return self._inner.propose(ctx)
 
+    def propose_ahead(self, ctx):
+        return self._inner.propose_ahead(ctx)
+
     def observe(self, accepted: int, taps) -> None:
         pass
 

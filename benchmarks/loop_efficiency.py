@@ -11,6 +11,9 @@ Every outrider run is checked token for token against the baseline (lossless); a
 fails the run. Prints a table; --json writes the numbers.
 
     python benchmarks/loop_efficiency.py --shapes 0.6b,8b --dtypes bf16,4bit --caps 1,2,4,8
+
+`--pipelined both` times each cap with pipelined rounds (the default: the next round queued
+before this one is read, core/loop.py) and without, in turn.
 """
 
 from __future__ import annotations
@@ -146,8 +149,11 @@ def mlx_lm_decode_tps(model, prompt: list[int], n: int) -> tuple[Timed, list[int
     return timed, timed.tokens
 
 
-def outrider_timed(target: Target, proposer, prompt: list[int], n: int, cap: int) -> Timed:
+def outrider_timed(
+    target: Target, proposer, prompt: list[int], n: int, cap: int, pipelined: bool = True
+) -> Timed:
     pipe = outrider.pipeline_from_parts(target, proposer, proposer.name, max_draft=cap)
+    pipe.pipelined_rounds = pipelined
     timed = Timed()
     for chunk in pipe.stream(prompt, max_tokens=n, stop_tokens=set()):
         timed.arrive(chunk.tokens)
@@ -235,7 +241,10 @@ def compare_or_tie(target, prompt, got, want, what: str, ties: list) -> None:
     ties.append({"what": what, "position": i})
 
 
-def run(shape: str, dtype: str, caps: list[int], prompt_len: int, n: int, trials: int) -> dict:
+def run(
+    shape: str, dtype: str, caps: list[int], prompt_len: int, n: int, trials: int,
+    arms: tuple[bool, ...] = (True,),
+) -> dict:  # fmt: skip
     target = make_target(shape, dtype)
     rng = mx.random.randint(0, 150000, (prompt_len,), key=mx.random.key(1))
     prompt = rng.tolist()
@@ -276,15 +285,16 @@ def run(shape: str, dtype: str, caps: list[int], prompt_len: int, n: int, trials
         "mlx_lm_self_divergence": self_diff,
         "oracle": [],
     }
-    for k in caps:
+    for k, pipelined in [(k, p) for k in caps for p in arms]:
         tps, eff, tv, ties, steady, steady_eff = [], [], [], [], [], []
         ref_k = oracle_reference(target, prompt, reference, k, n, ties)
         t_draft = draft_seconds(ref_k, prompt, k)
         for _ in range(trials):  # t_verify measured right before each timed run
             t_verify = verify_times(target, prompt, [k + 1], reps=15)[k + 1]
             oracle = OracleProposer(prompt + ref_k, 1.0, 151936, max_draft=k)
-            timed = outrider_timed(target, oracle, prompt, n, k)
+            timed = outrider_timed(target, oracle, prompt, n, k, pipelined)
             res = timed.result
+            compare_or_tie(target, prompt, res.tokens, ref_k, f"oracle cap {k}", ties)
             accepted = sum(r.accepted for r in res.rounds)
             drafted = sum(len(r.drafted) for r in res.rounds)
             ideal = (k + 1) / (t_draft + t_verify)
@@ -296,6 +306,7 @@ def run(shape: str, dtype: str, caps: list[int], prompt_len: int, n: int, trials
         row["oracle"].append(
             {
                 "cap": k,
+                "pipelined": pipelined,
                 "decode_tps": median(tps),
                 "ideal_tps": (k + 1) / (t_draft + median(tv)),
                 "efficiency": median(eff),
@@ -322,8 +333,15 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=200)
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument(
+        "--pipelined",
+        choices=("on", "off", "both"),
+        default="on",
+        help="oracle rounds pipelined (the default), not, or both arms in turn",
+    )
     ap.add_argument("--json", default=None, help="write results here")
     args = ap.parse_args()
+    arms = {"on": (True,), "off": (False,), "both": (True, False)}[args.pipelined]
     caps = [int(c) for c in args.caps.split(",")]
     header = {
         "device": str(mx.default_device()),
@@ -337,7 +355,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for dtype in args.dtypes.split(","):
             t = time.perf_counter()
-            row = run(shape, dtype, caps, args.prompt_len, args.new_tokens, args.trials)
+            row = run(shape, dtype, caps, args.prompt_len, args.new_tokens, args.trials, arms)
             rows.append(row)
             print(f"\n== qwen3-{shape} {dtype} ({time.perf_counter() - t:.0f}s) ==")
             print(
@@ -353,11 +371,13 @@ def main() -> None:
                 f"own first run diverges at: {row['mlx_lm_self_divergence']}"
             )
             print(
-                f"{'cap':>4} {'tok/s':>9} {'ideal':>9} {'eff':>6} {'t_verify ms':>11} {'t_draft ms':>10} {'accept':>7} {'steady':>8} {'s-eff':>6} ties"
+                f"{'cap':>4} {'pipe':>4} {'tok/s':>9} {'x plain':>7} {'ideal':>9} {'eff':>6} {'t_verify ms':>11} {'t_draft ms':>10} {'accept':>7} {'steady':>8} {'s-eff':>6} ties"
             )
             for o in row["oracle"]:
                 print(
-                    f"{o['cap']:>4} {o['decode_tps']:>9.1f} {o['ideal_tps']:>9.1f} "
+                    f"{o['cap']:>4} {'on' if o['pipelined'] else 'off':>4} "
+                    f"{o['decode_tps']:>9.1f} {o['decode_tps'] / row['baseline_tps']:>7.2f} "
+                    f"{o['ideal_tps']:>9.1f} "
                     f"{o['efficiency']:>6.3f} {o['t_verify_ms']:>11.2f} {o['t_draft_ms']:>10.3f} "
                     f"{o['acceptance']:>7.3f} {o['steady_tps']:>8.1f} "
                     f"{o['steady_efficiency']:>6.3f} {len(o['fp_ties'])}"

@@ -72,6 +72,8 @@ class Pipeline:
     cap_given: bool = False  # load() was given a cap: lookup copies stay within it too
     # batched rounds verify what DSpark's prefix scheduler admits (needs a calibration)
     schedule_batches: bool = True
+    # greedy rounds of a proposer that guesses ahead are pipelined (core/loop.py `decode`)
+    pipelined_rounds: bool = True
     scheduler: BatchScheduler | None = None  # the batches' scheduler and what it has cut
 
     def enable_prefix_cache(
@@ -165,6 +167,7 @@ class Pipeline:
             record=record,
             policy=self._cap_policy() if max_draft == "auto" else None,
             long_copies=self._long_copies(max_draft),
+            pipelined=self.pipelined_rounds,
         )
         failed = False
         try:

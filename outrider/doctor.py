@@ -14,7 +14,13 @@ from . import __version__
 from .cli_common import cache_root, plugins
 from .cli_common import console as _console
 from .cli_common import print_json as _print_json
-from .core.device import attention_buckets, kv_attention, split_attention, tf32_matmuls
+from .core.device import (
+    attention_buckets,
+    kv_attention,
+    pipelined_rounds,
+    split_attention,
+    tf32_matmuls,
+)
 from .core.errors import OutriderError
 
 Opt = typer.Option
@@ -90,6 +96,13 @@ def doctor_report() -> dict:
         report["attention_buckets"] = split and attention_buckets()
     except OutriderError as e:
         report["attention"] = None
+        problems.append(str(e))
+    try:  # greedy rounds queued behind the one in flight (core/loop.py, AheadGate)
+        report["pipelined_rounds"] = {"gated": "on (while guesses hold)", "on": "on"}.get(
+            pipelined_rounds(), "off"
+        )
+    except OutriderError as e:
+        report["pipelined_rounds"] = None
         problems.append(str(e))
     # MLX's CUDA backend (and Apple's M5) multiply float32 in TF32 unless told not to: greedy
     # float32 output may then part from a one-row run at near-ties (docs/benchmarks.md)

@@ -90,7 +90,8 @@ class Collector:
             result.prefill_seconds = step.seconds
             self.decode_start = time.perf_counter()
         elif step.source == "draft" and not _stop_only(step):
-            result.rounds.append(Round(step.drafted, step.accepted, step.committed, step.seconds))
+            shown = (step.drafted, step.accepted, step.committed, step.seconds)
+            result.rounds.append(Round(*shown, step.ahead, step.dropped))
         result.tokens.extend(step.committed)
         done = step.finish_reason is not None
         delta = self.text.add(step.committed, done)

@@ -22,6 +22,8 @@ class Run:
     accepts: list[int] = field(default_factory=list)
     peak_memory_gb: float = 0.0
     drafted: int = 0  # tokens committed by drafting rounds (the rest came from plain steps)
+    ahead: int = 0  # rounds queued behind the one in flight and kept (pipelined rounds)
+    dropped: int = 0  # rounds queued so and dropped unread
 
     @property
     def decode_tokens(self) -> int:
@@ -36,6 +38,8 @@ class Run:
             accepts=[r.accepted + 1 for r in result.rounds],
             peak_memory_gb=result.peak_memory_gb,
             drafted=sum(len(r.committed) for r in result.rounds),
+            ahead=result.pipelining[0],
+            dropped=result.pipelining[1],
         )
 
 
@@ -66,6 +70,8 @@ class TrialStats:
     accept_counts: list[int] = field(default_factory=list)  # rounds by accept length (above)
     decoded: int = 0  # tokens after the first, over the runs
     drafted: int = 0  # of those, tokens committed by drafting rounds (the rest: plain steps)
+    ahead: int = 0  # pipelined rounds kept, over the runs
+    dropped: int = 0  # pipelined rounds dropped unread
 
     @classmethod
     def of(cls, runs: list[Run]) -> TrialStats:
@@ -82,6 +88,8 @@ class TrialStats:
             accept_counts=accept_counts(accepts),
             decoded=decoded,
             drafted=sum(r.drafted for r in runs),
+            ahead=sum(r.ahead for r in runs),
+            dropped=sum(r.dropped for r in runs),
         )
 
 
@@ -145,4 +153,11 @@ class Cell:
             "trials_decode_tps": [round(t.decode_tps, 3) for t in self.trials],
             "accept_counts": self.accept_counts,
             "drafted_share": None if share is None else round(share, 4),
+            **self._pipelining(),
         }
+
+    def _pipelining(self) -> dict:
+        """Pipelined rounds kept and dropped over every trial, where any ran (core/loop.py)."""
+        ahead = sum(t.ahead for t in self.trials)
+        dropped = sum(t.dropped for t in self.trials)
+        return {"rounds_ahead": ahead, "rounds_dropped": dropped} if ahead or dropped else {}

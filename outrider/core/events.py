@@ -11,6 +11,8 @@ class Round:
     accepted: int
     committed: list[int]
     seconds: float
+    ahead: bool = False  # queued before the round before it was read (pipelined), and kept
+    dropped: int = 0  # positions of a round queued behind this one, dropped unread
 
 
 @dataclass
@@ -41,6 +43,12 @@ class Result:
         return sum(r.accepted + 1 for r in self.rounds) / len(self.rounds)
 
     @property
+    def pipelining(self) -> tuple[int, int]:
+        """(rounds queued ahead and kept, rounds queued ahead and dropped): how often a
+        pipelined round paid (core/loop.py `decode`)."""
+        return sum(r.ahead for r in self.rounds), sum(r.dropped > 0 for r in self.rounds)
+
+    @property
     def prefill_tps(self) -> float:
         return len(self.prompt_tokens) / self.prefill_seconds if self.prefill_seconds else 0.0
 
@@ -67,7 +75,12 @@ class Result:
             "decode_seconds": round(self.decode_seconds, 6),
             "cached_tokens": self.cached_tokens,
             **({"calibration": self.calibration} if self.calibration else {}),
+            **self._pipelining_json(),
         }
+
+    def _pipelining_json(self) -> dict:
+        ahead, dropped = self.pipelining
+        return {"rounds_ahead": ahead, "rounds_dropped": dropped} if ahead or dropped else {}
 
 
 def round_dict(r: Round) -> dict:

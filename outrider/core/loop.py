@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from .acceptance import accept_greedy, accept_sampled
+from .device import pipelined_rounds
 from .errors import Cancelled
 from .logits import Penalties, TokenLogprob, logprob_arrays, process_rows, read_logprobs
 from .prefix_cache import PrefixHit, Record
@@ -38,6 +39,8 @@ class Step:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None  # per kept token, when requested
     cut: int = 0  # drafts the batch scheduler left unverified (core/schedule.py)
+    ahead: bool = False  # a pipelined round: queued before the round before it was read
+    dropped: int = 0  # positions of the round queued behind this one, dropped unread
 
 
 def _choose(logits: mx.array, sampling: SamplingParams, keys: KeyStream | None) -> mx.array:
@@ -194,6 +197,7 @@ def decode(
     record: Record | None = None,
     policy: AutoCap | None = None,
     long_copies: bool = True,
+    pipelined: bool = True,
 ) -> Iterator[Step]:
     """Generate from `prompt` until `stopper` says stop, yielding each step as it lands.
 
@@ -210,6 +214,12 @@ def decode(
     `max_draft="auto"` picks each round's cap from measured costs and acceptance
     (`core/schedule.py`), drafting nothing while plain decoding is faster; `policy` is the
     one to use (a pipeline keeps one across generations), else a fresh one.
+
+    `pipelined` rounds (greedy, with a proposer that can guess ahead, on a target whose
+    rollback is a trim; `drafts_ahead`): while a round's forward runs, the next one is queued
+    on the assumption that it keeps every draft, and kept when it did, so the host prepares a
+    round while the device works instead of after the sync. A round queued on a wrong guess
+    is rolled back unread: the output is what unpipelined rounds give.
 
     This is a batch of one row: the rounds are `verify_round`'s, as for a `Batch` of many.
     """
@@ -252,28 +262,140 @@ def decode(
     yield step
     rows, cache = [row], started.cache
     pipelinable = not procs and logprobs is None
-    while not row.done:
-        if row.wants_cancel():
-            yield Step("draft", [], 0, [], 0.0, "cancelled")
-            return
-        caps = None
-        if policy is not None:
-            policy.context = len(row.history)
-            k = policy.choose(max(0, min(cap_limit, stopper.remaining - 1)))
-            if k == 0 and pipelinable:
-                if not _copy_ready(row):
-                    # parked: pipelined plain steps until the next probe, or until the text
-                    # turns out to copy itself (then a round verifies the copy, drafter or not)
-                    n = policy.plain_run(stopper.remaining)
-                    taken = yield from _plain_run(target, row, cache, n)
-                    policy.plain_unused(n - taken)
-                    continue
-                k = 1  # the lookup copy drafts this round (plugins/strategies/lookup_assist.py)
-            elif k == 0:
-                policy.plain_run(1)
-            caps = [k]
-        (step,) = verify_round(target, rows, cache, caps)
-        yield from _handed(step, policy)
+    gate = None
+    if pipelined and pipelinable and sampling.greedy and drafts_ahead(target, proposer):
+        gate = AheadGate.for_this_device()
+    inflight: Launched | None = None  # the next round, queued before this one is read
+    try:
+        while not row.done:
+            t = time.perf_counter()
+            if row.wants_cancel():
+                yield Step("draft", [], 0, [], 0.0, "cancelled")
+                return
+            was_ahead = inflight is not None
+            if was_ahead:
+                launched, inflight = inflight, None
+            else:
+                caps = None
+                if policy is not None:
+                    policy.context = len(row.history)
+                    k = policy.choose(max(0, min(cap_limit, stopper.remaining - 1)))
+                    if k == 0 and pipelinable:
+                        if not _copy_ready(row):
+                            # parked: pipelined plain steps until the next probe, or until the
+                            # text turns out to copy itself (then a round verifies the copy,
+                            # drafter or not)
+                            n = policy.plain_run(stopper.remaining)
+                            taken = yield from _plain_run(target, row, cache, n)
+                            policy.plain_unused(n - taken)
+                            continue
+                        k = 1  # the lookup copy drafts this round (strategies/lookup_assist.py)
+                    elif k == 0:
+                        policy.plain_run(1)
+                    caps = [k]
+                launched = launch_round(target, rows, cache, caps)
+            if gate is not None and gate.wanted():
+                inflight = _launch_ahead(target, row, cache, launched)
+            (step,), (rejected,) = settle(launched)
+            step.ahead = was_ahead
+            if gate is not None:
+                gate.learn(_guess_held(row, step, launched, inflight))
+            if inflight is not None and not _ahead_holds(row, step, launched, inflight):
+                step.dropped = inflight.width
+                rejected += inflight.width  # it ran on tokens that were not committed
+                inflight = None
+            target.rollback(cache, rejected)
+            teach(launched, [step], time.perf_counter() - t, False)
+            yield from _handed(step, policy)
+    finally:
+        if inflight is not None:  # stopped with a round in flight: the cache drops it
+            target.rollback(cache, inflight.width)
+
+
+HOLD_PRIOR = 0.5  # a generation's first rounds: as likely to hold as not
+HOLD_EMA = 0.25  # weight of the newest round in the running hold rate
+HOLD_TO_PIPELINE = 0.5  # queue rounds ahead while at least this share of guesses would hold
+
+
+class AheadGate:
+    """Whether to queue the next round before this one is read. A round queued on a guess
+    that fails costs a forward the device runs for nothing; one that holds hides the host's
+    work on the next round behind the device's on this one. On a launch-bound GPU the two
+    are about even, so rounds go ahead while a running share of at least HOLD_TO_PIPELINE
+    of them would have held, counted whether or not they were queued (the guess is checked
+    against what the round committed), so a generation that stopped queueing notices when
+    its text turns easy again. `always` (OUTRIDER_PIPELINED_ROUNDS=on) skips the gate."""
+
+    def __init__(self, always: bool = False) -> None:
+        self.always = always
+        self.hold = HOLD_PRIOR
+
+    @classmethod
+    def for_this_device(cls) -> AheadGate | None:
+        choice = pipelined_rounds()
+        return None if choice == "off" else cls(always=choice == "on")
+
+    def wanted(self) -> bool:
+        return self.always or self.hold >= HOLD_TO_PIPELINE
+
+    def learn(self, held: bool | None) -> None:
+        """A round settled: would a round queued behind it have held (None: no guess)."""
+        if held is not None:
+            self.hold += HOLD_EMA * (float(held) - self.hold)
+
+
+def _guess_held(row: Row, step: Step, current: Launched, ahead: Launched | None) -> bool | None:
+    """Whether a round queued behind `current` held (or would have, had one been queued):
+    the proposer's guess of the token after its drafts is what the round committed."""
+    if ahead is not None:
+        return _ahead_holds(row, step, current, ahead)
+    proposal = current.proposals[0]
+    if proposal.host is None or row.done:
+        return None
+    if step.accepted < proposal.k:
+        return False
+    guess = row.proposer.propose_ahead(DraftContext(row.history[:-1], 1, row.sampling)).host
+    return None if not guess else guess[0] == row.anchor
+
+
+def drafts_ahead(target: Target, proposer: Proposer) -> bool:
+    """Whether rounds can be pipelined: the proposer guesses what follows a round before it
+    is read (`propose_ahead`, `core/proposer.py`), and the target's rollback is a trim, so a
+    round queued on tokens that were then rejected can be dropped along with them."""
+    return callable(getattr(proposer, "propose_ahead", None)) and target.trims
+
+
+def _launch_ahead(target: Target, row: Row, cache: list, current: Launched) -> Launched | None:
+    """Queue the round that follows `current` if it keeps every draft and the target's token
+    after them is the proposer's guess: that guess is its anchor, the proposer's further
+    guesses its drafts. None when nothing would follow (the answer ends, or no guess)."""
+    proposal = current.proposals[0]
+    if proposal.host is None:
+        return None
+    room = row.stopper.remaining - (proposal.k + 1)  # tokens left after a full accept
+    if room <= 0:
+        return None
+    assumed = row.history + proposal.host
+    cap = max(0, min(row.cap_limit, room - 1))
+    if row.policy is not None:
+        row.policy.context = len(assumed) + 1
+        cap = row.policy.choose(cap)
+        if cap == 0:  # parked, or plain steps pay: the loop's own plain runs take over
+            return None
+    extras = {"room": room - 1 if row.long_copies else cap}
+    guessed = row.proposer.propose_ahead(DraftContext(assumed, cap + 1, row.sampling, None, extras))
+    if not guessed.host:
+        return None
+    drafts = Proposal.from_list(guessed.host[1:], guessed.copied)
+    return launch_round(target, [row], cache, [cap], given=[drafts], anchors=[guessed.host[0]])
+
+
+def _ahead_holds(row: Row, step: Step, current: Launched, ahead: Launched) -> bool:
+    """Whether the round queued ahead ran on what `current` committed: every draft kept,
+    the target's next token the guessed anchor, and the answer not finished."""
+    return (
+        not row.done and step.accepted == current.proposals[0].k and row.anchor == ahead.anchors[0]
+    )
 
 
 def _copy_ready(row: Row) -> bool:
@@ -377,51 +499,70 @@ def _row_inputs(anchor: int, proposal: Proposal, drafts: mx.array, width: int) -
     return mx.concatenate(parts)
 
 
-def verify_round(
+@dataclass
+class Launched:
+    """A round whose forward is queued on the device but not yet read back: what `settle`
+    needs to accept each row's drafts. `pipelined_round` queues the next one behind it."""
+
+    rows: list[Row]
+    proposals: list[Proposal]
+    drafts: list[mx.array]
+    asked: list[int]  # each row's cap this round
+    cuts: list[int]  # drafts the batch scheduler left out, per row
+    width: int  # the rows' common width: 1 + the most drafts of any row
+    per_row: list[tuple]  # (target tokens, sampled accept count, logprobs), lazy
+    taps: mx.array | None
+    batched: bool
+    pending: list[mx.array]  # everything `settle` reads back, queued by `launch_round`
+    anchors: list[int]  # the token each row's round starts from
+
+
+def launch_round(
     target: Target,
     rows: list[Row],
     cache: list,
     caps: list[int] | None = None,
     scheduler: BatchScheduler | None = None,
-) -> list[Step]:
-    """One speculative round for every row: each proposes, one target forward verifies all
-    drafts of all rows, each accepts its own, and each row's cache rolls back by what it
-    rejected. `cache` is one row's cache, or a batched cache whose rows are `rows`.
-
-    Rows draft different numbers of tokens; shorter rows are padded to the widest, and the
-    padding is rejected like any draft. On the greedy path a round costs one host-device sync
-    whatever the batch width. `caps` (one per row) overrides the rows' own caps this round.
-    `scheduler` (a batch's) cuts the proposals of two or more drafting rows to what DSpark's
-    prefix scheduler admits before the forward (`_schedule`).
-    """
-    t = time.perf_counter()
+    given: list[Proposal] | None = None,
+    anchors: list[int] | None = None,
+) -> Launched:
+    """Draft (unless `given` proposals, with the caps they were drafted at in `caps`), queue the
+    verify forward of every row and what each row's acceptance needs, and start the device on
+    it without waiting. `anchors` stand in for the rows' own: a round drafted ahead runs on
+    the token the round before it is expected to end with (`pipelined_round`)."""
     batched = target.is_batched(cache)
     if not batched and len(rows) != 1:
         raise ValueError("a one-row cache verifies one row")
     tap_ids = tuple(rows[0].proposer.tap_layer_ids)
-    ctxs, drafts, pending, per_row, asked = [], [], [], [], []
+    anchors = anchors or [row.anchor for row in rows]
+    drafts, pending, per_row = [], [], []
     with mx.stream(target.stream):
-        for row in rows:
-            cap = max(0, min(row.cap_limit, row.stopper.remaining - 1))
-            if caps is not None:
-                cap = caps[len(ctxs)]
-            key = row.keys.next() if row.keys is not None and cap > 0 else None
-            # drafts that could still count (a given cap bounds even a lookup copy)
-            extras = {"room": max(0, row.stopper.remaining - 1) if row.long_copies else cap}
-            if scheduler is not None and len(rows) > 1:
-                extras["confidence"] = True  # a drafter's own acceptance estimates, if it has any
-            ctxs.append(DraftContext(row.history, cap, row.sampling, key, extras))
-            asked.append(cap)
-        # rows sharing a drafter draft in one call (propose_all), every other row on its own
-        proposals = propose_all([row.proposer for row in rows], ctxs)
-        scheduled = _schedule(scheduler, rows, proposals, asked)
-        cuts = [p.k - s.k for p, s in zip(proposals, scheduled)]
-        proposals = scheduled
+        if given is None:
+            ctxs, asked = [], []
+            for row in rows:
+                cap = max(0, min(row.cap_limit, row.stopper.remaining - 1))
+                if caps is not None:
+                    cap = caps[len(ctxs)]
+                key = row.keys.next() if row.keys is not None and cap > 0 else None
+                # drafts that could still count (a given cap bounds even a lookup copy)
+                room = max(0, row.stopper.remaining - 1) if row.long_copies else cap
+                extras = {"room": room}
+                if scheduler is not None and len(rows) > 1:
+                    extras["confidence"] = True  # a drafter's own acceptance estimates, if any
+                ctxs.append(DraftContext(row.history, cap, row.sampling, key, extras))
+                asked.append(cap)
+            # rows sharing a drafter draft in one call (propose_all), every other row alone
+            proposals = propose_all([row.proposer for row in rows], ctxs)
+            scheduled = _schedule(scheduler, rows, proposals, asked)
+            cuts = [p.k - s.k for p, s in zip(proposals, scheduled)]
+            proposals = scheduled
+        else:
+            proposals, asked, cuts = given, list(caps or [p.k for p in given]), [0] * len(given)
         for proposal in proposals:
             tokens = proposal.tokens
             drafts.append(tokens if tokens.dtype == mx.uint32 else tokens.astype(mx.uint32))
         width = 1 + max(p.k for p in proposals)
-        inputs = [_row_inputs(r.anchor, p, d, width) for r, p, d in zip(rows, proposals, drafts)]
+        inputs = [_row_inputs(a, p, d, width) for a, p, d in zip(anchors, proposals, drafts)]
         if batched:
             all_logits, all_taps = target.forward_rows(mx.stack(inputs), cache, tap_ids)
         else:
@@ -446,9 +587,23 @@ def verify_round(
             pending += [tokens] if proposal.host is not None else [tokens, row_drafts]
             pending += [x for x in (accepted, lp) if x is not None]
             per_row.append((tokens, accepted, lp))
-    mx.eval(*pending)  # the round's one sync
+    mx.async_eval(*pending)
+    return Launched(
+        rows, proposals, drafts, asked, cuts, width, per_row, all_taps, batched, pending,
+        anchors,
+    )  # fmt: skip
+
+
+def settle(launched: Launched) -> tuple[list[Step], list[int]]:
+    """Read a launched round back (its one sync) and accept each row's drafts: commit, feed
+    the proposer, the record and the stopper. Returns the steps and how many positions each
+    row's cache must drop (what it rejected); the caller rolls back."""
+    rows, proposals, drafts = launched.rows, launched.proposals, launched.drafts
+    mx.eval(*launched.pending)  # the round's one sync
     steps, rejected = [], []
-    for i, (row, proposal, (tokens, accepted, lp)) in enumerate(zip(rows, proposals, per_row)):
+    for i, (row, proposal, (tokens, accepted, lp)) in enumerate(
+        zip(rows, proposals, launched.per_row)
+    ):
         drafted = proposal.host if proposal.host is not None else drafts[i].tolist()
         target_tokens = tokens.tolist()
         if row.sampling.greedy:
@@ -456,8 +611,8 @@ def verify_round(
         else:
             a = accepted.item()
         committed = target_tokens[: a + 1]
-        rejected.append(width - 1 - a)
-        row_taps = None if all_taps is None else all_taps[i, : a + 1]
+        rejected.append(launched.width - 1 - a)
+        row_taps = None if launched.taps is None else launched.taps[i, : a + 1]
         row.proposer.observe(a, row_taps)
         row.history.extend(committed)
         if row.record is not None:
@@ -466,16 +621,20 @@ def verify_round(
         kept = row.stopper.feed(committed)
         step_lp = None if lp is None else read_logprobs(lp, kept)
         steps.append(
-            Step("draft", drafted, a, kept, 0.0, row.stopper.finish_reason, step_lp, cuts[i])
-        )
-    if batched:
-        target.rollback_rows(cache, rejected)
-    else:
-        target.rollback(cache, rejected[0])
-    seconds = time.perf_counter() - t
-    for row, proposal, step, cap in zip(rows, proposals, steps, asked):
+            Step(
+                "draft", drafted, a, kept, 0.0, row.stopper.finish_reason, step_lp,
+                launched.cuts[i],
+            )
+        )  # fmt: skip
+    return steps, rejected
+
+
+def teach(launched: Launched, steps: list[Step], seconds: float, scheduler: bool) -> None:
+    """Time the round's steps and tell each row's cap policy (and, under a batch scheduler,
+    its running acceptance) what the round did."""
+    for row, proposal, step, cap in zip(launched.rows, launched.proposals, steps, launched.asked):
         step.seconds = seconds
-        if scheduler is not None and 0 < proposal.k <= cap and not proposal.copied:
+        if scheduler and 0 < proposal.k <= cap and not proposal.copied:
             learn_acceptance(row.accept, proposal.k, step.accepted)
         if row.policy is None or proposal.copied:  # a lookup copy says nothing of the drafter
             continue
@@ -485,6 +644,33 @@ def verify_round(
         # a drafting round nor a pipelined plain step: it teaches the policy nothing
         elif proposal.k > 0 or cap == 0:
             row.policy.observe(proposal.k, step.accepted, seconds)
+
+
+def verify_round(
+    target: Target,
+    rows: list[Row],
+    cache: list,
+    caps: list[int] | None = None,
+    scheduler: BatchScheduler | None = None,
+) -> list[Step]:
+    """One speculative round for every row: each proposes, one target forward verifies all
+    drafts of all rows, each accepts its own, and each row's cache rolls back by what it
+    rejected. `cache` is one row's cache, or a batched cache whose rows are `rows`.
+
+    Rows draft different numbers of tokens; shorter rows are padded to the widest, and the
+    padding is rejected like any draft. On the greedy path a round costs one host-device sync
+    whatever the batch width. `caps` (one per row) overrides the rows' own caps this round.
+    `scheduler` (a batch's) cuts the proposals of two or more drafting rows to what DSpark's
+    prefix scheduler admits before the forward (`_schedule`).
+    """
+    t = time.perf_counter()
+    launched = launch_round(target, rows, cache, caps, scheduler)
+    steps, rejected = settle(launched)
+    if launched.batched:
+        target.rollback_rows(cache, rejected)
+    else:
+        target.rollback(cache, rejected[0])
+    teach(launched, steps, time.perf_counter() - t, scheduler is not None)
     return steps
 
 

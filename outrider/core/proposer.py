@@ -76,6 +76,13 @@ class Proposer(Protocol):
     cheaply whether it holds a lookup copy of the context may offer `copy_ready(tokens, room)`:
     a parked `auto` then asks it after every plain step and verifies the copy when it says yes
     (`plugins/strategies/lookup_assist.py`).
+
+    A proposer that drafts on the host may offer `propose_ahead(ctx) -> Proposal`: its guess,
+    without changing its state, of the tokens after `ctx.tokens` (the history and a round's
+    drafts that are not verified yet): the first is the token the target should choose next,
+    the rest (at most `ctx.cap - 1`) drafts after it, `host` set; empty when it has no guess.
+    Greedy decoding then queues the next round on that guess while this one runs
+    (`core/loop.py`, pipelined rounds).
     """
 
     name: str

@@ -363,6 +363,12 @@ class Target:
 
     # -- forward ---------------------------------------------------------------------------
     @property
+    def trims(self) -> bool:
+        """Whether the family's rollback is a trim of the last positions, whichever forwards
+        wrote them (its `pads_verify`): rounds can then be padded, and pipelined."""
+        return bool(getattr(self.family, "pads_verify", False))
+
+    @property
     def pads_verify(self) -> bool:
         """Whether verify forwards may run padded here: the family's rollback is a trim (its
         `pads_verify`), and OUTRIDER_MATMUL is not `native`."""

@@ -34,8 +34,18 @@ class OracleProposer:
     def propose(self, ctx: DraftContext) -> Proposal:
         m = len(ctx.tokens)
         truth = self.reference[m : m + min(ctx.cap, self.max_draft)]
-        drafts = [t if self._rng.random() < self.rate else (t + 1) % self.vocab_size for t in truth]
-        return Proposal.from_list(drafts)
+        return Proposal.from_list(self._noisy(truth))
+
+    def propose_ahead(self, ctx: DraftContext) -> Proposal:
+        """The known continuation after `ctx.tokens`, each token right with probability `rate`
+        (nothing where the tokens already left the reference)."""
+        m = len(ctx.tokens)
+        if ctx.tokens != self.reference[:m]:
+            return Proposal.empty()
+        return Proposal.from_list(self._noisy(self.reference[m : m + ctx.cap]))
+
+    def _noisy(self, truth: list[int]) -> list[int]:
+        return [t if self._rng.random() < self.rate else (t + 1) % self.vocab_size for t in truth]
 
     def observe(self, accepted: int, taps: mx.array | None) -> None:
         pass

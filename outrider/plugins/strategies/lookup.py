@@ -26,8 +26,13 @@ class NGramIndex:
 
     def continuation(self, tokens: list[int], cap: int) -> list[int]:
         """Tokens that followed the latest earlier occurrence of the longest matching suffix."""
+        self.extend_to(tokens, len(tokens) - 1)  # the current suffix itself is not a match
+        return self.peek(tokens, cap)
+
+    def peek(self, tokens: list[int], cap: int) -> list[int]:
+        """`continuation` from what is indexed now, indexing nothing: `tokens` may end in
+        guesses that must not enter the index."""
         m = len(tokens)
-        self.extend_to(tokens, m - 1)  # the current suffix itself is not a match
         for n in range(self.max_n, self.min_n - 1, -1):
             if m < n:
                 continue
@@ -52,6 +57,11 @@ class LookupProposer:
 
     def propose(self, ctx: DraftContext) -> Proposal:
         return Proposal.from_list(self._index.continuation(ctx.tokens, ctx.cap))
+
+    def propose_ahead(self, ctx: DraftContext) -> Proposal:
+        """What follows `ctx.tokens` (the history and a round's drafts, not yet verified) from
+        what is indexed now: a round queued before that one is read (core/loop.py)."""
+        return Proposal.from_list(self._index.peek(ctx.tokens, ctx.cap))
 
     def observe(self, accepted: int, taps: mx.array | None) -> None:
         pass

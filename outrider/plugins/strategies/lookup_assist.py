@@ -117,6 +117,16 @@ class LookupAssist:
         (a given cap bounds the copy too)."""
         return len(copy) > self._accepted + 1 and (len(copy) > cap or len(copy) >= room > 0)
 
+    def propose_ahead(self, ctx: DraftContext) -> Proposal:
+        """While a copy drafts the round in flight, the copy's continuation after it (a round
+        queued before that one is read, core/loop.py); nothing while the drafter drafts: its
+        block needs the round's hidden states. `ctx.tokens` may end in unverified drafts, so
+        nothing is indexed."""
+        if not self._looked:
+            return Proposal.empty()
+        room = int(ctx.extras.get("room", ctx.cap - 1))
+        return Proposal.from_list(self._match(ctx.tokens, 1 + room), True)
+
     def _copy(self, tokens: list[int], room: int) -> list[int]:
         """The continuation of the longest earlier match of the text's end, as long as the
         match makes likely; [] when the match is shorter than `min_match`."""
@@ -124,6 +134,11 @@ class LookupAssist:
         for end in range(max(self._indexed, n - 1), m - 1):  # index every n-gram but the last
             self._last[tuple(tokens[end - n + 1 : end + 1])] = end
         self._indexed = max(self._indexed, m - 1)
+        return self._match(tokens, room)
+
+    def _match(self, tokens: list[int], room: int) -> list[int]:
+        """`_copy` from what is indexed now."""
+        n, m = self.min_match, len(tokens)
         if m < n:
             return []
         end = self._last.get(tuple(tokens[m - n :]))

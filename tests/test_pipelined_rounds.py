@@ -1,0 +1,209 @@
+"""Pipelined rounds (core/loop.py `decode`): the next round is queued on the guess that this
+one keeps every draft, and dropped unread when it does not. Output must stay plain greedy."""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import pytest
+from conftest import PROMPTS, plain_greedy
+
+import outrider
+from outrider.core.device import PIPELINE_ENV
+from outrider.core.errors import OutriderError
+from outrider.core.loop import HOLD_TO_PIPELINE, AheadGate, decode
+from outrider.core.proposer import Proposal
+from outrider.core.stopping import Stopper
+from outrider.plugins.strategies.lookup import LookupProposer
+from outrider.plugins.strategies.lookup_assist import LookupAssist
+from outrider.testing import OracleProposer
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
+
+
+@pytest.fixture(autouse=True)
+def pipelined_everywhere(monkeypatch):
+    """Queue every round that can go ahead: `auto` never pipelines on a CPU."""
+    monkeypatch.setenv(PIPELINE_ENV, "on")
+
+
+@pytest.fixture(scope="module")
+def target(qwen3_target):
+    return outrider.load(str(qwen3_target), mode="baseline").target
+
+
+def run(target, proposer, ids, n, cap, pipelined, stop_tokens=frozenset()):
+    pipe = outrider.pipeline_from_parts(target, proposer, proposer.name, max_draft=cap)
+    pipe.pipelined_rounds = pipelined
+    return pipe.generate(ids, max_tokens=n, stop_tokens=set(stop_tokens))
+
+
+@pytest.mark.parametrize("rate", [0.3, 0.8, 1.0])
+@pytest.mark.parametrize("cap", [1, 3, 6])
+def test_oracle_rounds_pipelined_equal_plain_greedy(target, qwen3_target, rate, cap):
+    ids = target.tokenizer.encode("The quick brown fox")
+    want = plain_greedy(qwen3_target, ids, 60)
+    oracle = OracleProposer(ids + want, rate, vocab_size=262, max_draft=cap, seed=3)
+    got = run(target, oracle, ids, 60, cap, pipelined=True)
+    assert got.tokens == want
+    ahead, dropped = got.pipelining
+    if rate == 1.0:  # every round after the first was queued ahead and kept
+        assert ahead == len(got.rounds) - 1 and dropped == 0
+    elif rate == 0.8:
+        assert ahead > 0
+        if cap == 1:  # guesses right and wrong both come up
+            assert dropped > 0
+    off = run(target, OracleProposer(ids + want, rate, 262, cap, seed=3), ids, 60, cap, False)
+    assert off.tokens == want and off.pipelining == (0, 0)
+
+
+def test_lookup_rounds_pipelined_equal_plain_greedy(target, qwen3_target):
+    ids = target.tokenizer.encode(PROMPT * 3)
+    want = plain_greedy(qwen3_target, ids, 80)
+    got = run(target, LookupProposer(max_draft=6), ids, 80, 6, pipelined=True)
+    assert got.tokens == want
+    assert got.pipelining[0] > 0  # the tiny target repeats itself: some guesses held
+
+
+def test_sampled_rounds_are_not_pipelined(target):
+    ids = target.tokenizer.encode("The quick brown fox")
+    pipe = outrider.pipeline_from_parts(target, LookupProposer(max_draft=4), "lookup", 4)
+    got = pipe.generate(ids, max_tokens=40, temperature=0.8, seed=1, stop_tokens=set())
+    assert got.pipelining == (0, 0)
+
+
+def cache_capture(target, monkeypatch) -> list:
+    made = []
+    fresh = target.make_cache
+
+    def make_cache():
+        made.append(fresh())
+        return made[-1]
+
+    monkeypatch.setattr(target, "make_cache", make_cache)
+    return made
+
+
+def committed_positions(prompt: list[int], steps) -> int:
+    """What the cache must hold after these steps: the prompt and every committed token but
+    the last (the anchor the target has not seen)."""
+    n = len(prompt)
+    for step in steps:
+        n += 1 if step.source == "prefill" else step.accepted + 1
+    return n - 1
+
+
+def test_a_round_in_flight_is_dropped_when_the_answer_stops(target, qwen3_target, monkeypatch):
+    """A stop token ends the answer while a round queued behind it already ran: the cache
+    must end holding what was committed, not the dropped round's positions."""
+    ids = target.tokenizer.encode("The quick brown fox")
+    want = plain_greedy(qwen3_target, ids, 40)
+    made = cache_capture(target, monkeypatch)
+    oracle = OracleProposer(ids + want, 1.0, vocab_size=262, max_draft=4)
+    stopper = Stopper(40, {want[17]})
+    steps = list(decode(target, oracle, ids, stopper, max_draft=4))
+    assert stopper.finish_reason == "stop"
+    assert any(s.dropped for s in steps)
+    assert made[0][0].offset == committed_positions(ids, steps)
+
+
+def test_closing_the_generation_drops_the_round_in_flight(target, qwen3_target, monkeypatch):
+    ids = target.tokenizer.encode("The quick brown fox")
+    want = plain_greedy(qwen3_target, ids, 40)
+    made = cache_capture(target, monkeypatch)
+    oracle = OracleProposer(ids + want, 1.0, vocab_size=262, max_draft=3)
+    gen = decode(target, oracle, ids, Stopper(40, set()), max_draft=3)
+    steps = [next(gen) for _ in range(4)]  # the prefill and three rounds, one more queued
+    gen.close()
+    assert all(c.offset == committed_positions(ids, steps) for c in made[0])
+
+
+def test_auto_pipelines_on_a_gpu_only(target, monkeypatch):
+    ids = target.tokenizer.encode("The quick brown fox")
+    monkeypatch.setenv(PIPELINE_ENV, "auto")
+    oracle = OracleProposer(ids + [5] * 40, 1.0, vocab_size=262, max_draft=4)
+    got = run(target, oracle, ids, 30, 4, pipelined=True)
+    on_gpu = mx.default_device() == mx.gpu
+    assert (got.pipelining[0] > 0) == on_gpu
+    monkeypatch.setenv(PIPELINE_ENV, "sometimes")
+    with pytest.raises(OutriderError, match=PIPELINE_ENV):
+        run(target, OracleProposer(ids, 1.0, 262, 4), ids, 8, 4, pipelined=True)
+
+
+def test_the_gate_stops_queueing_when_guesses_fail_and_resumes_when_they_hold():
+    gate = AheadGate()
+    assert gate.wanted()  # a generation starts by trying
+    for _ in range(3):
+        gate.learn(False)
+    assert not gate.wanted()
+    gate.learn(None)  # a round with nothing to guess says nothing
+    assert not gate.wanted()
+    seen = 0
+    while not gate.wanted():
+        gate.learn(True)
+        seen += 1
+    assert seen <= 4 and gate.hold >= HOLD_TO_PIPELINE
+    assert AheadGate(always=True).wanted()
+
+
+class WrongGuesses(OracleProposer):
+    """Drafts right, but guesses the token after its drafts wrong `miss` of the time."""
+
+    def __init__(self, reference, miss: float, cap: int) -> None:
+        super().__init__(reference, 1.0, 262, cap)
+        self.miss, self._draws = miss, random.Random(9)
+
+    def propose_ahead(self, ctx):
+        guesses = super().propose_ahead(ctx).host
+        if guesses and self._draws.random() < self.miss:
+            guesses[0] = (guesses[0] + 1) % 262
+        return Proposal.from_list(guesses)
+
+
+def test_rounds_that_would_not_hold_stop_the_queueing(target, qwen3_target, monkeypatch):
+    """Under the gate, a proposer whose guesses fail four times in five soon stops queueing
+    rounds (each dropped one cost a forward) and still tries now and then; one whose guesses
+    hold keeps queueing."""
+    monkeypatch.setattr(
+        "outrider.core.loop.AheadGate.for_this_device", classmethod(lambda cls: cls())
+    )
+    ids = target.tokenizer.encode("The quick brown fox")
+    want = plain_greedy(qwen3_target, ids, 90)
+    bad = run(target, WrongGuesses(ids + want, 0.8, 2), ids, 90, 2, True)
+    assert bad.tokens == want
+    dropped = sum(r.dropped > 0 for r in bad.rounds)
+    assert 0 < dropped <= len(bad.rounds) // 3
+    good = run(target, WrongGuesses(ids + want, 0.0, 2), ids, 90, 2, True)
+    assert good.tokens == want and good.pipelining == (len(good.rounds) - 1, 0)
+
+
+def drafter_blocks(result) -> set[tuple]:
+    """(position, drafts) of each round the drafter drafted (a copy runs past its cap of 4)."""
+    out, at = set(), len(result.prompt_tokens) + 1
+    for r in result.rounds:
+        if 0 < len(r.drafted) <= 4:
+            out.add((at, tuple(r.drafted)))
+        at += r.accepted + 1
+    return out
+
+
+def test_lookup_copies_inside_drafter_rounds_go_ahead(qwen3_target, drafters):
+    """A DSpark round that verifies a lookup copy (lookup_assist.py) queues the copy's next
+    stretch behind it; drafter rounds never go ahead (the block needs the round's hidden
+    states). The drafter still takes in every verified token: the output stays plain greedy,
+    and its own rounds accept what they accepted unpipelined."""
+    pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
+    assert isinstance(pipe.proposer, LookupAssist)
+    ids = pipe.encode(PROMPTS[2] + " " + PROMPTS[2])
+    want = plain_greedy(qwen3_target, ids, 80)
+    pipe.pipelined_rounds = False
+    off = pipe.generate(ids, max_tokens=80, stop_tokens=set())
+    pipe.pipelined_rounds = True
+    got = pipe.generate(ids, max_tokens=80, stop_tokens=set())
+    assert off.tokens == got.tokens == want
+    assert got.pipelining[0] > 0 and off.pipelining == (0, 0)
+    # the drafter's state followed every token: where both runs let it draft at the same
+    # position, it drafted the same tokens
+    common = drafter_blocks(off) & drafter_blocks(got)
+    assert len(common) >= 10
