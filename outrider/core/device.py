@@ -97,16 +97,13 @@ PIPELINE_ENV = "OUTRIDER_PIPELINED_ROUNDS"
 
 def pipelined_rounds() -> str:
     """OUTRIDER_PIPELINED_ROUNDS: `auto` (the default) queues a greedy round behind the one
-    in flight on a GPU, while most such guesses hold (core/loop.py `AheadGate`), and never on
-    a CPU, where building the next round's graph takes cores from the forward it overlaps
-    (measured: 4-6% slower at full acceptance on 2 cores); `on` whenever the proposer can
-    guess ahead; `off` never. Returns `gated`, `on` or `off`."""
+    in flight where that pays, from the share of guesses that hold and what a round's host
+    and device parts cost here (core/loop.py `AheadGate`); `on` whenever the proposer can
+    guess ahead; `off` never."""
     choice = os.environ.get(PIPELINE_ENV, "auto").strip().lower()
     if choice not in ("auto", "on", "off"):
         raise OutriderError(f"{PIPELINE_ENV} must be auto, on or off, got {choice!r}")
-    if choice == "auto":
-        return "gated" if mx.default_device() == mx.gpu else "off"
-    return choice
+    return "gated" if choice == "auto" else choice
 
 
 def attention_choice() -> str:

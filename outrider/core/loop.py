@@ -293,12 +293,20 @@ def decode(
                     elif k == 0:
                         policy.plain_run(1)
                     caps = [k]
+                t_launch = t_round = time.perf_counter()
                 launched = launch_round(target, rows, cache, caps)
+                if gate is not None:
+                    gate.timed_launch(time.perf_counter() - t_launch)
             if gate is not None and gate.wanted():
+                t_launch = time.perf_counter()
                 inflight = _launch_ahead(target, row, cache, launched)
+                if inflight is not None:
+                    gate.timed_launch(time.perf_counter() - t_launch)
             (step,), (rejected,) = settle(launched)
             step.ahead = was_ahead
             if gate is not None:
+                if not was_ahead and inflight is None:  # a round alone: launch to result
+                    gate.timed_round(time.perf_counter() - t_round)
                 gate.learn(_guess_held(row, step, launched, inflight))
             if inflight is not None and not _ahead_holds(row, step, launched, inflight):
                 step.dropped = inflight.width
@@ -313,35 +321,62 @@ def decode(
 
 
 HOLD_PRIOR = 0.5  # a generation's first rounds: as likely to hold as not
-HOLD_EMA = 0.25  # weight of the newest round in the running hold rate
-HOLD_TO_PIPELINE = 0.5  # queue rounds ahead while at least this share of guesses would hold
+HOLD_EMA = 0.25  # weight of the newest round in the running hold rate and the timings
+PRIOR_NEED = 0.6  # the hold rate asked for before a round has been timed
 
 
 class AheadGate:
-    """Whether to queue the next round before this one is read. A round queued on a guess
-    that fails costs a forward the device runs for nothing; one that holds hides the host's
-    work on the next round behind the device's on this one. On a launch-bound GPU the two
-    are about even, so rounds go ahead while a running share of at least HOLD_TO_PIPELINE
-    of them would have held, counted whether or not they were queued (the guess is checked
-    against what the round committed), so a generation that stopped queueing notices when
-    its text turns easy again. `always` (OUTRIDER_PIPELINED_ROUNDS=on) skips the gate."""
+    """Whether to queue the next round before this one is read, from what both outcomes cost.
+
+    Queued on a guess that holds, a round hides the host's work on it (H: drafting and
+    building its graph) behind the device's on the round in flight (D), saving H. Queued on a
+    guess that fails, it is a forward the device runs for nothing while the host builds the
+    right round, costing D - H where D > H. So queueing pays while the share p of guesses
+    that hold satisfies p·H > (1 - p)·(D - H), i.e. p > 1 - H / D. H is timed on every
+    launch and D = R - H from the rounds that ran unpipelined (R: launch to result); a
+    launch-bound GPU, where H is a good part of a round, queues on easy text, a CPU, where the
+    forward dwarfs the host's work, only where nearly every guess holds (the testing oracle,
+    long copies). The hold rate counts every round, queued or not (the guess is checked
+    against what the round committed), so a generation that stopped queueing notices when its
+    text turns easy again. `always` (OUTRIDER_PIPELINED_ROUNDS=on) skips the gate."""
 
     def __init__(self, always: bool = False) -> None:
         self.always = always
         self.hold = HOLD_PRIOR
+        self.host: float | None = None  # seconds to launch a round (H), running mean
+        self.round: float | None = None  # seconds of an unpipelined round (R), running mean
 
     @classmethod
     def for_this_device(cls) -> AheadGate | None:
         choice = pipelined_rounds()
         return None if choice == "off" else cls(always=choice == "on")
 
+    @property
+    def need(self) -> float:
+        """The hold rate above which queueing pays: 1 - H / D."""
+        if self.host is None or self.round is None:
+            return PRIOR_NEED
+        device = self.round - self.host
+        return 0.0 if device <= self.host else 1.0 - self.host / device
+
     def wanted(self) -> bool:
-        return self.always or self.hold >= HOLD_TO_PIPELINE
+        return self.always or self.hold > self.need
 
     def learn(self, held: bool | None) -> None:
         """A round settled: would a round queued behind it have held (None: no guess)."""
         if held is not None:
             self.hold += HOLD_EMA * (float(held) - self.hold)
+
+    def timed_launch(self, seconds: float) -> None:
+        self.host = _ema(self.host, seconds)
+
+    def timed_round(self, seconds: float) -> None:
+        """A round that ran alone, from its launch to its result."""
+        self.round = _ema(self.round, seconds)
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else old + HOLD_EMA * (new - old)
 
 
 def _guess_held(row: Row, step: Step, current: Launched, ahead: Launched | None) -> bool | None:
