@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the test suite on the GPU machine (docs/testing-on-gpu.md). Source .device/c/setup.sh
 # first, carry .device/c and .whl (the test wheels), then:
-#   SUITE_TIMEOUT=540 bash scripts/gpu_suite.sh -o addopts="" -p xdist -n 15 -rfEs tests
+#   SUITE_TIMEOUT=540 bash scripts/gpu_suite.sh -o addopts="" -p xdist -n 15 -v -rfEs PART
+# where PART is one line of `python scripts/gpu_suite_parts.py 3` (the whole suite no longer fits
+# one ten-minute call on a fresh host; -v names each result as it lands)
 # MLX goes into the interpreter's own site-packages (subprocess tests build their own
 # environment), and the package is installed by that interpreter, so the `outrider` console
 # script sits beside python3. No network: every wheel comes from the carried parts. The test
