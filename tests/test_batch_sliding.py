@@ -27,7 +27,7 @@ from outrider.core.stopping import Stopper
 from outrider.plugins.targets.batched import WindowRows
 from outrider.testing import SLIDING_WINDOW, make_tiny_drafter, make_tiny_target
 
-FAMILIES = ["gemma4_text", "muse_glimmer"]
+FAMILIES = ["gemma4_text", "gemma3_text", "muse_glimmer"]
 N_TOKENS = 5 * SLIDING_WINDOW
 
 _BUILT: dict = {}

@@ -35,6 +35,7 @@ FAMILIES = {  # make_tiny_target family -> the family plugin that must run it
     "nanbeige": "looped_depth",
     "gemma4_text": "gemma4",
     "gemma4": "gemma4",  # mlx-vlm checkpoint: its language tower
+    "gemma3_text": "gemma3",
     "muse_glimmer": "muse_glimmer",
     "muse_glimmer_vlm": "muse_glimmer",  # mlx-vlm checkpoint: its language tower
 }
@@ -212,6 +213,8 @@ def test_family_detection_and_refusals(tmp_path):
         "lfm2": "short_conv",
         "lfm2_moe": "short_conv",
         "gemma4_text": "gemma4",
+        "gemma3_text": "gemma3",
+        "gemma3": "gemma3",
         "muse_glimmer": "muse_glimmer",
     }
     ordered = sorted(plugins.families.values(), key=lambda f: -getattr(f, "priority", 0))

@@ -31,6 +31,7 @@ FAMILIES = {  # family -> whether every layer's cache trims (else: checkpoints)
     "nemotron_h": False,  # Mamba-2
     "lfm2": False,  # short convolutions
     "gemma4_text": False,  # sliding window
+    "gemma3_text": False,  # sliding window
 }
 INTERVAL = 8
 N = 10

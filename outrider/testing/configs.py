@@ -145,6 +145,15 @@ FAMILIES = {
         "tie_word_embeddings": True,
         "final_logit_softcapping": 30.0,
     },
+    "gemma3_text": {  # one global layer in two (real models: one in six)
+        "model_type": "gemma3_text",
+        "head_dim": 16,
+        "num_key_value_heads": 1,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": SLIDING_WINDOW,
+        "sliding_window_pattern": 2,
+        "rope_local_base_freq": 10000.0,
+    },
     "prism_hadamard_qwen35": {  # Ternary-Bonsai packs: 2-bit weights, Hadamard-rotated inputs
         "model_type": "prism_hadamard_qwen35",
         "text_config": "qwen3_5",

@@ -16,6 +16,7 @@ from .tokenizer import SPECIAL_TOKENS, build_tokenizer
 # per model_type, the weights whose layer outputs a random tied-embedding model scales up
 LOUDER_OUTPUTS = {
     "gemma4_text": SANDWICH_NORMS,
+    "gemma3_text": SANDWICH_NORMS,
     "lfm2": ("out_proj.weight", "feed_forward.w2.weight"),
     "lfm2_moe": ("out_proj.weight", "down_proj.weight"),
 }
@@ -87,7 +88,8 @@ def make_tiny_target(path: str | Path, family: str = "qwen3", seed: int = 0, **o
     """Write a tiny random-weight model folder of a real mlx-lm / mlx-vlm architecture (float32).
 
     `family` is the mlx-lm model_type: qwen3, llama, qwen2, qwen3_moe, qwen3_5, qwen3_5_moe,
-    qwen3_next, prism_hadamard_qwen35, nemotron_h, lfm2, lfm2_moe, gemma4_text, muse_glimmer;
+    qwen3_next, prism_hadamard_qwen35, nemotron_h, lfm2, lfm2_moe, gemma4_text, gemma3_text,
+    muse_glimmer;
     or gemma4 and muse_glimmer_vlm for mlx-vlm multimodal checkpoints (language tower + a toy
     vision tower).
     Sliding windows are `SLIDING_WINDOW` tokens, so short generations wrap them.

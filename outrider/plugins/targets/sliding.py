@@ -1,5 +1,5 @@
 """Sliding-window targets: Gemma-4 (mlx-lm `gemma4_text`, and the mlx-vlm `gemma4` language
-tower) and Muse-Glimmer (sliding layers plus NoPE global layers; mlx-lm `muse_glimmer`, and the
+tower), Gemma 3 (mlx-lm `gemma3_text` and `gemma3`) and Muse-Glimmer (sliding layers plus NoPE global layers; mlx-lm `muse_glimmer`, and the
 mlx-vlm one). Sliding layers use rotating caches; their rollback stays exact after the window
 has wrapped (see caches.py). A multimodal checkpoint (one with a vision_config) is loaded
 through mlx-vlm and only its language model runs, wrapped per instance as `LanguageTower`.
@@ -100,6 +100,27 @@ class Gemma4Family(SlidingWindowFamily):
         return stack.embed_tokens(ids) * stack.embed_scale
 
 
+class Gemma3Family(SlidingWindowFamily):
+    name = "gemma3"
+    description = "Gemma 3: sliding-window + global attention (gemma3_text; gemma3 as text)"
+    model_types = frozenset({"gemma3", "gemma3_text"})
+
+    def load(self, path: Path, config: dict) -> tuple[nn.Module, Any]:
+        # mlx-lm's gemma3 reads a multimodal checkpoint as its text model (the vision tower's
+        # weights are dropped), so Gemma 3 never needs mlx-vlm here
+        return MlxLmFamily.load(self, path, config)
+
+    # its attention keeps MLX's own path on every device: the split and bucketed wrappers
+    # (verify_attention.py) know Gemma-4's layout, not this one's
+
+    def embed(self, model: nn.Module, ids: mx.array) -> mx.array:
+        # gemma3_text scales by sqrt(hidden) rounded to bfloat16, whatever the weights' dtype
+        stack = decoder(model)
+        scale = mx.array(stack.args.hidden_size**0.5, mx.bfloat16)
+        h = stack.embed_tokens(ids)
+        return h * scale.astype(h.dtype)
+
+
 class MuseGlimmerFamily(SlidingWindowFamily):
     name = "muse_glimmer"
     description = "Muse-Glimmer: sliding-window + NoPE global attention (muse_glimmer)"
@@ -113,4 +134,5 @@ class MuseGlimmerFamily(SlidingWindowFamily):
 @hookimpl
 def register_target_families(register):
     register(Gemma4Family())
+    register(Gemma3Family())
     register(MuseGlimmerFamily())
