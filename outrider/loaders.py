@@ -9,7 +9,13 @@ from .core import gguf
 from .core.checkpoint import open_checkpoint, read_config
 from .core.device import PADDED_FROM, dense_on_cpu, dense_single_groups, make_dense, verify_pad
 from .core.drafter_spec import DrafterSpec
-from .core.errors import CheckpointError, ModelNotFoundError, OutriderError, UnsupportedTargetError
+from .core.errors import (
+    CheckpointError,
+    FamilyDeclined,
+    ModelNotFoundError,
+    OutriderError,
+    UnsupportedTargetError,
+)
 from .core.hub import resolve_model
 from .core.plugins import Plugins
 from .core.target import Target
@@ -84,10 +90,14 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
         for a in archs
     ):
         raise CheckpointError(f"{model} is a drafter checkpoint ({archs[0]}); pass it as --drafter")
+    declined = None
     for family in sorted(plugins.families.values(), key=lambda f: -getattr(f, "priority", 0)):
         if family.supports(config):
             try:
                 model_obj, tokenizer = family.load(path, config)
+            except FamilyDeclined as e:
+                declined = declined or e  # a later family (the mlx-lm fallback) may take it
+                continue
             except OutriderError:
                 raise
             except Exception as e:
@@ -100,6 +110,8 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
             if target.pads_verify:
                 target.pad_verifies(verify_pad(model_obj), PADDED_FROM)  # until a calibration says
             return target
+    if declined is not None:
+        raise declined
     mtype = config.get("model_type") or (config.get("text_config") or {}).get("model_type")
     raise UnsupportedTargetError(
         f"model_type {mtype!r} is not supported by any installed target-family plugin "

@@ -365,8 +365,8 @@ def test_serve_batches_quantized_targets_and_says_when_it_cannot(kinds, tmp_path
     target, _ = kinds["qwen3_next"]
     quantized = outrider.load(str(target), mode="lookup", kv_bits=8)
     assert quantized.target.batches and batching_note(quantized, 4) is None
-    # gemma3_text has no family plugin: the mlx-lm fallback runs it, one row at a time
-    other = make_tiny_target(tmp_path / "g3", family="llama", model_type="gemma3_text",
+    # cohere2 has no family plugin: the mlx-lm fallback runs it, one row at a time
+    other = make_tiny_target(tmp_path / "c2", family="llama", model_type="cohere2",
                              head_dim=16, sliding_window=8, sliding_window_pattern=2)  # fmt: skip
     plain = outrider.load(str(other), mode="baseline")
     note = batching_note(plain, 4)

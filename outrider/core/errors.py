@@ -17,6 +17,11 @@ class UnsupportedTargetError(OutriderError):
     """No target-family plugin can run this model with taps."""
 
 
+class FamilyDeclined(UnsupportedTargetError):
+    """A family claimed the config's model_type but cannot run the model it built (caches it
+    cannot roll back, say): the next family that supports the config is tried."""
+
+
 class Interrupted(OutriderError):
     """The user pressed Ctrl-C; what could be kept was (the message says what). Exit 130."""
 

@@ -14,7 +14,7 @@ from mlx_lm.utils import MODEL_REMAPPING
 from mlx_lm.utils import load as mlx_lm_load
 
 from ...core import gguf
-from ...core.errors import UnsupportedTargetError
+from ...core.errors import FamilyDeclined, UnsupportedTargetError
 from ...core.hookspecs import hookimpl
 from . import verify_attention
 from .batched import BatchedRows
@@ -80,7 +80,7 @@ class DenseFamily(BatchedRows, Snapshots):
         caches = make_prompt_cache(model)
         odd = {type(c).__name__ for c in caches if not isinstance(c, (KVCache, QuantizedKVCache))}
         if odd:
-            raise UnsupportedTargetError(
+            raise FamilyDeclined(
                 f"model_type {config.get('model_type')!r} uses {', '.join(sorted(odd))} caches, "
                 "which the dense family cannot roll back"
             )
