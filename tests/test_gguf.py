@@ -23,7 +23,7 @@ from outrider.core.errors import CheckpointError, ModelNotFoundError
 from outrider.core.hub import resolve_model
 from outrider.registry import find_pair
 from outrider.registry.resolver import Pair, packaged_gguf
-from outrider.testing import OracleProposer, make_tiny_drafter, make_tiny_gguf
+from outrider.testing import SLIDING_WINDOW, OracleProposer, make_tiny_drafter, make_tiny_gguf
 
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -48,6 +48,54 @@ def test_converted_model_computes_what_the_original_does(tmp_path, family):
     if family in ("llama", "qwen2", "mixtral"):  # (mlx-lm's qwen3 has no rope_traditional)
         flipped = gguf.build_model(path, {**config, "rope_traditional": not traditional})
         assert mx.abs(flipped(ids) - want).max().item() > 0.1
+
+
+# Gemma 3 as llama.cpp runs it: a global layer in six, queries scaled by head_dim (16 here)
+GEMMA3 = {"num_hidden_layers": 6, "sliding_window_pattern": 6}
+
+
+def test_a_gemma3_file_computes_what_the_original_does(tmp_path):
+    """Gemma 3's four norms a layer come back from llama.cpp's names and from the converter's
+    +1 shift; the window from the file, the layer pattern and query scale as llama.cpp's graph
+    hardcodes them. Logits over five windows equal the original's; the stored norms are the
+    checkpoint's plus one, and reading them unshifted, or with another pattern, is wrong."""
+    import gguf as gguf_py
+    from mlx_lm import load as mlx_lm_load
+
+    path = make_tiny_gguf(tmp_path / "g3.gguf", family="gemma3_text", seed=3, **GEMMA3)
+    original, _ = mlx_lm_load(str(tmp_path / "g3-hf"))
+    ids = mx.array([list(range(5, 45))])
+    want = original(ids)
+    config = gguf.read_config(path)
+    assert config["model_type"] == "gemma3_text" and config["sliding_window"] == SLIDING_WINDOW
+    assert config["sliding_window_pattern"] == 6 and config["query_pre_attn_scalar"] == 16
+    model = gguf.build_model(path, config)
+    assert mx.abs(model(ids) - want).max().item() < 1e-4
+    stored = {t.name: t.data for t in gguf_py.GGUFReader(str(path)).tensors}
+    norm = original.model.layers[0].post_feedforward_layernorm.weight
+    assert np.allclose(stored["blk.0.post_ffw_norm.weight"], np.array(norm) + 1)
+    other = gguf.build_model(path, {**config, "sliding_window_pattern": 2})
+    assert mx.abs(other(ids) - want).max().item() > 1e-2
+    layer = model.model.layers[1]
+    layer.pre_feedforward_layernorm.weight = layer.pre_feedforward_layernorm.weight + 1
+    assert mx.abs(model(ids) - want).max().item() > 1e-2  # the shift, left in, is wrong
+
+
+def test_a_gemma3_file_drafts_losslessly(tmp_path):
+    """A quantized Gemma 3 GGUF loads into the gemma3 family (sliding windows rolled back
+    exactly) and every drafting mode over it gives mlx-lm's plain greedy tokens."""
+    path = make_tiny_gguf(tmp_path / "g3.gguf", family="gemma3_text", quant="Q8_0", **GEMMA3)
+    drafter = make_tiny_drafter(tmp_path / "d", tmp_path / "g3-hf", "dspark", "deepspec")
+    ids = outrider.load(str(path), mode="baseline").encode(PROMPTS[1])
+    want = plain_greedy(path, ids, 5 * SLIDING_WINDOW)
+    for mode, spec in (("dspark", str(drafter)), ("lookup", None)):
+        pipe = outrider.load(str(path), spec, mode=mode)
+        assert pipe.target.family.name == "gemma3"
+        for cap in (1, 4):
+            got = pipe.generate(
+                ids, max_tokens=5 * SLIDING_WINDOW, max_draft=cap, stop_tokens=set()
+            )
+            assert got.tokens == want, (mode, cap)
 
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}

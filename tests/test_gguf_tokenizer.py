@@ -48,12 +48,14 @@ def test_a_bos_by_llama_cpps_defaults(tmp_path, llama_target, pre, add_bos, adds
     assert (tok.encode("hi")[0] == bos) is adds
 
 
-def spm_reference(text: str, tokens: list[str], scores: list[float]) -> list[int]:
-    """llama.cpp's SentencePiece tokenization, spelled out: spaces become "▁", one is prefixed,
-    the adjacent pair whose join is a piece with the highest score merges (the leftmost on a
+def spm_reference(
+    text: str, tokens: list[str], scores: list[float], prefix: bool = True
+) -> list[int]:
+    """llama.cpp's SentencePiece tokenization, spelled out: spaces become "▁", one is prefixed
+    (unless the file says add_space_prefix = false, as Gemma's do), the adjacent pair whose join is a piece with the highest score merges (the leftmost on a
     tie) until none is, and a symbol that is no piece is spelled as byte pieces."""
     ids = {t: i for i, t in enumerate(tokens) if i >= 259}  # pieces (not <unk>/<s>/</s>/bytes)
-    symbols = list("\u2581" + text.replace(" ", "\u2581"))
+    symbols = list(("\u2581" if prefix else "") + text.replace(" ", "\u2581"))
     while True:
         best = None
         for i in range(len(symbols) - 1):
@@ -97,6 +99,35 @@ def test_a_sentencepiece_vocabulary_tokenizes_as_llama_cpp_does(spm_gguf):
         assert tok.encode(text, add_special_tokens=False) == want, text
         assert tok.encode(text) == [1, *want]
         assert tok.decode(want) == text, text
+
+
+def test_a_vocabulary_without_a_space_prefix_tokenizes_as_llama_cpp_does(tmp_path):
+    """Gemma's files say add_space_prefix = false: no "▁" is put before the text, so a text
+    that starts with a word starts with that word's piece, and decoding keeps a leading space
+    the text really had."""
+    path = make_tiny_gguf(
+        tmp_path / "g.gguf", family="llama", tokenizer_pre="sentencepiece", vocab_size=340,
+        space_prefix=False,
+    )  # fmt: skip
+    meta = gguf.read_header(path).metadata
+    tokens, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"].tolist()
+    tok = gguf.build_tokenizer(path)
+    rng = random.Random(1)
+    alphabet = list("thequickbrownfoxjumpsoverlazydog") + [" "] * 6 + list(",.é")
+    texts = ["the fox", " leading", "  two", "trailing "]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(200)]
+    for text in texts:
+        want = spm_reference(text, tokens, scores, prefix=False)
+        assert tok.encode(text, add_special_tokens=False) == want, text
+        assert tok.decode(want) == text, text
+    assert want != spm_reference(text, tokens, scores)  # the prefix changes the ids
+    wrapper = gguf.build_tokenizer(path)  # streamed text keeps its leading space too
+    detokenizer = wrapper.detokenizer
+    detokenizer.reset()
+    for t in wrapper.encode(" leading words", add_special_tokens=False):
+        detokenizer.add_token(t)
+    detokenizer.finalize()
+    assert detokenizer.text == " leading words"
 
 
 def test_a_sentencepiece_file_generates_and_streams(spm_gguf):

@@ -8,7 +8,7 @@ float tensors as stored, quantized ones as MLX affine triples (`gguf_blocks.py`)
 Q4_K and Q5_K keep the file's codes, so the K-quant files most people download (Q4_K_M,
 Q5_K_M) run at about their own size; Q6_K is held at 8 bits. The tokenizer is rebuilt from the
 metadata (`gguf_tokenizer.py`). Architectures: llama (with experts: Mixtral), qwen2, qwen3,
-qwen3moe and phi3.
+qwen3moe, phi3 and gemma3.
 
 RoPE: llama.cpp's converter permutes the Q/K rows of `llama` files so that GGML's "normal" RoPE
 (adjacent pairs) computes what the Hugging Face model computes with rotate-half. We keep the
@@ -47,6 +47,12 @@ ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": (
 ARCHITECTURES["qwen3moe"] = ("qwen3_moe", False)  # Qwen3's attention, every layer's MLP experts
 MIXTRAL = ("mixtral", True)  # a `llama` file with experts: Mixtral's packaging
 ARCHITECTURES["phi3"] = ("phi3", False)  # Phi-3 / Phi-4: fused qkv and gate|up projections
+# Gemma 3: sandwich norms stored plus one (llama.cpp's converter folds Gemma's 1 + w into them)
+ARCHITECTURES["gemma3"] = ("gemma3_text", False)
+# What llama.cpp's Gemma 3 graph hardcodes (llama-model.cpp, LLM_ARCH_GEMMA3): a global layer
+# in every six, local RoPE base 10,000; queries scaled by head_dim^-1/2, by (hidden / heads)^-1/2
+# in the 62-layer 27B
+GEMMA3_PATTERN, GEMMA3_LOCAL_BASE, GEMMA3_27B_LAYERS = 6, 10_000.0, 62
 LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3's LongRoPE
 ROPE_TENSORS = (ROPE_FREQS, *LONGROPE)  # RoPE factors: read into the config, not weights
 MOE_MODELS = ("qwen3_moe", "mixtral")
@@ -72,7 +78,9 @@ BLOCK_NAMES = {
     "attn_qkv": "self_attn.qkv_proj",  # phi3: q, k and v in one
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
+    "ffn_norm": "post_attention_layernorm",  # the norm before the MLP (Gemma 3: see below)
+    "post_attention_norm": "post_attention_layernorm",  # Gemma 3's sandwich norms
+    "post_ffw_norm": "post_feedforward_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -246,6 +254,8 @@ def _module_name(tensor: str, model: str = "") -> str | None:
         inner = BLOCK_NAMES[parts[2]]
         if model == "phi3" and parts[2] == "ffn_up":  # phi3's ffn_up is [gate; up], fused
             inner = "mlp.gate_up_proj"
+        if model == "gemma3_text" and parts[2] == "ffn_norm":  # Gemma's pre-MLP norm
+            inner = "pre_feedforward_layernorm"
         if model == "mixtral" and inner.startswith("mlp."):
             inner = "block_sparse_moe." + inner.removeprefix("mlp.")
         return f"model.layers.{parts[1]}.{inner}"
@@ -375,6 +385,23 @@ def phi3_fields(header: Header, head_dim: int, rotated: int) -> dict:
     return fields
 
 
+def gemma3_fields(header: Header, hidden: int, heads: int, head_dim: int) -> dict:
+    """Gemma 3's sliding windows and query scale: the window from the file, the rest as
+    llama.cpp's graph hardcodes it (a file's own `final_logit_softcapping`, which mlx-lm's
+    gemma3_text does not apply, is refused)."""
+    if header.get("final_logit_softcapping") is not None:
+        raise CheckpointError(
+            f"{header.path.name}: a Gemma 3 file with final logit soft-capping is not supported"
+        )
+    layers = _int(header, "block_count")
+    return {
+        "sliding_window": _int(header, "attention.sliding_window"),
+        "sliding_window_pattern": GEMMA3_PATTERN,
+        "rope_local_base_freq": GEMMA3_LOCAL_BASE,
+        "query_pre_attn_scalar": hidden // heads if layers == GEMMA3_27B_LAYERS else head_dim,
+    }
+
+
 def read_config(path: Path) -> dict:
     """An mlx-lm config (config.json's fields) from the file's metadata."""
     header = read_header(path)
@@ -440,6 +467,8 @@ def read_config(path: Path) -> dict:
             mlp_only_layers=[],
             norm_topk_prob=True,
         )
+    elif model == "gemma3_text":
+        config.update(gemma3_fields(header, hidden, heads, head_dim))
     elif model == "mixtral":  # experts as wide as the file's feed_forward_length
         config["num_local_experts"], config["num_experts_per_tok"] = expert_counts(header)
     for key in ("bos", "eos", "padding"):
@@ -503,6 +532,8 @@ def read_weights(path: Path) -> dict[str, mx.array]:
         array = mx.array(np.array(raw.view(PLAIN_TYPES[info.type]).reshape(info.shape)))
         if info.type == "BF16":  # the bits as stored (numpy has no bfloat16)
             array = array.view(mx.bfloat16)
+        if model == "gemma3_text" and tname.endswith("norm.weight"):
+            array = array - 1  # mlx-lm's Gemma norms multiply by 1 + w, as the checkpoint
         weights[f"{base}.{kind}"] = array
     return weights
 

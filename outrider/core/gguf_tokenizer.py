@@ -5,8 +5,9 @@ Two vocabularies, as llama.cpp names them in `tokenizer.ggml.model`:
 * `gpt2`, byte-level BPE (Llama 3, Qwen, SmolLM2, Mistral's tekken): the vocabulary and merges,
   split first by the expressions llama.cpp applies for `tokenizer.ggml.pre`
   (`llama-vocab.cpp`), under every name llama.cpp reads for them.
-* `llama`, SentencePiece (Llama 2, Mistral 7B, TinyLlama): pieces with scores and no merges.
-  llama.cpp tokenizes such text by replacing spaces with "▁", prefixing one, and merging the
+* `llama`, SentencePiece (Llama 2, Mistral 7B, TinyLlama, Gemma 3): pieces with scores and no
+  merges. llama.cpp tokenizes such text by replacing spaces with "▁", prefixing one (unless
+  `tokenizer.ggml.add_space_prefix` is false, as Gemma's converter writes), and merging the
   adjacent pair whose joined piece scores highest until none is in the vocabulary, spelling what
   is left as byte tokens (<0x41>). A BPE whose merges are every (left, right) split of a piece,
   ranked by that piece's score, does the same (the conversion transformers makes of a
@@ -19,6 +20,7 @@ Control tokens (type 3) are special, user-defined ones (4) matched whole; a BOS 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -145,18 +147,17 @@ def _sentencepiece(meta: dict, tokens: list[str]):
             fuse_unk=True,
         )
     )
+    # Gemma's files say add_space_prefix = false: no "▁" before the text, and none to take
+    # off the decoded text's start
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
     steps = [normalizers.Replace(" ", SPACE)]
-    if meta.get("tokenizer.ggml.add_space_prefix", True):
+    if prefix:
         steps.insert(0, normalizers.Prepend(SPACE))
     tok.normalizer = normalizers.Sequence(steps)
-    tok.decoder = decoders.Sequence(
-        [
-            decoders.Replace(SPACE, " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(" ", 1, 0),
-        ]
-    )
+    decoding = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if prefix:
+        decoding.append(decoders.Strip(" ", 1, 0))
+    tok.decoder = decoders.Sequence(decoding)
     return tok, True  # llama.cpp adds a BOS to a SentencePiece vocabulary by default
 
 
@@ -209,5 +210,8 @@ def build_tokenizer(meta: dict, name: str) -> Any:
     eos_ids = [int(meta["tokenizer.ggml.eos_token_id"])] if eos is not None else []
     if meta.get("tokenizer.ggml.eot_token_id") is not None:
         eos_ids.append(int(meta["tokenizer.ggml.eot_token_id"]))
-    detokenizer = SPMStreamingDetokenizer if spm else BPEStreamingDetokenizer
+    detokenizer = BPEStreamingDetokenizer
+    if spm:  # a text decoded from the start keeps its first space where no prefix was added
+        prefixed = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+        detokenizer = partial(SPMStreamingDetokenizer, trim_space=prefixed)
     return TokenizerWrapper(fast, detokenizer, eos_token_ids=eos_ids)

@@ -42,16 +42,23 @@ _BLOCK = {
     "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
     "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
 }
-ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama"}  # GGUF's name where not the model_type
+ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama", "gemma3_text": "gemma3"}  # GGUF's names
+# Gemma 3's four norms a layer: llama.cpp calls the one before the MLP `ffn_norm`
+_GEMMA3 = {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 
 
-def gguf_name(name: str) -> str:
-    """llama.cpp's name for an mlx-lm (Hugging Face) tensor name."""
+def gguf_name(name: str, arch: str = "") -> str:
+    """llama.cpp's name for an mlx-lm (Hugging Face) tensor name of a model of `arch`."""
     module, kind = name.rsplit(".", 1)
     if module in _GLOBAL:
         return f"{_GLOBAL[module]}.{kind}"
     _, _, layer, rest = module.split(".", 3)  # model.layers.N.<rest>
-    return f"blk.{layer}.{_BLOCK[rest]}.{kind}"
+    table = {**_BLOCK, **_GEMMA3} if arch == "gemma3" else _BLOCK
+    return f"blk.{layer}.{table[rest]}.{kind}"
 
 
 def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -102,6 +109,7 @@ def make_tiny_gguf(
     tokenizer_pre: str = "gpt2",
     bos_token: str | None = None,
     add_bos: bool | None = False,
+    space_prefix: bool | None = None,
     **overrides,
 ) -> Path:
     """Write `path` (a .gguf file) from the tiny target folder `source`, or from a new one made
@@ -112,8 +120,8 @@ def make_tiny_gguf(
     overrides general.architecture (to test refusals). `tokenizer_pre` is tokenizer.ggml.pre, or
     "sentencepiece" for a `llama` vocabulary of pieces and scores (`spm_vocabulary`); `bos_token`
     (a special token's text) sets the BOS id, and `add_bos` tokenizer.ggml.add_bos_token (None
-    leaves the key out, as converters do when the tokenizer config says nothing). Returns
-    `path`.
+    leaves the key out, as converters do when the tokenizer config says nothing), and
+    `space_prefix` tokenizer.ggml.add_space_prefix (None leaves it out). Returns `path`.
     """
     import gguf
     from gguf import GGMLQuantizationType as Q
@@ -162,6 +170,8 @@ def make_tiny_gguf(
         w.add_tensor("rope_freqs.weight", factors.astype(np.float32))
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
+    if "sliding_window" in cfg:
+        w.add_sliding_window(cfg["sliding_window"])
     if tokenizer_pre == "sentencepiece":  # llama.cpp's `llama` vocabulary: pieces and scores
         spm = spm_vocabulary(cfg["vocab_size"], seed)
         w.add_tokenizer_model("llama")
@@ -187,6 +197,8 @@ def make_tiny_gguf(
             w.add_chat_template(tok["chat_template"])
     if add_bos is not None:
         w.add_add_bos_token(add_bos)
+    if space_prefix is not None:  # Gemma's converter writes false
+        w.add_add_space_prefix(space_prefix)
 
     weights = mx.load(str(source / "model.safetensors"))
     for name in sorted(weights):
@@ -195,7 +207,9 @@ def make_tiny_gguf(
             arr = permute_rows(arr, heads)
         elif ARCH.get(arch, arch) == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = permute_rows(arr, kv_heads)
-        gname = gguf_name(name)
+        gname = gguf_name(name, ARCH.get(arch, arch))
+        if ARCH.get(arch, arch) == "gemma3" and name.endswith("norm.weight"):
+            arr = arr + 1  # the converter's Gemma norm shift (Gemma3RMSNorm scales by 1 + w)
         qtype = Q[(types or {}).get(gname, quant if arr.ndim >= 2 else "F32")]
         if qtype == Q.F32:
             w.add_tensor(gname, arr)
