@@ -36,6 +36,7 @@ FAMILIES = {  # make_tiny_target family -> the family plugin that must run it
     "gemma4_text": "gemma4",
     "gemma4": "gemma4",  # mlx-vlm checkpoint: its language tower
     "gemma3_text": "gemma3",
+    "gemma2": "gemma2",
     "muse_glimmer": "muse_glimmer",
     "muse_glimmer_vlm": "muse_glimmer",  # mlx-vlm checkpoint: its language tower
 }
@@ -80,6 +81,24 @@ def cast_checkpoint(path, dtype) -> None:
 @pytest.mark.parametrize("family", FAMILY_PARAMS)
 def test_every_mode_matches_plain_greedy(models_dir, family):
     every_mode_matches_plain_greedy(family, *built(models_dir, family))
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "gemma4_text", "qwen3_5"])
+def test_embed_and_project_are_the_models_own(models_dir, family):
+    """Drafters that share the target's embedding and head read them through the family: its
+    `embed` must be the model's embedding output (tap -1), scale and all, and `project` of the
+    final-normed last layer the model's own logits, soft-capping and all."""
+    from outrider.plugins.targets.base import decoder
+
+    target = outrider.load(str(built(models_dir, family)[0]), mode="baseline").target
+    ids = mx.array(list(range(5, 25)), dtype=mx.uint32)
+    last = target.num_layers - 1
+    target.install_taps((-1, last))
+    logits, taps = target.forward(ids, target.make_cache(), (-1, last))
+    width = target.hidden_size
+    assert mx.allclose(target.embed(ids), taps[:, :width], atol=1e-5).item()
+    final = decoder(target.model).norm(taps[:, width:])
+    assert mx.allclose(target.project(final), logits, atol=1e-4).item()
 
 
 @pytest.mark.slow
@@ -188,7 +207,7 @@ def test_rollback_is_bit_exact(models_dir, family):
     # mlx-lm's own rollback helper leaves these caches as they were after the verify
     naive, *_ = verify_round(target, prompt, right=3)
     trim_prompt_cache(naive, rejected)
-    if family not in ("qwen3_moe", "nanbeige"):  # plain KV caches: mlx-lm's trim is right there
+    if family not in ("qwen3_moe", "nanbeige", "gemma2"):  # plain KV: mlx-lm's trim is right
         assert any(
             getattr(n, "offset", 0) != getattr(f, "offset", 0)
             or any(

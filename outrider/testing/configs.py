@@ -145,6 +145,13 @@ FAMILIES = {
         "tie_word_embeddings": True,
         "final_logit_softcapping": 30.0,
     },
+    "gemma2": {
+        "model_type": "gemma2",
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+    },
     "gemma3_text": {  # one global layer in two (real models: one in six)
         "model_type": "gemma3_text",
         "head_dim": 16,

@@ -17,6 +17,7 @@ from .tokenizer import SPECIAL_TOKENS, build_tokenizer
 LOUDER_OUTPUTS = {
     "gemma4_text": SANDWICH_NORMS,
     "gemma3_text": SANDWICH_NORMS,
+    "gemma2": SANDWICH_NORMS,
     "lfm2": ("out_proj.weight", "feed_forward.w2.weight"),
     "lfm2_moe": ("out_proj.weight", "down_proj.weight"),
 }
@@ -89,7 +90,7 @@ def make_tiny_target(path: str | Path, family: str = "qwen3", seed: int = 0, **o
 
     `family` is the mlx-lm model_type: qwen3, llama, qwen2, qwen3_moe, qwen3_5, qwen3_5_moe,
     qwen3_next, prism_hadamard_qwen35, nemotron_h, lfm2, lfm2_moe, gemma4_text, gemma3_text,
-    muse_glimmer;
+    gemma2, muse_glimmer;
     or gemma4 and muse_glimmer_vlm for mlx-vlm multimodal checkpoints (language tower + a toy
     vision tower).
     Sliding windows are `SLIDING_WINDOW` tokens, so short generations wrap them.

@@ -108,6 +108,30 @@ class DenseFamily(BatchedRows, Snapshots):
             c.trim(n)
 
 
+class Gemma2Family(DenseFamily):
+    """Gemma 2 as mlx-lm's gemma2 runs it: plain KV caches (mlx-lm slides no window, so
+    neither does this; past 4,096 tokens both part from the reference model), embeddings
+    scaled by √hidden and logits soft-capped in the model's own forward. The dense family ran
+    it before, but handed drafters that share the target's embedding and head the unscaled
+    embedding and uncapped logits."""
+
+    name = "gemma2"
+    description = "Gemma 2 (gemma2): plain KV caches, scaled embeddings, soft-capped logits"
+    priority = 1  # before `dense`, which would claim the same model_type
+
+    def supports(self, config: dict) -> bool:
+        return model_type(config) == "gemma2" and "vision_config" not in config
+
+    def embed(self, model: nn.Module, ids: mx.array) -> mx.array:
+        inner = _inner(model)
+        return inner.embed_tokens(ids) * (inner.args.hidden_size**0.5)
+
+    def project(self, model: nn.Module, hidden: mx.array) -> mx.array:
+        cap = model.final_logit_softcapping
+        return mx.tanh(super().project(model, hidden) / cap) * cap
+
+
 @hookimpl
 def register_target_families(register):
     register(DenseFamily())
+    register(Gemma2Family())
