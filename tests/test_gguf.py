@@ -81,6 +81,25 @@ def test_a_gemma3_file_computes_what_the_original_does(tmp_path):
     assert mx.abs(model(ids) - want).max().item() > 1e-2  # the shift, left in, is wrong
 
 
+def test_a_gemma2_file_computes_what_the_original_does(tmp_path):
+    """Gemma 2: the norms shifted and renamed as for Gemma 3, the attention and final
+    soft-capping from the file; the logits equal the original's, and loading it picks the
+    gemma2 family, whose lookup rounds over it equal plain greedy."""
+    from mlx_lm import load as mlx_lm_load
+
+    path = make_tiny_gguf(tmp_path / "g2.gguf", family="gemma2", seed=4)
+    original, _ = mlx_lm_load(str(tmp_path / "g2-hf"))
+    ids = mx.array([list(range(5, 45))])
+    config = gguf.read_config(path)
+    assert config["attn_logit_softcapping"] == 50.0 and config["final_logit_softcapping"] == 30.0
+    assert mx.abs(gguf.build_model(path, config)(ids) - original(ids)).max().item() < 1e-4
+    pipe = outrider.load(str(path), mode="lookup")
+    assert pipe.target.family.name == "gemma2"
+    prompt = pipe.encode(PROMPTS[1])
+    got = pipe.generate(prompt, max_tokens=24, stop_tokens=set())
+    assert got.tokens == plain_greedy(path, prompt, 24)
+
+
 def test_a_gemma3_file_drafts_losslessly(tmp_path):
     """A quantized Gemma 3 GGUF loads into the gemma3 family (sliding windows rolled back
     exactly) and every drafting mode over it gives mlx-lm's plain greedy tokens."""

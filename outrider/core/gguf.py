@@ -8,7 +8,7 @@ float tensors as stored, quantized ones as MLX affine triples (`gguf_blocks.py`)
 Q4_K and Q5_K keep the file's codes, so the K-quant files most people download (Q4_K_M,
 Q5_K_M) run at about their own size; Q6_K is held at 8 bits. The tokenizer is rebuilt from the
 metadata (`gguf_tokenizer.py`). Architectures: llama (with experts: Mixtral), qwen2, qwen3,
-qwen3moe, phi3 and gemma3.
+qwen3moe, phi3, gemma2 and gemma3.
 
 RoPE: llama.cpp's converter permutes the Q/K rows of `llama` files so that GGML's "normal" RoPE
 (adjacent pairs) computes what the Hugging Face model computes with rotate-half. We keep the
@@ -47,12 +47,15 @@ ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": (
 ARCHITECTURES["qwen3moe"] = ("qwen3_moe", False)  # Qwen3's attention, every layer's MLP experts
 MIXTRAL = ("mixtral", True)  # a `llama` file with experts: Mixtral's packaging
 ARCHITECTURES["phi3"] = ("phi3", False)  # Phi-3 / Phi-4: fused qkv and gate|up projections
-# Gemma 3: sandwich norms stored plus one (llama.cpp's converter folds Gemma's 1 + w into them)
+# Gemma 2 and 3: sandwich norms stored plus one (llama.cpp's converter folds Gemma's 1 + w in)
+ARCHITECTURES["gemma2"] = ("gemma2", False)
 ARCHITECTURES["gemma3"] = ("gemma3_text", False)
+GEMMAS = ("gemma2", "gemma3_text")
 # What llama.cpp's Gemma 3 graph hardcodes (llama-model.cpp, LLM_ARCH_GEMMA3): a global layer
 # in every six, local RoPE base 10,000; queries scaled by head_dim^-1/2, by (hidden / heads)^-1/2
 # in the 62-layer 27B
 GEMMA3_PATTERN, GEMMA3_LOCAL_BASE, GEMMA3_27B_LAYERS = 6, 10_000.0, 62
+GEMMA2_27B_LAYERS = 46  # likewise Gemma 2's 27B (llama.cpp's LLM_ARCH_GEMMA2)
 LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3's LongRoPE
 ROPE_TENSORS = (ROPE_FREQS, *LONGROPE)  # RoPE factors: read into the config, not weights
 MOE_MODELS = ("qwen3_moe", "mixtral")
@@ -254,7 +257,7 @@ def _module_name(tensor: str, model: str = "") -> str | None:
         inner = BLOCK_NAMES[parts[2]]
         if model == "phi3" and parts[2] == "ffn_up":  # phi3's ffn_up is [gate; up], fused
             inner = "mlp.gate_up_proj"
-        if model == "gemma3_text" and parts[2] == "ffn_norm":  # Gemma's pre-MLP norm
+        if model in GEMMAS and parts[2] == "ffn_norm":  # Gemma's pre-MLP norm
             inner = "pre_feedforward_layernorm"
         if model == "mixtral" and inner.startswith("mlp."):
             inner = "block_sparse_moe." + inner.removeprefix("mlp.")
@@ -402,6 +405,18 @@ def gemma3_fields(header: Header, hidden: int, heads: int, head_dim: int) -> dic
     }
 
 
+def gemma2_fields(header: Header, hidden: int, heads: int, head_dim: int) -> dict:
+    """Gemma 2's soft-capping from the file and its query scale as llama.cpp's graph takes it.
+    mlx-lm's gemma2 slides no window: past `attention.sliding_window` (4,096) it parts from
+    llama.cpp, as mlx-lm does from the reference model (docs/families.md)."""
+    layers = _int(header, "block_count")
+    return {
+        "attn_logit_softcapping": float(header.get("attn_logit_softcapping", 50.0)),
+        "final_logit_softcapping": float(header.get("final_logit_softcapping", 30.0)),
+        "query_pre_attn_scalar": hidden // heads if layers == GEMMA2_27B_LAYERS else head_dim,
+    }
+
+
 def read_config(path: Path) -> dict:
     """An mlx-lm config (config.json's fields) from the file's metadata."""
     header = read_header(path)
@@ -469,6 +484,8 @@ def read_config(path: Path) -> dict:
         )
     elif model == "gemma3_text":
         config.update(gemma3_fields(header, hidden, heads, head_dim))
+    elif model == "gemma2":
+        config.update(gemma2_fields(header, hidden, heads, head_dim))
     elif model == "mixtral":  # experts as wide as the file's feed_forward_length
         config["num_local_experts"], config["num_experts_per_tok"] = expert_counts(header)
     for key in ("bos", "eos", "padding"):
@@ -532,7 +549,7 @@ def read_weights(path: Path) -> dict[str, mx.array]:
         array = mx.array(np.array(raw.view(PLAIN_TYPES[info.type]).reshape(info.shape)))
         if info.type == "BF16":  # the bits as stored (numpy has no bfloat16)
             array = array.view(mx.bfloat16)
-        if model == "gemma3_text" and tname.endswith("norm.weight"):
+        if model in GEMMAS and tname.endswith("norm.weight"):
             array = array - 1  # mlx-lm's Gemma norms multiply by 1 + w, as the checkpoint
         weights[f"{base}.{kind}"] = array
     return weights

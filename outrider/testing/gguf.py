@@ -43,6 +43,7 @@ _BLOCK = {
     "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
 }
 ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama", "gemma3_text": "gemma3"}  # GGUF's names
+GEMMAS = ("gemma2", "gemma3")  # norms stored plus one, llama.cpp's names for the four norms
 # Gemma 3's four norms a layer: llama.cpp calls the one before the MLP `ffn_norm`
 _GEMMA3 = {
     "post_attention_layernorm": "post_attention_norm",
@@ -57,7 +58,7 @@ def gguf_name(name: str, arch: str = "") -> str:
     if module in _GLOBAL:
         return f"{_GLOBAL[module]}.{kind}"
     _, _, layer, rest = module.split(".", 3)  # model.layers.N.<rest>
-    table = {**_BLOCK, **_GEMMA3} if arch == "gemma3" else _BLOCK
+    table = {**_BLOCK, **_GEMMA3} if arch in GEMMAS else _BLOCK
     return f"blk.{layer}.{table[rest]}.{kind}"
 
 
@@ -172,6 +173,9 @@ def make_tiny_gguf(
     w.add_vocab_size(cfg["vocab_size"])
     if "sliding_window" in cfg:
         w.add_sliding_window(cfg["sliding_window"])
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     if tokenizer_pre == "sentencepiece":  # llama.cpp's `llama` vocabulary: pieces and scores
         spm = spm_vocabulary(cfg["vocab_size"], seed)
         w.add_tokenizer_model("llama")
@@ -208,7 +212,7 @@ def make_tiny_gguf(
         elif ARCH.get(arch, arch) == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = permute_rows(arr, kv_heads)
         gname = gguf_name(name, ARCH.get(arch, arch))
-        if ARCH.get(arch, arch) == "gemma3" and name.endswith("norm.weight"):
+        if ARCH.get(arch, arch) in GEMMAS and name.endswith("norm.weight"):
             arr = arr + 1  # the converter's Gemma norm shift (Gemma3RMSNorm scales by 1 + w)
         qtype = Q[(types or {}).get(gname, quant if arr.ndim >= 2 else "F32")]
         if qtype == Q.F32:
