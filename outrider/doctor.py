@@ -97,7 +97,7 @@ def doctor_report() -> dict:
     except OutriderError as e:
         report["attention"] = None
         problems.append(str(e))
-    try:  # greedy rounds queued behind the one in flight (core/loop.py, AheadGate)
+    try:  # greedy rounds queued behind the one in flight (core/schedule.py, AheadGate)
         report["pipelined_rounds"] = {"gated": "on (while guesses hold)", "on": "on"}.get(
             pipelined_rounds(), "off"
         )

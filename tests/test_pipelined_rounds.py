@@ -11,8 +11,9 @@ from conftest import PROMPTS, plain_greedy
 import outrider
 from outrider.core.device import PIPELINE_ENV
 from outrider.core.errors import OutriderError
-from outrider.core.loop import PRIOR_NEED, AheadGate, decode
+from outrider.core.loop import decode
 from outrider.core.proposer import Proposal
+from outrider.core.schedule import PRIOR_NEED, AheadGate
 from outrider.core.stopping import Stopper
 from outrider.plugins.strategies.lookup import LookupProposer
 from outrider.plugins.strategies.lookup_assist import LookupAssist

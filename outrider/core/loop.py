@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from .acceptance import accept_greedy, accept_sampled
-from .device import pipelined_rounds
 from .errors import Cancelled
 from .logits import Penalties, TokenLogprob, logprob_arrays, process_rows, read_logprobs
 from .prefix_cache import PrefixHit, Record
 from .proposer import DraftContext, Proposal, Proposer, propose_all
 from .sampling import KeyStream, SamplingParams, greedy, probabilities, sample
-from .schedule import AutoCap, BatchScheduler, learn_acceptance
+from .schedule import AheadGate, AutoCap, BatchScheduler, learn_acceptance
 from .stopping import Stopper
 from .target import Target
 
@@ -304,11 +303,12 @@ def decode(
                     gate.timed_launch(time.perf_counter() - t_launch)
             (step,), (rejected,) = settle(launched)
             step.ahead = was_ahead
+            held = inflight is not None and _ahead_holds(row, step, launched, inflight)
             if gate is not None:
                 if not was_ahead and inflight is None:  # a round alone: launch to result
                     gate.timed_round(time.perf_counter() - t_round)
-                gate.learn(_guess_held(row, step, launched, inflight))
-            if inflight is not None and not _ahead_holds(row, step, launched, inflight):
+                gate.learn(held if inflight is not None else _would_hold(row, step, launched))
+            if inflight is not None and not held:
                 step.dropped = inflight.width
                 rejected += inflight.width  # it ran on tokens that were not committed
                 inflight = None
@@ -320,70 +320,10 @@ def decode(
             target.rollback(cache, inflight.width)
 
 
-HOLD_PRIOR = 0.5  # a generation's first rounds: as likely to hold as not
-HOLD_EMA = 0.25  # weight of the newest round in the running hold rate and the timings
-PRIOR_NEED = 0.6  # the hold rate asked for before a round has been timed
-
-
-class AheadGate:
-    """Whether to queue the next round before this one is read, from what both outcomes cost.
-
-    Queued on a guess that holds, a round hides the host's work on it (H: drafting and
-    building its graph) behind the device's on the round in flight (D), saving H. Queued on a
-    guess that fails, it is a forward the device runs for nothing while the host builds the
-    right round, costing D - H where D > H. So queueing pays while the share p of guesses
-    that hold satisfies p·H > (1 - p)·(D - H), i.e. p > 1 - H / D. H is timed on every
-    launch and D = R - H from the rounds that ran unpipelined (R: launch to result); a
-    launch-bound GPU, where H is a good part of a round, queues on easy text, a CPU, where the
-    forward dwarfs the host's work, only where nearly every guess holds (the testing oracle,
-    long copies). The hold rate counts every round, queued or not (the guess is checked
-    against what the round committed), so a generation that stopped queueing notices when its
-    text turns easy again. `always` (OUTRIDER_PIPELINED_ROUNDS=on) skips the gate."""
-
-    def __init__(self, always: bool = False) -> None:
-        self.always = always
-        self.hold = HOLD_PRIOR
-        self.host: float | None = None  # seconds to launch a round (H), running mean
-        self.round: float | None = None  # seconds of an unpipelined round (R), running mean
-
-    @classmethod
-    def for_this_device(cls) -> AheadGate | None:
-        choice = pipelined_rounds()
-        return None if choice == "off" else cls(always=choice == "on")
-
-    @property
-    def need(self) -> float:
-        """The hold rate above which queueing pays: 1 - H / D."""
-        if self.host is None or self.round is None:
-            return PRIOR_NEED
-        device = self.round - self.host
-        return 0.0 if device <= self.host else 1.0 - self.host / device
-
-    def wanted(self) -> bool:
-        return self.always or self.hold > self.need
-
-    def learn(self, held: bool | None) -> None:
-        """A round settled: would a round queued behind it have held (None: no guess)."""
-        if held is not None:
-            self.hold += HOLD_EMA * (float(held) - self.hold)
-
-    def timed_launch(self, seconds: float) -> None:
-        self.host = _ema(self.host, seconds)
-
-    def timed_round(self, seconds: float) -> None:
-        """A round that ran alone, from its launch to its result."""
-        self.round = _ema(self.round, seconds)
-
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else old + HOLD_EMA * (new - old)
-
-
-def _guess_held(row: Row, step: Step, current: Launched, ahead: Launched | None) -> bool | None:
-    """Whether a round queued behind `current` held (or would have, had one been queued):
-    the proposer's guess of the token after its drafts is what the round committed."""
-    if ahead is not None:
-        return _ahead_holds(row, step, current, ahead)
+def _would_hold(row: Row, step: Step, current: Launched) -> bool | None:
+    """Whether a round queued behind `current` would have held, had one been queued: the
+    proposer's guess of the token after its drafts is what the round committed (None: no
+    guess to check)."""
     proposal = current.proposals[0]
     if proposal.host is None or row.done:
         return None
@@ -537,7 +477,7 @@ def _row_inputs(anchor: int, proposal: Proposal, drafts: mx.array, width: int) -
 @dataclass
 class Launched:
     """A round whose forward is queued on the device but not yet read back: what `settle`
-    needs to accept each row's drafts. `pipelined_round` queues the next one behind it."""
+    needs to accept each row's drafts. `decode` may queue the next round behind it."""
 
     rows: list[Row]
     proposals: list[Proposal]
@@ -564,7 +504,7 @@ def launch_round(
     """Draft (unless `given` proposals, with the caps they were drafted at in `caps`), queue the
     verify forward of every row and what each row's acceptance needs, and start the device on
     it without waiting. `anchors` stand in for the rows' own: a round drafted ahead runs on
-    the token the round before it is expected to end with (`pipelined_round`)."""
+    the token the round before it is expected to end with (`_launch_ahead`)."""
     batched = target.is_batched(cache)
     if not batched and len(rows) != 1:
         raise ValueError("a one-row cache verifies one row")

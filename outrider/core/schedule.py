@@ -48,7 +48,8 @@ pays even at full acceptance) is read off the calibration alone, never off live 
 
 A batch's rounds add a second, later cut (`BatchScheduler`, DSpark's prefix scheduler,
 `admit`): after every row has drafted, each row verifies only the drafts worth widening the
-batch's one padded forward for.
+batch's one padded forward for. `AheadGate` decides, round by round, whether a greedy round is
+queued behind the one in flight (pipelined rounds, core/loop.py `decode`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .device import pipelined_rounds
 
 EMA = 0.25  # weight of the newest cost measurement
 OUTLIER = 2.0  # a timed round counts as at most this factor off the running estimate
@@ -427,3 +430,62 @@ def _conditional(confidence: list[float] | None, accept: list[float], k: int) ->
     if confidence is not None and len(confidence) >= k:
         return confidence[:k]
     return [accept[j] if j < len(accept) else PRIOR_ACCEPT for j in range(k)]
+
+
+HOLD_PRIOR = 0.5  # a generation's first rounds: as likely to hold as not
+HOLD_EMA = 0.25  # weight of the newest round in the running hold rate and the timings
+PRIOR_NEED = 0.6  # the hold rate asked for before a round has been timed
+
+
+class AheadGate:
+    """Whether to queue the next round before this one is read, from what both outcomes cost.
+
+    Queued on a guess that holds, a round hides the host's work on it (H: drafting and
+    building its graph) behind the device's on the round in flight (D), saving H. Queued on a
+    guess that fails, it is a forward the device runs for nothing while the host builds the
+    right round, costing D - H where D > H. So queueing pays while the share p of guesses
+    that hold satisfies p·H > (1 - p)·(D - H), i.e. p > 1 - H / D. H is timed on every
+    launch and D = R - H from the rounds that ran unpipelined (R: launch to result); a
+    launch-bound GPU, where H is a good part of a round, queues on easy text, a CPU, where the
+    forward dwarfs the host's work, only where nearly every guess holds (the testing oracle,
+    long copies). The hold rate counts every round, queued or not (the guess is checked
+    against what the round committed), so a generation that stopped queueing notices when its
+    text turns easy again. `always` (OUTRIDER_PIPELINED_ROUNDS=on) skips the gate."""
+
+    def __init__(self, always: bool = False) -> None:
+        self.always = always
+        self.hold = HOLD_PRIOR
+        self.host: float | None = None  # seconds to launch a round (H), running mean
+        self.round: float | None = None  # seconds of an unpipelined round (R), running mean
+
+    @classmethod
+    def for_this_device(cls) -> AheadGate | None:
+        choice = pipelined_rounds()
+        return None if choice == "off" else cls(always=choice == "on")
+
+    @property
+    def need(self) -> float:
+        """The hold rate above which queueing pays: 1 - H / D."""
+        if self.host is None or self.round is None:
+            return PRIOR_NEED
+        device = self.round - self.host
+        return 0.0 if device <= self.host else 1.0 - self.host / device
+
+    def wanted(self) -> bool:
+        return self.always or self.hold > self.need
+
+    def learn(self, held: bool | None) -> None:
+        """A round settled: would a round queued behind it have held (None: no guess)."""
+        if held is not None:
+            self.hold += HOLD_EMA * (float(held) - self.hold)
+
+    def timed_launch(self, seconds: float) -> None:
+        self.host = _ema(self.host, seconds)
+
+    def timed_round(self, seconds: float) -> None:
+        """A round that ran alone, from its launch to its result."""
+        self.round = _ema(self.round, seconds)
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else old + HOLD_EMA * (new - old)
