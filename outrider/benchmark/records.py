@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from ..core.events import Result
+from ..core.events import Result, pipelining_fields
 
 
 @dataclass
@@ -153,11 +153,8 @@ class Cell:
             "trials_decode_tps": [round(t.decode_tps, 3) for t in self.trials],
             "accept_counts": self.accept_counts,
             "drafted_share": None if share is None else round(share, 4),
-            **self._pipelining(),
+            # pipelined rounds kept and dropped over every trial, where any ran (core/loop.py)
+            **pipelining_fields(
+                sum(t.ahead for t in self.trials), sum(t.dropped for t in self.trials)
+            ),
         }
-
-    def _pipelining(self) -> dict:
-        """Pipelined rounds kept and dropped over every trial, where any ran (core/loop.py)."""
-        ahead = sum(t.ahead for t in self.trials)
-        dropped = sum(t.dropped for t in self.trials)
-        return {"rounds_ahead": ahead, "rounds_dropped": dropped} if ahead or dropped else {}

@@ -79,8 +79,12 @@ class Result:
         }
 
     def _pipelining_json(self) -> dict:
-        ahead, dropped = self.pipelining
-        return {"rounds_ahead": ahead, "rounds_dropped": dropped} if ahead or dropped else {}
+        return pipelining_fields(*self.pipelining)
+
+
+def pipelining_fields(ahead: int, dropped: int) -> dict:
+    """A receipt's counts of pipelined rounds kept and dropped, where any ran."""
+    return {"rounds_ahead": ahead, "rounds_dropped": dropped} if ahead or dropped else {}
 
 
 def round_dict(r: Round) -> dict:

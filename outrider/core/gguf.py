@@ -388,6 +388,12 @@ def phi3_fields(header: Header, head_dim: int, rotated: int) -> dict:
     return fields
 
 
+def _gemma_query_scale(header: Header, hidden: int, heads: int, head_dim: int, big: int) -> int:
+    """`query_pre_attn_scalar` as llama.cpp's Gemma graphs take it: head_dim, but hidden/heads
+    in the 27B, which they recognise by its layer count (`big`)."""
+    return hidden // heads if _int(header, "block_count") == big else head_dim
+
+
 def gemma3_fields(header: Header, hidden: int, heads: int, head_dim: int) -> dict:
     """Gemma 3's sliding windows and query scale: the window from the file, the rest as
     llama.cpp's graph hardcodes it (a file's own `final_logit_softcapping`, which mlx-lm's
@@ -396,12 +402,13 @@ def gemma3_fields(header: Header, hidden: int, heads: int, head_dim: int) -> dic
         raise CheckpointError(
             f"{header.path.name}: a Gemma 3 file with final logit soft-capping is not supported"
         )
-    layers = _int(header, "block_count")
     return {
         "sliding_window": _int(header, "attention.sliding_window"),
         "sliding_window_pattern": GEMMA3_PATTERN,
         "rope_local_base_freq": GEMMA3_LOCAL_BASE,
-        "query_pre_attn_scalar": hidden // heads if layers == GEMMA3_27B_LAYERS else head_dim,
+        "query_pre_attn_scalar": _gemma_query_scale(
+            header, hidden, heads, head_dim, GEMMA3_27B_LAYERS
+        ),
     }
 
 
@@ -409,11 +416,12 @@ def gemma2_fields(header: Header, hidden: int, heads: int, head_dim: int) -> dic
     """Gemma 2's soft-capping from the file and its query scale as llama.cpp's graph takes it.
     mlx-lm's gemma2 slides no window: past `attention.sliding_window` (4,096) it parts from
     llama.cpp, as mlx-lm does from the reference model (docs/families.md)."""
-    layers = _int(header, "block_count")
     return {
         "attn_logit_softcapping": float(header.get("attn_logit_softcapping", 50.0)),
         "final_logit_softcapping": float(header.get("final_logit_softcapping", 30.0)),
-        "query_pre_attn_scalar": hidden // heads if layers == GEMMA2_27B_LAYERS else head_dim,
+        "query_pre_attn_scalar": _gemma_query_scale(
+            header, hidden, heads, head_dim, GEMMA2_27B_LAYERS
+        ),
     }
 
 
