@@ -19,10 +19,11 @@ from .core.errors import (
 )
 from .core.events import Result
 from .core.logits import Penalties
-from .core.loop import Row, Step, begin_row, decode, prefill
+from .core.loop import begin_row, decode, prefill
 from .core.plugins import Plugins
 from .core.prefix_cache import GB, PrefixCache, Record
 from .core.proposer import Proposer
+from .core.round import Row, Step
 from .core.sampling import KeyStream, SamplingParams
 from .core.schedule import AutoCap, BatchScheduler
 from .core.stopping import Stopper

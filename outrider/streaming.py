@@ -10,7 +10,7 @@ from typing import Any
 import mlx.core as mx
 
 from .core.events import Result, Round
-from .core.loop import Step
+from .core.round import Step
 from .core.stopping import Stopper
 
 

@@ -21,8 +21,9 @@ from conftest import PROMPTS
 
 import outrider
 from outrider.core.batch import Batch, fork
-from outrider.core.loop import begin_row, decode, prefill, verify_round
+from outrider.core.loop import begin_row, decode, prefill
 from outrider.core.proposer import DraftContext
+from outrider.core.round import verify_round
 from outrider.core.sampling import KeyStream, SamplingParams
 from outrider.core.stopping import Stopper
 from outrider.testing import make_tiny_drafter

@@ -20,8 +20,8 @@ from sampling_check import PARAMS, chi2_critical, chi_square, exact_joint
 import outrider
 from outrider.core.batch import Batch
 from outrider.core.calibration import Calibration
-from outrider.core.loop import _own_keys, verify_round
 from outrider.core.proposer import Proposal
+from outrider.core.round import _own_keys, verify_round
 from outrider.core.sampling import SamplingParams
 from outrider.core.schedule import AutoCap, BatchScheduler, learn_acceptance, survival
 from outrider.server.metrics import Metrics

@@ -17,8 +17,9 @@ import outrider
 from outrider import cli
 from outrider.api import load_target
 from outrider.core.errors import OutriderError
-from outrider.core.loop import begin_row, prefill, verify_round
+from outrider.core.loop import begin_row, prefill
 from outrider.core.plugins import Plugins
+from outrider.core.round import verify_round
 from outrider.core.sampling import KeyStream, SamplingParams
 from outrider.core.stopping import Stopper
 from outrider.testing import make_tiny_target

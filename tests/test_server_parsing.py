@@ -156,7 +156,7 @@ def test_reasoning_effort_falls_back_to_the_nearest_word_the_template_knows():
 def test_merged_chunks_keep_every_round_for_the_ribbon():
     """Chunks that pile up behind a slow client go out as one frame; its telemetry still lists
     each round (it used to keep the last one only)."""
-    from outrider.core.loop import Step
+    from outrider.core.round import Step
     from outrider.server.generation import merge
     from outrider.server.openai_api import _StepReport
     from outrider.streaming import Chunk

@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 
 from .errors import UnsupportedTargetError
-from .loop import Row, Step, verify_round
 from .proposer import Proposer
+from .round import Row, Step, verify_round
 from .schedule import BatchScheduler
 from .target import Target
 
