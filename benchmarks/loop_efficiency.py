@@ -13,7 +13,7 @@ fails the run. Prints a table; --json writes the numbers.
     python benchmarks/loop_efficiency.py --shapes 0.6b,8b --dtypes bf16,4bit --caps 1,2,4,8
 
 `--pipelined both` times each cap with pipelined rounds (the default: the next round queued
-before this one is read, core/loop.py) and without, in turn.
+before this one is read, core/loop.py) and without, the two arms taking turns trial by trial.
 """
 
 from __future__ import annotations
@@ -285,39 +285,48 @@ def run(
         "mlx_lm_self_divergence": self_diff,
         "oracle": [],
     }
-    for k, pipelined in [(k, p) for k in caps for p in arms]:
-        tps, eff, tv, ties, steady, steady_eff = [], [], [], [], [], []
+    for k in caps:
+        ties: list = []
         ref_k = oracle_reference(target, prompt, reference, k, n, ties)
         t_draft = draft_seconds(ref_k, prompt, k)
-        for _ in range(trials):  # t_verify measured right before each timed run
-            t_verify = verify_times(target, prompt, [k + 1], reps=15)[k + 1]
-            oracle = OracleProposer(prompt + ref_k, 1.0, 151936, max_draft=k)
-            timed = outrider_timed(target, oracle, prompt, n, k, pipelined)
-            res = timed.result
-            compare_or_tie(target, prompt, res.tokens, ref_k, f"oracle cap {k}", ties)
-            accepted = sum(r.accepted for r in res.rounds)
-            drafted = sum(len(r.drafted) for r in res.rounds)
-            ideal = (k + 1) / (t_draft + t_verify)
-            tps.append(timed.tps)
-            eff.append(timed.tps / ideal)
-            steady.append(timed.steady_tps)
-            steady_eff.append(timed.steady_tps / ideal)
-            tv.append(t_verify)
-        row["oracle"].append(
-            {
-                "cap": k,
-                "pipelined": pipelined,
-                "decode_tps": median(tps),
-                "ideal_tps": (k + 1) / (t_draft + median(tv)),
-                "efficiency": median(eff),
-                "steady_tps": median(steady),
-                "steady_efficiency": median(steady_eff),
-                "t_verify_ms": median(tv) * 1e3,
-                "t_draft_ms": t_draft * 1e3,
-                "acceptance": accepted / max(drafted, 1),
-                "fp_ties": ties,
-            }
-        )
+        cells = {p: {"tps": [], "eff": [], "tv": [], "ties": list(ties), "steady": [], "s_eff": []}
+                 for p in arms}  # fmt: skip
+        for _ in range(trials):  # the arms take turns trial by trial, so noise hits both
+            for pipelined in arms:
+                cell = cells[pipelined]
+                # t_verify measured right before each timed run
+                t_verify = verify_times(target, prompt, [k + 1], reps=15)[k + 1]
+                oracle = OracleProposer(prompt + ref_k, 1.0, 151936, max_draft=k)
+                timed = outrider_timed(target, oracle, prompt, n, k, pipelined)
+                res = timed.result
+                compare_or_tie(target, prompt, res.tokens, ref_k, f"oracle cap {k}", cell["ties"])
+                ideal = (k + 1) / (t_draft + t_verify)
+                cell["tps"].append(timed.tps)
+                cell["eff"].append(timed.tps / ideal)
+                cell["steady"].append(timed.steady_tps)
+                cell["s_eff"].append(timed.steady_tps / ideal)
+                cell["tv"].append(t_verify)
+                cell["acceptance"] = sum(r.accepted for r in res.rounds) / max(
+                    sum(len(r.drafted) for r in res.rounds), 1
+                )
+        for pipelined in arms:
+            cell = cells[pipelined]
+            row["oracle"].append(
+                {
+                    "cap": k,
+                    "pipelined": pipelined,
+                    "decode_tps": median(cell["tps"]),
+                    "ideal_tps": (k + 1) / (t_draft + median(cell["tv"])),
+                    "efficiency": median(cell["eff"]),
+                    "steady_tps": median(cell["steady"]),
+                    "steady_efficiency": median(cell["s_eff"]),
+                    "t_verify_ms": median(cell["tv"]) * 1e3,
+                    "t_draft_ms": t_draft * 1e3,
+                    "acceptance": cell["acceptance"],
+                    "fp_ties": cell["ties"],
+                    "trials_tps": cell["tps"],
+                }
+            )
     del target
     mx.clear_cache()
     return row

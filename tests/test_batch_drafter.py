@@ -35,9 +35,15 @@ GREEDY = SamplingParams()
 def pipes(qwen3_target, drafters, tmp_path_factory):
     target = str(qwen3_target)
     dspark, dflash = str(drafters["dspark"]), str(drafters["dflash-zlab"])
+    # NVIDIA's packaging ships its head in NVFP4. MLX's CUDA backend multiplies fewer than 8
+    # rows of a quantized layer with another kernel than 8 or more, and the two round apart,
+    # so a row drafted alone and in a batch can break a near-tie of the drafter's logits
+    # differently (seen on an H100). This test is about what the window keeps, so off the CPU
+    # the head is the same one unquantized (NVFP4 itself: test_formats_nvidia.py).
     window = make_tiny_drafter(
-        tmp_path_factory.mktemp("window") / "d", qwen3_target, "dspark", "nvidia", window=6
-    )
+        tmp_path_factory.mktemp("window") / "d", qwen3_target, "dspark", "nvidia", window=6,
+        nvfp4=mx.default_device() == mx.cpu,
+    )  # fmt: skip
     return {
         "dspark-window": outrider.load(target, str(window), mode="dspark", lookup_drafts=False),
         # the drafter sees its latest 10 context rows (--drafter-window)
