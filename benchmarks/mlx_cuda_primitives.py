@@ -122,6 +122,23 @@ def checks() -> list[tuple[str, Callable, tuple]]:
                     out.append((f"{name} {label}", _sdpa(sdpa, d, mask), (q, *kv)))
                 for label, mask in (("bool", band), ("additive", additive)):
                     out.append((f"{name} {label}", _sdpa_masked(sdpa, d), (q, *kv, mask)))
+    # a DSpark head with per-head sinks that slides a window (NVIDIA's packaging), as
+    # `DraftAttention` calls it: a batch of two rows, each with its own mask; one row unmasked;
+    # and a block's rows folded into heads (one query each, the sinks repeated per row)
+    for d in (16, 64):
+        for dtype in (mx.float32, mx.bfloat16):
+            for rows, keys in ((4, 13), (8, 20)):
+                k = mx.random.split(mx.random.key(100 + d + rows), 4)
+                q = mx.random.normal((2, 4, rows, d), key=k[0]).astype(dtype)
+                kv = [mx.random.normal((2, 2, keys, d), key=x).astype(dtype) for x in k[1:3]]
+                sinks = mx.random.normal((4,), key=k[3]).astype(dtype)
+                window = mx.random.uniform(shape=(2, 1, rows, keys), key=k[3]) > 0.4
+                window = window | (mx.arange(keys) == keys - 1)
+                name = f"sdpa sinks D{d} {dtype} rows {rows} keys {keys}"
+                args = (q, *kv, window, sinks)
+                out.append((f"{name} batch 2 bool", _sdpa_sinks(sdpa, d), args))
+                out.append((f"{name} unmasked", _sdpa_sinks(sdpa, d), (q, *kv, None, sinks)))
+                out.append((f"{name} folded", _sdpa_sinks_folded(sdpa, d), (q, *kv, sinks)))
     return out
 
 
@@ -131,6 +148,19 @@ def _sdpa(sdpa: Callable, d: int, mask) -> Callable:
 
 def _sdpa_masked(sdpa: Callable, d: int) -> Callable:
     return lambda q, k, v, m: sdpa(q, k, v, scale=d**-0.5, mask=m)
+
+
+def _sdpa_sinks(sdpa: Callable, d: int) -> Callable:
+    return lambda q, k, v, m, s: sdpa(q, k, v, scale=d**-0.5, mask=m, sinks=s)
+
+
+def _sdpa_sinks_folded(sdpa: Callable, d: int) -> Callable:
+    def attend(q, k, v, s):
+        b, h, n, _ = q.shape
+        out = sdpa(q.reshape(b, h * n, 1, d), k, v, scale=d**-0.5, sinks=mx.repeat(s, n))
+        return out.reshape(b, h, n, d)
+
+    return attend
 
 
 def _heads(a: mx.array, how: str) -> mx.array:
@@ -186,7 +216,7 @@ def main() -> None:
             print(f"{name}: raises {str(e)[:200]}", flush=True)
             continue
         with mx.stream(mx.cpu):
-            want = fn(*(on_cpu(x) for x in inputs))
+            want = fn(*(None if x is None else on_cpu(x) for x in inputs))
             mx.eval(want)
         print(f"{name}: {relative_error(got, want)} ({time.time() - start:.1f} s)", flush=True)
 

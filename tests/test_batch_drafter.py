@@ -36,10 +36,11 @@ def pipes(qwen3_target, drafters, tmp_path_factory):
     target = str(qwen3_target)
     dspark, dflash = str(drafters["dspark"]), str(drafters["dflash-zlab"])
     # NVIDIA's packaging ships its head in NVFP4. MLX's CUDA backend multiplies fewer than 8
-    # rows of a quantized layer with another kernel than 8 or more, and the two round apart,
-    # so a row drafted alone and in a batch can break a near-tie of the drafter's logits
-    # differently (seen on an H100). This test is about what the window keeps, so off the CPU
-    # the head is the same one unquantized (NVFP4 itself: test_formats_nvidia.py).
+    # rows of a quantized layer with another kernel than 8 or more, and the two round apart
+    # (docs/testing-on-gpu.md, run 13), so a row drafted alone and in a batch could break a
+    # near-tie of the drafter's logits differently. These tests are about what the window
+    # keeps, so off the CPU the head is the same one unquantized (NVFP4 itself:
+    # test_formats_nvidia.py). Two of them still part on an H100 (run 14: open).
     window = make_tiny_drafter(
         tmp_path_factory.mktemp("window") / "d", qwen3_target, "dspark", "nvidia", window=6,
         nvfp4=mx.default_device() == mx.cpu,
