@@ -9,6 +9,7 @@ import pytest
 from conftest import PROMPTS, plain_greedy
 
 import outrider
+from outrider.core import schedule
 from outrider.core.device import PIPELINE_ENV
 from outrider.core.errors import OutriderError
 from outrider.core.loop import decode
@@ -120,11 +121,14 @@ def test_closing_the_generation_drops_the_round_in_flight(target, qwen3_target, 
 
 
 def test_auto_queues_rounds_whose_guesses_hold(target, qwen3_target, monkeypatch):
-    """With the gate on its own timings (any device), an oracle that is always right soon
-    queues every round: its hold rate passes whatever 1 - H / D this machine measures."""
+    """With the gate on its own timings, an oracle that is always right soon queues every
+    round where the device is not the host's own cores: its hold rate passes whatever
+    1 - H / D this machine measures. (On the CPU's rule a round whose launch computes all of
+    it hides nothing, so there it need not: the rule's own test is above.)"""
     ids = target.tokenizer.encode("The quick brown fox")
     want = plain_greedy(qwen3_target, ids, 100)
     monkeypatch.setenv(PIPELINE_ENV, "auto")
+    monkeypatch.setattr(schedule, "computes_on_host", lambda: False)
     oracle = OracleProposer(ids + want, 1.0, vocab_size=262, max_draft=2)
     got = run(target, oracle, ids, 100, 2, pipelined=True)
     assert got.tokens == want
@@ -171,6 +175,13 @@ def test_the_gate_weighs_a_kept_round_against_a_dropped_one():
     fresh.timed_launch(0.2)
     fresh.timed_round(1.0)
     assert fresh.need == pytest.approx(0.75)
+    # the CPU: launching computes most of a round, and a dropped round costs a whole one
+    cpu = FixedCosts(0.8, 1.0)
+    assert cpu.need == 0.0  # a GPU's rule: the host is the bottleneck, always queue
+    cpu.shared = True
+    assert cpu.need == pytest.approx(1.0 / 1.2)  # R / (R + D): hides 0.2, risks 1.0
+    cpu.learn(True)
+    assert not cpu.wanted()  # a hold rate of 0.625 does not pay there
 
 
 class WrongGuesses(OracleProposer):
@@ -220,9 +231,9 @@ def drafter_blocks(result) -> set[tuple]:
 
 def test_lookup_copies_inside_drafter_rounds_go_ahead(qwen3_target, drafters):
     """A DSpark round that verifies a lookup copy (lookup_assist.py) queues the copy's next
-    stretch behind it; drafter rounds never go ahead (the block needs the round's hidden
-    states). The drafter still takes in every verified token: the output stays plain greedy,
-    and its own rounds accept what they accepted unpipelined."""
+    stretch behind it, and a drafter round the drafter's next block. The drafter still takes
+    in every verified token: the output stays plain greedy, and its own rounds accept what
+    they accepted unpipelined."""
     pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
     assert isinstance(pipe.proposer, LookupAssist)
     ids = pipe.encode(PROMPTS[2] + " " + PROMPTS[2])
@@ -237,3 +248,42 @@ def test_lookup_copies_inside_drafter_rounds_go_ahead(qwen3_target, drafters):
     # position, it drafted the same tokens
     common = drafter_blocks(off) & drafter_blocks(got)
     assert len(common) >= 10
+
+
+@pytest.mark.parametrize("mode", ["dspark", "dflash"])
+def test_drafter_blocks_drafted_ahead_change_no_round(qwen3_target, drafters, mode):
+    """A DSpark or DFlash round queues the drafter's next block behind it, drafted from the
+    round's hidden states and the target's token after its drafts before either is read
+    back. The drafter takes those rows in and drops them again when the round did not keep
+    every draft, so every round drafts, accepts and commits what it does unpipelined (lookup
+    copies off, so the rounds line up one for one), and the output is plain greedy."""
+    drafter = drafters["dspark" if mode == "dspark" else "dflash-deepspec"]
+    pipe = outrider.load(str(qwen3_target), str(drafter), mode=mode, lookup_drafts=False)
+    ids = pipe.encode(PROMPTS[2])
+    want = plain_greedy(qwen3_target, ids, 60)
+    for cap in (1, 3):
+        pipe.pipelined_rounds = False
+        off = pipe.generate(ids, max_tokens=60, max_draft=cap, stop_tokens=set())
+        pipe.pipelined_rounds = True
+        got = pipe.generate(ids, max_tokens=60, max_draft=cap, stop_tokens=set())
+        assert off.tokens == got.tokens == want
+        assert [(r.drafted, r.accepted) for r in got.rounds] == [
+            (r.drafted, r.accepted) for r in off.rounds
+        ]
+        ahead, dropped = got.pipelining
+        assert dropped > 0  # blocks drafted on rows the round then rejected
+        if cap == 1:  # and blocks kept: the random drafter's one draft is right at times
+            assert ahead > 0
+
+
+def test_a_confidence_cut_drafts_nothing_ahead(qwen3_target, drafters):
+    """A confidence threshold reads the block's confidences back before the round's forward,
+    which would wait for the round in flight: such rounds are not queued ahead."""
+    pipe = outrider.load(
+        str(qwen3_target), str(drafters["dspark"]), mode="dspark", lookup_drafts=False,
+        confidence_threshold=0.3,
+    )  # fmt: skip
+    ids = pipe.encode(PROMPTS[2])
+    got = pipe.generate(ids, max_tokens=30, stop_tokens=set())
+    assert got.tokens == plain_greedy(qwen3_target, ids, 30)
+    assert got.pipelining == (0, 0)

@@ -106,6 +106,12 @@ def pipelined_rounds() -> str:
     return "gated" if choice == "auto" else choice
 
 
+def computes_on_host() -> bool:
+    """Whether MLX's default device is the CPU: the host's own cores run the graphs it
+    builds, so work queued for nothing competes with the host's (pipelined rounds)."""
+    return mx.default_device() == mx.cpu
+
+
 def attention_choice() -> str:
     """OUTRIDER_ATTENTION: auto (the default), split or native."""
     choice = os.environ.get(ATTENTION_ENV, "auto").strip().lower()

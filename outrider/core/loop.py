@@ -162,10 +162,11 @@ def decode(
     (`core/schedule.py`), drafting nothing while plain decoding is faster; `policy` is the
     one to use (a pipeline keeps one across generations), else a fresh one.
 
-    `pipelined` rounds (greedy, with a proposer that can guess ahead, on a target whose
-    rollback is a trim; `drafts_ahead`): while a round's forward runs, the next one is queued
-    on the assumption that it keeps every draft, and kept when it did, so the host prepares a
-    round while the device works instead of after the sync. A round queued on a wrong guess
+    `pipelined` rounds (greedy, with a proposer that can guess ahead or a drafter that can
+    draft ahead, on a target whose rollback is a trim; `drafts_ahead`): while a round's
+    forward runs, the next one is queued on the assumption that it keeps every draft, and
+    kept when it did, so the host prepares a round while the device works instead of after
+    the sync. A round queued on a wrong guess
     is rolled back unread: the output is what unpipelined rounds give.
 
     This is a batch of one row: the rounds are `verify_round`'s, as for a `Batch` of many.
@@ -273,8 +274,10 @@ def _would_hold(row: Row, step: Step, current: Launched) -> bool | None:
     proposer's guess of the token after its drafts is what the round committed (None: no
     guess to check)."""
     proposal = current.proposals[0]
-    if proposal.host is None or row.done:
+    if row.done:
         return None
+    if proposal.host is None:  # a drafter's block: it holds when every draft is kept
+        return step.accepted == proposal.k if _drafts_unread(row.proposer) and proposal.k else None
     if step.accepted < proposal.k:
         return False
     guess = row.proposer.propose_ahead(DraftContext(row.history[:-1], 1, row.sampling)).host
@@ -283,21 +286,30 @@ def _would_hold(row: Row, step: Step, current: Launched) -> bool | None:
 
 def drafts_ahead(target: Target, proposer: Proposer) -> bool:
     """Whether rounds can be pipelined: the proposer guesses what follows a round before it
-    is read (`propose_ahead`, `core/proposer.py`), and the target's rollback is a trim, so a
-    round queued on tokens that were then rejected can be dropped along with them."""
-    return callable(getattr(proposer, "propose_ahead", None)) and target.trims
+    is read (`propose_ahead`) or drafts the next block from it unread (`draft_ahead`,
+    `core/proposer.py`), and the target's rollback is a trim, so a round queued on tokens
+    that were then rejected can be dropped along with them."""
+    guesses = callable(getattr(proposer, "propose_ahead", None))
+    return (guesses or _drafts_unread(proposer)) and target.trims
+
+
+def _drafts_unread(proposer: Proposer) -> bool:
+    return callable(getattr(proposer, "draft_ahead", None))
 
 
 def _launch_ahead(target: Target, row: Row, cache: list, current: Launched) -> Launched | None:
     """Queue the round that follows `current` if it keeps every draft and the target's token
     after them is the proposer's guess: that guess is its anchor, the proposer's further
-    guesses its drafts. None when nothing would follow (the answer ends, or no guess)."""
+    guesses its drafts. A model drafter's round is followed by the drafter's next block,
+    drafted from `current`'s hidden states and the target's token after its drafts, neither
+    read back yet (`_draft_ahead`). None when nothing would follow (the answer ends, or no
+    guess)."""
     proposal = current.proposals[0]
-    if proposal.host is None:
-        return None
     room = row.stopper.remaining - (proposal.k + 1)  # tokens left after a full accept
     if room <= 0:
         return None
+    if proposal.host is None:
+        return _draft_ahead(target, row, cache, current, room)
     assumed = row.history + proposal.host
     cap = max(0, min(row.cap_limit, room - 1))
     if row.policy is not None:
@@ -313,12 +325,39 @@ def _launch_ahead(target: Target, row: Row, cache: list, current: Launched) -> L
     return launch_round(target, [row], cache, [cap], given=[drafts], anchors=[guessed.host[0]])
 
 
+def _draft_ahead(
+    target: Target, row: Row, cache: list, current: Launched, room: int
+) -> Launched | None:
+    """The drafter's round after `current`, queued before `current` is read: its anchor is
+    the target's token after `current`'s drafts and its context `current`'s hidden states,
+    both still on the device (`draft_ahead`, core/proposer.py)."""
+    draft_ahead = getattr(row.proposer, "draft_ahead", None)
+    k = current.proposals[0].k
+    if draft_ahead is None or current.taps is None or k == 0:
+        return None
+    cap = max(0, min(row.cap_limit, room - 1))
+    if row.policy is not None:
+        row.policy.context = len(row.history) + k + 1
+        cap = row.policy.choose(cap)
+    if cap == 0:
+        return None
+    anchor = current.per_row[0][0][k]  # the target's token after the drafts, not read yet
+    extras = {"room": room - 1 if row.long_copies else cap}
+    ctx = DraftContext(row.history, cap, row.sampling, None, extras)
+    drafts = draft_ahead(ctx, anchor, current.taps[0, : k + 1])
+    if drafts is None or drafts.k == 0:
+        return None
+    return launch_round(target, [row], cache, [cap], given=[drafts], anchors=[anchor])
+
+
 def _ahead_holds(row: Row, step: Step, current: Launched, ahead: Launched) -> bool:
     """Whether the round queued ahead ran on what `current` committed: every draft kept,
-    the target's next token the guessed anchor, and the answer not finished."""
-    return (
-        not row.done and step.accepted == current.proposals[0].k and row.anchor == ahead.anchors[0]
-    )
+    the target's next token the guessed anchor (a drafter's round ahead starts from that
+    token itself), and the answer not finished."""
+    if row.done or step.accepted != current.proposals[0].k:
+        return False
+    anchor = ahead.anchors[0]
+    return isinstance(anchor, mx.array) or row.anchor == anchor
 
 
 def _copy_ready(row: Row) -> bool:

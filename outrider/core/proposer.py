@@ -82,7 +82,11 @@ class Proposer(Protocol):
     drafts that are not verified yet): the first is the token the target should choose next,
     the rest (at most `ctx.cap - 1`) drafts after it, `host` set; empty when it has no guess.
     Greedy decoding then queues the next round on that guess while this one runs
-    (`core/loop.py`, pipelined rounds).
+    (`core/loop.py`, pipelined rounds). A model drafter may offer `draft_ahead(ctx, anchor,
+    taps) -> Proposal | None` instead: the next round's drafts from the round in flight's
+    hidden states and the target's token after its drafts, both arrays not yet computed,
+    assuming that round keeps every draft; its `observe` then keeps what it took in when the
+    round did, and drops it when not (`plugins/strategies/block_proposer.py`).
     """
 
     name: str

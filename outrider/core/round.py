@@ -80,11 +80,19 @@ class Row:
         return self.cancelled is not None and self.cancelled()
 
 
-def _row_inputs(anchor: int, proposal: Proposal, drafts: mx.array, width: int) -> mx.array:
-    if proposal.host is not None:  # host-made drafts: one copy up, no concatenation
+def _row_inputs(
+    anchor: int | mx.array, proposal: Proposal, drafts: mx.array, width: int
+) -> mx.array:
+    """A row's verify input: its anchor, its drafts, padding to the round's width. The anchor
+    of a drafter's round queued ahead is an array not yet computed (core/loop.py)."""
+    if isinstance(anchor, mx.array):
+        first = anchor.reshape(1).astype(mx.uint32)
+    elif proposal.host is not None:  # host-made drafts: one copy up, no concatenation
         ids = [anchor, *proposal.host]
         return mx.array(ids + [0] * (width - len(ids)), dtype=mx.uint32)
-    parts = [mx.array([anchor], dtype=mx.uint32), drafts]
+    else:
+        first = mx.array([anchor], dtype=mx.uint32)
+    parts = [first, drafts]
     if width > proposal.k + 1:  # a shorter row of a batch: padding the round rolls back
         parts.append(mx.zeros((width - proposal.k - 1,), dtype=mx.uint32))
     return mx.concatenate(parts)
@@ -105,7 +113,7 @@ class Launched:
     taps: mx.array | None
     batched: bool
     pending: list[mx.array]  # everything `settle` reads back, queued by `launch_round`
-    anchors: list[int]  # the token each row's round starts from
+    anchors: list  # the token each row's round starts from (an array: not read back yet)
 
 
 def launch_round(
@@ -115,7 +123,7 @@ def launch_round(
     caps: list[int] | None = None,
     scheduler: BatchScheduler | None = None,
     given: list[Proposal] | None = None,
-    anchors: list[int] | None = None,
+    anchors: list | None = None,
 ) -> Launched:
     """Draft (unless `given` proposals, with the caps they were drafted at in `caps`), queue the
     verify forward of every row and what each row's acceptance needs, and start the device on

@@ -58,7 +58,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .device import pipelined_rounds
+from .device import computes_on_host, pipelined_rounds
 
 EMA = 0.25  # weight of the newest cost measurement
 OUTLIER = 2.0  # a timed round counts as at most this factor off the running estimate
@@ -450,10 +450,19 @@ class AheadGate:
     forward dwarfs the host's work, only where nearly every guess holds (the testing oracle,
     long copies). The hold rate counts every round, queued or not (the guess is checked
     against what the round committed), so a generation that stopped queueing notices when its
-    text turns easy again. `always` (OUTRIDER_PIPELINED_ROUNDS=on) skips the gate."""
+    text turns easy again. `always` (OUTRIDER_PIPELINED_ROUNDS=on) skips the gate.
 
-    def __init__(self, always: bool = False) -> None:
+    On MLX's CPU backend (`shared`) the device is the host's own cores, and launching a round
+    already computes much of it (measured with the demo pair on 2 cores: H 17-19 ms of an
+    18-23 ms round). A kept round then hides at most the wait D = R - H, and one queued for
+    nothing costs about a whole round R of the cores the host needs, so queueing pays while
+    p·D > (1 - p)·R, i.e. p > R / (R + D). (The GPU's rule there queued the demo pair's DSpark
+    blocks at a hold rate of one half, and took code's 1.97x to 1.35x and chat's 1.30x to
+    0.78x.)"""
+
+    def __init__(self, always: bool = False, shared: bool = False) -> None:
         self.always = always
+        self.shared = shared
         self.hold = HOLD_PRIOR
         self.host: float | None = None  # seconds to launch a round (H), running mean
         self.round: float | None = None  # seconds of an unpipelined round (R), running mean
@@ -461,14 +470,19 @@ class AheadGate:
     @classmethod
     def for_this_device(cls) -> AheadGate | None:
         choice = pipelined_rounds()
-        return None if choice == "off" else cls(always=choice == "on")
+        if choice == "off":
+            return None
+        return cls(always=choice == "on", shared=computes_on_host())
 
     @property
     def need(self) -> float:
-        """The hold rate above which queueing pays: 1 - H / D."""
+        """The hold rate above which queueing pays: 1 - H / D, or R / (R + D) where the
+        device is the host's own cores."""
         if self.host is None or self.round is None:
             return PRIOR_NEED
-        device = self.round - self.host
+        device = max(self.round - self.host, 0.0)
+        if self.shared:
+            return self.round / (self.round + device) if self.round > 0 else PRIOR_NEED
         return 0.0 if device <= self.host else 1.0 - self.host / device
 
     def wanted(self) -> bool:

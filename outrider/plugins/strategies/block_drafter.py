@@ -219,6 +219,18 @@ class ContextRows:
             mx.eval(row)  # copies now: they hold no reference to the old cache
         return row, length
 
+    def trim_last(self, n: int) -> None:
+        """Drop the last n context rows of a group of one row: a round drafted ahead took
+        them in before its own round was read, and that round did not keep them all
+        (`BlockProposer.draft_ahead`). One row has no padding, so its newest rows are its
+        last columns."""
+        if len(self.lengths) != 1:
+            raise ValueError("only a group of one row drops its latest context rows")
+        for layer in self.caches:
+            if layer.kv is not None:
+                layer.kv.trim(n)
+        self.lengths = [self.lengths[0] - n]
+
     def keep(self, rows: list[int]) -> None:
         """Keep only `rows` (in that order); columns that become padding in every row go."""
         if not rows:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import weakref
 from collections import Counter
+from dataclasses import replace
 
 import mlx.core as mx
 
@@ -147,6 +148,8 @@ class BlockProposer:
         # Taps of rows verified since the last draft; joined once, when the drafter reads them
         # (a parked run of plain steps adds one row a step).
         self._pending: list[mx.array] = []
+        # context rows taken in by a block drafted ahead, until the round they assume is read
+        self._ahead: int | None = None
         self._masks = [spec.mask_token_id] * (spec.block_size - 1)
         # In a block causal in every layer a slot sees only the slots before it, so the slots
         # after the last one a round reads change nothing: such rounds run a shorter block.
@@ -163,7 +166,7 @@ class BlockProposer:
         """A proposer for one more row: the same drafter and settings (and `rows_key`), a row
         of its own."""
         twin = copy.copy(self)
-        twin._pending = []
+        twin._pending, twin._ahead = [], None
         RowGroup(self.drafter, self.context_window).add(twin)
         return twin
 
@@ -171,11 +174,38 @@ class BlockProposer:
         self._group.discard(self)
         RowGroup(self.drafter, self.context_window).add(self)
         self._pending = [] if taps is None else [taps]
+        self._ahead = None
 
     def observe(self, accepted: int, taps: mx.array | None) -> None:
+        if self._ahead is not None:  # a block was drafted ahead on this round's rows
+            ahead, self._ahead = self._ahead, None
+            if taps is not None and taps.shape[0] == ahead:
+                return  # the round kept every draft: its rows went in as they were assumed
+            self._group.context.trim_last(ahead)
         if taps is None:
             return
         self._pending.append(taps)
+
+    def draft_ahead(self, ctx: DraftContext, anchor: mx.array, taps: mx.array) -> Proposal | None:
+        """The block of the round after the one in flight, drafted before that round is read
+        (pipelined rounds, core/loop.py): assume it keeps every draft, so its `taps` (one row
+        per verified position, not yet computed) are the context to take in and `anchor` (the
+        target's token after the drafts, not yet computed) starts the block. Nothing waits
+        for the device. `observe` then keeps those rows when the round kept every draft and
+        drops them otherwise, so the drafter's context is what it would be unpipelined.
+        None where this cannot be done without a wait or for more than one row: a
+        confidence cut (it reads confidences back), sampling, rows drafted together."""
+        if (
+            self._ahead is not None
+            or self._pending
+            or self.use_confidence
+            or not ctx.sampling.greedy
+            or len(self._group.members) != 1
+        ):
+            return None
+        self._pending, self._ahead = [taps], taps.shape[0]
+        extras = {**ctx.extras, "anchor": anchor}
+        return self.propose_rows([self], [replace(ctx, extras=extras)])[0]
 
     def propose(self, ctx: DraftContext) -> Proposal:
         return self.propose_rows([self], [ctx])[0]
@@ -199,13 +229,14 @@ class BlockProposer:
         widest = max(caps)
         start = self.spec.logits_start
         width = start + widest if self._truncates else self.spec.block_size
-        hidden = self._forward(group, [ctx.tokens[-1] for ctx in asks], drafting, width)
+        anchors = _anchor_ids(asks)
+        hidden = self._forward(group, anchors, drafting, width)
         slots = hidden[:, start : start + widest]  # [drafting rows, widest, H]
         logits = self._head(slots).astype(mx.float32)  # [drafting rows, widest, vocabulary]
         keys = [None if ctx.sampling.greedy else mx.random.split(ctx.key, cap)
                 for ctx, cap in zip(asks, caps)]  # fmt: skip
         if self.sequential:
-            drafted = self._sequential(asks, caps, keys, logits, slots)
+            drafted = self._sequential(asks, caps, keys, logits, slots, anchors)
         else:
             drafted = self._parallel(asks, caps, keys, logits)
         out = [Proposal.empty() for _ in group.members]
@@ -214,7 +245,7 @@ class BlockProposer:
         return [out[where[id(p)]] for p in proposers]
 
     def _forward(
-        self, group: RowGroup, anchors: list[int], drafting: list[int], width: int
+        self, group: RowGroup, anchors: mx.array, drafting: list[int], width: int
     ) -> mx.array:
         """One backbone call: every row of `group` takes in its pending taps, the rows of
         `drafting` run their blocks [anchor, mask...] of `width` slots -> final-normed hidden
@@ -227,8 +258,9 @@ class BlockProposer:
             )
             taps.append(joined)
         incoming = [0 if t is None else t.shape[0] for t in taps]
-        masks = self._masks[: width - 1]
-        ids = mx.array([[anchor, *masks] for anchor in anchors], dtype=mx.uint32)
+        masks = mx.array(self._masks[: width - 1], dtype=mx.uint32)
+        rows = anchors.shape[0]
+        ids = mx.concatenate([anchors[:, None], mx.broadcast_to(masks, (rows, width - 1))], axis=1)
         block = self._embed(ids)
         group.context.begin(incoming, ids.shape[1], drafting)
         try:
@@ -252,7 +284,7 @@ class BlockProposer:
                 out.append(Proposal(vocab.to_target(tokens), cap, probs=vocab.widen(q)))
         return out
 
-    def _sequential(self, asks, caps, keys, logits, slots) -> list[Proposal]:
+    def _sequential(self, asks, caps, keys, logits, slots, anchors) -> list[Proposal]:
         """DSpark: the Markov head steps every row together, slot by slot, each row's next
         bias from its own previous draft."""
         head = self.drafter.markov_head
@@ -261,7 +293,7 @@ class BlockProposer:
         # the batch scheduler (core/schedule.py) asks for the estimates even with no threshold
         wanted = any(ctx.extras.get("confidence") for ctx in asks)
         confident = self.use_confidence or (wanted and self.spec.confidence_head)
-        prev = mx.array([ctx.tokens[-1] for ctx in asks], dtype=mx.uint32)
+        prev = anchors
         state = None
         tokens, conf = [], []
         probs: list[list[mx.array]] = [[] for _ in range(rows)]
@@ -317,3 +349,16 @@ class BlockProposer:
         keep = max(1, sum(1 for s in survival if s >= self.threshold))
         proposal.confidence = conf
         return proposal.first(keep)
+
+
+def _anchor_ids(asks: list[DraftContext]) -> mx.array:
+    """Each drafting row's block anchor [rows] (uint32): the history's last token, or the one
+    a round drafted ahead was given (`extras["anchor"]`, an array not yet computed)."""
+    given = [ctx.extras.get("anchor") for ctx in asks]
+    if all(a is None for a in given):
+        return mx.array([ctx.tokens[-1] for ctx in asks], dtype=mx.uint32)
+    parts = [
+        mx.array([ctx.tokens[-1]], dtype=mx.uint32) if a is None else a.reshape(1).astype(mx.uint32)
+        for ctx, a in zip(asks, given)
+    ]
+    return mx.concatenate(parts)

@@ -127,6 +127,15 @@ class LookupAssist:
         room = int(ctx.extras.get("room", ctx.cap - 1))
         return Proposal.from_list(self._match(ctx.tokens, 1 + room), True)
 
+    def draft_ahead(self, ctx: DraftContext, anchor: mx.array, taps: mx.array) -> Proposal | None:
+        """While the drafter drafts the round in flight, its block for the round after (the
+        drafter's own `draft_ahead`; None where it has none). That round is the drafter's:
+        the text it would be checked against for a copy is not read back yet."""
+        inner = getattr(self.inner, "draft_ahead", None)
+        if inner is None or self._looked:
+            return None
+        return inner(ctx, anchor, taps)
+
     def _copy(self, tokens: list[int], room: int) -> list[int]:
         """The continuation of the longest earlier match of the text's end, as long as the
         match makes likely; [] when the match is shorter than `min_match`."""
