@@ -53,6 +53,19 @@ class ContextCache:
     def fetch(self) -> tuple[mx.array | None, mx.array | None]:
         return self._last
 
+    def mark(self) -> int:
+        """Where the context ends now (for `rewind`)."""
+        return self._kv.offset
+
+    def rewind(self, mark: int) -> None:
+        """Forget the context rows taken in since `mark`: a block drafted ahead took them in
+        before its round was read, and the round did not keep them all (dflash2.py)."""
+        kv = self._kv
+        kv.trim(kv.offset - mark)
+        self._last = (None, None)
+        if kv.offset:
+            self._last = (kv.keys[..., : kv.offset, :], kv.values[..., : kv.offset, :])
+
     def mask(self, n: int, keys: int, causal: bool, window: int | None) -> mx.array | None:
         """One row, keys in order: its context positions, then the block's."""
         return ordered_mask(self.offset, keys - n, n, causal, window)

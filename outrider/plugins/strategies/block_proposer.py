@@ -201,6 +201,7 @@ class BlockProposer:
             or self.use_confidence
             or not ctx.sampling.greedy
             or len(self._group.members) != 1
+            or min(ctx.cap, self.max_draft) <= 0  # no block: nothing may be taken in either
         ):
             return None
         self._pending, self._ahead = [taps], taps.shape[0]

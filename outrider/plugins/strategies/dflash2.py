@@ -75,14 +75,14 @@ def walk(
     hidden: mx.array,
     unary: mx.array,
     candidates: mx.array,
-    anchor: int,
+    anchor: int | mx.array,
     temperature: float = 0.0,
     key: mx.array | None = None,
 ) -> tuple[mx.array, mx.array | None]:
     """Tokens [n] along the selector's path from the anchor, and (sampled) the q rows [n, k]
     each token was drawn from over its slot's candidates."""
     lattice = selector.lattice(hidden, candidates)  # [n, K, R]
-    prev = mx.array(anchor, dtype=mx.uint32)
+    prev = mx.array(anchor, dtype=mx.uint32) if isinstance(anchor, int) else anchor
     keys = mx.random.split(key, hidden.shape[0]) if temperature > 0 else None
     tokens, q_rows = [], []
     for t in range(hidden.shape[0]):
@@ -114,15 +114,39 @@ class DFlash2Proposer:
         self._head = raw_head(target)
         self._cache = drafter.make_cache()
         self._pending: list[mx.array] = []  # taps of rows verified since the last draft
+        # a block drafted ahead: the context rows it took in, and each cache's mark before
+        self._ahead: tuple[int, list] | None = None
         self._masks = [spec.mask_token_id] * (spec.block_size - 1)
 
     def start(self, prompt: list[int], taps: mx.array | None) -> None:
         self._cache = self.drafter.make_cache()
         self._pending = [] if taps is None else [taps]
+        self._ahead = None
 
     def observe(self, accepted: int, taps: mx.array | None) -> None:
+        if self._ahead is not None:  # a block was drafted ahead on this round's rows
+            (rows, marks), self._ahead = self._ahead, None
+            if taps is not None and taps.shape[0] == rows:
+                return  # the round kept every draft: its rows went in as they were assumed
+            for cache, mark in zip(self._cache, marks, strict=True):
+                cache.rewind(mark)
         if taps is not None:
             self._pending.append(taps)
+
+    def draft_ahead(self, ctx: DraftContext, anchor: mx.array, taps: mx.array) -> Proposal | None:
+        """The next round's block before this round is read (as `BlockProposer.draft_ahead`):
+        its context rows `taps` and its `anchor` are arrays not yet computed; `observe` keeps
+        the rows when the round kept every draft and rewinds the caches otherwise. Greedy
+        only."""
+        if self._ahead is not None or self._pending or not ctx.sampling.greedy:
+            return None
+        if min(ctx.cap, self.max_draft) <= 0:  # no block: nothing may be taken in either
+            return None
+        marks = [cache.mark() for cache in self._cache]
+        self._pending = [taps]
+        proposal = self._propose(ctx, anchor.reshape(()).astype(mx.uint32))
+        self._ahead = (taps.shape[0], marks)
+        return proposal
 
     def slot_logits(self, slots: mx.array) -> mx.array:
         """Transformed target-head logits of draft slots [n, H] -> [n, V_target]."""
@@ -131,11 +155,15 @@ class DFlash2Proposer:
         )
 
     def propose(self, ctx: DraftContext) -> Proposal:
+        return self._propose(ctx, mx.array(ctx.tokens[-1], dtype=mx.uint32))
+
+    def _propose(self, ctx: DraftContext, anchor: mx.array) -> Proposal:
+        """The round's block from `anchor` (a uint32 scalar, perhaps not computed yet)."""
         cap = min(ctx.cap, self.max_draft)
         if cap <= 0:
             return Proposal.empty()
-        anchor = ctx.tokens[-1]
-        block_ids = mx.array([anchor, *self._masks], dtype=mx.uint32)
+        masks = mx.array(self._masks, dtype=mx.uint32)
+        block_ids = mx.concatenate([anchor.reshape(1), masks])
         block = self._embed(block_ids)[None]
         if self._embed_scale != 1.0:
             block = block * self._embed_scale

@@ -86,6 +86,14 @@ class WindowContextCache:
     def fetch(self) -> tuple[mx.array | None, mx.array | None]:
         return self._kept
 
+    def mark(self) -> tuple:
+        """What the cache holds now (for `rewind`): its arrays are never written in place."""
+        return self.offset, self._kept
+
+    def rewind(self, mark: tuple) -> None:
+        """Back to what it held at `mark` (see `ContextCache.rewind`)."""
+        self.offset, self._kept = mark
+
     def mask(self, n: int, keys: int, causal: bool, window: int | None) -> mx.array | None:
         """Keys in order: the last context positions kept, then the block's."""
         return ordered_mask(self.offset, keys - n, n, causal, window)
