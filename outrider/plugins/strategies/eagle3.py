@@ -41,6 +41,9 @@ class Eagle3Proposer:
         self._pending: list[mx.array] = []  # taps of committed rows not yet in the cache
         self._speculative = 0  # chained rows the last round appended (trimmed on observe)
         self._last: mx.array | None = None  # output of the newest committed row
+        self._drafted: mx.array | None = None  # the last round's drafts
+        # a round drafted ahead: the committed rows before it, its round's rows, `_last` before
+        self._ahead: tuple[int, int, mx.array | None] | None = None
 
     @property
     def cached_rows(self) -> int:
@@ -57,8 +60,17 @@ class Eagle3Proposer:
         self._pending = [] if taps is None else [taps]
         self._speculative = 0
         self._last = None
+        self._drafted, self._ahead = None, None
 
     def observe(self, accepted: int, taps: mx.array | None) -> None:
+        if self._ahead is not None:  # a round was drafted ahead on this round's rows
+            (committed, rows, last), self._ahead = self._ahead, None
+            if taps is not None and taps.shape[0] == rows:
+                return  # kept: its rows are committed context, its chain the next round's
+            extra = self.cached_rows - committed  # dropped: back to the context before them
+            for c in self._cache:
+                c.trim(extra)
+            self._speculative, self._last = 0, last
         if self._speculative:
             for c in self._cache:
                 c.trim(self._speculative)
@@ -90,7 +102,39 @@ class Eagle3Proposer:
         cap = min(ctx.cap, self.max_draft)
         if cap <= 0:
             return Proposal.empty()
-        h = self._catch_up(ctx.tokens)
+        return self._chain(self._catch_up(ctx.tokens), cap, ctx)
+
+    def draft_ahead(self, ctx: DraftContext, anchor: mx.array, taps: mx.array) -> Proposal | None:
+        """The next round's drafts before this round is read (pipelined rounds, core/loop.py),
+        assuming it keeps all its drafts: its chain's rows leave the cache as observing it
+        would make them, its rows join the context paired with its drafts and `anchor` (the
+        target's token after them, not computed yet), and the chain goes on from there.
+        `observe` keeps all that when the round kept every draft, and trims it back to the
+        committed context otherwise. Greedy only."""
+        cap = min(ctx.cap, self.max_draft)
+        drafted = self._drafted
+        if (
+            self._ahead is not None
+            or self._pending
+            or not ctx.sampling.greedy
+            or cap <= 0
+            or drafted is None
+            or drafted.shape[0] + 1 != taps.shape[0]
+        ):
+            return None
+        for c in self._cache:
+            c.trim(self._speculative)
+        self._speculative = 0
+        ahead = (self.cached_rows, taps.shape[0], self._last)
+        ids = mx.concatenate([drafted, anchor.reshape(1).astype(mx.uint32)])
+        h = self.drafter.step(self._embed(ids)[None], self.drafter.project(taps), self._cache)
+        self._last = h[:, -1:]
+        proposal = self._chain(self._last, cap, ctx)
+        self._ahead = ahead
+        return proposal
+
+    def _chain(self, h: mx.array, cap: int, ctx: DraftContext) -> Proposal:
+        """`cap` drafts chained from the newest context row's output `h`."""
         greedy = ctx.sampling.greedy
         keys = None if greedy else mx.random.split(ctx.key, cap)
         tokens, probs = [], []
@@ -107,11 +151,8 @@ class Eagle3Proposer:
             if i + 1 < cap:
                 h = self.drafter.step(self._embed(token)[None], h, self._cache)
         self._speculative = cap - 1
-        return Proposal(
-            mx.concatenate(tokens).astype(mx.uint32),
-            cap,
-            probs=mx.stack(probs) if probs else None,
-        )
+        self._drafted = mx.concatenate(tokens).astype(mx.uint32)
+        return Proposal(self._drafted, cap, probs=mx.stack(probs) if probs else None)
 
 
 class Eagle3:
