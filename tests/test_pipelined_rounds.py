@@ -263,12 +263,12 @@ def test_drafter_blocks_drafted_ahead_change_no_round(qwen3_target, drafters, mo
     drafter = tiny_head(mode, qwen3_target, drafters, tmp_path)
     pipe = outrider.load(str(qwen3_target), str(drafter), mode=mode, lookup_drafts=False)
     ids = pipe.encode(PROMPTS[2])
-    want = plain_greedy(qwen3_target, ids, 60)
+    want = plain_greedy(qwen3_target, ids, 40)
     for cap in (1, 3):
         pipe.pipelined_rounds = False
-        off = pipe.generate(ids, max_tokens=60, max_draft=cap, stop_tokens=set())
+        off = pipe.generate(ids, max_tokens=40, max_draft=cap, stop_tokens=set())
         pipe.pipelined_rounds = True
-        got = pipe.generate(ids, max_tokens=60, max_draft=cap, stop_tokens=set())
+        got = pipe.generate(ids, max_tokens=40, max_draft=cap, stop_tokens=set())
         assert off.tokens == got.tokens == want
         assert [(r.drafted, r.accepted) for r in got.rounds] == [
             (r.drafted, r.accepted) for r in off.rounds
