@@ -300,53 +300,38 @@ def _drafts_unread(proposer: Proposer) -> bool:
 def _launch_ahead(target: Target, row: Row, cache: list, current: Launched) -> Launched | None:
     """Queue the round that follows `current` if it keeps every draft and the target's token
     after them is the proposer's guess: that guess is its anchor, the proposer's further
-    guesses its drafts. A model drafter's round is followed by the drafter's next block,
-    drafted from `current`'s hidden states and the target's token after its drafts, neither
-    read back yet (`_draft_ahead`). None when nothing would follow (the answer ends, or no
-    guess)."""
+    guesses its drafts. A model drafter's round is followed by the drafter's next drafts,
+    made from `current`'s hidden states and the target's token after its drafts, neither
+    read back yet (`draft_ahead`, core/proposer.py). None when nothing would follow (the
+    answer ends, no guess, no drafts)."""
     proposal = current.proposals[0]
     room = row.stopper.remaining - (proposal.k + 1)  # tokens left after a full accept
     if room <= 0:
         return None
-    if proposal.host is None:
-        return _draft_ahead(target, row, cache, current, room)
-    assumed = row.history + proposal.host
+    drafter = proposal.host is None
+    if drafter and not (_drafts_unread(row.proposer) and current.taps is not None and proposal.k):
+        return None
     cap = max(0, min(row.cap_limit, room - 1))
     if row.policy is not None:
-        row.policy.context = len(assumed) + 1
+        row.policy.context = len(row.history) + proposal.k + 1
         cap = row.policy.choose(cap)
         if cap == 0:  # parked, or plain steps pay: the loop's own plain runs take over
             return None
     extras = {"room": room - 1 if row.long_copies else cap}
-    guessed = row.proposer.propose_ahead(DraftContext(assumed, cap + 1, row.sampling, None, extras))
-    if not guessed.host:
-        return None
-    drafts = Proposal.from_list(guessed.host[1:], guessed.copied)
-    return launch_round(target, [row], cache, [cap], given=[drafts], anchors=[guessed.host[0]])
-
-
-def _draft_ahead(
-    target: Target, row: Row, cache: list, current: Launched, room: int
-) -> Launched | None:
-    """The drafter's round after `current`, queued before `current` is read: its anchor is
-    the target's token after `current`'s drafts and its context `current`'s hidden states,
-    both still on the device (`draft_ahead`, core/proposer.py)."""
-    draft_ahead = getattr(row.proposer, "draft_ahead", None)
-    k = current.proposals[0].k
-    if draft_ahead is None or current.taps is None or k == 0:
-        return None
-    cap = max(0, min(row.cap_limit, room - 1))
-    if row.policy is not None:
-        row.policy.context = len(row.history) + k + 1
-        cap = row.policy.choose(cap)
-    if cap == 0:
-        return None
-    anchor = current.per_row[0][0][k]  # the target's token after the drafts, not read yet
-    extras = {"room": room - 1 if row.long_copies else cap}
-    ctx = DraftContext(row.history, cap, row.sampling, None, extras)
-    drafts = draft_ahead(ctx, anchor, current.taps[0, : k + 1])
-    if drafts is None or drafts.k == 0:
-        return None
+    if drafter:  # a drafter makes no drafts at cap 0 (`draft_ahead` says None)
+        anchor = current.per_row[0][0][proposal.k]  # the target's token after the drafts
+        ctx = DraftContext(row.history, cap, row.sampling, None, extras)
+        drafts = row.proposer.draft_ahead(ctx, anchor, current.taps[0, : proposal.k + 1])
+        if drafts is None or drafts.k == 0:
+            return None
+    else:
+        assumed = row.history + proposal.host
+        ctx = DraftContext(assumed, cap + 1, row.sampling, None, extras)
+        guessed = row.proposer.propose_ahead(ctx)
+        if not guessed.host:
+            return None
+        drafts = Proposal.from_list(guessed.host[1:], guessed.copied)
+        anchor = guessed.host[0]
     return launch_round(target, [row], cache, [cap], given=[drafts], anchors=[anchor])
 
 
