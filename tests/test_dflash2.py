@@ -20,7 +20,6 @@ from outrider.core.errors import CheckpointError
 from outrider.core.plugins import Plugins
 from outrider.core.sampling import SamplingParams
 from outrider.plugins.formats.zlab import ZLabFormat
-from outrider.plugins.strategies.block_drafter import ContextCache, visibility
 from outrider.plugins.strategies.dflash2 import top_candidates, walk
 from outrider.plugins.strategies.dflash2_drafter import (
     CandidateSelector,
@@ -28,6 +27,7 @@ from outrider.plugins.strategies.dflash2_drafter import (
     GroupedDynamicCausalConv,
     WindowContextCache,
 )
+from outrider.plugins.strategies.draft_context import ContextCache, visibility
 from outrider.registry import Pair
 from outrider.testing import make_tiny_drafter
 

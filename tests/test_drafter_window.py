@@ -13,8 +13,9 @@ from draft_layers import attention_spec
 
 import outrider
 from outrider.core.errors import OutriderError
-from outrider.plugins.strategies.block_drafter import ContextRows, DraftAttention
+from outrider.plugins.strategies.block_drafter import DraftAttention
 from outrider.plugins.strategies.block_proposer import DEFAULT_CONTEXT_WINDOW
+from outrider.plugins.strategies.draft_context import ContextRows
 from outrider.registry import Pair
 
 

@@ -23,7 +23,8 @@ from outrider.core.batch import fork
 from outrider.core.drafter_spec import DrafterSpec
 from outrider.core.errors import CheckpointError
 from outrider.core.plugins import Plugins
-from outrider.plugins.strategies.block_drafter import ContextCache, DraftAttention
+from outrider.plugins.strategies.block_drafter import DraftAttention
+from outrider.plugins.strategies.draft_context import ContextCache
 from outrider.testing import make_tiny_drafter, make_tiny_target
 
 PROMPT = "def fibonacci(n): return fibonacci(n - 1) + fibonacci(n - 2) if n > 1 else n"
@@ -281,7 +282,7 @@ def test_sinks_stored_in_another_float_type_still_run():
 def test_a_block_wider_than_its_window_drafts_with_no_context_yet():
     """The window is by position: with no context row yet, a block of 8 under a window of 4
     sees the block's own nearby slots (both ways: the layer is not causal)."""
-    from outrider.plugins.strategies.block_drafter import ContextRows, visibility
+    from outrider.plugins.strategies.draft_context import ContextRows, visibility
 
     spec = attention_spec(
         block_size=8, logits_start=1, sliding_window=4, layer_types=("sliding_attention",)

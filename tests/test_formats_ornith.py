@@ -23,7 +23,8 @@ from outrider.core.loop import prefill
 from outrider.core.plugins import Plugins
 from outrider.core.proposer import DraftContext
 from outrider.core.sampling import SamplingParams
-from outrider.plugins.strategies.block_drafter import ContextCache, DraftAttention
+from outrider.plugins.strategies.block_drafter import DraftAttention
+from outrider.plugins.strategies.draft_context import ContextCache
 from outrider.testing import make_tiny_drafter, make_tiny_target
 
 PROMPT = "def fibonacci(n): return fibonacci(n - 1) + fibonacci(n - 2) if n > 1 else n"

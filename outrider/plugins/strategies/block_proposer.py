@@ -30,7 +30,8 @@ from ...core.draft_vocab import DraftVocab
 from ...core.proposer import DraftContext, Proposal
 from ...core.sampling import probabilities, sample
 from ...core.target import Target
-from .block_drafter import BlockDrafter, ContextRows
+from .block_drafter import BlockDrafter
+from .draft_context import ContextRows
 
 # Context rows a block drafter sees by default: the latest 4096. DSpark and DFlash heads are
 # trained on short windows of text, and past them the whole context hurts their drafts

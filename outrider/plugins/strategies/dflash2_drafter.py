@@ -16,7 +16,8 @@ import mlx.nn as nn
 
 from ...core.device import split_attention
 from ...core.drafter_spec import DrafterSpec
-from .block_drafter import ContextBackbone, ContextCache, DraftAttention, DraftMLP, ordered_mask
+from .block_drafter import ContextBackbone, DraftAttention, DraftMLP
+from .draft_context import ContextCache, ordered_mask
 from .drafter_weights import load_strict, quantize
 
 

@@ -25,7 +25,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ...core.drafter_spec import DrafterSpec
-from .block_drafter import BlockDrafter, ContextCache, DraftAttention, DraftMLP
+from .block_drafter import BlockDrafter, DraftAttention, DraftMLP
+from .draft_context import ContextCache
 
 
 class ScaledEmbedding(nn.Embedding):

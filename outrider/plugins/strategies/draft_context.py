@@ -1,0 +1,323 @@
+"""The context a block drafter attends to: each draft layer's K/V of the target's tapped rows,
+for one row (`ContextCache`) or several drafted together (`ContextRows`, `RowsLayerCache`), and
+which keys a block query sees (`visibility`, `ordered_mask`). Block K/V never enter.
+
+Rows drafted together sit in one left-padded batched cache per layer, each row roped at its
+own positions and its padding masked, so each row's hidden states are those it gets alone
+(block_drafter.py `ContextBackbone.backbone_rows`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from ..targets.batched import move_columns, tail_moves
+
+
+class ContextCache:
+    """Append-only K/V of the context rows one draft layer has seen (block K/V never enter)."""
+
+    def __init__(self) -> None:
+        self._kv = KVCache()
+        self._last: tuple[mx.array | None, mx.array | None] = (None, None)
+
+    @property
+    def offset(self) -> int:
+        return self._kv.offset
+
+    def append(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self._last = self._kv.update_and_fetch(keys, values)
+        return self._last
+
+    def fetch(self) -> tuple[mx.array | None, mx.array | None]:
+        return self._last
+
+    def mark(self) -> int:
+        """Where the context ends now (for `rewind`)."""
+        return self._kv.offset
+
+    def rewind(self, mark: int) -> None:
+        """Forget the context rows taken in since `mark`: a block drafted ahead took them in
+        before its round was read, and the round did not keep them all (dflash2.py)."""
+        kv = self._kv
+        kv.trim(kv.offset - mark)
+        self._last = (None, None)
+        if kv.offset:
+            self._last = (kv.keys[..., : kv.offset, :], kv.values[..., : kv.offset, :])
+
+    def mask(self, n: int, keys: int, causal: bool, window: int | None) -> mx.array | None:
+        """One row, keys in order: its context positions, then the block's."""
+        return ordered_mask(self.offset, keys - n, n, causal, window)
+
+
+def visibility(
+    queries: mx.array, keys: mx.array, causal: bool, window: int | None
+) -> mx.array | None:
+    """Which keys block queries see: positions queries [..., n] and keys [..., K] -> a boolean
+    [..., n, K] (None: every key). A window keeps keys fewer than `window` positions back (and,
+    in a bidirectional layer, ahead), as transformers' sliding attention does."""
+    if not causal and window is None:
+        return None
+    q, k = queries[..., :, None], keys[..., None, :]
+    ok = mx.ones(q.shape[:-1] + k.shape[-1:], dtype=mx.bool_)
+    if causal:
+        ok = ok & (k <= q)
+    if window is not None:
+        ok = ok & (q - k < window)
+        if not causal:
+            ok = ok & (k - q < window)
+    return ok
+
+
+def ordered_mask(
+    offset: int, n_ctx: int, n: int, causal: bool, window: int | None
+) -> mx.array | None:
+    """The mask of one row whose keys are its last `n_ctx` context positions before `offset`,
+    in order, then the block's `n` (None when every key is visible)."""
+    if not causal and (window is None or n_ctx + n <= window):
+        return None  # the window reaches past the first key
+    keys = mx.arange(offset - n_ctx, offset + n)
+    return visibility(mx.arange(offset, offset + n), keys, causal, window)
+
+
+@dataclass
+class _Call:
+    """What one drafter call over `ContextRows` does to them, worked out on the host first.
+    Every row takes in its new context; only the drafting rows (`drafting`) run a block."""
+
+    before: mx.array  # [R] each row's context length: its new rows' first position
+    block: mx.array  # [D] each drafting row's context length after the call: its block's
+    shifts: mx.array | None  # [R, 1] how much each row's padding grows; None: none
+    source: mx.array | None  # [R, 1, E, 1] the column each of the last E columns takes
+    drop: int  # leading columns no row uses after the call, cut off
+    drafting: mx.array | None  # [D] the rows that run a block (None: every row)
+    mask: mx.array | None  # [D, 1, 1, keys + block] keys a drafting row sees (None: all)
+    ends: list[int]  # each drafting row's context length after the call (on the host)
+    positions: mx.array | None = None  # [D, 1, keys, 1] each key column's position
+    masks: dict | None = None  # (causal, window) -> that kind of layer's mask, made once
+
+
+class ContextRows:
+    """The context K/V of rows drafted together, for every draft layer: one mlx-lm
+    `BatchKVCache` a layer, rows left-padded (every row's last context row in the same column).
+
+    A call appends each row's new context rows, padded to the widest with the padding after the
+    row's own rows; a padded row then moves its oldest columns into those trailing slots and its
+    left padding grows by as many (the trick `BatchedRows.rollback_rows` plays on the target's
+    cache: a row's keys in another order are the same keys to attention, each roped at its own
+    position, and the context is never cut back, so the order never matters); leading columns
+    that are padding in every row are dropped. Each row's padding is masked, so a row attends to
+    exactly the keys it has alone. Rows move in (`add`) and out (`take`, `keep`) between
+    calls; lengths and padding are kept on the host, so none of this waits for the device.
+    """
+
+    def __init__(self, n_layers: int, positions: bool = False, limit: int | None = None) -> None:
+        self.layers = [RowsLayerCache(self) for _ in range(n_layers)]
+        # Blocks see at most the last `limit` context rows (the drafter's context window;
+        # None: all of them).
+        self.limit = limit
+        # Sliding-window layers and a limit must know each column's position, and a column's
+        # position is not its order (see above): the positions ride along as one more cache,
+        # moved, dropped and handed over exactly as the keys are.
+        self.positions = RowsLayerCache(self) if positions or limit is not None else None
+        self.lengths: list[int] = []  # context rows each row holds
+        self.pads: list[int] = []  # each row's left padding
+        self.call: _Call | None = None
+
+    @property
+    def caches(self) -> list[RowsLayerCache]:
+        """Every cache a row has a column in: the layers', then the positions'."""
+        return self.layers + ([self.positions] if self.positions is not None else [])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def width(self) -> int:
+        """Columns in use: every row's padding plus its context rows."""
+        return self.pads[0] + self.lengths[0] if self.lengths else 0
+
+    def begin(self, incoming: list[int], block: int, drafting: list[int]) -> None:
+        """Plan a call that adds incoming[i] context rows to row i and runs a block of `block`
+        slots for each row of `drafting` (in that order)."""
+        widest = max(incoming)
+        shifts = [widest - n for n in incoming]
+        pads = [p + s for p, s in zip(self.pads, shifts, strict=True)]
+        drop = min(pads)
+        pads = [p - drop for p in pads]
+        width = self.width + widest - drop
+        after = [n + m for n, m in zip(self.lengths, incoming)]
+        every = drafting == list(range(len(after)))
+        mask = None
+        seen = [pads[i] for i in drafting]
+        if any(seen):
+            keys = mx.arange(width + block)[None, :] >= mx.array(seen)[:, None]
+            mask = keys[:, None, None, :]
+        self.call = _Call(
+            mx.array(self.lengths, dtype=mx.int32),
+            mx.array([after[i] for i in drafting], dtype=mx.int32),
+            mx.array(shifts, dtype=mx.int32)[:, None] if any(shifts) else None,
+            tail_moves(self.pads, [min(e, n) for e, n in zip(shifts, after)], self.width + widest),
+            drop,
+            None if every else mx.array(drafting, dtype=mx.int32),
+            mask,
+            [after[i] for i in drafting],
+        )
+        for layer in self.caches:  # context rows go in at `before`; no context: the block
+            layer.offset = self.call.before if widest else self.call.block
+        self.lengths, self.pads = after, pads
+        if self.positions is not None:
+            if widest:
+                new = self.call.before[:, None] + mx.arange(widest, dtype=mx.int32)
+                self.positions.append(*[new[:, None, :, None].astype(mx.float32)] * 2)
+            self.call.positions = self.positions.fetch()[0]
+
+    def end(self) -> None:
+        self.call = None
+
+    def add(self, row: list[tuple[mx.array, mx.array] | None] | None, length: int) -> None:
+        """Append one row: its K/V per cache (`caches`; [1, kv, length, D], None when empty;
+        row None: an empty row)."""
+        width = max(self.width, length)
+        if row is None:
+            row = [None] * len(self.caches)
+        for layer, kv in zip(self.caches, row, strict=True):
+            piece = BatchKVCache([0])
+            if kv is not None:
+                piece.keys, piece.values = kv
+                piece._idx = length
+                piece.offset = piece.offset + length
+            if layer.kv is None:
+                layer.kv = piece
+            else:
+                layer.kv.extend(piece)
+        self.pads = [p + width - self.width for p in self.pads] + [width - length]
+        self.lengths = self.lengths + [length]
+
+    def take(self, i: int) -> tuple[list[tuple[mx.array, mx.array] | None], int]:
+        """Row i's K/V per cache (compact copies, computed now) and its length; `add` takes
+        them."""
+        length, pad, width = self.lengths[i], self.pads[i], self.width
+        row = []
+        for layer in self.caches:
+            kv = layer.kv
+            if not length or kv.keys is None:
+                row.append(None)
+                continue
+            k = mx.contiguous(kv.keys[i : i + 1, :, pad:width])
+            v = mx.contiguous(kv.values[i : i + 1, :, pad:width])
+            row.append((k, v))
+        if length:
+            mx.eval(row)  # copies now: they hold no reference to the old cache
+        return row, length
+
+    def trim_last(self, n: int) -> None:
+        """Drop the last n context rows of a group of one row: a round drafted ahead took
+        them in before its own round was read, and that round did not keep them all
+        (`BlockProposer.draft_ahead`). One row has no padding, so its newest rows are its
+        last columns."""
+        if len(self.lengths) != 1:
+            raise ValueError("only a group of one row drops its latest context rows")
+        for layer in self.caches:
+            if layer.kv is not None:
+                layer.kv.trim(n)
+        self.lengths = [self.lengths[0] - n]
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only `rows` (in that order); columns that become padding in every row go."""
+        if not rows:
+            for layer in self.caches:
+                layer.kv = None
+            self.lengths, self.pads = [], []
+            return
+        pads = [self.pads[i] for i in rows]
+        drop = min(pads)
+        index = mx.array(rows, dtype=mx.int32)
+        for layer in self.caches:
+            kv = layer.kv
+            if kv.keys is not None:
+                kv.keys = kv.keys[index][..., drop:, :]
+                kv.values = kv.values[index][..., drop:, :]
+                kv._idx -= drop
+            kv.offset = kv.offset[index]
+            kv.left_padding = kv.left_padding[index] - drop
+        self.lengths = [self.lengths[i] for i in rows]
+        self.pads = [p - drop for p in pads]
+
+
+class RowsLayerCache:
+    """One draft layer's K/V in `ContextRows`: what `DraftAttention` appends to and reads."""
+
+    def __init__(self, rows: ContextRows) -> None:
+        self.rows = rows
+        self.kv: BatchKVCache | None = None
+        self.offset: mx.array | None = None  # the positions of what comes next, a row
+
+    def append(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        call = self.rows.call
+        kv = self.kv
+        kv.update_and_fetch(keys, values)
+        end = kv._idx
+        if call.source is not None:  # a padded row's oldest columns into its trailing slots
+            move_columns(kv, call.source)
+        if call.shifts is not None:
+            kv.left_padding = kv.left_padding + call.shifts[:, 0]
+            kv.offset = kv.offset - call.shifts[:, 0]
+        if call.drop:  # a view: the next write that needs room copies what is left
+            kv.keys = kv.keys[..., call.drop :, :]
+            kv.values = kv.values[..., call.drop :, :]
+            kv._idx = end - call.drop
+            kv.left_padding = kv.left_padding - call.drop
+        self.offset = call.block
+        return self._drafting(*kv.keys_and_values())
+
+    def fetch(self) -> tuple[mx.array | None, mx.array | None]:
+        kv = self.kv
+        if kv is None or kv.keys is None or kv._idx == 0:
+            return None, None
+        return self._drafting(*kv.keys_and_values())
+
+    def _drafting(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """The K/V of the rows that run a block this call."""
+        rows = self.rows.call.drafting
+        if rows is None:
+            return keys, values
+        return keys[rows], values[rows]
+
+    def mask(self, n: int, keys: int, causal: bool, window: int | None) -> mx.array | None:
+        """The keys (`keys` columns, the block's `n` last) each drafting row's block queries
+        see: its own columns, not its padding, of those the last `ContextRows.limit` context
+        rows, and what the layer's causality and window allow."""
+        call, limit = self.rows.call, self.rows.limit
+        longest = max(call.ends)
+        if (
+            not causal
+            and (window is None or longest + n <= window)
+            and (limit is None or longest <= limit)
+        ):
+            return call.mask  # the window and the limit reach past every row's first position
+        made = call.masks = call.masks or {}
+        if (causal, window) not in made:
+            block = call.block[:, None] + mx.arange(n, dtype=mx.int32)  # [D, n] positions
+            if window is None and (limit is None or longest <= limit):
+                seen = visibility(block, block, causal, None)  # [D, n, n]: only the block's
+                context = mx.ones((block.shape[0], n, keys - n), dtype=mx.bool_)
+                ok = mx.concatenate([context, seen], axis=-1)
+            else:
+                if call.positions is None:  # no context yet: the block's own keys only
+                    context = mx.zeros((block.shape[0], 0), dtype=mx.int32)
+                else:
+                    context = call.positions[:, 0, :, 0].astype(mx.int32)  # [D, keys - n]
+                positions = mx.concatenate([context, block], axis=-1)
+                # None only for a bidirectional, windowless layer, here because the limit bites
+                ok = visibility(block, positions, causal, window)
+                if limit is not None and longest > limit:  # the last `limit` context rows
+                    recent = positions >= (call.block - limit)[:, None]  # [D, keys]
+                    ok = recent[:, None, :] if ok is None else ok & recent[:, None, :]
+                ok = mx.broadcast_to(ok, (block.shape[0], n, keys))
+            ok = ok[:, None]  # [D, 1, n, keys]
+            made[(causal, window)] = ok if call.mask is None else ok & call.mask
+        return made[(causal, window)]
