@@ -446,19 +446,18 @@ class AheadGate:
     right round, costing D - H where D > H. So queueing pays while the share p of guesses
     that hold satisfies p·H > (1 - p)·(D - H), i.e. p > 1 - H / D. H is timed on every
     launch and D = R - H from the rounds that ran unpipelined (R: launch to result); a
-    launch-bound GPU, where H is a good part of a round, queues on easy text, a CPU, where the
-    forward dwarfs the host's work, only where nearly every guess holds (the testing oracle,
-    long copies). The hold rate counts every round, queued or not (the guess is checked
-    against what the round committed), so a generation that stopped queueing notices when its
-    text turns easy again. `always` (OUTRIDER_PIPELINED_ROUNDS=on) skips the gate.
+    launch-bound GPU, where H is a good part of a round, queues on easy text. The hold rate
+    counts every round, queued or not (the guess is checked against what the round
+    committed), so a generation that stopped queueing notices when its text turns easy again.
+    `always` (OUTRIDER_PIPELINED_ROUNDS=on) skips the gate.
 
     On MLX's CPU backend (`shared`) the device is the host's own cores, and launching a round
     already computes much of it (measured with the demo pair on 2 cores: H 17-19 ms of an
     18-23 ms round). A kept round then hides at most the wait D = R - H, and one queued for
     nothing costs about a whole round R of the cores the host needs, so queueing pays while
-    p·D > (1 - p)·R, i.e. p > R / (R + D). (The GPU's rule there queued the demo pair's DSpark
-    blocks at a hold rate of one half, and took code's 1.97x to 1.35x and chat's 1.30x to
-    0.78x.)"""
+    p·D > (1 - p)·R, i.e. p > R / (R + D): only where nearly every guess holds (the testing
+    oracle, long copies). (The GPU's rule there queued the demo pair's DSpark blocks at a
+    hold rate of one half, and took code's 1.97x to 1.35x and chat's 1.30x to 0.78x.)"""
 
     def __init__(self, always: bool = False, shared: bool = False) -> None:
         self.always = always
