@@ -419,11 +419,12 @@ def load(
         raise OutriderError(f"--mode {mode} uses no drafter; drop --drafter or pick a drafter mode")
     if kv_bits not in (None, 4, 8):
         raise OutriderError(f"--kv-bits must be 8 or 4, got {kv_bits}")
+    notes: list[str] = []
     if target is None:
         target = load_target(plugins, model, download)
+        notes += target.notes
     if kv_bits is not None and kv_bits != target.kv_bits:
         target.quantize_kv(kv_bits)  # a shared target keeps its setting unless asked
-    notes: list[str] = []
     spec = None
     if requested == "auto" and explicit is None and pair is not None:
         mode, drafter, spec = auto_drafter(plugins, pair, download, notes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .core import gguf
+from .core import generation_config, gguf
 from .core.checkpoint import open_checkpoint, read_config
 from .core.device import PADDED_FROM, dense_on_cpu, dense_single_groups, make_dense, verify_pad
 from .core.drafter_spec import DrafterSpec
@@ -107,6 +107,7 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
                 make_dense(model_obj)
             dense_single_groups(model_obj)  # an MLX CUDA kernel's wrong case (core/device.py)
             target = Target(model_obj, tokenizer, family, config, name=model)
+            target.sampling_defaults, target.notes = generation_config.read(path)
             if target.pads_verify:
                 target.pad_verifies(verify_pad(model_obj), PADDED_FROM)  # until a calibration says
             return target

@@ -385,33 +385,83 @@ def test_a_client_that_leaves_during_prefill_stops_it_within_one_chunk(scripted)
 # -- 7. smaller gaps ---------------------------------------------------------------------------
 
 
-def test_images_and_documents_are_refused_by_name(claude, oai):
-    image = {
-        "type": "image",
-        "source": {"type": "base64", "media_type": "image/png", "data": "AA=="},
-    }
-    document = {
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+PDF = {
+    "type": "document",
+    "source": {"type": "base64", "media_type": "application/pdf", "data": "AA"},
+}
+SEEN = "this model reads text only and cannot see it]"
+
+
+def test_what_the_model_cannot_see_becomes_a_line_saying_so():
+    """An image (or a PDF, audio, a file) in a conversation is not refused: the model reads a
+    line saying what was there, and the conversation goes on. A text document or a search
+    result is text the model can read."""
+    from outrider.server.anthropic_api import CountRequest, to_chat
+    from outrider.server.prompting import normalize
+
+    text_doc = {
         "type": "document",
-        "source": {"type": "text", "media_type": "text/plain", "data": "x"},
+        "title": "notes.txt",
+        "source": {"type": "text", "media_type": "text/plain", "data": "buy milk"},
     }
-    for block in (image, document):
-        with pytest.raises(anthropic.BadRequestError) as e:
-            claude.messages.create(
-                model=MODEL,
-                max_tokens=4,
-                messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}, block]}],
-            )
-        assert f"content of type '{block['type']}' is not supported" in str(e.value)
-    inside = {"type": "tool_result", "tool_use_id": "t1", "content": [image]}
-    with pytest.raises(anthropic.BadRequestError, match="'image' is not supported"):
-        claude.messages.count_tokens(
-            model=MODEL, messages=ASK + [{"role": "user", "content": [inside]}]
-        )
+    found = {
+        "type": "search_result",
+        "title": "Tides",
+        "source": "https://example.org/t",
+        "content": [{"type": "text", "text": "Two a day."}],
+    }
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "t1",
+        "content": [{"type": "text", "text": "read screenshot.png:"}, IMAGE],
+    }
+    call = {"type": "tool_use", "id": "t1", "name": "Read", "input": {"path": "s.png"}}
+    body = CountRequest(messages=[
+        {"role": "user", "content": [{"type": "text", "text": "look: "}, IMAGE, PDF]},
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [result, text_doc, found]},
+    ])  # fmt: skip
+    chat = to_chat(body)
+    assert chat[0]["content"] == (
+        "look: [an image was attached here; " + SEEN + "[a document was attached here; " + SEEN
+    )
+    assert chat[2] == {
+        "role": "tool", "tool_call_id": "t1",
+        "content": "read screenshot.png:[an image was attached here; " + SEEN,
+    }  # fmt: skip
+    assert chat[3]["content"] == "notes.txt\nbuy milkTides - https://example.org/t\nTwo a day."
+    parts = [{"type": "text", "text": "what is this? "},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
+             {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}}]  # fmt: skip
+    (user,) = normalize([{"role": "user", "content": parts}])
+    assert user["content"] == (
+        "what is this? [an image was attached here; " + SEEN + "[audio was attached here; " + SEEN
+    )
+
+
+def test_a_conversation_holding_an_image_goes_on(server, claude, oai):
+    block = [{"type": "text", "text": "hi"}, IMAGE]
+
+    def count(content: list) -> int:
+        messages = [{"role": "user", "content": content}]
+        return claude.messages.count_tokens(model=MODEL, messages=messages).input_tokens
+
+    assert count(block) > count(block[:1])  # the model reads the stand-in
+    reply = claude.messages.create(
+        model=MODEL, max_tokens=4, messages=[{"role": "user", "content": block}]
+    )
+    assert reply.stop_reason in ("max_tokens", "end_turn", "tool_use")
     part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
-    with pytest.raises(openai.BadRequestError, match="'image_url' is not supported"):
-        oai.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": [part]}], max_tokens=4
-        )
+    chat = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": [part]}], max_tokens=4
+    )
+    assert chat.choices[0].finish_reason is not None
+    item = {"role": "user", "content": [{"type": "input_text", "text": "hi"},
+                                        {"type": "input_image", "image_url": "x"}]}  # fmt: skip
+    r = requests.post(server[0] + "/v1/responses", json={"model": MODEL, "input": [item],
+                                                         "max_output_tokens": 4})  # fmt: skip
+    assert r.status_code == 200, r.text
 
 
 def test_a_final_assistant_message_is_continued(claude, oai):

@@ -30,6 +30,7 @@ from .family import (
     default_restore,
     default_snapshot,
 )
+from .generation_config import SamplingDefaults
 from .kv_quant import KV_GROUP_SIZE, quantized_kv
 from .wrapper import PassThrough
 
@@ -125,6 +126,9 @@ class Target:
         # whether a calibration chose them (`Calibration.pad`): the first one decides for every
         # pipeline on this target, so what runs and what each policy's costs read agree
         self.widths_calibrated = False
+        # what its publisher recommends for requests that set none (core/generation_config.py)
+        self.sampling_defaults = SamplingDefaults()
+        self.notes: list[str] = []  # said once at load: what of its files was ignored, and why
 
     @property
     def stream(self) -> mx.Stream:

@@ -88,6 +88,8 @@ def health(state: Any) -> dict[str, Any]:
         "max_output_tokens": state.limits.max_tokens_cap,
         "thinking_default": {None: "template", True: "on", False: "off"}[state.limits.thinking],
         "reasoning_effort_default": state.limits.reasoning_effort,  # None: the template's
+        # what fills a request's unset temperature / top_p / top_k ({}: greedy)
+        "sampling_defaults": state.limits.sampling_for(engine).as_dict(),
         "queue_depth": engine.metrics.queue_depth(),
         "kv_bits": pipe.target.kv_bits if pipe else None,
         "max_batch": engine.max_batch,

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .checks import MAX_STOPS, CheckedRequest, check_tool_schema, unreadable
+from .checks import MAX_STOPS, UNSEEN, CheckedRequest, check_tool_schema, unseen
 from .engine import model_id
 from .generation import (
     GenParams,
@@ -90,27 +90,60 @@ class MessagesRequest(CountRequest):
     tool_choice: dict[str, Any] | None = None
 
 
-# Blocks that carry something the model would have to see; refused by name, never dropped.
-UNREADABLE = ("image", "document", "search_result", "container_upload", "audio", "file")
 # Blocks the model need not see again: its own earlier reasoning.
 SKIPPED = ("thinking", "redacted_thinking")
 
 
-def _block_text(content: Any, where: str) -> str:
+def block_text(block: dict[str, Any]) -> str:
+    """A content block as the text the model reads: text as it is, a text document or a search
+    result as its text, an image (or any content it cannot see) as a line saying so
+    (`checks.unseen`); other blocks (reasoning, server tool blocks) as nothing."""
+    kind = str(block.get("type"))
+    if kind == "text":
+        return str(block.get("text") or "")
+    if kind == "document":
+        text = _document_text(block.get("source"))
+        if text is not None:
+            return "\n".join(str(x) for x in (block.get("title"), text) if x)
+    if kind == "search_result":
+        head = " - ".join(str(x) for x in (block.get("title"), block.get("source")) if x)
+        return "\n".join(x for x in (head, _texts(block.get("content"))) if x)
+    return unseen(kind) if kind in UNSEEN else ""
+
+
+def _document_text(source: Any) -> str | None:
+    """A document's text where its source is text (plain text, or text blocks), else None."""
+    if not isinstance(source, dict):
+        return None
+    if source.get("type") == "text":
+        return str(source.get("data") or "")
+    if source.get("type") == "content":
+        content = source.get("content")
+        return content if isinstance(content, str) else _texts(content)
+    return None
+
+
+def _texts(blocks: Any) -> str:
+    if isinstance(blocks, str):
+        return blocks
+    return "".join(
+        block_text(b) for b in blocks or [] if isinstance(b, dict) and b.get("type") != "document"
+    )
+
+
+def _block_text(content: Any) -> str:
+    """A tool result's content as text."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    for b in content:
-        if b.get("type") in UNREADABLE:
-            raise unreadable(str(b.get("type")), where)
-    return "".join(str(b.get("text", "")) for b in content if b.get("type") == "text")
+    return "".join(block_text(b) for b in content if isinstance(b, dict))
 
 
 def to_chat(body: CountRequest) -> list[dict]:
     """Anthropic messages -> OpenAI-shaped chat messages (tool_use -> tool_calls,
     tool_result -> tool messages before the turn's text, system entries kept in place for
-    `normalize` to fold; thinking dropped; images and documents refused)."""
+    `normalize` to fold; thinking dropped; what the model cannot see noted, `block_text`)."""
     out: list[dict] = []
     if body.system:
         system = (
@@ -120,21 +153,21 @@ def to_chat(body: CountRequest) -> list[dict]:
         )
         if system:
             out.append({"role": "system", "content": system})
-    for i, m in enumerate(body.messages):
+    for m in body.messages:
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
             continue
         texts, calls = [], []
-        for j, b in enumerate(m.content):
-            if b.type in UNREADABLE:
-                raise unreadable(b.type, f"messages.{i}.content.{j}")
+        for b in m.content:
             if b.type == "text":
                 texts.append(b.text or "")
+            elif b.type in ("document", "search_result") or b.type in UNSEEN:
+                texts.append(block_text(b.model_dump(exclude_none=True)))
             elif b.type == "tool_use" and m.role == "assistant":
                 fn = {"name": b.name or "", "arguments": b.input or {}}
                 calls.append({"id": b.id, "type": "function", "function": fn})
             elif b.type == "tool_result" and m.role == "user":
-                text = _block_text(b.content, f"messages.{i}.content.{j}.content")
+                text = _block_text(b.content)
                 out.append(
                     {
                         "role": "tool",
@@ -251,9 +284,9 @@ def router(state: Any) -> APIRouter:
         stops = list(body.stop_sequences or [])
         params = GenParams(
             max_tokens=body.max_tokens,
-            temperature=body.temperature or 0.0,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=body.top_k or 0,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
             stop=stops,
         )
         opts = options(engine, limits, len(prompt), params)

@@ -10,8 +10,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from .errors import ApiError
-
 MAX_STOPS = 16  # OpenAI's limit for `stop` lists; Anthropic's `stop_sequences` gets the same
 SEED_RANGE = (0, 2**64)  # mx.random.key takes an unsigned 64-bit seed
 
@@ -82,10 +80,23 @@ def _default_validator():
     return Draft202012Validator
 
 
-def unreadable(kind: str, where: str) -> ApiError:
-    """The one refusal for content the target cannot see (images, documents, audio...)."""
-    return ApiError(
-        400,
-        f"{where}: content of type {kind!r} is not supported: the served model reads text only",
-        param=where,
-    )
+# What a model reads where a message held content it cannot see (checks.unseen): a line saying
+# so. A refusal would end the conversation: Claude Code resends a pasted screenshot, or an
+# image a tool read, with every later turn. The model can then tell the user what it missed.
+UNSEEN = {
+    "image": "an image",
+    "image_url": "an image",
+    "input_image": "an image",
+    "document": "a document",
+    "file": "a file",
+    "input_file": "a file",
+    "container_upload": "a file",
+    "audio": "audio",
+    "input_audio": "audio",
+}
+
+
+def unseen(kind: str) -> str:
+    """The stand-in for a content part of `kind` the target cannot read."""
+    what = UNSEEN.get(kind, f"a {kind[:64]!r} part")
+    return f"[{what} was attached here; this model reads text only and cannot see it]"

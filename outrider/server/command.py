@@ -70,6 +70,18 @@ def serve(
         "--reasoning-effort",
         help="Effort for templates that read one, unless a request says (none..xhigh).",
     ),
+    default_temperature: float | None = Opt(
+        None,
+        "--default-temperature",
+        help="Temperature of requests that set none (default: the model's "
+        "generation_config.json, else 0: greedy).",
+    ),
+    default_top_p: float | None = Opt(
+        None, "--default-top-p", help="top_p of requests that set none (default: the model's)."
+    ),
+    default_top_k: int | None = Opt(
+        None, "--default-top-k", help="top_k of requests that set none (default: the model's)."
+    ),
     keepalive: float = Opt(15.0, "--keepalive", help="Seconds between stream keep-alives."),
     max_request_mb: float = Opt(
         4.0, "--max-request-mb", help="Refuse request bodies larger than this (413)."
@@ -106,6 +118,7 @@ def serve(
 ) -> None:
     """Serve OpenAI- and Anthropic-compatible APIs; speculation is invisible to clients."""
     from ..cli_common import check_options, parse_max_draft, plugins, user_errors
+    from ..core import generation_config
     from ..core.errors import OutriderError
     from .prompting import EFFORTS
 
@@ -132,6 +145,11 @@ def serve(
             )
         if not 0 < max_request_mb <= 1024:
             raise OutriderError(f"--max-request-mb must be in (0, 1024], got {max_request_mb}")
+        flags, wrong = generation_config.check(
+            default_temperature, default_top_p, default_top_k, "--default-*", "--default-{flag}"
+        )
+        if wrong:
+            raise OutriderError(wrong[0])
         level = log_level.lower()
         if level not in LOG_LEVELS:
             raise OutriderError(
@@ -165,6 +183,7 @@ def serve(
             max_body_bytes=int(max_request_mb * (1 << 20)),
             trust_request_chat_template=trust_request_chat_template,
             reasoning_effort=reasoning_effort,
+            sampling=flags,
         )
         app = create_app(
             engine, limits, api_key, plugins=plugins, cors_origins=tuple(cors_origin or ())
@@ -190,6 +209,8 @@ def serve(
             if pipe
             else "no model (POST /admin/load)"
         )
+        if pipe is not None:
+            typer.echo(sampling_note(limits.sampling_for(engine)), err=True)
         typer.echo(f"outrider serve: listening on {where} ({what})", err=True)
         # Open streams get a few seconds to finish on shutdown, then are cancelled (which
         # cancels their generations at the next round).
@@ -212,6 +233,13 @@ def serve(
         if interrupted:
             typer.echo("\ninterrupted", err=True)
         _leave(130 if interrupted else 0)
+
+
+def sampling_note(unset: Any) -> str:
+    """How requests that set no sampling are decoded, and on whose word."""
+    if not unset.set():
+        return "note: requests that set no temperature decode greedily"
+    return f"note: requests that set no sampling use {unset.describe()} ({unset.source})"
 
 
 def batching_note(pipe: Any, max_batch: int) -> str | None:

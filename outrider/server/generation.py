@@ -16,6 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from ..api import Pipeline
 from ..core.events import Result
+from ..core.generation_config import SamplingDefaults
 from ..core.logits import Penalties
 from ..streaming import Chunk
 from .engine import Engine, Job, NotReady
@@ -37,14 +38,23 @@ class Limits:
     reasoning_effort: str | None = None  # server default for templates that read one
     max_body_bytes: int = 4 << 20  # larger request bodies are refused with 413
     trust_request_chat_template: bool = False  # a request's own template (sandboxed) allowed
+    # sampling where a request sets none (--default-temperature ...), over the model's own
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+
+    def sampling_for(self, engine: Engine) -> SamplingDefaults:
+        """The sampling that fills what a request leaves unset: these flags, then what the
+        served model recommends (core/generation_config.py)."""
+        pipe = engine.pipeline
+        model = pipe.target.sampling_defaults if pipe is not None else SamplingDefaults()
+        return self.sampling.over(model)
 
 
 @dataclass
 class GenParams:
     max_tokens: int | None = None
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float | None = None  # None: the server's, the model's, else greedy
+    top_p: float | None = None
+    top_k: int | None = None
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     penalties: Penalties | None = None
@@ -140,11 +150,12 @@ def options(engine: Engine, limits: Limits, n_prompt: int, p: GenParams) -> dict
     window = engine.context_window
     if window is not None:
         max_tokens = max(1, min(max_tokens, window - n_prompt))
+    unset = limits.sampling_for(engine)
     opts: dict[str, Any] = dict(
         max_tokens=max_tokens,
-        temperature=p.temperature,
-        top_p=p.top_p,
-        top_k=p.top_k,
+        temperature=_first(p.temperature, unset.temperature, 0.0),
+        top_p=_first(p.top_p, unset.top_p, 1.0),
+        top_k=_first(p.top_k, unset.top_k, 0),
         seed=p.seed,
         stop=tuple(s for s in p.stop if s),
         penalties=p.penalties,
@@ -153,6 +164,10 @@ def options(engine: Engine, limits: Limits, n_prompt: int, p: GenParams) -> dict
     if p.ignore_eos:
         opts["stop_tokens"] = set()
     return opts
+
+
+def _first(*values: Any) -> Any:
+    return next(v for v in values if v is not None)
 
 
 def submit(

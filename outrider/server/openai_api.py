@@ -118,9 +118,9 @@ class Sampling(CheckedRequest):
             pen = Penalties(self.presence_penalty or 0.0, self.frequency_penalty or 0.0)
         return GenParams(
             max_tokens=max_tokens,
-            temperature=self.temperature or 0.0,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
             seed=self.seed,
             stop=stops,
             penalties=pen,

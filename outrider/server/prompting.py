@@ -8,7 +8,7 @@ import json
 import weakref
 from typing import Any
 
-from .checks import lone_surrogate_at, unreadable
+from .checks import lone_surrogate_at, unseen
 from .errors import ApiError
 from .reasoning import markers_for, prompt_opens_thinking
 from .template_sandbox import TemplateRefused, render_untrusted
@@ -17,7 +17,8 @@ EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 def _text(content: Any) -> str:
-    """Message content as text: strings pass, content-part lists are joined (text parts)."""
+    """Message content as text: strings pass, content-part lists are joined (text parts; a
+    part the model cannot see becomes a line saying so, `checks.unseen`)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -30,7 +31,7 @@ def _text(content: Any) -> str:
             elif isinstance(part, dict) and part.get("type") in ("text", "input_text", None):
                 parts.append(str(part.get("text", "")))
             elif isinstance(part, dict):
-                raise unreadable(str(part.get("type"))[:64], "messages")
+                parts.append(unseen(str(part.get("type"))))
         return "".join(parts)
     raise ApiError(400, "message content must be a string or a list of content parts")
 

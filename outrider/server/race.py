@@ -181,7 +181,12 @@ def router(state: Any) -> APIRouter:
             state.limits.reasoning_effort,
         )  # fmt: skip
         check_context(engine, len(prompt), anthropic=False)
-        opts = options(engine, state.limits, len(prompt), GenParams(max_tokens=body.max_tokens))
+        opts = options(
+            engine,
+            state.limits,
+            len(prompt),
+            GenParams(max_tokens=body.max_tokens, temperature=0.0),
+        )
         stream = race_events(state, pipe, prompt, opts)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream, media_type="text/event-stream", headers=headers)

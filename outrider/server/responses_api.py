@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from .checks import CheckedRequest
+from .checks import UNSEEN, CheckedRequest, unseen
 from .engine import model_id
 from .errors import ApiError
 from .generation import (
@@ -68,7 +68,8 @@ class ResponsesRequest(CheckedRequest):
 
 
 def _content_text(content: Any, where: str) -> str:
-    """A message's content: a string, or a list of input_text / output_text parts."""
+    """A message's content: a string, or a list of input_text / output_text parts (an image
+    or a file part becomes a line saying the model cannot see it, `checks.unseen`)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -76,6 +77,9 @@ def _content_text(content: Any, where: str) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind in UNSEEN:
+            texts.append(unseen(kind))
+            continue
         if kind not in ("input_text", "output_text", "text"):
             raise ApiError(
                 400, f"{where}.content[{j}]: only text parts are supported, got {kind!r}",
@@ -261,9 +265,8 @@ def router(state: Any) -> APIRouter:
         check_context(engine, len(prompt), anthropic=False)
         params = GenParams(
             max_tokens=body.max_output_tokens,
-            temperature=body.temperature or 0.0,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=0,
+            temperature=body.temperature,
+            top_p=body.top_p,
             seed=None,
             stop=[],
             penalties=None,

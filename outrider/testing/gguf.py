@@ -111,6 +111,7 @@ def make_tiny_gguf(
     bos_token: str | None = None,
     add_bos: bool | None = False,
     space_prefix: bool | None = None,
+    sampling: dict[str, float] | None = None,
     **overrides,
 ) -> Path:
     """Write `path` (a .gguf file) from the tiny target folder `source`, or from a new one made
@@ -122,7 +123,9 @@ def make_tiny_gguf(
     "sentencepiece" for a `llama` vocabulary of pieces and scores (`spm_vocabulary`); `bos_token`
     (a special token's text) sets the BOS id, and `add_bos` tokenizer.ggml.add_bos_token (None
     leaves the key out, as converters do when the tokenizer config says nothing), and
-    `space_prefix` tokenizer.ggml.add_space_prefix (None leaves it out). Returns `path`.
+    `space_prefix` tokenizer.ggml.add_space_prefix (None leaves it out). `sampling` writes
+    general.sampling.<key> for each key (temp, top_p, top_k: a publisher's recommendation).
+    Returns `path`.
     """
     import gguf
     from gguf import GGMLQuantizationType as Q
@@ -143,6 +146,9 @@ def make_tiny_gguf(
 
     w = gguf.GGUFWriter(str(path), architecture or ARCH.get(arch, arch))
     w.add_name(f"tiny {arch}")
+    for key, value in (sampling or {}).items():
+        add = w.add_int32 if key == "top_k" else w.add_float32
+        add(f"general.sampling.{key}", value)
     w.add_context_length(cfg.get("max_position_embeddings", 4096))
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
