@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from .core.errors import OutriderError
+from .server.reasoning import close_thinking, markers_for
 
 
 def encode_messages(
     tokenizer: Any, messages: list[dict], thinking: bool | None = None, **template_kwargs: Any
 ) -> list[int]:
-    """Apply the model's chat template (with `enable_thinking` where the template reads it)."""
+    """Apply the model's chat template (with `enable_thinking` where the template reads it;
+    with thinking off, a think block the template opens anyway is closed empty)."""
     if not getattr(tokenizer, "chat_template", None):
         text = "\n\n".join(str(m.get("content", "")) for m in messages)
         return list(tokenizer.encode(text))
@@ -20,6 +22,8 @@ def encode_messages(
     text = tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True, **kwargs
     )
+    if thinking is False:
+        text = close_thinking(text, markers_for(str(tokenizer.chat_template)))
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -153,6 +153,36 @@ def test_reasoning_effort_falls_back_to_the_nearest_word_the_template_knows():
         render_chat(Template(set()), [{"role": "user", "content": "hi"}], reasoning_effort="low")
 
 
+class AlwaysThinks:
+    """A tokenizer whose template opens a think block whatever `enable_thinking` says (as
+    LFM2.5-2.6B's does)."""
+
+    chat_template = "{{ messages }}<|im_start|>assistant\n<think>\n"
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **kw):
+        turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return turns + "<|im_start|>assistant\n<think>\n"
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+
+@pytest.mark.parametrize("thinking", [False, None, True])
+def test_thinking_off_closes_a_think_block_the_template_opens_anyway(thinking):
+    from outrider.prompts import encode_messages
+    from outrider.server.prompting import render_chat
+
+    ask = [{"role": "user", "content": "hi"}]
+    ids, opens = render_chat(AlwaysThinks(), ask, thinking=thinking)
+    cli = "".join(map(chr, encode_messages(AlwaysThinks(), ask, thinking=thinking)))
+    text = "".join(map(chr, ids))
+    assert text == cli
+    if thinking is False:
+        assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") and not opens
+    else:  # the template's own choice stands: the model thinks, and its output is reasoning
+        assert text.endswith("<think>\n") and opens
+
+
 def test_merged_chunks_keep_every_round_for_the_ribbon():
     """Chunks that pile up behind a slow client go out as one frame; its telemetry still lists
     each round (it used to keep the last one only)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from .checks import lone_surrogate_at, unseen
 from .errors import ApiError
-from .reasoning import markers_for, prompt_opens_thinking
+from .reasoning import close_thinking, markers_for, prompt_opens_thinking
 from .template_sandbox import TemplateRefused, render_untrusted
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -204,7 +204,10 @@ def render_chat(
     if lone_surrogate_at(text) is not None:  # a template can build one from escapes
         raise ApiError(400, "the chat template produced text with a lone UTF-16 surrogate")
     tpl = template if template is not None else template_text(tokenizer)
-    opens = not continue_final and prompt_opens_thinking(text, markers_for(tpl))
+    markers = markers_for(tpl)
+    if thinking is False and not continue_final:  # a template may open a think block anyway
+        text = close_thinking(text, markers)
+    opens = not continue_final and prompt_opens_thinking(text, markers)
     ids = encode_within(tokenizer, text, window)
     if not ids:
         raise ApiError(400, "the chat template rendered an empty prompt")

@@ -31,6 +31,16 @@ def prompt_opens_thinking(prompt_text: str, markers: tuple[str, str] = THINK) ->
     return prompt_text.rfind(markers[0]) > prompt_text.rfind(markers[1])
 
 
+def close_thinking(prompt_text: str, markers: tuple[str, str] = THINK) -> str:
+    """The prompt with a think block it leaves open closed empty. For a request that turned
+    thinking off on a template that opens one whatever it is told (LFM2.5's does): the model
+    then answers at once, as templates that honour `enable_thinking=False` render it."""
+    if not prompt_opens_thinking(prompt_text, markers):
+        return prompt_text
+    gap = "\n" if prompt_text.endswith("\n") else "\n\n"  # Qwen3's "<think>\n\n</think>\n\n"
+    return f"{prompt_text}{gap}{markers[1]}\n\n"
+
+
 class ThinkSplitter:
     """Feed text deltas; get back ("reasoning" | "content", text) pieces in order."""
 
