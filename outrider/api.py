@@ -376,7 +376,8 @@ def load(
     `kv_bits` (8 or 4) quantizes the target's KV cache (see `Target.quantize_kv`); a `target`
     given keeps its own setting when `kv_bits` is None (it is shared: other pipelines use it).
     `max_draft="auto"` lets each round pick its cap from measured costs and acceptance, and
-    decode plainly while speculation does not pay (`core/schedule.py`).
+    decode plainly while speculation does not pay (`core/schedule.py`); `max_draft="full"` is
+    the drafter's whole block every round (what mlx-dspark's `--max-draft 0` meant).
 
     The target loads first, so a missing target is reported as such. With mode "auto" and no
     drafter given, the registry row's mode runs, else any other drafter mode the row names that
@@ -396,11 +397,11 @@ def load(
             raise OutriderError("--num-draft-tokens and --max-draft disagree; pass one of them")
         max_draft = num_draft_tokens
     requested_cap = max_draft
-    auto_cap = max_draft == "auto"
-    if auto_cap:
+    auto_cap, full_block = max_draft == "auto", max_draft == "full"
+    if auto_cap or full_block:
         max_draft = None
     elif max_draft is not None and (not isinstance(max_draft, int) or max_draft < 0):
-        raise OutriderError(f"--max-draft must be >= 0 or auto, got {max_draft!r}")
+        raise OutriderError(f"--max-draft must be >= 0, auto or full, got {max_draft!r}")
     if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
         raise OutriderError(f"--confidence-threshold must be in [0, 1], got {confidence_threshold}")
     if drafter_window is not None and (
@@ -455,7 +456,9 @@ def load(
         lookup_drafts = pair.lookup if pair else True
     if lookup_drafts and getattr(proposer, "lookup_assist_safe", False):
         proposer = LookupAssist(proposer)
-    if max_draft is None:
+    if full_block:
+        max_draft = proposer.max_draft
+    elif max_draft is None:
         max_draft = pair.cap if pair and pair.mode == mode and pair.cap else strategy.default_cap
     elif max_draft > proposer.max_draft:
         notes.append(
@@ -470,7 +473,7 @@ def load(
     ref = drafter if spec is not None and strategy.needs_drafter else None
     pipe = Pipeline(target, proposer, mode, cap, spec, pair, options, notes, ref, prefix_cache)
     pipe.auto_cap = auto_cap and proposer.max_draft > 0
-    pipe.cap_given = isinstance(requested_cap, int)
+    pipe.cap_given = isinstance(requested_cap, int) or full_block
     _, seconds = kernels.warm_at_load(target, proposer)
     if seconds >= 1.0:  # a cold machine: MLX compiled kernels (it keeps them on disk)
         notes.append(f"prepared the quantized GPU kernels in {seconds:.0f} s (once per machine)")

@@ -112,7 +112,7 @@ def generate(
         None,
         "--max-draft",
         metavar="N|auto",
-        help="Draft cap per round; 0 = the drafter's full block; auto = measured each round.",
+        help="Draft cap per round; 0 or full = the drafter's full block; auto = measured each round.",
     ),
     confidence_threshold: float | None = Opt(
         None, "--confidence-threshold", help="DSpark: stop drafting below this confidence."
@@ -203,13 +203,6 @@ def generate(
             )
         for note in pipe.notes:
             _warn(note)
-        if max_draft == 0:  # mlx-dspark's spelling of the full block; baseline is --mode baseline
-            pipe.max_draft = pipe.proposer.max_draft
-            typer.echo(
-                f"note: --max-draft 0 now means the drafter's full block (cap {pipe.max_draft}), "
-                "as in mlx-dspark; --mode baseline decodes without drafts",
-                err=True,
-            )
         ids = pipe.encode(text, system=system, raw=raw, thinking=False if no_thinking else None)
         check_context(len(ids), pipe.target.context_window)
         if max_kv_size is not None and max_kv_size < len(ids) + max_tokens:

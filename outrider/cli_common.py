@@ -112,14 +112,25 @@ def read_prompt(prompt: str | None) -> str:
     return prompt
 
 
+FULL_BLOCK_NOTE = (
+    "note: --max-draft 0 means the drafter's full block, as in mlx-dspark; "
+    "--mode baseline decodes without drafts"
+)
+
+
 def parse_max_draft(value: str | None) -> int | str | None:
-    """--max-draft: a number of drafts a round, or "auto" (measured each round)."""
-    if value is None or value == "auto":
+    """--max-draft: a number of drafts a round, "auto" (measured each round), or 0 / "full"
+    (the drafter's whole block: mlx-dspark's spelling is 0, said in a note)."""
+    if value is None or value in ("auto", "full"):
         return value
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
-        raise OutriderError(f"--max-draft takes a number or auto, got {value!r}") from None
+        raise OutriderError(f"--max-draft takes a number, auto or full, got {value!r}") from None
+    if number == 0:
+        typer.echo(FULL_BLOCK_NOTE, err=True)
+        return "full"
+    return number
 
 
 def check_options(

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from outrider import cli, cli_common, telemetry
 from outrider.api import load
+from outrider.cli_common import parse_max_draft
 from outrider.testing import make_tiny_drafter, make_tiny_target
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
@@ -459,7 +460,13 @@ def test_max_draft_zero_is_the_full_block_with_a_note(models):
     full = load(models["target"], models["dflash"], "dflash").proposer.max_draft
     assert json.loads(result.stdout)["max_draft"] == full > 0
     notes = [line for line in result.stderr.splitlines() if "--max-draft 0" in line]
-    assert len(notes) == 1 and f"cap {full}" in notes[0]
+    assert len(notes) == 1 and "full block" in notes[0]
+    spelled = invoke(*generate_args(models, "dflash", "--json", "--max-draft", "full"))
+    assert json.loads(spelled.stdout)["max_draft"] == full
+    # serve reads the flag the same way (it hands "full" to the load: the engine's LoadSpec)
+    assert parse_max_draft("0") == parse_max_draft("full") == "full"
+    pipe = load(models["target"], models["dflash"], "dflash", max_draft="full")
+    assert pipe.max_draft == full and pipe.cap_given and not pipe.auto_cap
 
 
 @pytest.mark.parametrize(

@@ -67,12 +67,12 @@ class BenchConfig:
             raise OutriderError(f"--max-tokens must be >= 1, got {self.max_tokens}")
         if self.prompts_per_suite is not None and self.prompts_per_suite < 1:
             raise OutriderError(f"--prompts-per-suite must be >= 1, got {self.prompts_per_suite}")
-        if self.max_draft == "auto":
+        if self.max_draft in ("auto", "full"):
             return
         if self.max_draft is not None and (
             not isinstance(self.max_draft, int) or self.max_draft < 1
         ):
-            raise OutriderError(f"--max-draft must be >= 1 or auto, got {self.max_draft!r}")
+            raise OutriderError(f"--max-draft must be >= 1, auto or full, got {self.max_draft!r}")
 
 
 @dataclass
