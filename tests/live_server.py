@@ -38,11 +38,11 @@ def live_server(
     loader=None,
     cors_origins: tuple[str, ...] = (),
     max_batch: int = 1,
+    load_settings: dict | None = None,
 ):
     """Yields (base_url, engine); the server and engine stop afterwards."""
-    engine = (
-        Engine(loader, max_batch=max_batch) if loader else Engine(max_batch=max_batch)
-    ).start()
+    kw = dict(max_batch=max_batch, load_settings=load_settings)
+    engine = (Engine(loader, **kw) if loader else Engine(**kw)).start()
     if spec is not None:
         engine.load(spec)
         wait_ready(engine)

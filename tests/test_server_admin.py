@@ -7,7 +7,7 @@ import time
 
 import pytest
 import requests
-from live_server import live_server
+from live_server import live_server, wait_ready
 from typer.testing import CliRunner
 
 from outrider.cli import app
@@ -277,6 +277,37 @@ def test_a_failing_generation_is_reported_and_the_server_keeps_serving(scripted)
         ok = chat(url, max_tokens=3)
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
         assert "outrider_errors_total" in requests.get(url + "/metrics").text
+
+
+def test_a_hot_swap_runs_as_serve_was_started(scripted):
+    """`/admin/load` takes the server's flags (--kv-bits, --drafter-bits, --no-lookup-drafts,
+    --drafter-window, --max-draft, --confidence-threshold) for what it does not name itself;
+    what it names wins. They used to fall back to the library's defaults on every swap."""
+    from outrider import load
+    from outrider.server.engine import LoadSpec
+
+    seen: list[LoadSpec] = []
+
+    def loader(spec: LoadSpec):
+        seen.append(spec)
+        return load(spec.model, mode="lookup")
+
+    flags = dict(kv_bits=8, drafter_bits=16, lookup_drafts=False, drafter_window=10,
+                 max_draft=3, confidence_threshold=0.4)  # fmt: skip
+    start = LoadSpec(str(scripted), mode="lookup", **flags)
+    with live_server(start, loader=loader, load_settings=flags) as (url, engine):
+        for body in (
+            {"model": str(scripted)},
+            {"model": str(scripted), "kv_bits": 4, "max_draft": "auto", "lookup_drafts": True,
+             "drafter_bits": 8, "drafter_window": 0, "confidence_threshold": None},
+        ):  # fmt: skip
+            assert requests.post(url + "/admin/load", json=body).status_code == 202
+            wait_ready(engine)
+    swapped, named = seen[1], seen[2]
+    assert {k: getattr(swapped, k) for k in flags} == flags
+    assert (named.kv_bits, named.max_draft, named.lookup_drafts) == (4, "auto", True)
+    assert (named.drafter_bits, named.drafter_window) == (8, 0)
+    assert named.confidence_threshold == 0.4  # null names nothing: the flag's stands
 
 
 def test_health_names_the_registry_drafter_in_use():

@@ -28,11 +28,14 @@ class LoadRequest(CheckedRequest):
     drafter: str | None = Field(default=None, min_length=1, max_length=4096)
     draft_model: str | None = Field(default=None, min_length=1, max_length=4096)  # mode draft
     mode: str = "auto"
-    max_draft: int | Literal["auto"] | None = Field(default=None)
+    # unset fields of these take the server's flags (Engine.load_settings), not the defaults
+    max_draft: int | Literal["auto", "full"] | None = Field(default=None)
     context_window: int | None = Field(default=None, ge=0)  # 0: back to the model's own
     confidence_threshold: float | None = Field(default=None, ge=0, le=1)
     drafter_window: int | None = Field(default=None, ge=0, le=10_000_000)  # 0: every row
     kv_bits: Literal[4, 8] | None = None
+    drafter_bits: Literal[4, 8, 16] | None = None
+    lookup_drafts: bool | None = None
 
 
 def check_reference(ref: str, param: str) -> None:
@@ -151,8 +154,12 @@ def router(state: Any) -> APIRouter:
             kv_bits=body.kv_bits,
             draft_model=body.draft_model,
             drafter_window=body.drafter_window,
+            lookup_drafts=body.lookup_drafts,
         )
-        state.engine.load(spec)
+        if body.drafter_bits is not None:
+            spec.drafter_bits = body.drafter_bits
+        named = {k for k in body.model_fields_set if getattr(body, k) is not None}
+        state.engine.load(state.engine.with_settings(spec, named))
         return health(state)
 
     @r.post("/admin/load/cancel")

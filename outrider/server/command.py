@@ -172,8 +172,16 @@ def serve(
         from ..core.prefix_cache import PrefixCache
 
         store = PrefixCache.from_gb(prefix_cache_gb, prefix_cache_dir) if prefix_cache_gb else None
+        settings = dict(
+            max_draft=max_draft, confidence_threshold=confidence_threshold,
+            drafter_bits=drafter_bits, kv_bits=kv_bits,
+            lookup_drafts=False if no_lookup_drafts else None, drafter_window=drafter_window,
+        )  # fmt: skip
         engine = Engine(
-            prefix_cache=store, max_batch=max_batch, batch_scheduler=not no_batch_scheduler
+            prefix_cache=store,
+            max_batch=max_batch,
+            batch_scheduler=not no_batch_scheduler,
+            load_settings=settings,
         ).start()
         limits = Limits(
             default_max_tokens,

@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,14 @@ class LoadSpec:
     draft_model: str | None = None  # mode draft's small model (mlx-lm's --draft-model)
     lookup_drafts: bool | None = None  # None: the registry row's `lookup`, else on
     drafter_window: int | None = None  # context rows a block drafter sees (0: all)
+
+
+# The LoadSpec fields a server's flags set for every load, /admin/load's hot swaps included,
+# unless a load names its own (`Engine.load_settings`): how to run a model, not which one.
+SERVER_SETTINGS = (
+    "max_draft", "confidence_threshold", "drafter_bits", "kv_bits", "lookup_drafts",
+    "drafter_window",
+)  # fmt: skip
 
 
 @dataclass
@@ -150,6 +158,7 @@ class Engine:
         prefetch: Callable[[LoadSpec], None] | None = None,
         max_batch: int = 1,
         batch_scheduler: bool = True,
+        load_settings: dict[str, Any] | None = None,
     ) -> None:
         """`prefix_cache` keeps target caches between requests (the worker thread owns it;
         it is emptied whenever the model changes). `prefetch` downloads what a load needs
@@ -157,7 +166,13 @@ class Engine:
         loader, nothing with another). `max_batch` > 1 decodes up to that many requests
         together (continuous batching) on targets whose family batches; others serve one at
         a time. `batch_scheduler` lets DSpark's prefix scheduler cut a batch's drafts where the
-        model has a calibration (`core/schedule.py`); off, every row verifies its cap."""
+        model has a calibration (`core/schedule.py`); off, every row verifies its cap.
+        `load_settings` (`SERVER_SETTINGS` keys: `serve`'s flags) fill what a hot swap's
+        `/admin/load` leaves unset (`with_settings`)."""
+        unknown = set(load_settings or {}) - set(SERVER_SETTINGS)
+        if unknown:
+            raise ValueError(f"not server load settings: {sorted(unknown)}")
+        self.load_settings = dict(load_settings or {})
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
@@ -219,6 +234,12 @@ class Engine:
         self._thread.join(timeout=30)
 
     # -- requests from the HTTP side -----------------------------------------------------------
+    def with_settings(self, spec: LoadSpec, named: set[str]) -> LoadSpec:
+        """`spec` with the server's load settings where it names none (`named`: the fields a
+        load request set), so a hot swap runs as `serve` was started."""
+        kept = {k: v for k, v in self.load_settings.items() if k not in named and v is not None}
+        return replace(spec, **kept)
+
     def load(self, spec: LoadSpec) -> None:
         """Queue a load (the current model is released first, so peak memory is one model)."""
         job = _Load(spec, window_before=self.window_limit)
