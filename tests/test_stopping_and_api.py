@@ -177,3 +177,21 @@ def test_ctrl_c_exits_130_with_one_line():
         with user_errors():
             raise KeyboardInterrupt
     assert e.value.exit_code == 130
+
+
+def test_a_tool_response_opener_ends_generation(tmp_path):
+    """A model that begins `<|tool_response>` after its tool call is imagining the tool's
+    answer (Gemma-4 did, to max_tokens): where the vocabulary holds the opener as one token, it
+    is a stop token like end-of-turn. A vocabulary without it adds nothing."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from outrider.core.target import Target
+    from outrider.testing.tokenizer import build_tokenizer
+
+    build_tokenizer(tmp_path / "with", extra_tokens=("<|tool_response>", "<tool_response|>"))
+    build_tokenizer(tmp_path / "without")
+    with_opener = load_tokenizer(tmp_path / "with")
+    opener = with_opener.convert_tokens_to_ids("<|tool_response>")
+    end = with_opener.convert_tokens_to_ids("<|im_end|>")
+    assert Target(None, with_opener, None).eos_token_ids == {end, opener}
+    assert Target(None, load_tokenizer(tmp_path / "without"), None).eos_token_ids == {end}

@@ -95,6 +95,20 @@ class _TappedLayer(PassThrough):
         return out
 
 
+# A model never writes a tool's response itself: the opener means it has begun to imagine one.
+# Gemma-4 goes on past its tool call into `<|tool_response>…` until max_tokens otherwise (the
+# reference Mac project's users met it). Where the vocabulary holds one as a single token, it
+# ends generation as end-of-turn does, in every mode and in plain decoding alike.
+TOOL_RESPONSE_OPENERS = ("<|tool_response>",)
+
+
+def opener_ids(tokenizer: Any) -> set[int]:
+    """The ids of `TOOL_RESPONSE_OPENERS` that are single tokens of `tokenizer`'s vocabulary."""
+    vocab = getattr(tokenizer, "get_vocab", None)
+    table = vocab() if callable(vocab) else {}
+    return {int(table[t]) for t in TOOL_RESPONSE_OPENERS if t in table}
+
+
 class Target:
     """An mlx-lm (or family-provided) model plus its tokenizer, family and taps."""
 
@@ -129,6 +143,7 @@ class Target:
         # what its publisher recommends for requests that set none (core/generation_config.py)
         self.sampling_defaults = SamplingDefaults()
         self.notes: list[str] = []  # said once at load: what of its files was ignored, and why
+        self._openers: set[int] | None = None  # tool-response openers in its vocabulary
 
     @property
     def stream(self) -> mx.Stream:
@@ -152,11 +167,15 @@ class Target:
 
     @property
     def eos_token_ids(self) -> set[int]:
+        """The tokens that end generation: the tokenizer's end-of-turn ids, and the opener of a
+        tool's response where the vocabulary has one (`TOOL_RESPONSE_OPENERS`)."""
         ids = getattr(self.tokenizer, "eos_token_ids", None)
         if ids is None:
             eos = getattr(self.tokenizer, "eos_token_id", None)
             ids = [] if eos is None else [eos]
-        return set(int(i) for i in ids)
+        if self._openers is None:
+            self._openers = opener_ids(self.tokenizer)
+        return set(int(i) for i in ids) | self._openers
 
     def make_cache(self) -> list:
         cache = self.family.make_cache(self.model)
