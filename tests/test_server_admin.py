@@ -490,15 +490,18 @@ def test_calibration_shows_the_measured_curve_and_the_policy():
 
 def test_rounds_and_events_show_each_round_as_it_runs():
     """`GET /rounds`: the engine's last rounds across requests and their totals; `GET /events`
-    replays the last rounds, then streams each new one as its request runs."""
+    replays the last rounds, then streams each new one as its request runs, and a request's
+    prefill progress (`event: prefill`) before its rounds."""
     import json
 
     from outrider.demo import demo_target
     from outrider.server.engine import LoadSpec
 
-    def ask(url: str) -> None:
+    def ask(url: str) -> int:
         body = {"messages": [{"role": "user", "content": "def f(x):"}], "max_tokens": 12}
-        requests.post(url + "/v1/chat/completions", json=body).raise_for_status()
+        r = requests.post(url + "/v1/chat/completions", json=body)
+        r.raise_for_status()
+        return r.json()["usage"]["prompt_tokens"]
 
     with live_server(LoadSpec(demo_target(), max_draft=2), Limits(keepalive_s=0.2)) as (url, _):
         empty = requests.get(url + "/rounds").json()
@@ -530,14 +533,21 @@ def test_rounds_and_events_show_each_round_as_it_runs():
             while (event := next_event())[0] == "round":
                 replay.append(event[1])
             assert replay == first["rounds"][-32:] and event == ("stats", first["stats"])
-            ask(url)  # while the stream is open
-            live = []
+            n_prompt = ask(url)  # while the stream is open
+            live, prefilled = [], []
             second = [r for r in requests.get(url + "/rounds").json()["rounds"] if r["req"] == 2]
             while len(live) < len(second):
                 kind, data = next_event()
                 if kind == "round":
                     live.append(data)
+                elif kind == "prefill":  # said before the request's first round
+                    assert not live
+                    prefilled.append(data)
             assert live == second
+            # a long prompt's progress: the tokens of each evaluated prefill chunk so far, of
+            # the whole prompt (the last token goes with the first round's forward)
+            assert prefilled and {p["req"] for p in prefilled} == {2}
+            assert 0 < prefilled[-1]["done"] < prefilled[-1]["total"] == n_prompt
 
 
 def test_integrations_hand_agents_working_settings_and_never_the_key(tmp_path):

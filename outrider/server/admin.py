@@ -228,11 +228,11 @@ async def round_events(log: RoundLog, request: Request, idle_s: float) -> AsyncI
         yield sse("stats", log.stats())
         while not await request.is_disconnected():
             try:
-                event = await asyncio.wait_for(queue.get(), idle_s)
+                kind, event = await asyncio.wait_for(queue.get(), idle_s)
             except asyncio.TimeoutError:
                 yield sse("stats", log.stats())
                 continue
-            yield sse("round", event)
+            yield sse(kind, event)
     finally:
         log.unsubscribe(queue)
 

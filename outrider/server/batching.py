@@ -60,7 +60,12 @@ def _admit(
         requests.done(job)
         return
     try:
-        start = pipe.start_row(job.prompt, cancelled=job.cancel.is_set, **job.options)
+        start = pipe.start_row(
+            job.prompt,
+            cancelled=job.cancel.is_set,
+            prefill_progress=requests.rounds.prefill_of(job.number),
+            **job.options,
+        )
     except Exception as e:
         traceback.print_exc(file=sys.stderr)
         requests.failed(job, e)

@@ -481,7 +481,12 @@ class Engine:
             post(job, "end", None)
             return
         pipe.prefix_cache = self.prefix_cache
-        stream = pipe.stream(job.prompt, cancelled=job.cancel.is_set, **job.options)
+        stream = pipe.stream(
+            job.prompt,
+            cancelled=job.cancel.is_set,
+            prefill_progress=self.rounds.prefill_of(job.number),
+            **job.options,
+        )
         run, result = Running(job, log=self.rounds, mode=pipe.mode), None
         try:
             for chunk in stream:

@@ -13,6 +13,7 @@ import asyncio
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 KEEP = 512  # rounds kept for /rounds and for a new watcher's replay
@@ -54,9 +55,26 @@ class RoundLog:
                 self.drafted_total += len(step.drafted)
                 self.accepted_total += step.accepted
             watchers = list(self._watchers)
+        self._tell(watchers, "round", event)
+
+    def prefill(self, request: int, done: int, total: int) -> None:
+        """Request `request` has prefilled `done` of its `total` prompt tokens (told to
+        watchers only: a long cold prompt otherwise looks like a server that hangs)."""
+        with self._lock:
+            self._seq += 1
+            event = {"seq": self._seq, "t": round(time.time(), 3), "req": request,
+                     "done": done, "total": total}  # fmt: skip
+            watchers = list(self._watchers)
+        self._tell(watchers, "prefill", event)
+
+    def prefill_of(self, request: int) -> Callable[[int, int], None]:
+        """`Pipeline.stream`'s `prefill_progress` for request `request`."""
+        return lambda done, total: self.prefill(request, done, total)
+
+    def _tell(self, watchers: list, kind: str, event: dict) -> None:
         for loop, queue in watchers:
             try:
-                loop.call_soon_threadsafe(_offer, queue, event)
+                loop.call_soon_threadsafe(_offer, queue, (kind, event))
             except RuntimeError:  # that watcher's event loop is gone
                 self.unsubscribe(queue)
 
@@ -76,8 +94,8 @@ class RoundLog:
             }
 
     def subscribe(self) -> tuple[asyncio.Queue, list[dict]]:
-        """A queue the next rounds arrive on (call from the watcher's event loop), and the
-        last `REPLAY` rounds before it."""
+        """A queue the next events arrive on, as (kind, event) with kind "round" or "prefill"
+        (call from the watcher's event loop), and the last `REPLAY` rounds before it."""
         queue: asyncio.Queue = asyncio.Queue(maxsize=QUEUE)
         with self._lock:
             self._watchers.append((asyncio.get_running_loop(), queue))
@@ -94,7 +112,7 @@ class RoundLog:
             return len(self._watchers)
 
 
-def _offer(queue: asyncio.Queue, event: dict) -> None:
+def _offer(queue: asyncio.Queue, event: tuple[str, dict]) -> None:
     """Put without waiting: a watcher that fell `QUEUE` events behind loses its oldest."""
     if queue.full():
         queue.get_nowait()
