@@ -73,6 +73,39 @@ def test_claude_env_keeps_claude_code_on_the_local_server(monkeypatch):
         assert f"export {key}=1" in out.output.splitlines()
 
 
+def test_claude_env_names_every_alias_and_compacts_a_long_window(monkeypatch):
+    """Every model alias Claude Code may pick (Fable too) shows the served model, with a name
+    and a description; the other providers' switches are dropped; a window of 100k tokens or
+    more sets the auto-compact window to 80% of it (Claude Code clamps smaller ones);
+    --print-settings prints the same as a settings file's `env` block."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import outrider.server.claude as claude_mod
+    from outrider.cli import app
+
+    base = {"CLAUDE_CODE_USE_MANTLE": "1", "CLAUDE_CODE_USE_ANTHROPIC_AWS": "1", "HOME": "/h"}
+    health = {"model": "m", "mode": "dspark", "context_window": 131072}
+    env = claude_env(base, "http://127.0.0.1:8080", None, health)
+    for alias in ("OPUS", "SONNET", "HAIKU", "FABLE"):
+        assert env[f"ANTHROPIC_DEFAULT_{alias}_MODEL"] == "m"
+        assert env[f"ANTHROPIC_DEFAULT_{alias}_MODEL_NAME"] == "m"
+        assert env[f"ANTHROPIC_DEFAULT_{alias}_MODEL_DESCRIPTION"] == "m on outrider (dspark)"
+    assert "CLAUDE_CODE_USE_MANTLE" not in env and "CLAUDE_CODE_USE_ANTHROPIC_AWS" not in env
+    assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == str(int(131072 * 0.8))
+    small = claude_env(base, "http://x", None, {**health, "context_window": 32768})
+    assert "CLAUDE_CODE_AUTO_COMPACT_WINDOW" not in small
+    monkeypatch.setattr(claude_mod, "probe", lambda url, key: health)
+    out = CliRunner().invoke(app, ["claude", "--print-settings"])
+    assert out.exit_code == 0, out.output
+    block = json.loads(out.output)["env"]
+    assert block["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8080"
+    assert block["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == str(int(131072 * 0.8))
+    both = CliRunner().invoke(app, ["claude", "--print-settings", "--print-env"])
+    assert both.exit_code != 0 and "pass one of them" in both.output
+
+
 def test_late_system_entries_stay_before_the_reply():
     """Claude Code puts `system` entries after a user turn or a tool result; they stay there
     (appended to it), not after later turns, so a tool result still ends the prompt."""

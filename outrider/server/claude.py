@@ -1,7 +1,8 @@
 """`outrider claude`: launch Claude Code against a running `outrider serve`.
 
 The configuration goes only into the child's environment (nothing is written to the user's
-files); `--print-env` prints the same settings as shell exports instead.
+files); `--print-env` prints the same settings as shell exports instead, `--print-settings` as
+the `env` block of a project's `.claude/settings.local.json`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,20 @@ import urllib.request
 
 from ..core.errors import OutriderError
 
+# Other providers' switches: any one of them sends Claude Code elsewhere.
 DROP = (
     "ANTHROPIC_API_KEY",
     "CLAUDE_CODE_USE_BEDROCK",
     "CLAUDE_CODE_USE_VERTEX",
     "CLAUDE_CODE_USE_FOUNDRY",
+    "CLAUDE_CODE_USE_MANTLE",
+    "CLAUDE_CODE_USE_ANTHROPIC_AWS",
 )
+ALIASES = ("OPUS", "SONNET", "HAIKU", "FABLE")  # every model name Claude Code may pick
+# Claude Code compacts a conversation at this share of the context window. It assumes a 200k
+# window, and clamps lower values, so it is set only for windows of 100k tokens and more;
+# below that, the server's "prompt is too long" answer makes it compact and retry.
+COMPACT_AT, COMPACT_FROM = 0.8, 100_000
 
 # What keeps Claude Code on the local server: no telemetry, error reports, auto-updates or other
 # nonessential traffic (without these it also calls api.anthropic.com).
@@ -65,11 +74,25 @@ def claude_env(base: dict[str, str], url: str, api_key: str | None, health: dict
         ANTHROPIC_SMALL_FAST_MODEL=model,
     )
     env.update(LOCAL_ONLY)
-    for alias in ("OPUS", "SONNET", "HAIKU"):
+    about = f"{model} on outrider ({health.get('mode') or 'speculative decoding'})"
+    for alias in ALIASES:  # the picker shows the served model under each alias
         env[f"ANTHROPIC_DEFAULT_{alias}_MODEL"] = model
+        env[f"ANTHROPIC_DEFAULT_{alias}_MODEL_NAME"] = model
+        env[f"ANTHROPIC_DEFAULT_{alias}_MODEL_DESCRIPTION"] = about
     if health.get("max_output_tokens"):
         env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(health["max_output_tokens"])
+    window = health.get("context_window")
+    if isinstance(window, int) and window >= COMPACT_FROM:
+        env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(int(window * COMPACT_AT))
     return env
+
+
+def settings_block(env: dict[str, str], base: dict[str, str]) -> str:
+    """What `claude_env` sets, as the `env` block of a `.claude/settings.local.json`
+    (`--print-settings`): Claude Code run from that project then uses the server. Variables it
+    drops cannot be unset from a settings file; the user's shell must not set them."""
+    changed = {k: v for k, v in env.items() if base.get(k) != v}
+    return json.dumps({"env": changed}, indent=2)
 
 
 def shell_exports(env: dict[str, str], base: dict[str, str]) -> str:

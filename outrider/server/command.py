@@ -374,17 +374,27 @@ def claude(
     url: str = Opt("http://127.0.0.1:8080", "--url", help="The outrider server."),
     api_key: str | None = Opt(None, "--api-key", envvar="OUTRIDER_API_KEY"),
     print_env: bool = Opt(False, "--print-env", help="Print shell exports instead of launching."),
+    print_settings: bool = Opt(
+        False,
+        "--print-settings",
+        help="Print a .claude/settings.local.json env block instead of launching.",
+    ),
 ) -> None:
     """Launch Claude Code against a running `outrider serve` (arguments after -- go to it)."""
     from ..cli_common import user_errors
     from ..core.errors import OutriderError
-    from .claude import claude_env, probe, shell_exports
+    from .claude import claude_env, probe, settings_block, shell_exports
 
     with user_errors():
+        if print_env and print_settings:
+            raise OutriderError("--print-env and --print-settings: pass one of them")
         health = probe(url, api_key)
         env = claude_env(dict(os.environ), url, api_key, health)
         if print_env:
             typer.echo(shell_exports(env, dict(os.environ)))
+            return
+        if print_settings:
+            typer.echo(settings_block(env, dict(os.environ)))
             return
         exe = shutil.which("claude")
         if exe is None:
