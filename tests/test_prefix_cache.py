@@ -104,6 +104,52 @@ def test_lru_budget_evicts_and_zero_caches_nothing(models_dir):
     assert pipe.prefix_cache.entries == 0 and pipe.prefix_cache.bytes == 0
 
 
+def test_a_conversation_too_big_for_its_checkpoints_is_kept_thinned(models_dir):
+    """A recurrent layer's snapshot weighs the same wherever it is taken, so a long
+    conversation's checkpoints outgrow the budget; the sequence is then kept with fewer of them
+    (spread out, prompt ends last) instead of not at all, and every hit still equals a fresh
+    run. It used to be left out of the cache entirely."""
+    target, pipe, fresh = pipes(models_dir, "qwen3_5", "baseline")
+    turns = [FIRST]
+    for i in range(3):  # a conversation of four turns, one entry holding them all
+        turns.append(turns[-1] + run(pipe, turns[-1]).tokens + [110 + i, 120 + i])
+    run(pipe, turns[-1])
+    entry = next(iter(pipe.prefix_cache._entries.values()))
+    full, snaps = entry.nbytes, len(entry.checkpoints)
+    assert snaps > 8  # one every INTERVAL tokens of every prefill, and each turn's ends
+    held = sum(s.nbytes for ck in entry.checkpoints.values() for s in ck if s is not None)
+    # a budget the whole sequence overflows, whose half holds it with some checkpoints
+    budget = (2 * (full - held) + full) / 2
+    assert 2 * (full - held) < budget < full
+    pipe.enable_prefix_cache(gb=budget / (1 << 30), interval=INTERVAL)
+    store = pipe.prefix_cache
+    for ids in turns[:-1]:
+        run(pipe, ids)
+    last = run(pipe, turns[-1])
+    kept = next(iter(store._entries.values()))
+    assert store.entries == 1 and kept.nbytes <= store.max_bytes // 2
+    assert store.stats["checkpoints_dropped"] > 0 and 0 < len(kept.checkpoints) < snaps
+    assert last.cached_tokens >= len(turns[-2])  # the previous turn's exchange reused
+    assert run(pipe, turns[-1]).cached_tokens == len(turns[-1])  # the latest prompt end kept
+    early = SYSTEM[:DIVERGE] + [200, 201, 202]
+    for ids in (turns[-1], early):
+        assert run(pipe, ids).tokens == run(fresh, ids).tokens
+
+
+def test_a_long_prefill_takes_at_most_eight_checkpoints():
+    """Every `interval` tokens up to 8 of them; a longer prompt spaces them wider (multiples of
+    the interval), since each holds a whole recurrent state until the entry is stored."""
+    from outrider.core.prefix_cache import Record
+
+    record = Record([True, False], 512, ())
+    short, _ = record.prefill_stops(None, None, 0, 3000)
+    assert sorted(short) == [512, 1024, 1536, 2048, 2560]
+    long, _ = record.prefill_stops(None, None, 100, 40_100)  # a hit of 100 tokens, 40k more
+    assert len(long) <= 8 and sorted(long)[0] == 5120 - 100  # 512 x 10, counted from 0
+    assert all((p + 100) % 5120 == 0 for p in long)
+    assert Record([True], 512, ()).prefill_stops(None, None, 0, 9999) == ((), None)
+
+
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 def test_disk_tier_survives_and_refuses_bad_files(models_dir, tmp_path, family):
     target, pipe, fresh = pipes(models_dir, family, "baseline")

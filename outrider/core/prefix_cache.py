@@ -15,7 +15,9 @@ token is drawn from them with no target forward at all. They are the very logits
 prefill computed, so the output is the fresh request's (greedy: identical; sampled: the same
 draw from the same key stream).
 
-Memory is bounded by bytes with LRU eviction; a budget of 0 caches nothing. An optional disk
+Memory is bounded by bytes with LRU eviction; a budget of 0 caches nothing. One sequence keeps
+at most half the budget: past that, its checkpoints are thinned (`_Entry.thin`) rather than
+the sequence left out. An optional disk
 tier (safetensors files + a JSON sidecar each, bounded in size, oldest deleted first) survives
 restarts; a file made for another model or outrider version, or one that does not match its
 checksum, is refused and deleted (the next request rebuilds it). A disk that fails to write
@@ -40,6 +42,7 @@ import numpy as np
 from .family import LayerSnapshot, NotSnapshottable
 
 DEFAULT_INTERVAL = 512  # tokens between recurrent / sliding-window checkpoints in a prefill
+PREFILL_CHECKPOINTS = 8  # at most this many of them in one prefill (wider apart past 4k tokens)
 GB = 1 << 30
 # The disk tier's file format: files of another format are never read (their requests miss and
 # rewrite them). 2: entries keep logits rows (`logits.<n>`), listed in the layout and sidecar.
@@ -94,7 +97,12 @@ class Record:
         that cannot be trimmed, and the callback that does it (the prompt's end: `prompt_end`)."""
         if all(self.trimmable):
             return (), None
-        every = range((done // self.interval + 1) * self.interval, total, self.interval)
+        # at most PREFILL_CHECKPOINTS of them: a long prompt spaces them wider (multiples of
+        # the interval), since each costs a whole recurrent state until the entry is thinned
+        spacing = self.interval * max(
+            1, -(-(total - done) // (self.interval * PREFILL_CHECKPOINTS))
+        )
+        every = range((done // spacing + 1) * spacing, total, spacing)
         stops = {p - done for p in every if p > done}
 
         def at_stop(n: int) -> None:
@@ -181,6 +189,29 @@ class _Entry:
         last position's logits are kept, and the cache restores to exactly n."""
         return n in self.logits and self.usable(n) == n
 
+    def thin(self, limit: int) -> int:
+        """Drop checkpoints until the entry holds at most `limit` bytes, or none is left;
+        returns how many went. A hit then resumes from an earlier checkpoint: more to prefill,
+        never another answer.
+
+        A recurrent layer's snapshot weighs the same wherever it is taken (a 27B hybrid's, a
+        hundred megabytes or more), so a long agent conversation's checkpoints, one every
+        `interval` tokens of every turn, outgrow any budget. First to go are those where no
+        prompt ended, the one nearest the checkpoint before it first, so the rest stay spread
+        along the sequence; then prompt ends (where the next turn most likely diverges: a
+        template that drops the last answer's reasoning re-renders from there), oldest first."""
+        dropped = 0
+        while self.nbytes > limit and self.checkpoints:
+            positions = sorted(self.checkpoints)
+            gaps = {p: p - before for before, p in zip([0, *positions], positions)}
+            loose = [p for p in positions if p not in self.logits]
+            victim = min(loose, key=lambda p: (gaps[p], p)) if loose else positions[0]
+            del self.checkpoints[victim]
+            self.logits.pop(victim, None)  # no whole hit there without its checkpoint
+            self.nbytes = self._count()
+            dropped += 1
+        return dropped
+
     def layers(self, n: int) -> list[LayerSnapshot]:
         if self.all_trimmable or n == len(self.tokens):
             return self.final
@@ -231,6 +262,7 @@ class PrefixCache:
             "disk_hits": 0,
             "disk_writes": 0,
             "disk_refused": 0,
+            "checkpoints_dropped": 0,  # snapshots let go to keep a sequence in budget
         }
 
     @classmethod
@@ -355,9 +387,11 @@ class PrefixCache:
                 self._delete_disk(_key(self.identity, old.tokens))
             elif shared == n and (entry.tap_ids == old.tap_ids or not entry.tap_ids):
                 self._absorb(old, entry)  # already held by a longer sequence
+                self._thin(old)
                 self._entries.move_to_end(key)
                 self._fit(key)
                 return
+        self._thin(entry)
         if entry.nbytes > self.max_bytes:
             return
         key = self._next
@@ -381,6 +415,11 @@ class PrefixCache:
                 keep = [None if s.trimmable else s for s in other.final]
                 into.checkpoints.setdefault(end, keep)
         into.nbytes = into._count()
+
+    def _thin(self, entry: _Entry) -> None:
+        """One sequence keeps at most half the budget (`_Entry.thin`), so a long conversation
+        is cached with fewer checkpoints instead of not at all, and leaves room for others."""
+        self.stats["checkpoints_dropped"] += entry.thin(self.max_bytes // 2)
 
     def _fit(self, protect: int) -> None:
         """Evict least recently used entries until the budget holds."""

@@ -18,6 +18,7 @@ PREFIX_METRICS = (  # (prefix-cache stat, Prometheus kind, help)
     ("disk_hits", "counter", "Prefix-cache entries loaded from the disk tier."),
     ("disk_writes", "counter", "Prefix-cache entries written to the disk tier."),
     ("disk_refused", "counter", "Disk-tier files refused (damaged or made for another model)."),
+    ("checkpoints_dropped", "counter", "Snapshots let go to keep one sequence in budget."),
 )
 
 
