@@ -92,6 +92,8 @@ class Collector:
         elif step.source == "draft" and not _stop_only(step):
             shown = (step.drafted, step.accepted, step.committed, step.seconds)
             result.rounds.append(Round(*shown, step.ahead, step.dropped))
+        elif step.source == "plain" and step.committed:
+            result.plain_steps += 1
         result.tokens.extend(step.committed)
         done = step.finish_reason is not None
         delta = self.text.add(step.committed, done)

@@ -64,8 +64,14 @@ def test_chat_stream_equals_nonstream_equals_plain_greedy(client, tok, qwen3_tar
     assert r.usage.prompt_tokens == len(ids)
     assert r.usage.completion_tokens == cut
     assert r.usage.total_tokens == len(ids) + cut
-    assert r.model_extra["x_outrider"]["mode"] == "dspark"
-    assert r.model_extra["x_outrider"]["mean_accept_len"] >= 1.0
+    x = r.model_extra["x_outrider"]
+    assert x["mode"] == "dspark" and x["mean_accept_len"] >= 1.0
+    assert (x["prompt_tokens"], x["completion_tokens"]) == (len(ids), cut)
+    assert 0 <= x["cached_tokens"] < len(ids) and x["ttft_seconds"] == x["prefill_seconds"] > 0
+    # one forward a round or plain step after the prefill, each committing at least a token
+    assert x["rounds"] <= x["target_forwards"] <= cut - 1 + (cut < n)
+    seconds = x["prefill_seconds"] + x["decode_seconds"]
+    assert x["tokens_per_sec"] == pytest.approx(cut / seconds, rel=0.02, abs=0.01)
     stream = client.chat.completions.create(
         model="qwen3",
         messages=MSGS,

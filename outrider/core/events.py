@@ -30,6 +30,7 @@ class Result:
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied (not prefilled)
     auto_cap: bool = False  # the cap was chosen each round (max_draft is then its ceiling)
     calibration: dict | None = None  # the measured costs auto chose from (core/calibration.py)
+    plain_steps: int = 0  # one-token target forwards (plain decoding, or auto's parked steps)
 
     @property
     def cap_label(self) -> str:
@@ -47,6 +48,11 @@ class Result:
         """(rounds queued ahead and kept, rounds queued ahead and dropped): how often a
         pipelined round paid (core/loop.py `decode`)."""
         return sum(r.ahead for r in self.rounds), sum(r.dropped > 0 for r in self.rounds)
+
+    @property
+    def target_forwards(self) -> int:
+        """Target forwards after the prefill: one a round, one a plain step."""
+        return len(self.rounds) + self.plain_steps
 
     @property
     def prefill_tps(self) -> float:

@@ -358,13 +358,24 @@ def x_outrider(pipe: Pipeline, result: Result | None) -> dict[str, Any]:
     """The per-response speculation report."""
     out: dict[str, Any] = {"mode": pipe.mode, "max_draft": pipe.max_draft}
     if result is not None:
+        fresh = len(result.prompt_tokens) - result.cached_tokens
+        seconds = result.prefill_seconds + result.decode_seconds
         out.update(
             mean_accept_len=round(result.mean_accept_len, 4),
             decode_tokens_per_sec=round(result.decode_tps, 2),
+            # end to end, the prefill included: what the client saw
+            tokens_per_sec=round(len(result.tokens) / seconds, 2) if seconds else 0.0,
             prefill_seconds=round(result.prefill_seconds, 6),
+            ttft_seconds=round(result.prefill_seconds, 6),  # the first token ends the prefill
             decode_seconds=round(result.decode_seconds, 6),
             rounds=len(result.rounds),
+            target_forwards=result.target_forwards,
+            prompt_tokens=len(result.prompt_tokens),
+            cached_tokens=result.cached_tokens,
+            completion_tokens=len(result.tokens),
         )
+        if fresh >= 16 and result.prefill_seconds > 0:  # fewer say nothing of prefill speed
+            out["prefill_tokens_per_sec"] = round(fresh / result.prefill_seconds, 1)
     return out
 
 
