@@ -101,11 +101,11 @@ def generate(
     num_draft_tokens: int | None = Opt(
         None, "--num-draft-tokens", help="mlx-lm's name for --max-draft (mode draft)."
     ),
-    no_lookup_drafts: bool = Opt(
-        False,
-        "--no-lookup-drafts",
-        metavar="",
-        help="Drafter rounds never verify a lookup copy of the context instead.",
+    lookup_drafts: bool | None = Opt(
+        None,
+        "--lookup-drafts/--no-lookup-drafts",
+        help="Let drafter rounds verify a lookup copy of the context instead where the text is "
+        "being copied (default: the registry row's, else on).",
     ),
     mode: str = Opt("auto", "--mode", help=f"{BUILTIN_MODES}, or a plugin's strategy."),
     max_draft_text: str | None = Opt(
@@ -198,7 +198,7 @@ def generate(
                 plugins=plugins(),
                 draft_model=draft_model,
                 num_draft_tokens=num_draft_tokens,
-                lookup_drafts=False if no_lookup_drafts else None,
+                lookup_drafts=lookup_drafts,
                 drafter_window=drafter_window,
             )
         for note in pipe.notes:

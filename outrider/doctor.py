@@ -69,7 +69,7 @@ def doctor_report() -> dict:
     from huggingface_hub import constants
 
     from .core import calibration
-    from .core.hub import lmstudio_roots
+    from .core.hub import lmstudio_roots, model_roots
 
     problems: list[str] = []
     report: dict[str, Any] = {
@@ -117,6 +117,9 @@ def doctor_report() -> dict:
     report["cpu_blas"] = _blas_report()
     report["hf_cache"] = _place(Path(constants.HF_HUB_CACHE))
     report["lmstudio_dirs"] = [_place(p) for p in lmstudio_roots()]
+    report["model_dirs"] = [
+        {"source": source, **_place(p)} for p, source in model_roots() if source != "LM Studio"
+    ]
     report["outrider_cache"] = _place(cache_root())
     report["calibrations"] = [
         {**c.key, "created": c.created, "file": str(c.path)} for c in calibration.stored()

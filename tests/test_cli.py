@@ -522,3 +522,23 @@ def test_command_modules_do_not_import_the_cli():
                 assert not (node.module == "cli" and node.level == depth), module
                 assert not (node.module is None and "cli" in names), module
                 assert node.module != "outrider.cli", module
+
+
+@pytest.mark.parametrize(
+    "flag, want", [((), None), (("--lookup-drafts",), True), (("--no-lookup-drafts",), False)]
+)
+def test_lookup_drafts_flag_forces_either_way(models, monkeypatch, flag, want):
+    """`--lookup-drafts` (mlx-dspark's spelling) turns lookup copies on even where a registry
+    row turns them off; `--no-lookup-drafts` off; neither leaves the row's default (None)."""
+    import outrider.api
+    from outrider.core.errors import OutriderError
+
+    seen = {}
+
+    def recording_load(*args, **kwargs):
+        seen.update(kwargs)
+        raise OutriderError("stop here")
+
+    monkeypatch.setattr(outrider.api, "load", recording_load)  # generate imports it per call
+    result = invoke(*generate_args(models, "dspark", *flag))
+    assert "stop here" in result.output and seen["lookup_drafts"] is want

@@ -21,6 +21,31 @@ def test_lmstudio_folder_is_reused(qwen3_target, tmp_path, monkeypatch):
     assert resolve_model("someone/tiny-qwen3-mlx", download=False) == folder
 
 
+def test_model_dirs_are_searched_by_repo_id(qwen3_target, tmp_path, monkeypatch):
+    """OUTRIDER_MODEL_DIRS (os.pathsep-separated), and mlx-dspark's model folders for users
+    moving over, hold models as owner/name, owner_name or name; the picker lists them."""
+    import os
+
+    from outrider.core.hub import model_roots
+    from outrider.server.web import _folder_models
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    first, second = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(qwen3_target, first / "someone_tiny")  # owner_name
+    shutil.copytree(qwen3_target, second / "other")  # name alone
+    monkeypatch.setenv("OUTRIDER_MODEL_DIRS", f"{tmp_path / 'missing'}{os.pathsep}{first}")
+    monkeypatch.setenv("MLX_DSPARK_MODEL_DIRS", str(second))
+    assert resolve_model("someone/tiny", download=False) == first / "someone_tiny"
+    assert resolve_model("anyone/other", download=False) == second / "other"
+    with pytest.raises(ModelNotFoundError):
+        resolve_model("someone/absent", download=False)
+    sources = [source for _, source in model_roots()]
+    assert sources[:3] == ["OUTRIDER_MODEL_DIRS", "OUTRIDER_MODEL_DIRS", "MLX_DSPARK_MODEL_DIRS"]
+    listed = {(m["name"], m["source"]) for m in _folder_models()}
+    assert {("someone_tiny", "OUTRIDER_MODEL_DIRS"), ("other", "MLX_DSPARK_MODEL_DIRS")} <= listed
+
+
 def test_missing_repo_offline_names_repo_and_remedy(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -74,11 +74,11 @@ def benchmark(
         "with it (unless --peer-draft-model names another), at one cap.",
     ),
     drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
-    no_lookup_drafts: bool = Opt(
-        False,
-        "--no-lookup-drafts",
-        metavar="",
-        help="Drafter rounds never verify a lookup copy of the context instead.",
+    lookup_drafts: bool | None = Opt(
+        None,
+        "--lookup-drafts/--no-lookup-drafts",
+        help="Let drafter rounds verify a lookup copy of the context instead where the text is "
+        "being copied (default: the registry row's, else on).",
     ),
     drafter_window: int | None = Opt(
         None,
@@ -175,7 +175,7 @@ def benchmark(
             },
             peer_draft_model=peer_draft_model,
             draft_model=draft_model,
-            lookup_drafts=False if no_lookup_drafts else None,
+            lookup_drafts=lookup_drafts,
             drafter_window=drafter_window,
             max_draft=max_draft,
             drafter_bits=drafter_bits,

@@ -1,5 +1,6 @@
-"""Finding model files: a local folder or GGUF file, LM Studio's model folders, a Python package
-that ships a registry model's GGUF, or the Hugging Face cache.
+"""Finding model files: a local folder or GGUF file, the model folders (OUTRIDER_MODEL_DIRS,
+mlx-dspark's, LM Studio's), a Python package that ships a registry model's GGUF, or the Hugging
+Face cache.
 
 Downloads report their progress to a `DownloadWatcher` (`watch_downloads`; by default a rich
 bar on stderr) through a tqdm subclass handed to huggingface_hub, which also stops them: on
@@ -26,9 +27,39 @@ from .errors import Cancelled, ModelNotFoundError
 DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
 
 
+MODEL_DIRS_ENV = "OUTRIDER_MODEL_DIRS"  # extra model folders, os.pathsep-separated
+
+
 def lmstudio_roots() -> list[Path]:
     home = Path.home()
     return [home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models"]
+
+
+def model_roots() -> list[tuple[Path, str]]:
+    """Folders searched for a model by its repo id before the Hugging Face cache, each with
+    where it comes from: `OUTRIDER_MODEL_DIRS`, then mlx-dspark's (its `MLX_DSPARK_MODEL_DIRS`
+    and `~/.cache/mlx_dspark/models`: a user moving over keeps their models and converted
+    drafters), then LM Studio's."""
+    roots: list[tuple[Path, str]] = []
+    for env in (MODEL_DIRS_ENV, "MLX_DSPARK_MODEL_DIRS"):
+        for part in os.environ.get(env, "").split(os.pathsep):
+            if part.strip():
+                roots.append((Path(part.strip()).expanduser(), env))
+    roots.append((Path.home() / ".cache" / "mlx_dspark" / "models", "mlx-dspark"))
+    roots += [(root, "LM Studio") for root in lmstudio_roots()]
+    return roots
+
+
+def in_root(root: Path, repo_id: str) -> Path | None:
+    """`repo_id`'s model folder under `root`, kept as `owner/name`, `owner_name` or `name`."""
+    owner, _, name = repo_id.partition("/")
+    for candidate in (root / owner / name, root / f"{owner}_{name}", root / name):
+        try:
+            if name and (candidate / "config.json").is_file():
+                return candidate
+        except OSError:  # an unreadable folder on the list is passed over
+            continue
+    return None
 
 
 def looks_like_repo_id(spec: str) -> bool:
@@ -78,18 +109,19 @@ def snapshot_complete(snapshot: Path) -> bool:
 
 
 def local_model(repo_id: str) -> Path | None:
-    """A repo already on this machine: a package's GGUF named by the registry, LM Studio's
-    folders, then the HF cache; never the network."""
+    """A repo already on this machine: a package's GGUF named by the registry, the model
+    folders (`model_roots`: OUTRIDER_MODEL_DIRS, mlx-dspark's, LM Studio's), then the HF
+    cache; never the network."""
     if is_demo(repo_id):
         folder = pair_dir() / repo_id.split("/", 1)[1]
         return folder if (folder / "config.json").is_file() else None
     packaged = packaged_model(repo_id)
     if packaged is not None:
         return packaged
-    for root in lmstudio_roots():
-        candidate = root / repo_id
-        if (candidate / "config.json").is_file():
-            return candidate
+    for root, _ in model_roots():
+        found = in_root(root, repo_id)
+        if found is not None:
+            return found
     local = cached_snapshot(repo_id)
     if local is not None and (local / "config.json").is_file() and snapshot_complete(local):
         return local
@@ -120,7 +152,7 @@ def resolve_gguf(spec: str, what: str = "model", download: bool = True) -> Path:
             f"{what} {spec!r}: no such GGUF file, and not of the form gguf:<owner>/<repo>/<file>.gguf"
         )
     repo, filename = "/".join(parts[:2]), "/".join(parts[2:])
-    for root in lmstudio_roots():
+    for root, _ in model_roots():
         if (root / repo / filename).is_file():
             return root / repo / filename
     from huggingface_hub import hf_hub_download

@@ -31,11 +31,11 @@ def serve(
         "--mode",
         help="auto|dspark|dflash|dflash2|eagle3|draft|lookup|baseline, or a plugin's.",
     ),
-    no_lookup_drafts: bool = Opt(
-        False,
-        "--no-lookup-drafts",
-        metavar="",
-        help="Drafter rounds never verify a lookup copy of the context instead.",
+    lookup_drafts: bool | None = Opt(
+        None,
+        "--lookup-drafts/--no-lookup-drafts",
+        help="Let drafter rounds verify a lookup copy of the context instead where the text is "
+        "being copied (default: the registry row's, else on).",
     ),
     max_draft_text: str | None = Opt(
         None,
@@ -175,7 +175,7 @@ def serve(
         settings = dict(
             max_draft=max_draft, confidence_threshold=confidence_threshold,
             drafter_bits=drafter_bits, kv_bits=kv_bits,
-            lookup_drafts=False if no_lookup_drafts else None, drafter_window=drafter_window,
+            lookup_drafts=lookup_drafts, drafter_window=drafter_window,
         )  # fmt: skip
         engine = Engine(
             prefix_cache=store,
@@ -202,7 +202,7 @@ def serve(
                 typer.echo(f"note: no --model given; {note}", err=True)
             spec = LoadSpec(
                 model, drafter, mode, max_draft, context_window, confidence_threshold, drafter_bits,
-                kv_bits, draft_model, False if no_lookup_drafts else None, drafter_window,
+                kv_bits, draft_model, lookup_drafts, drafter_window,
             )  # fmt: skip
             _load_with_progress(engine, spec)
         elif context_window:

@@ -88,16 +88,23 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def _lmstudio_models() -> list[dict[str, Any]]:
-    """Model folders (owner/name with config.json) under LM Studio's model roots."""
+def _folder_models() -> list[dict[str, Any]]:
+    """Model folders (with config.json, as owner/name or one level down) under the model
+    roots: OUTRIDER_MODEL_DIRS, mlx-dspark's, LM Studio's (`hub.model_roots`)."""
     from ..core import hub
 
-    out = []
-    for root in hub.lmstudio_roots():
-        for folder in sorted(root.glob("*/*")):
-            if (folder / "config.json").is_file() and _is_target(folder):
-                name = f"{folder.parent.name}/{folder.name}"
-                out.append({"name": name, "ref": str(folder), "source": "LM Studio"})
+    out, seen = [], set()
+    for root, source in hub.model_roots():
+        try:
+            folders = sorted([*root.glob("*/*"), *root.glob("*")])
+        except OSError:
+            continue
+        for folder in folders:
+            if folder in seen or not (folder / "config.json").is_file() or not _is_target(folder):
+                continue
+            seen.add(folder)
+            name = str(folder.relative_to(root))
+            out.append({"name": name, "ref": str(folder), "source": source})
     return out
 
 
@@ -146,7 +153,7 @@ def model_list(state: Any) -> dict[str, Any]:
         "loaded": loaded,
         "modes": ["auto", *modes],
         "registry": registry_rows(),
-        "local": _lmstudio_models() + _hf_cache_models(),
+        "local": _folder_models() + _hf_cache_models(),
     }
 
 
