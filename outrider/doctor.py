@@ -163,8 +163,10 @@ def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
             value = ", ".join(value)
         if key == "calibrations":
             value = f"{len(value)} kept (outrider calibrate; --json lists them)"
-        if key not in ("problems", "lmstudio_dirs"):
+        if key not in ("problems", "lmstudio_dirs", "model_dirs"):
             table.add_row(key.replace("_", " "), _shown(value))
+    for place in report["model_dirs"]:
+        table.add_row(f"model dir ({place['source']})", _shown(place))
     for place in report["lmstudio_dirs"]:
         table.add_row("lm studio dir", _shown(place))
     console = _console()

@@ -232,12 +232,34 @@ def test_tie_precision_is_tf32_on_an_apple_gpu_with_neural_accelerators(monkeypa
     assert runner._mantissa_bits(mx.float32) == 23
 
 
+def test_caps_run_one_arm_per_cap_each_checked_lossless(tmp_path, shallow):
+    """`--caps 1,3,auto`: each drafting mode runs once per cap (arms named mode@cap), every
+    arm's tokens checked against plain decoding; baseline runs once."""
+    receipt_path = tmp_path / "receipt.json"
+    args = bench_args(shallow["target"], "--modes", "baseline,dspark", "--suites", "code")
+    args += ["--dspark-drafter", str(shallow["dspark"]), "--caps", "1,3,auto"]
+    result = CliRunner().invoke(cli.app, [*args, "--json", str(receipt_path)])
+    assert result.exit_code == 0, result.output
+    receipt = json.loads(receipt_path.read_text())
+    caps = {a["mode"]: a["cap"] for a in receipt["arms"]}
+    assert caps["dspark@1"] == 1 and caps["dspark@3"] == 3 and caps["dspark@auto"] == "auto"
+    assert "baseline" in caps and not any(m.startswith("baseline@") for m in caps)
+    modes = {r["mode"] for r in receipt["results"]}
+    assert {"dspark@1", "dspark@3", "dspark@auto"} <= modes
+    assert receipt["lossless"]["runs_checked"] == receipt["lossless"]["identical"] > 0
+    assert "--caps 1,3,auto" in receipt["command"]
+
+
 def test_bad_benchmark_options_get_one_error_line(qwen3_target):
     for extra, message in (
         (["--suites", "poetry"], "unknown suite poetry"),
         (["--modes", "baseline,warp"], "warp"),
         (["--trials", "0"], "--trials must be >= 1"),
         (["--modes", "baseline", "--dflash-drafter", "x"], "--modes has no dflash"),
+        (["--caps", "2,auto", "--max-draft", "3"], "--caps and --max-draft"),
+        (["--caps", "2,two"], "--max-draft takes a number, auto or full, got 'two'"),
+        (["--caps", "2,2"], "names a cap twice"),
+        (["--caps", ","], "comma-separated list"),
     ):
         result = CliRunner().invoke(cli.app, bench_args(qwen3_target, *extra))
         assert result.exit_code == 2, (extra, result.output)

@@ -64,6 +64,12 @@ def benchmark(
         metavar="N|auto",
         help="Draft cap for every drafting mode and the mlx-lm peer; auto: measured each round.",
     ),
+    caps_text: str | None = Opt(
+        None,
+        "--caps",
+        metavar="N,...,auto",
+        help="One arm per cap for each drafting mode (e.g. 2,4,auto), named mode@cap.",
+    ),
     peer_draft_model: str | None = Opt(
         None, "--peer-draft-model", help="Also run mlx-lm's speculative decoding with this."
     ),
@@ -111,6 +117,9 @@ def benchmark(
 
     with cli.user_errors():
         max_draft = cli.parse_max_draft(max_draft_text)
+        caps = [cli.parse_max_draft(c.strip()) for c in (caps_text or "").split(",") if c.strip()]
+        if caps_text is not None and not caps:
+            raise OutriderError("--caps takes a comma-separated list such as 2,4,auto")
         if plot_path is not None or html_path is not None:
             from .report import plot_format, require_matplotlib
 
@@ -178,6 +187,7 @@ def benchmark(
             lookup_drafts=lookup_drafts,
             drafter_window=drafter_window,
             max_draft=max_draft,
+            caps=caps,
             drafter_bits=drafter_bits,
             thinking=False if no_thinking else None,
             prompt_files=list(prompts or ()),
@@ -200,6 +210,7 @@ def benchmark(
                 "--max-tokens": max_tokens,
                 "--prompts-per-suite": prompts_per_suite,
                 "--max-draft": max_draft,
+                "--caps": caps_text,
                 "--peer-draft-model": peer_draft_model,
                 "--draft-model": draft_model,
                 "--drafter-bits": drafter_bits,

@@ -56,6 +56,7 @@ class BenchConfig:
     lookup_drafts: bool | None = None  # False: drafter rounds never take a lookup copy
     drafter_window: int | None = None  # context rows a block drafter sees (0: all)
     max_draft: int | str | None = None  # a cap, or "auto" (core/schedule.py)
+    caps: list[int | str] = field(default_factory=list)  # one arm per cap, each drafting mode
     drafter_bits: int = 4
     thinking: bool | None = None
     prompt_files: list[str] = field(default_factory=list)  # each file is one more suite
@@ -67,12 +68,14 @@ class BenchConfig:
             raise OutriderError(f"--max-tokens must be >= 1, got {self.max_tokens}")
         if self.prompts_per_suite is not None and self.prompts_per_suite < 1:
             raise OutriderError(f"--prompts-per-suite must be >= 1, got {self.prompts_per_suite}")
-        if self.max_draft in ("auto", "full"):
-            return
-        if self.max_draft is not None and (
-            not isinstance(self.max_draft, int) or self.max_draft < 1
-        ):
-            raise OutriderError(f"--max-draft must be >= 1, auto or full, got {self.max_draft!r}")
+        if self.caps and self.max_draft is not None:
+            raise OutriderError("--caps and --max-draft: pass one of them")
+        if len(set(map(str, self.caps))) < len(self.caps):
+            raise OutriderError(f"--caps names a cap twice: {self.caps}")
+        for cap in [self.max_draft, *self.caps]:
+            if cap is not None and cap not in ("auto", "full"):
+                if not isinstance(cap, int) or cap < 1:
+                    raise OutriderError(f"--max-draft must be >= 1, auto or full, got {cap!r}")
 
 
 @dataclass
@@ -102,7 +105,7 @@ class Report:
 # --- building the arms -------------------------------------------------------------------------
 
 
-def _pipeline_arm(pipe: Pipeline, drafter: str | None) -> Arm:
+def _pipeline_arm(pipe: Pipeline, drafter: str | None, name: str | None = None) -> Arm:
     stop = set(pipe.target.eos_token_ids)
 
     def generate(prompt: list[int], max_tokens: int) -> Run:
@@ -115,8 +118,9 @@ def _pipeline_arm(pipe: Pipeline, drafter: str | None) -> Arm:
     cap = "auto" if pipe.auto_cap else pipe.max_draft
     cal = pipe.calibration
     return Arm(
-        pipe.mode, generate, "outrider", cap, drafter, cal.as_dict() if cal else None, policy
-    )
+        name or pipe.mode, generate, "outrider", cap, drafter, cal.as_dict() if cal else None,
+        policy,
+    )  # fmt: skip
 
 
 def _assign_drafters(config: BenchConfig, plugins: Plugins, modes: list[str] | None) -> dict:
@@ -157,21 +161,24 @@ def build_arms(config: BenchConfig, plugins: Plugins) -> tuple[Target, list[Arm]
     target = load_target(plugins, config.model)
     arms = []
     for mode in modes:
-        pipe = load(
-            config.model,
-            drafters.get(mode),
-            mode,
-            max_draft=_arm_cap(mode, config.max_draft),
-            drafter_bits=config.drafter_bits,
-            plugins=plugins,
-            target=target,
-            draft_model=config.draft_model if mode == "draft" else None,
-            lookup_drafts=config.lookup_drafts,
-            drafter_window=config.drafter_window if mode in ("dspark", "dflash") else None,
-        )
-        drafter = drafters.get(mode) or (pipe.pair.drafters.get(mode) if pipe.pair else None)
-        own = drafter if pipe.drafter else pipe.options.get("draft_model_name")
-        arms.append(_pipeline_arm(pipe, own))
+        caps = config.caps if config.caps and mode != "baseline" else [config.max_draft]
+        for cap in caps:  # --caps: one arm each, named mode@cap
+            pipe = load(
+                config.model,
+                drafters.get(mode),
+                mode,
+                max_draft=_arm_cap(mode, cap),
+                drafter_bits=config.drafter_bits,
+                plugins=plugins,
+                target=target,
+                draft_model=config.draft_model if mode == "draft" else None,
+                lookup_drafts=config.lookup_drafts,
+                drafter_window=config.drafter_window if mode in ("dspark", "dflash") else None,
+            )
+            drafter = drafters.get(mode) or (pipe.pair.drafters.get(mode) if pipe.pair else None)
+            own = drafter if pipe.drafter else pipe.options.get("draft_model_name")
+            name = f"{mode}@{cap}" if len(caps) > 1 else None
+            arms.append(_pipeline_arm(pipe, own, name))
     stop = set(target.eos_token_ids)
     model = target.model
     arms.append(
