@@ -36,15 +36,18 @@ GREEDY = SamplingParams()
 def pipes(qwen3_target, drafters, tmp_path_factory):
     target = str(qwen3_target)
     dspark, dflash = str(drafters["dspark"]), str(drafters["dflash-zlab"])
-    # NVIDIA's packaging ships its head in NVFP4. MLX's CUDA backend multiplies fewer than 8
-    # rows of a quantized layer with another kernel than 8 or more, and the two round apart
-    # (docs/testing-on-gpu.md, run 13), so a row drafted alone and in a batch could break a
-    # near-tie of the drafter's logits differently. These tests are about what the window
-    # keeps, so off the CPU the head is the same one unquantized (NVFP4 itself:
-    # test_formats_nvidia.py). Two of them still part on an H100 (run 14: open).
+    # NVIDIA's packaging ships its head in NVFP4 over bfloat16. Off the CPU a row drafted
+    # alone and in a batch runs other kernels: MLX's CUDA backend multiplies fewer than 8 rows
+    # of a quantized layer with another kernel than 8 or more (docs/testing-on-gpu.md, run
+    # 13), and attends one unmasked query row with its vector kernel but a padded batch with
+    # its masked fallback. In bfloat16 (8 bits of mantissa) the two round far enough apart to
+    # break a random head's near-ties (run 14: two of these tests parted on an H100 with the
+    # head unquantized, still bfloat16). These tests are about what the window keeps, so off
+    # the CPU the head is the same one in float32 (NVFP4 itself: test_formats_nvidia.py).
+    on_cpu = mx.default_device() == mx.cpu
     window = make_tiny_drafter(
         tmp_path_factory.mktemp("window") / "d", qwen3_target, "dspark", "nvidia", window=6,
-        nvfp4=mx.default_device() == mx.cpu,
+        nvfp4=on_cpu, dtype="bfloat16" if on_cpu else "float32",
     )  # fmt: skip
     return {
         "dspark-window": outrider.load(target, str(window), mode="dspark", lookup_drafts=False),

@@ -36,10 +36,11 @@ def write_nvidia_dspark(
     causal: bool = True,
     sinks: bool = True,
     nvfp4: bool = True,
+    dtype: str = "bfloat16",
     **overrides,
 ) -> Path:
     """`window` None: no sliding window (`use_swa: false`); `nvfp4=False`: float tensors
-    (as a bf16 conversion of the head ships them)."""
+    (as a bf16 conversion of the head ships them); `dtype` the float tensors' type."""
     tcfg = target_text_config(target)
     spec = block_spec(
         tcfg, kind, logits_start=1, own_embedding=True, own_lm_head=False, format="deepspec",
@@ -52,7 +53,7 @@ def write_nvidia_dspark(
     weights = random_block_weights(spec, seed)
     for name in [n for n in weights if n.endswith("attention_sink_bias")]:
         weights[name] = mx.random.normal(weights[name].shape)  # sinks that take a share
-    weights = {k: v.astype(mx.bfloat16) for k, v in weights.items()}
+    weights = {k: v.astype(getattr(mx, dtype)) for k, v in weights.items()}
     fp8 = []
     if nvfp4:
         for stem in [n[: -len(".weight")] for n in weights if n.endswith(QUANTISED_WEIGHTS)]:
