@@ -586,3 +586,29 @@ def test_integrations_hand_agents_working_settings_and_never_the_key(tmp_path):
         assert requests.get(url + "/admin/integrations").status_code == 401
     with live_server(None) as (url, engine):
         assert requests.get(url + "/admin/integrations").status_code == 503
+
+
+def test_a_slow_round_is_logged_and_a_bad_threshold_is_one_line(scripted, monkeypatch, caplog):
+    """A round or plain step slower than $OUTRIDER_SLOW_ROUND_S (default 10 s) is logged with
+    its request; prefill is not a round. A value that is not a number stops `serve` at once."""
+    import logging
+
+    from outrider.server.engine import LoadSpec
+    from outrider.server.jobs import SLOW_ENV
+
+    monkeypatch.setenv(SLOW_ENV, "1e-9")  # every step is slower than that
+    with caplog.at_level(logging.WARNING, logger="outrider.slow"):
+        with live_server(LoadSpec(str(scripted), mode="lookup")) as (url, _):
+            assert chat(url, max_tokens=3).status_code == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "outrider.slow"]
+    assert lines and all(line.startswith("request 1: a ") for line in lines)
+    assert all(SLOW_ENV in line and " s (drafted " in line for line in lines)
+    monkeypatch.setenv(SLOW_ENV, "0")  # off
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="outrider.slow"):
+        with live_server(LoadSpec(str(scripted), mode="lookup")) as (url, _):
+            assert chat(url, max_tokens=3).status_code == 200
+    assert not [r for r in caplog.records if r.name == "outrider.slow"]
+    monkeypatch.setenv(SLOW_ENV, "soon")
+    result = CliRunner().invoke(app, ["serve", "--no-model", "--port", "1"])
+    assert result.exit_code == 2 and f"{SLOW_ENV} must be a number" in result.output

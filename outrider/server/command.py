@@ -150,6 +150,9 @@ def serve(
         )
         if wrong:
             raise OutriderError(wrong[0])
+        from .jobs import slow_round_seconds
+
+        slow_round_seconds()  # a bad $OUTRIDER_SLOW_ROUND_S is one line now, not a failed request
         level = log_level.lower()
         if level not in LOG_LEVELS:
             raise OutriderError(

@@ -5,12 +5,32 @@ reach the HTTP side: chunks and the end cross through the request's asyncio queu
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.errors import OutriderError
 from .metrics import Metrics
 from .rounds import RoundLog
+
+SLOW_ENV = "OUTRIDER_SLOW_ROUND_S"
+slow_log = logging.getLogger("outrider.slow")
+
+
+def slow_round_seconds() -> float:
+    """How long a round or plain step may take before the server logs it (`$OUTRIDER_SLOW_ROUND_S`,
+    default 10 s, 0: never). A round that long means something is wrong (memory pressure and
+    swapping, a machine shared with heavy work), and a client only sees a stalled stream."""
+    text = os.environ.get(SLOW_ENV, "10")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise OutriderError(f"{SLOW_ENV} must be a number of seconds >= 0, got {text!r}")
+    return seconds
 
 
 @dataclass
@@ -45,9 +65,17 @@ class Running:
     log: RoundLog | None = None  # the engine's recent rounds (GET /rounds, /events)
     mode: str = ""
     steps: int = 0
+    slow_s: float = field(default_factory=slow_round_seconds)  # 0: never logged
 
     def add(self, chunk: Any) -> None:
         self.job.tokens += len(chunk.tokens)
+        step = chunk.step
+        if self.slow_s and step.source != "prefill" and step.seconds > self.slow_s:
+            slow_log.warning(
+                "request %d: a %s step took %.1f s (drafted %d, committed %d); see %s",
+                self.job.number, "speculative" if step.source == "draft" else "plain",
+                step.seconds, len(step.drafted), len(step.committed), SLOW_ENV,
+            )  # fmt: skip
         if chunk.step.source == "draft":
             self.accepts.append(chunk.step.accepted + 1)
         if self.log is not None:
