@@ -117,6 +117,7 @@ class Pipeline:
         logprobs: int | None = None,
         cancelled: Callable[[], bool] | None = None,
         prefill_progress: Callable[[int, int], None] | None = None,
+        snapshot_at: Sequence[int] = (),
     ) -> Iterator[Chunk]:
         """Yield text as rounds land; the last chunk carries the full Result.
 
@@ -125,7 +126,8 @@ class Pipeline:
         to `Chunk.step.logprobs`. Closing the iterator stops generation after the current round;
         `cancelled` (asked between prefill chunks and rounds) stops it from another thread,
         with finish reason "cancelled"; `prefill_progress(done, total)` hears after each
-        prefill chunk.
+        prefill chunk. `snapshot_at`: prompt positions where the prefix cache (when on) also
+        snapshots what it cannot cut back (a server passes where the last message ended).
         """
         if max_tokens < 0:
             raise OutriderError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -149,7 +151,7 @@ class Pipeline:
             result.finish_reason = "length"
             yield Chunk("", [], Step("prefill", [], 0, [], 0.0, "length"), result)
             return
-        record, hit = self._prefix(ids, self.proposer)
+        record, hit = self._prefix(ids, self.proposer, snapshot_at)
         result.cached_tokens = hit.length if hit is not None else 0  # prompt tokens not prefilled
         mx.reset_peak_memory()
         text = TextAssembler(tokenizer, stopper)
@@ -270,6 +272,7 @@ class Pipeline:
         logprobs: int | None = None,
         cancelled: Callable[[], bool] | None = None,
         prefill_progress: Callable[[int, int], None] | None = None,
+        snapshot_at: Sequence[int] = (),
     ) -> RowStart:
         """Prefill one generation alone (its prompt ids; the keywords of `stream`) and make
         the row a `Batch` advances. The prompt's cache goes into the prefix cache (when on)
@@ -295,7 +298,7 @@ class Pipeline:
         window = penalties.window if procs else 0
         keys = None if sampling.greedy else KeyStream(sampling.seed)
         proposer = fork(self.proposer)
-        record, hit = self._prefix(ids, proposer)
+        record, hit = self._prefix(ids, proposer, snapshot_at)
         result.cached_tokens = hit.length if hit is not None else 0
         try:
             started = prefill(
@@ -316,13 +319,18 @@ class Pipeline:
         first = collector.add(step)
         return RowStart(None if row.done else row, started.cache, collector, first)
 
-    def _prefix(self, ids: list[int], proposer: Proposer) -> tuple[Record | None, Any]:
-        """A record for the prefix cache to keep this generation, and its longest cached
-        prefix of `ids` (None, None when the cache is off)."""
+    def _prefix(
+        self, ids: list[int], proposer: Proposer, marks: Sequence[int] = ()
+    ) -> tuple[Record | None, Any]:
+        """A record for the prefix cache to keep this generation (snapshotting also at the
+        prompt positions `marks`), and its longest cached prefix of `ids` (None, None when
+        the cache is off)."""
         if self.prefix_cache is None:
             return None, None
         tap_ids = tuple(proposer.tap_layer_ids)
         record = self.prefix_cache.record(self.target, tap_ids)
+        if record is not None:
+            record.marks = tuple(marks)
         hit = None if record is None else self.prefix_cache.lookup(self.target, ids, tap_ids)
         return record, hit
 

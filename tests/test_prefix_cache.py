@@ -136,6 +136,51 @@ def test_a_conversation_too_big_for_its_checkpoints_is_kept_thinned(models_dir):
         assert run(pipe, ids).tokens == run(fresh, ids).tokens
 
 
+THINKING_TEMPLATE = (  # Qwen3's habit: the turn it opens thinks; the history shows answers only
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+)
+
+
+def test_a_snapshot_where_the_last_message_ended_serves_the_next_turn(models_dir, tmp_path):
+    """A thinking template opens `<think>` for the answer, but the next turn renders that
+    answer without it: the prompt's end is not a prefix of the next prompt, and on a target
+    whose state cannot be cut back a hit resumed from the last interval snapshot (here: none,
+    so nothing was reused). The server now passes where the last message ended
+    (`Rendered.boundary`) and the prefill snapshots there too, so the next turn reuses
+    everything up to it, and answers as a fresh request does."""
+    import shutil
+
+    target, _ = built(models_dir, "qwen3_5")
+    folder = tmp_path / "thinks"
+    shutil.copytree(target, folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (folder / "chat_template.jinja").write_text(THINKING_TEMPLATE)
+    turn = [{"role": "user", "content": "Name a sea."}]
+    with live_server(LoadSpec(str(folder), mode="baseline")) as (url, engine):
+        engine.set_prefix_cache(PrefixCache(1 << 30))  # snapshots every 512 tokens: none here
+        oai = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        first = oai.chat.completions.create(model="thinks", messages=turn, max_tokens=6)
+        turn += [{"role": "assistant", "content": "The Sargasso."},
+                 {"role": "user", "content": "Another?"}]  # fmt: skip
+        second = oai.chat.completions.create(model="thinks", messages=turn, max_tokens=6)
+        engine.set_prefix_cache(None)
+        fresh = oai.chat.completions.create(model="thinks", messages=turn, max_tokens=6)
+    pipe = outrider.load(str(folder), mode="baseline")
+    from outrider.server.prompting import render_chat
+
+    rendered = render_chat(pipe.tokenizer, turn[:1])
+    opener = pipe.tokenizer.encode("<|im_start|>assistant\n<think>\n", add_special_tokens=False)
+    assert rendered.boundary == len(rendered.ids) - len(opener) > 0
+    assert first.usage.prompt_tokens == len(rendered.ids)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached == rendered.boundary  # where the first turn's last message ended
+    assert second.choices[0].message.content == fresh.choices[0].message.content
+
+
 def test_a_long_prefill_takes_at_most_eight_checkpoints():
     """Every `interval` tokens up to 8 of them; a longer prompt spaces them wider (multiples of
     the interval), since each holds a whole recurrent state until the entry is stored."""

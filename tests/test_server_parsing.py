@@ -147,8 +147,9 @@ def test_reasoning_effort_falls_back_to_the_nearest_word_the_template_knows():
             return [ord(c) for c in text]
 
     tok = Template({"low", "medium", "xhigh"})
-    ids, _ = render_chat(tok, [{"role": "user", "content": "hi"}], reasoning_effort="high")
-    assert "".join(map(chr, ids)) == "<medium>" and tok.seen == ["high", "medium"]
+    ids, *_ = render_chat(tok, [{"role": "user", "content": "hi"}], reasoning_effort="high")
+    assert "".join(map(chr, ids)) == "<medium>" and tok.seen[:2] == ["high", "medium"]
+    assert set(tok.seen[2:]) <= {"medium"}  # the generation prompt measured with it after
     with pytest.raises(ApiError, match="could not apply chat template"):
         render_chat(Template(set()), [{"role": "user", "content": "hi"}], reasoning_effort="low")
 
@@ -173,7 +174,7 @@ def test_thinking_off_closes_a_think_block_the_template_opens_anyway(thinking):
     from outrider.server.prompting import render_chat
 
     ask = [{"role": "user", "content": "hi"}]
-    ids, opens = render_chat(AlwaysThinks(), ask, thinking=thinking)
+    ids, opens, _ = render_chat(AlwaysThinks(), ask, thinking=thinking)
     cli = "".join(map(chr, encode_messages(AlwaysThinks(), ask, thinking=thinking)))
     text = "".join(map(chr, ids))
     assert text == cli

@@ -91,6 +91,7 @@ class Record:
         self.checkpoints: dict[int, list[LayerSnapshot | None]] = {}
         self.ends: dict[int, mx.array] = {}  # held length -> the target's logits row there
         self.last: tuple[int, mx.array] | None = None  # the same for the current end, if known
+        self.marks: tuple[int, ...] = ()  # prompt positions to snapshot at besides the interval
 
     def prefill_stops(self, target: Any, cache: list, done: int, total: int):
         """Positions (relative to the prefill's start) where the prefill snapshots the layers
@@ -103,7 +104,7 @@ class Record:
             1, -(-(total - done) // (self.interval * PREFILL_CHECKPOINTS))
         )
         every = range((done // spacing + 1) * spacing, total, spacing)
-        stops = {p - done for p in every if p > done}
+        stops = {p - done for p in (*every, *self.marks) if done < p < total}
 
         def at_stop(n: int) -> None:
             snaps = target.snapshot(cache)

@@ -30,7 +30,7 @@ from .generation import (
     submit,
     x_outrider,
 )
-from .prompting import EFFORTS, render_chat, template_text
+from .prompting import EFFORTS, Rendered, render_chat, template_text
 from .reasoning import markers_for
 
 SIGNATURE = "outrider"
@@ -219,11 +219,9 @@ def _thinking(body: CountRequest, limits: Any) -> tuple[bool | None, str | None]
     return thinking, effort if effort in EFFORTS else limits.reasoning_effort
 
 
-def _render(
-    state: Any, body: CountRequest, window: int | None = None
-) -> tuple[list[int], bool, bool]:
-    """(prompt ids, prompt opens a think block, whether thinking output is kept). A final
-    assistant message with text is continued (Anthropic's prefill), not closed."""
+def _render(state: Any, body: CountRequest, window: int | None = None) -> tuple[Rendered, bool]:
+    """(the rendered prompt, whether thinking output is kept). A final assistant message with
+    text is continued (Anthropic's prefill), not closed."""
     pipe = ready_pipeline(state.engine)
     check_model(state.engine, body.model)
     thinking, effort = _thinking(body, state.limits)
@@ -231,7 +229,7 @@ def _render(
     last = chat[-1] if chat else {}
     prefill = last.get("role") == "assistant" and bool(last["content"].strip())
     prefill = prefill and not last.get("tool_calls")
-    prompt, in_thinking = render_chat(
+    rendered = render_chat(
         pipe.tokenizer,
         chat,
         _tools(body),
@@ -240,7 +238,7 @@ def _render(
         continue_final=prefill,
         window=window,
     )
-    return prompt, in_thinking, thinking is not False
+    return rendered, thinking is not False
 
 
 def _stop_reason(finish: str, calls: list, stop_seq: str | None) -> str:
@@ -268,13 +266,14 @@ def router(state: Any) -> APIRouter:
 
     @r.post("/messages/count_tokens")
     def count_tokens(body: CountRequest) -> dict:
-        prompt, _, _ = _render(state, body)
-        return {"input_tokens": len(prompt)}
+        rendered, _ = _render(state, body)
+        return {"input_tokens": len(rendered.ids)}
 
     @r.post("/messages")
     async def messages(body: MessagesRequest, request: Request):
         engine, limits = state.engine, state.limits
-        prompt, in_thinking, keep_thinking = await prompt_ids(engine, True, _render, state, body)
+        rendered, keep_thinking = await prompt_ids(engine, True, _render, state, body)
+        prompt, in_thinking = rendered.ids, rendered.opens
         pipe = engine.pipeline
         schemas = {t.name: t.input_schema for t in client_tools(body)} or None
         prompt, forced = force_tool_call(
@@ -289,7 +288,7 @@ def router(state: Any) -> APIRouter:
             top_k=body.top_k,
             stop=stops,
         )
-        opts = options(engine, limits, len(prompt), params)
+        opts = options(engine, limits, len(prompt), params, rendered.boundary)
         markers = markers_for(template_text(pipe.tokenizer))
         shaper = Shaper(True, in_thinking, schemas, markers=markers, forced=forced)
         job = submit(engine, prompt, opts, request)

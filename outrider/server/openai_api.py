@@ -232,7 +232,7 @@ def router(state: Any) -> APIRouter:
             thinking = limits.thinking
         template = check_template(limits, extra.pop("chat_template", body.chat_template))
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
-        prompt, in_thinking = await prompt_ids(
+        rendered = await prompt_ids(
             engine,
             False,
             render_chat,
@@ -245,12 +245,13 @@ def router(state: Any) -> APIRouter:
             template=template,
             continue_final=body.continue_final_message,
         )
+        prompt, in_thinking = rendered.ids, rendered.opens
         tool_schemas = _tool_schemas(body.tools)
         prompt, forced = force_tool_call(
             pipe, prompt, in_thinking, body.tool_choice, list(tool_schemas or {}), "openai"
         )
         check_context(engine, len(prompt), anthropic=False)
-        opts = options(engine, limits, len(prompt), params)
+        opts = options(engine, limits, len(prompt), params, rendered.boundary)
         parse = body.tool_choice != "none"
         markers = markers_for(template_text(pipe.tokenizer))
         n = body.choices

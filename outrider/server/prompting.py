@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 from .checks import lone_surrogate_at, unseen
 from .errors import ApiError
@@ -157,6 +157,42 @@ def encode_within(
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+class Rendered(NamedTuple):
+    """A chat rendered for the target: its ids, whether it leaves a think block open, and
+    where the last message ended (`boundary`: the ids before the template opened the
+    assistant's turn; 0 when not known). The next turn of the conversation renders the same up
+    to there, whereas what follows (`<|im_start|>assistant\n<think>\n`, say) is rendered
+    otherwise once the answer is in the history: a prefix-cache snapshot there is one the next
+    turn can resume from, on targets whose state cannot be cut back (core/prefix_cache.py)."""
+
+    ids: list[int]
+    opens: bool
+    boundary: int = 0
+
+
+_SUFFIX: dict[tuple, int] = {}  # (tokenizer id, template, settings) -> generation prompt tokens
+PROBE = [{"role": "user", "content": "Hello."}]
+
+
+def generation_prompt_tokens(tokenizer: Any, template: str | None, kwargs: dict[str, Any]) -> int:
+    """How many tokens the template appends to open the assistant's turn, measured once per
+    tokenizer and settings on a probe conversation (0 where the two renderings do not share a
+    prefix, or rendering fails). Tools are left out: they render before the turns."""
+    kwargs = {k: v for k, v in kwargs.items() if k != "tools"}
+    key = (id(tokenizer), template, repr(sorted(kwargs.items())))
+    if key not in _SUFFIX:
+        try:
+            with_turn = tokenizer.encode(_apply(tokenizer, PROBE, template, False, kwargs),
+                                         add_special_tokens=False)  # fmt: skip
+            without = tokenizer.encode(_apply(tokenizer, PROBE, template, False, kwargs, False),
+                                       add_special_tokens=False)  # fmt: skip
+            same = list(with_turn[: len(without)]) == list(without)
+            _SUFFIX[key] = len(with_turn) - len(without) if same else 0
+        except Exception:  # a template that cannot render the probe: no boundary
+            _SUFFIX[key] = 0
+    return _SUFFIX[key]
+
+
 def render_chat(
     tokenizer: Any,
     messages: list[dict],
@@ -168,8 +204,9 @@ def render_chat(
     template: str | None = None,
     continue_final: bool = False,
     window: int | None = None,
-) -> tuple[list[int], bool]:
-    """(prompt ids, whether the prompt leaves a think block open).
+) -> Rendered:
+    """The prompt ids, whether the prompt leaves a think block open, and where the last
+    message ended (`Rendered`).
 
     `template` is a request's own chat template (rendered in the sandbox); `continue_final`
     extends the last (assistant) message instead of opening a new turn; a prompt that cannot
@@ -179,7 +216,7 @@ def render_chat(
         raise ApiError(400, "continuing the final message needs an assistant message last")
     if template is None and not getattr(tokenizer, "chat_template", None):
         text = "\n\n".join(m["content"] for m in msgs)
-        return encode_within(tokenizer, text, window, special=True), False
+        return Rendered(encode_within(tokenizer, text, window, special=True), False)
     caps = capabilities(tokenizer) if template is None else _template_caps(template)
     kwargs: dict[str, Any] = dict(extra or {})
     if thinking is not None and caps["enable_thinking"]:
@@ -211,7 +248,8 @@ def render_chat(
     ids = encode_within(tokenizer, text, window)
     if not ids:
         raise ApiError(400, "the chat template rendered an empty prompt")
-    return ids, opens
+    suffix = 0 if continue_final else generation_prompt_tokens(tokenizer, template, kwargs)
+    return Rendered(ids, opens, len(ids) - suffix if 0 < suffix < len(ids) else 0)
 
 
 def _template_caps(template: str) -> dict[str, bool]:
@@ -222,13 +260,19 @@ def _template_caps(template: str) -> dict[str, bool]:
 
 
 def _apply(
-    tokenizer: Any, msgs: list[dict], template: str | None, continue_final: bool, kwargs: dict
+    tokenizer: Any,
+    msgs: list[dict],
+    template: str | None,
+    continue_final: bool,
+    kwargs: dict,
+    turn: bool = True,
 ) -> str:
+    """The template's text for `msgs`; `turn` False leaves out the generation prompt."""
     if template is None:
         return tokenizer.apply_chat_template(
             msgs,
             tokenize=False,
-            add_generation_prompt=not continue_final,
+            add_generation_prompt=turn and not continue_final,
             continue_final_message=continue_final,
             **kwargs,
         )
@@ -237,7 +281,8 @@ def _apply(
         for k, v in (getattr(tokenizer, "special_tokens_map", None) or {}).items()
         if isinstance(v, (str, list))
     }
-    context = {**specials, **kwargs, "messages": msgs, "add_generation_prompt": not continue_final}
+    context = {**specials, **kwargs, "messages": msgs}
+    context["add_generation_prompt"] = turn and not continue_final
     text = render_untrusted(template, context)
     if continue_final:  # as transformers does: cut after the final message's own text
         final = msgs[-1]["content"].strip()

@@ -176,7 +176,7 @@ def router(state: Any) -> APIRouter:
         thinking = body.enable_thinking
         if thinking is None:
             thinking = state.limits.thinking
-        prompt, _ = await prompt_ids(
+        prompt, *_ = await prompt_ids(
             engine, False, render_chat, pipe.tokenizer, messages, None, thinking,
             state.limits.reasoning_effort,
         )  # fmt: skip

@@ -254,10 +254,11 @@ def router(state: Any) -> APIRouter:
                            param="reasoning.effort")  # fmt: skip
         messages = chat_messages(body)
         tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
-        prompt, in_thinking = await prompt_ids(
+        rendered = await prompt_ids(
             engine, False, render_chat, pipe.tokenizer, messages, tool_dicts, limits.thinking,
             effort or limits.reasoning_effort, {},
         )  # fmt: skip
+        prompt, in_thinking = rendered.ids, rendered.opens
         schemas = _tool_schemas(tools)
         prompt, forced = force_tool_call(
             pipe, prompt, in_thinking, body.tool_choice, list(schemas or {}), "responses"
@@ -273,7 +274,7 @@ def router(state: Any) -> APIRouter:
             logprobs=None,
             ignore_eos=body.ignore_eos,
         )
-        opts = options(engine, limits, len(prompt), params)
+        opts = options(engine, limits, len(prompt), params, rendered.boundary)
         parse = body.tool_choice != "none"
         markers = markers_for(template_text(pipe.tokenizer))
         shaper = Shaper(True, in_thinking, schemas, parse, markers, forced)
