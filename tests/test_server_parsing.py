@@ -124,6 +124,63 @@ def test_gemma_thought_channel(size):
     assert "".join(t for k, t in out if k == "content") == "Answer."
 
 
+MUSE = "<|start|>assistant to=self<|message|>weigh it<|end|><|start|>assistant to=user<|message|>Answer.<|return|>"  # noqa: E501
+HARMONY = "<|channel|>analysis<|message|>weigh it<|end|><|start|>assistant<|channel|>final<|message|>Answer."  # noqa: E501
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 200])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        (MUSE, ("weigh it", "Answer.")),
+        (MUSE.removeprefix("<|start|>assistant"), ("weigh it", "Answer.")),  # header prefilled
+        (HARMONY, ("weigh it", "Answer.")),
+        (
+            "<|start|>assistant to=user<|message|>Just the answer, a <|x> b.",
+            ("", "Just the answer, a <|x> b."),
+        ),  # noqa: E501
+        ("Hello!", ("", "Hello!")),  # a model that answered without channels
+        ("No channels here at all. " * 8, ("", "No channels here at all. " * 8)),
+        ("<|start|>assistant to=self<|message|>cut off mid-thou", ("cut off mid-thou", "")),
+    ],
+)
+def test_channel_transcripts_split_into_reasoning_and_answer(text, want, size):
+    """Muse-Glimmer's `to=self` / `to=user` channels (and the Harmony layout's analysis /
+    final): the markers never reach the client, whatever the chunking."""
+    from outrider.server.reasoning import CHANNELS, ChannelSplitter, markers_for
+
+    assert markers_for("...{{ '<|message|>' }}...") == CHANNELS
+    s = ChannelSplitter()
+    out = [p for i in range(0, len(text), size) for p in s.feed(text[i : i + size])] + s.finish()
+    assert "".join(t for k, t in out if k == "reasoning") == want[0]
+    assert "".join(t for k, t in out if k == "content") == want[1]
+
+
+def test_a_prompt_that_opens_the_models_own_channel_starts_in_reasoning():
+    from outrider.server.reasoning import CHANNELS, ChannelSplitter, prompt_opens_thinking
+
+    ask = "<|start|>user<|message|>Hi<|end|>"
+    assert not prompt_opens_thinking(ask + "<|start|>assistant", CHANNELS)
+    assert prompt_opens_thinking(ask + "<|start|>assistant to=self<|message|>", CHANNELS)
+    assert not prompt_opens_thinking(ask + "<|start|>assistant to=user<|message|>", CHANNELS)
+    s = ChannelSplitter(in_thinking=True)
+    tail = "mull<|end|><|start|>assistant to=user<|message|>Hello."
+    out = s.feed(tail) + s.finish()
+    assert out == [("reasoning", "mull"), ("content", "Hello.")]
+
+
+def test_a_channel_model_streams_its_answer_through_the_shaper():
+    from outrider.server.generation import Shaper
+    from outrider.server.reasoning import CHANNELS
+
+    shaper = Shaper(True, False, None, markers=CHANNELS)
+    pieces = [p for ch in (MUSE[:30], MUSE[30:61], MUSE[61:]) for p in shaper.feed(ch)]
+    rest, calls = shaper.finish()
+    got = pieces + rest
+    assert [k for k, _ in got if k == "reasoning"] and not calls
+    assert "".join(t for k, t in got if k == "content") == "Answer."
+
+
 def test_reasoning_effort_falls_back_to_the_nearest_word_the_template_knows():
     from outrider.server.errors import ApiError
     from outrider.server.prompting import nearest_efforts, render_chat

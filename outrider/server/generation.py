@@ -22,7 +22,7 @@ from ..streaming import Chunk
 from .engine import Engine, Job, NotReady
 from .errors import ApiError
 from .prompting import PromptTooLong, template_text
-from .reasoning import THINK, ThinkSplitter, markers_for
+from .reasoning import CHANNELS, THINK, ChannelSplitter, ThinkSplitter, markers_for
 from .tool_choice import forced_opening
 from .tools import ToolCall, ToolGate
 
@@ -298,7 +298,10 @@ class Shaper:
     ) -> None:
         """`forced` is text the server began the answer with (a forced tool call's opening):
         it is shaped as if the model had written it."""
-        self._think = ThinkSplitter(in_thinking, markers) if split_thinking else None
+        self._think: ThinkSplitter | ChannelSplitter | None = None
+        if split_thinking:
+            split = ChannelSplitter(in_thinking) if markers == CHANNELS else None
+            self._think = split or ThinkSplitter(in_thinking, markers)
         self._gate = ToolGate(tools) if tools and parse_tools else None
         self._early = self._shape(forced) if forced else []
 
