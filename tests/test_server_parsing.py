@@ -27,6 +27,8 @@ SYNTAXES = {
     "atem": '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city">'
     'Paris, FR</atem:parameter>\n<atem:parameter name="days">3</atem:parameter>\n</atem:invoke>'
     "\n</atem:function_calls>",
+    "minicpm5": '<function name="get_weather"><param name="city">Paris, FR</param>'
+    '<param name="days">3</param></function>',
 }
 
 

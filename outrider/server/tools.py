@@ -5,8 +5,9 @@ Syntaxes: Hermes/Qwen JSON (`<tool_call>{"name": …, "arguments": …}</tool_ca
 (`<function=NAME><parameter=K>value</parameter></function>`, optionally inside `<tool_call>`),
 LiquidAI LFM2's Python calls (`<|tool_call_start|>[get_weather(city="Paris", days=3)]
 <|tool_call_end|>`, read with `ast`, never run; positional arguments take the schema's order)
-and Muse-Glimmer's ATEM form (`<atem:function_calls><atem:invoke name="N"><atem:parameter
-name="K">value</atem:parameter></atem:invoke></atem:function_calls>`).
+Muse-Glimmer's ATEM form (`<atem:function_calls><atem:invoke name="N"><atem:parameter
+name="K">value</atem:parameter></atem:invoke></atem:function_calls>`) and MiniCPM5's
+(`<function name="N"><param name="K">value</param></function>`).
 A call is reported only once it is complete and valid (a known tool, arguments an object);
 anything else stays text. `ToolGate` streams answer text until the first call marker and holds
 the rest for parsing at the end.
@@ -21,7 +22,7 @@ import secrets
 from dataclasses import dataclass, field
 
 MARKERS = ("<tool_call>", "<|tool_call>", "<function=", "<|tool_call_start|>")
-MARKERS += ("<atem:function_calls>", "<atem:invoke")
+MARKERS += ("<atem:function_calls>", "<atem:invoke", '<function name="')
 _HERMES = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 _GEMMA = re.compile(r"<\|tool_call>call:([\w.\-]+)\{(.*?)\}<tool_call\|>", re.S)
 _XML = re.compile(
@@ -37,6 +38,10 @@ _ATEM = re.compile(
 )
 _ATEM_INVOKE = re.compile(r'<atem:invoke name="([^"]+)">(.*?)</atem:invoke>', re.S)
 _ATEM_PARAM = re.compile(r'<atem:parameter name="([^"]+)">(.*?)</atem:parameter>', re.S)
+_MINICPM = re.compile(
+    r'(?:<tool_call>\s*)?<function name="([\w.\-]+)">(.*?)</function>(?:\s*</tool_call>)?', re.S
+)
+_MINICPM_PARAM = re.compile(r'<param name="([^"]+)">\n?(.*?)\n?</param>', re.S)
 _PY_WORDS = {"true": True, "false": False, "null": None}  # JSON spellings in a Python call
 
 
@@ -156,6 +161,10 @@ def parse_tool_calls(
             continue
         if known(m.group(1)):
             args = typed(m.group(1), _XML_PARAM.findall(m.group(2)))
+            calls.append((m.start(), m.end(), ToolCall(m.group(1), args)))
+    for m in _MINICPM.finditer(text):
+        if known(m.group(1)):
+            args = typed(m.group(1), _MINICPM_PARAM.findall(m.group(2)))
             calls.append((m.start(), m.end(), ToolCall(m.group(1), args)))
     for m in _LFM2.finditer(text):
         found = _python_calls(m.group(1), lambda name: list(types(name)))
