@@ -15,6 +15,7 @@ import typer
 
 from .benchmark.command import benchmark as benchmark_command
 from .cli_common import (
+    LOOKUP_DRAFTS,
     USER_ERRORS,
     cache_root,
     check_context,
@@ -101,12 +102,7 @@ def generate(
     num_draft_tokens: int | None = Opt(
         None, "--num-draft-tokens", help="mlx-lm's name for --max-draft (mode draft)."
     ),
-    lookup_drafts: bool | None = Opt(
-        None,
-        "--lookup-drafts/--no-lookup-drafts",
-        help="Let drafter rounds verify a lookup copy of the context instead where the text is "
-        "being copied (default: the registry row's, else on).",
-    ),
+    lookup_drafts: bool | None = LOOKUP_DRAFTS,
     mode: str = Opt("auto", "--mode", help=f"{BUILTIN_MODES}, or a plugin's strategy."),
     max_draft_text: str | None = Opt(
         None,

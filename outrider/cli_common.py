@@ -112,6 +112,14 @@ def read_prompt(prompt: str | None) -> str:
     return prompt
 
 
+# One flag, the same on generate, serve and benchmark (None: the registry row's, else on).
+LOOKUP_DRAFTS = typer.Option(
+    None,
+    "--lookup-drafts/--no-lookup-drafts",
+    help="Let drafter rounds verify a lookup copy of the context instead where the text is "
+    "being copied (default: the registry row's, else on).",
+)
+
 FULL_BLOCK_NOTE = (
     "note: --max-draft 0 means the drafter's full block, as in mlx-dspark; "
     "--mode baseline decodes without drafts"

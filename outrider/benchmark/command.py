@@ -8,6 +8,8 @@ import sys
 
 import typer
 
+from ..cli_common import LOOKUP_DRAFTS
+
 Opt = typer.Option
 
 
@@ -80,12 +82,7 @@ def benchmark(
         "with it (unless --peer-draft-model names another), at one cap.",
     ),
     drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
-    lookup_drafts: bool | None = Opt(
-        None,
-        "--lookup-drafts/--no-lookup-drafts",
-        help="Let drafter rounds verify a lookup copy of the context instead where the text is "
-        "being copied (default: the registry row's, else on).",
-    ),
+    lookup_drafts: bool | None = LOOKUP_DRAFTS,
     drafter_window: int | None = Opt(
         None,
         "--drafter-window",

@@ -10,6 +10,8 @@ from typing import Any
 
 import typer
 
+from ..cli_common import LOOKUP_DRAFTS
+
 Opt = typer.Option
 
 
@@ -31,12 +33,7 @@ def serve(
         "--mode",
         help="auto|dspark|dflash|dflash2|eagle3|draft|lookup|baseline, or a plugin's.",
     ),
-    lookup_drafts: bool | None = Opt(
-        None,
-        "--lookup-drafts/--no-lookup-drafts",
-        help="Let drafter rounds verify a lookup copy of the context instead where the text is "
-        "being copied (default: the registry row's, else on).",
-    ),
+    lookup_drafts: bool | None = LOOKUP_DRAFTS,
     max_draft_text: str | None = Opt(
         None,
         "--max-draft",
