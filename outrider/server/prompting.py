@@ -5,7 +5,9 @@ before the tokenizer runs."""
 from __future__ import annotations
 
 import json
+import threading
 import weakref
+from collections import OrderedDict
 from typing import Any, NamedTuple
 
 from .checks import lone_surrogate_at, unseen
@@ -170,7 +172,11 @@ class Rendered(NamedTuple):
     boundary: int = 0
 
 
-_SUFFIX: dict[tuple, int] = {}  # (tokenizer id, template, settings) -> generation prompt tokens
+# (tokenizer id, template, settings) -> generation prompt tokens; a request's own template
+# kwargs make new keys, so only the latest SUFFIXES_KEPT are kept
+_SUFFIX: OrderedDict[tuple, int] = OrderedDict()
+SUFFIXES_KEPT = 64
+_SUFFIX_LOCK = threading.Lock()
 PROBE = [{"role": "user", "content": "Hello."}]
 
 
@@ -180,17 +186,24 @@ def generation_prompt_tokens(tokenizer: Any, template: str | None, kwargs: dict[
     prefix, or rendering fails). Tools are left out: they render before the turns."""
     kwargs = {k: v for k, v in kwargs.items() if k != "tools"}
     key = (id(tokenizer), template, repr(sorted(kwargs.items())))
-    if key not in _SUFFIX:
-        try:
-            with_turn = tokenizer.encode(_apply(tokenizer, PROBE, template, False, kwargs),
-                                         add_special_tokens=False)  # fmt: skip
-            without = tokenizer.encode(_apply(tokenizer, PROBE, template, False, kwargs, False),
-                                       add_special_tokens=False)  # fmt: skip
-            same = list(with_turn[: len(without)]) == list(without)
-            _SUFFIX[key] = len(with_turn) - len(without) if same else 0
-        except Exception:  # a template that cannot render the probe: no boundary
-            _SUFFIX[key] = 0
-    return _SUFFIX[key]
+    with _SUFFIX_LOCK:  # requests render on several threads at once
+        if key in _SUFFIX:
+            _SUFFIX.move_to_end(key)
+            return _SUFFIX[key]
+    try:
+        with_turn = tokenizer.encode(_apply(tokenizer, PROBE, template, False, kwargs),
+                                     add_special_tokens=False)  # fmt: skip
+        without = tokenizer.encode(_apply(tokenizer, PROBE, template, False, kwargs, False),
+                                   add_special_tokens=False)  # fmt: skip
+        same = list(with_turn[: len(without)]) == list(without)
+        n = len(with_turn) - len(without) if same else 0
+    except Exception:  # a template that cannot render the probe: no boundary
+        n = 0
+    with _SUFFIX_LOCK:
+        _SUFFIX[key] = n
+        while len(_SUFFIX) > SUFFIXES_KEPT:
+            _SUFFIX.popitem(last=False)
+    return n
 
 
 def render_chat(
