@@ -181,6 +181,35 @@ def test_a_snapshot_where_the_last_message_ended_serves_the_next_turn(models_dir
     assert second.choices[0].message.content == fresh.choices[0].message.content
 
 
+def test_a_new_conversation_resumes_where_the_shared_system_prompt_ended(models_dir):
+    """A new conversation of the same agent shares only its system prompt (Claude Code's runs
+    to tens of thousands of tokens): the chat routes snapshot where it ends, so on a target
+    whose state cannot be cut back the next conversation resumes there, not from the last
+    interval snapshot (here: none, 512 tokens apart)."""
+    target, _ = built(models_dir, "qwen3_5")
+    system = {"role": "system", "content": "You are a terse sailor. " * 6}
+    first = [system, {"role": "user", "content": "Name a sea."}]
+    other = [system, {"role": "user", "content": "Name a river."}]
+    with live_server(LoadSpec(str(target), mode="baseline")) as (url, engine):
+        engine.set_prefix_cache(PrefixCache(1 << 30))
+        oai = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        name = requests.get(url + "/health").json()["model"]
+        oai.chat.completions.create(model=name, messages=first, max_tokens=4)
+        second = oai.chat.completions.create(model=name, messages=other, max_tokens=4)
+        engine.set_prefix_cache(None)
+        fresh = oai.chat.completions.create(model=name, messages=other, max_tokens=4)
+    from outrider.server.prompting import render_chat
+
+    pipe = outrider.load(str(target), mode="baseline")
+    rendered = render_chat(pipe.tokenizer, other)
+    alone = pipe.tokenizer.encode(
+        f"<|im_start|>system\n{system['content']}<|im_end|>\n", add_special_tokens=False
+    )
+    assert rendered.system_end == len(alone) and rendered.marks[0] == len(alone)
+    assert second.usage.prompt_tokens_details.cached_tokens == rendered.system_end
+    assert second.choices[0].message.content == fresh.choices[0].message.content
+
+
 def test_a_long_prefill_takes_at_most_eight_checkpoints():
     """Every `interval` tokens up to 8 of them; a longer prompt spaces them wider (multiples of
     the interval), since each holds a whole recurrent state until the entry is stored."""

@@ -233,7 +233,7 @@ def test_thinking_off_closes_a_think_block_the_template_opens_anyway(thinking):
     from outrider.server.prompting import render_chat
 
     ask = [{"role": "user", "content": "hi"}]
-    ids, opens, _ = render_chat(AlwaysThinks(), ask, thinking=thinking)
+    ids, opens, *_ = render_chat(AlwaysThinks(), ask, thinking=thinking)
     cli = "".join(map(chr, encode_messages(AlwaysThinks(), ask, thinking=thinking)))
     text = "".join(map(chr, ids))
     assert text == cli

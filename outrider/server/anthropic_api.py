@@ -288,7 +288,7 @@ def router(state: Any) -> APIRouter:
             top_k=body.top_k,
             stop=stops,
         )
-        opts = options(engine, limits, len(prompt), params, rendered.boundary)
+        opts = options(engine, limits, len(prompt), params, rendered.marks)
         markers = markers_for(template_text(pipe.tokenizer))
         shaper = Shaper(True, in_thinking, schemas, markers=markers, forced=forced)
         job = submit(engine, prompt, opts, request)

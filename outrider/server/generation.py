@@ -137,11 +137,11 @@ def check_template(limits: Limits, template: Any) -> str | None:
 
 
 def options(
-    engine: Engine, limits: Limits, n_prompt: int, p: GenParams, boundary: int = 0
+    engine: Engine, limits: Limits, n_prompt: int, p: GenParams, marks: tuple[int, ...] = ()
 ) -> dict[str, Any]:
     """Pipeline.stream keywords for a request (max_tokens checked, then fitted to the window).
-    `boundary` (`prompting.Rendered`): where the last message ended, a prefix-cache snapshot
-    point the conversation's next turn can resume from."""
+    `marks` (`prompting.Rendered.marks`): prompt positions where a prefix-cache snapshot serves
+    later requests (the last message's end, the system message's)."""
     max_tokens = limits.default_max_tokens if p.max_tokens is None else p.max_tokens
     if max_tokens < 1:
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
@@ -167,8 +167,8 @@ def options(
     )
     if p.ignore_eos:
         opts["stop_tokens"] = set()
-    if boundary > 0:
-        opts["snapshot_at"] = (boundary,)
+    if marks:
+        opts["snapshot_at"] = tuple(marks)
     return opts
 
 

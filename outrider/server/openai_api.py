@@ -251,7 +251,7 @@ def router(state: Any) -> APIRouter:
             pipe, prompt, in_thinking, body.tool_choice, list(tool_schemas or {}), "openai"
         )
         check_context(engine, len(prompt), anthropic=False)
-        opts = options(engine, limits, len(prompt), params, rendered.boundary)
+        opts = options(engine, limits, len(prompt), params, rendered.marks)
         parse = body.tool_choice != "none"
         markers = markers_for(template_text(pipe.tokenizer))
         n = body.choices

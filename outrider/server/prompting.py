@@ -4,11 +4,14 @@ before the tokenizer runs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import weakref
 from collections import OrderedDict
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from .checks import lone_surrogate_at, unseen
 from .errors import ApiError
@@ -160,16 +163,25 @@ def encode_within(
 
 
 class Rendered(NamedTuple):
-    """A chat rendered for the target: its ids, whether it leaves a think block open, and
-    where the last message ended (`boundary`: the ids before the template opened the
-    assistant's turn; 0 when not known). The next turn of the conversation renders the same up
-    to there, whereas what follows (`<|im_start|>assistant\n<think>\n`, say) is rendered
-    otherwise once the answer is in the history: a prefix-cache snapshot there is one the next
-    turn can resume from, on targets whose state cannot be cut back (core/prefix_cache.py)."""
+    """A chat rendered for the target: its ids, whether it leaves a think block open, and two
+    places a prefix-cache snapshot serves later requests on targets whose state cannot be cut
+    back (core/prefix_cache.py); 0 where not known.
+
+    `boundary`: where the last message ended, before the template opened the assistant's turn.
+    The conversation's next turn renders the same up to there, whereas what follows
+    (`<|im_start|>assistant\n<think>\n`, say) is rendered otherwise once the answer is in the
+    history. `system_end`: where the system message (with the tools) ended, which every new
+    conversation of the same agent shares: Claude Code's runs to tens of thousands of tokens."""
 
     ids: list[int]
     opens: bool
     boundary: int = 0
+    system_end: int = 0
+
+    @property
+    def marks(self) -> tuple[int, ...]:
+        """The snapshot places, for `Pipeline.stream(snapshot_at=...)`."""
+        return tuple(p for p in (self.system_end, self.boundary) if p > 0)
 
 
 # (tokenizer id, template, settings) -> generation prompt tokens; a request's own template
@@ -262,7 +274,42 @@ def render_chat(
     if not ids:
         raise ApiError(400, "the chat template rendered an empty prompt")
     suffix = 0 if continue_final else generation_prompt_tokens(tokenizer, template, kwargs)
-    return Rendered(ids, opens, len(ids) - suffix if 0 < suffix < len(ids) else 0)
+    boundary = len(ids) - suffix if 0 < suffix < len(ids) else 0
+    return Rendered(ids, opens, boundary, system_end(tokenizer, template, msgs, kwargs, ids))
+
+
+_SYSTEMS: OrderedDict[tuple, np.ndarray] = OrderedDict()  # the latest system messages' ids
+SYSTEMS_KEPT = 16
+
+
+def system_end(
+    tokenizer: Any, template: str | None, msgs: list[dict], kwargs: dict, ids: list[int]
+) -> int:
+    """Where `ids` stop following the system message rendered alone (tools included), or 0
+    with no system message (or none that renders alone). Its ids are kept for the latest
+    `SYSTEMS_KEPT` system messages, so a conversation pays the rendering once."""
+    if len(msgs) < 2 or msgs[0]["role"] != "system":
+        return 0
+    digest = hashlib.sha256(msgs[0]["content"].encode("utf-8", "surrogatepass")).hexdigest()
+    key = (id(tokenizer), template, digest, repr(sorted(kwargs.items())))
+    with _SUFFIX_LOCK:
+        alone = _SYSTEMS.get(key)
+        if alone is not None:
+            _SYSTEMS.move_to_end(key)
+    if alone is None:
+        try:
+            text = _apply(tokenizer, msgs[:1], template, False, kwargs, False)
+            alone = np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+        except Exception:  # a template that wants a user turn: no system boundary
+            alone = np.zeros(0, dtype=np.int64)
+        with _SUFFIX_LOCK:
+            _SYSTEMS[key] = alone
+            while len(_SYSTEMS) > SYSTEMS_KEPT:
+                _SYSTEMS.popitem(last=False)
+    n = min(len(alone), len(ids))
+    differ = np.flatnonzero(alone[:n] != np.asarray(ids[:n], dtype=np.int64))
+    end = int(differ[0]) if len(differ) else n
+    return end if 0 < end < len(ids) else 0
 
 
 def _template_caps(template: str) -> dict[str, bool]:

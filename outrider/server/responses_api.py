@@ -274,7 +274,7 @@ def router(state: Any) -> APIRouter:
             logprobs=None,
             ignore_eos=body.ignore_eos,
         )
-        opts = options(engine, limits, len(prompt), params, rendered.boundary)
+        opts = options(engine, limits, len(prompt), params, rendered.marks)
         parse = body.tool_choice != "none"
         markers = markers_for(template_text(pipe.tokenizer))
         shaper = Shaper(True, in_thinking, schemas, parse, markers, forced)
