@@ -210,6 +210,38 @@ def test_a_new_conversation_resumes_where_the_shared_system_prompt_ended(models_
     assert second.choices[0].message.content == fresh.choices[0].message.content
 
 
+def test_thinning_keeps_marks_and_prompt_ends_longest_and_spreads_the_rest():
+    """Checkpoints where nothing ended go first (the closest to the one before, so the rest
+    stay spread), then marks and prompt ends, oldest first; a dropped prompt end takes its
+    logits row with it (no whole hit there without its checkpoint)."""
+    import numpy as np
+
+    from outrider.core.family import LayerSnapshot
+    from outrider.core.prefix_cache import _Entry
+
+    def snap(trimmable: bool = False) -> list[LayerSnapshot]:
+        return [LayerSnapshot("kv", [mx.zeros((256,), dtype=mx.float32)], {}, trimmable)]
+
+    positions = [8, 16, 20, 32, 48, 56]  # 1 KiB each; the entry's own state 1 KiB
+    entry = _Entry(np.arange(64), snap(), {p: snap() for p in positions})
+    entry.logits = {56: mx.zeros((4,))}  # a prompt ended at 56
+    entry.marks = {16}  # a caller's mark (a system prompt's end)
+    entry.nbytes = entry._count()
+    kept = []
+    for _ in positions:  # one checkpoint at a time
+        assert entry.thin(entry.nbytes - 1024) == 1
+        kept.append(sorted(entry.checkpoints))
+    assert kept == [
+        [8, 16, 32, 48, 56],  # 20, 4 tokens after 16: the closest to the one before it
+        [16, 32, 48, 56],  # 8 (8 after the start), before 32 and 48 (16 after theirs)
+        [16, 48, 56],  # 32 and 48 tie: the older goes
+        [16, 56],  # 48, the last where nothing ended
+        [56],  # then the mark and the prompt end, the older first
+        [],
+    ]
+    assert entry.logits == {} and entry.thin(0) == 0
+
+
 def test_a_long_prefill_takes_at_most_eight_checkpoints():
     """Every `interval` tokens up to 8 of them; a longer prompt spaces them wider (multiples of
     the interval), since each holds a whole recurrent state until the entry is stored."""

@@ -167,6 +167,7 @@ class _Entry:
     taps: mx.array | None = None
     tap_ids: tuple[int, ...] = ()
     logits: dict[int, mx.array] = field(default_factory=dict)  # position -> logits row there
+    marks: set[int] = field(default_factory=set)  # checkpoints later requests share: kept last
 
     def __post_init__(self) -> None:
         self.all_trimmable = all(s.trimmable for s in self.final)
@@ -198,14 +199,14 @@ class _Entry:
         A recurrent layer's snapshot weighs the same wherever it is taken (a 27B hybrid's, a
         hundred megabytes or more), so a long agent conversation's checkpoints, one every
         `interval` tokens of every turn, outgrow any budget. First to go are those where no
-        prompt ended, the one nearest the checkpoint before it first, so the rest stay spread
-        along the sequence; then prompt ends (where the next turn most likely diverges: a
-        template that drops the last answer's reasoning re-renders from there), oldest first."""
+        prompt ended nor a caller's mark sits (`Record.marks`: where a system prompt or a
+        message ended), the one nearest the checkpoint before it first, so the rest stay spread
+        along the sequence; then those, oldest first."""
         dropped = 0
         while self.nbytes > limit and self.checkpoints:
             positions = sorted(self.checkpoints)
             gaps = {p: p - before for before, p in zip([0, *positions], positions)}
-            loose = [p for p in positions if p not in self.logits]
+            loose = [p for p in positions if p not in self.logits and p not in self.marks]
             victim = min(loose, key=lambda p: (gaps[p], p)) if loose else positions[0]
             del self.checkpoints[victim]
             self.logits.pop(victim, None)  # no whole hit there without its checkpoint
@@ -380,6 +381,7 @@ class PrefixCache:
         checkpoints = {} if trims else {p: c for p, c in record.checkpoints.items() if p < n}
         tap_ids = record.tap_ids if taps is not None else ()
         entry = _Entry(tokens, final, checkpoints, taps, tap_ids, logits)
+        entry.marks = {p for p in record.marks if p in checkpoints}
         for key, old in list(self._entries.items()):
             shared = _shared(old.tokens, tokens)
             if shared == len(old.tokens) and (old.tap_ids == entry.tap_ids or not old.tap_ids):
@@ -408,6 +410,7 @@ class PrefixCache:
         tokens) to `into`."""
         for p, row in other.logits.items():
             into.logits.setdefault(p, row)
+        into.marks |= other.marks
         if not into.all_trimmable:
             for p, ck in other.checkpoints.items():
                 into.checkpoints.setdefault(p, ck)
