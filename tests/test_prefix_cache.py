@@ -40,8 +40,8 @@ FIRST = SYSTEM + [100, 101, 102]
 DIVERGE = 21  # inside the checkpoint interval [16, 24)
 
 
-def run(pipe, ids, n=N):
-    return pipe.generate(ids, max_tokens=n, max_draft=4, stop_tokens=set())
+def run(pipe, ids, n=N, **kw):
+    return pipe.generate(ids, max_tokens=n, max_draft=4, stop_tokens=set(), **kw)
 
 
 def pipes(models_dir, family, mode):
@@ -222,21 +222,22 @@ def test_thinning_keeps_marks_and_prompt_ends_longest_and_spreads_the_rest():
     def snap(trimmable: bool = False) -> list[LayerSnapshot]:
         return [LayerSnapshot("kv", [mx.zeros((256,), dtype=mx.float32)], {}, trimmable)]
 
-    positions = [8, 16, 20, 32, 48, 56]  # 1 KiB each; the entry's own state 1 KiB
+    positions = [8, 16, 20, 32, 40, 48, 56]  # 1 KiB each; the entry's own state 1 KiB
     entry = _Entry(np.arange(64), snap(), {p: snap() for p in positions})
-    entry.logits = {56: mx.zeros((4,))}  # a prompt ended at 56
-    entry.marks = {16}  # a caller's mark (a system prompt's end)
+    entry.logits = {40: mx.zeros((4,)), 56: mx.zeros((4,))}  # prompts ended at 40 and 56
+    entry.marks = {16, 48}  # a caller's marks (a system prompt's end, a message's)
     entry.nbytes = entry._count()
     kept = []
     for _ in positions:  # one checkpoint at a time
         assert entry.thin(entry.nbytes - 1024) == 1
         kept.append(sorted(entry.checkpoints))
     assert kept == [
-        [8, 16, 32, 48, 56],  # 20, 4 tokens after 16: the closest to the one before it
-        [16, 32, 48, 56],  # 8 (8 after the start), before 32 and 48 (16 after theirs)
-        [16, 48, 56],  # 32 and 48 tie: the older goes
-        [16, 56],  # 48, the last where nothing ended
-        [56],  # then the mark and the prompt end, the older first
+        [8, 16, 32, 40, 48, 56],  # 20, 4 tokens after 16: the closest to the one before it
+        [16, 32, 40, 48, 56],  # 8 (8 after the start), before 32 (16 after 16)
+        [16, 40, 48, 56],  # 32, the last where nothing ended or was marked
+        [16, 48, 56],  # then ends and marks, oldest first: 40 ...
+        [16, 56],  # ... and 48, but not the first mark and the newest
+        [56],  # the first mark (a system prompt's end) goes before the newest
         [],
     ]
     assert entry.logits == {} and entry.thin(0) == 0
@@ -254,6 +255,32 @@ def test_a_long_prefill_takes_at_most_eight_checkpoints():
     assert len(long) <= 8 and sorted(long)[0] == 5120 - 100  # 512 x 10, counted from 0
     assert all((p + 100) % 5120 == 0 for p in long)
     assert Record([True], 512, ()).prefill_stops(None, None, 0, 9999) == ((), None)
+
+
+def test_a_disk_entry_keeps_its_marks_and_is_thinned_into_a_smaller_budget(models_dir, tmp_path):
+    """An entry read back from the disk tier under a smaller budget than it was written for is
+    thinned like a fresh one (it used to be refused), and keeps the marks its request set."""
+    target, pipe, fresh = pipes(models_dir, "qwen3_5", "baseline")
+    pipe.enable_prefix_cache(gb=1, directory=tmp_path, interval=INTERVAL)
+    mark = len(SYSTEM) - 3  # not a multiple of the interval: only the mark snapshots there
+    ids = FIRST + [120, 121, 122, 123] * 6
+    for turn in range(3):  # one entry, checkpoints from three prefills
+        ids = ids + run(pipe, ids, snapshot_at=(mark,)).tokens + [130 + turn] * 20
+    assert pipe.prefix_cache.entries == 1 and len(list(tmp_path.glob("*.safetensors"))) == 1
+    written = next(iter(pipe.prefix_cache._entries.values()))
+    assert mark in written.marks and mark in written.checkpoints
+    held = sum(s.nbytes for ck in written.checkpoints.values() for s in ck if s is not None)
+    one = held / len(written.checkpoints)
+    budget = 2 * (written.nbytes - held + 2.5 * one)  # half of it holds two checkpoints
+    assert budget < written.nbytes  # which the whole entry overflows
+    pipe.enable_prefix_cache(gb=budget / (1 << 30), directory=tmp_path, interval=INTERVAL)
+    probe = SYSTEM[:mark] + [7, 7, 7]  # diverges right after the mark
+    got = run(pipe, probe)
+    store = pipe.prefix_cache
+    assert store.stats["disk_hits"] == 1 and store.stats["checkpoints_dropped"] > 0
+    assert got.cached_tokens == mark and got.tokens == run(fresh, probe).tokens
+    read = next(iter(store._entries.values()))
+    assert mark in read.marks and read.nbytes <= store.max_bytes // 2
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])

@@ -201,13 +201,17 @@ class _Entry:
         `interval` tokens of every turn, outgrow any budget. First to go are those where no
         prompt ended nor a caller's mark sits (`Record.marks`: where a system prompt or a
         message ended), the one nearest the checkpoint before it first, so the rest stay spread
-        along the sequence; then those, oldest first."""
+        along the sequence; then those, oldest first, but the first mark (a system prompt's end,
+        which new conversations share) and the newest (where the next turn resumes) go last."""
         dropped = 0
         while self.nbytes > limit and self.checkpoints:
             positions = sorted(self.checkpoints)
             gaps = {p: p - before for before, p in zip([0, *positions], positions)}
             loose = [p for p in positions if p not in self.logits and p not in self.marks]
-            victim = min(loose, key=lambda p: (gaps[p], p)) if loose else positions[0]
+            marks = sorted(self.marks & set(positions))
+            last = [*marks[:1], positions[-1]]
+            kept = [p for p in positions if p not in last] or last
+            victim = min(loose, key=lambda p: (gaps[p], p)) if loose else kept[0]
             del self.checkpoints[victim]
             self.logits.pop(victim, None)  # no whole hit there without its checkpoint
             self.nbytes = self._count()
@@ -512,6 +516,7 @@ class PrefixCache:
             "checkpoints": {str(p): layout(ck, f"ck{p}") for p, ck in entry.checkpoints.items()},
             "tap_ids": list(entry.tap_ids),
             "logits": sorted(entry.logits),
+            "marks": sorted(entry.marks),  # read with .get: files without it have none
         }
         metadata = {
             "identity": self.identity,
@@ -610,12 +615,14 @@ class PrefixCache:
                 tuple(plan["tap_ids"]),
                 logits,
             )
+            entry.marks = {int(p) for p in plan.get("marks", [])} & set(entry.checkpoints)
             os.utime(path)  # recently used: last to be deleted
         except Exception as e:  # noqa: BLE001 - anything wrong with a file means: refuse it
             warnings.warn(f"prefix cache refused {path.name}: {e}", stacklevel=3)
             self.stats["disk_refused"] += 1
             self._delete_disk(stem)
             return False
+        self._thin(entry)  # a smaller budget than the one it was written under
         if entry.nbytes > self.max_bytes:
             return False
         key = self._next
