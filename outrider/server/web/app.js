@@ -258,8 +258,10 @@ function chatBody() {
     stream: true,
     stream_options: { include_usage: true },
     max_tokens: Number($("opt-max-tokens").value) || 1024,
-    temperature: Number($("opt-temperature").value) || 0,
   };
+  // empty: the server's default (the model's recommended sampling, else greedy)
+  const temperature = $("opt-temperature").value.trim();
+  if (temperature !== "") body.temperature = Number(temperature);
   const thinking = $("opt-thinking").value;
   if (thinking) body.enable_thinking = thinking === "on";
   const tools = $("opt-tools").value.trim();
