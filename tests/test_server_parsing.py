@@ -221,7 +221,7 @@ class AlwaysThinks:
 
     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True, **kw):
         turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        return turns + "<|im_start|>assistant\n<think>\n"
+        return turns + ("<|im_start|>assistant\n<think>\n" if add_generation_prompt else "")
 
     def encode(self, text, add_special_tokens=False):
         return [ord(c) for c in text]
@@ -241,6 +241,9 @@ def test_thinking_off_closes_a_think_block_the_template_opens_anyway(thinking):
         assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") and not opens
     else:  # the template's own choice stands: the model thinks, and its output is reasoning
         assert text.endswith("<think>\n") and opens
+    # where the user's message ended (the next turn resumes there), the closed block or not
+    boundary = render_chat(AlwaysThinks(), ask, thinking=thinking).boundary
+    assert text[:boundary].endswith("hi<|im_end|>\n") and 0 < boundary < len(text)
 
 
 def test_merged_chunks_keep_every_round_for_the_ribbon():

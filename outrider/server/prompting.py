@@ -184,38 +184,54 @@ class Rendered(NamedTuple):
         return tuple(p for p in (self.system_end, self.boundary) if p > 0)
 
 
-# (tokenizer id, template, settings) -> generation prompt tokens; a request's own template
-# kwargs make new keys, so only the latest SUFFIXES_KEPT are kept
-_SUFFIX: OrderedDict[tuple, int] = OrderedDict()
-SUFFIXES_KEPT = 64
-_SUFFIX_LOCK = threading.Lock()
+class _Latest:
+    """The values of a costly function for its latest `size` keys, shared by the threads that
+    render requests (a request's own template kwargs make new keys, so it must stay small)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self._kept, self._lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key: tuple, compute: Any) -> Any:
+        with self._lock:
+            if key in self._kept:
+                self._kept.move_to_end(key)
+                return self._kept[key]
+        value = compute()  # outside the lock: another thread may compute it too, harmlessly
+        with self._lock:
+            self._kept[key] = value
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return value
+
+
+_TURN_OPENERS = _Latest(64)  # (tokenizer, template, settings) -> tokens opening a turn
+_SYSTEM_IDS = _Latest(16)  # (tokenizer, template, system message, settings) -> its ids alone
 PROBE = [{"role": "user", "content": "Hello."}]
 
 
-def generation_prompt_tokens(tokenizer: Any, template: str | None, kwargs: dict[str, Any]) -> int:
-    """How many tokens the template appends to open the assistant's turn, measured once per
-    tokenizer and settings on a probe conversation (0 where the two renderings do not share a
-    prefix, or rendering fails). Tools are left out: they render before the turns."""
+def generation_prompt_tokens(
+    tokenizer: Any, template: str | None, kwargs: dict[str, Any], close: tuple[str, str] | None
+) -> int:
+    """How many tokens the template appends to open the assistant's turn (with a think block
+    closed by `close_thinking` when `close` gives its markers, as `render_chat` does), measured
+    once per tokenizer and settings on a probe conversation: 0 where the two renderings do not
+    share a prefix, or rendering fails. Tools are left out: they render before the turns."""
     kwargs = {k: v for k, v in kwargs.items() if k != "tools"}
-    key = (id(tokenizer), template, repr(sorted(kwargs.items())))
-    with _SUFFIX_LOCK:  # requests render on several threads at once
-        if key in _SUFFIX:
-            _SUFFIX.move_to_end(key)
-            return _SUFFIX[key]
-    try:
-        with_turn = tokenizer.encode(_apply(tokenizer, PROBE, template, False, kwargs),
-                                     add_special_tokens=False)  # fmt: skip
-        without = tokenizer.encode(_apply(tokenizer, PROBE, template, False, kwargs, False),
-                                   add_special_tokens=False)  # fmt: skip
+
+    def measure() -> int:
+        try:
+            text = _apply(tokenizer, PROBE, template, False, kwargs)
+            if close is not None:
+                text = close_thinking(text, close)
+            with_turn = tokenizer.encode(text, add_special_tokens=False)
+            without = tokenizer.encode(_apply(tokenizer, PROBE, template, False, kwargs, False),
+                                       add_special_tokens=False)  # fmt: skip
+        except Exception:  # a template that cannot render the probe: no boundary
+            return 0
         same = list(with_turn[: len(without)]) == list(without)
-        n = len(with_turn) - len(without) if same else 0
-    except Exception:  # a template that cannot render the probe: no boundary
-        n = 0
-    with _SUFFIX_LOCK:
-        _SUFFIX[key] = n
-        while len(_SUFFIX) > SUFFIXES_KEPT:
-            _SUFFIX.popitem(last=False)
-    return n
+        return len(with_turn) - len(without) if same else 0
+
+    return _TURN_OPENERS.get((id(tokenizer), template, close, _digest(kwargs)), measure)
 
 
 def render_chat(
@@ -267,45 +283,42 @@ def render_chat(
         raise ApiError(400, "the chat template produced text with a lone UTF-16 surrogate")
     tpl = template if template is not None else template_text(tokenizer)
     markers = markers_for(tpl)
-    if thinking is False and not continue_final:  # a template may open a think block anyway
-        text = close_thinking(text, markers)
+    close = markers if thinking is False and not continue_final else None
+    if close is not None:  # a template may open a think block anyway
+        text = close_thinking(text, close)
     opens = not continue_final and prompt_opens_thinking(text, markers)
     ids = encode_within(tokenizer, text, window)
     if not ids:
         raise ApiError(400, "the chat template rendered an empty prompt")
-    suffix = 0 if continue_final else generation_prompt_tokens(tokenizer, template, kwargs)
+    suffix = 0 if continue_final else generation_prompt_tokens(tokenizer, template, kwargs, close)
     boundary = len(ids) - suffix if 0 < suffix < len(ids) else 0
     return Rendered(ids, opens, boundary, system_end(tokenizer, template, msgs, kwargs, ids))
 
 
-_SYSTEMS: OrderedDict[tuple, np.ndarray] = OrderedDict()  # the latest system messages' ids
-SYSTEMS_KEPT = 16
+def _digest(kwargs: dict[str, Any]) -> str:
+    """A short key for template settings (a tools list runs to tens of kilobytes)."""
+    text = repr(sorted(kwargs.items())).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(text).hexdigest()
 
 
 def system_end(
     tokenizer: Any, template: str | None, msgs: list[dict], kwargs: dict, ids: list[int]
 ) -> int:
     """Where `ids` stop following the system message rendered alone (tools included), or 0
-    with no system message (or none that renders alone). Its ids are kept for the latest
-    `SYSTEMS_KEPT` system messages, so a conversation pays the rendering once."""
+    with no system message (or none that renders alone). Its ids are kept for the latest 16
+    system messages (`_SYSTEM_IDS`), so a conversation pays the rendering once."""
     if len(msgs) < 2 or msgs[0]["role"] != "system":
         return 0
     digest = hashlib.sha256(msgs[0]["content"].encode("utf-8", "surrogatepass")).hexdigest()
-    key = (id(tokenizer), template, digest, repr(sorted(kwargs.items())))
-    with _SUFFIX_LOCK:
-        alone = _SYSTEMS.get(key)
-        if alone is not None:
-            _SYSTEMS.move_to_end(key)
-    if alone is None:
+
+    def render_alone() -> np.ndarray:
         try:
             text = _apply(tokenizer, msgs[:1], template, False, kwargs, False)
-            alone = np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+            return np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
         except Exception:  # a template that wants a user turn: no system boundary
-            alone = np.zeros(0, dtype=np.int64)
-        with _SUFFIX_LOCK:
-            _SYSTEMS[key] = alone
-            while len(_SYSTEMS) > SYSTEMS_KEPT:
-                _SYSTEMS.popitem(last=False)
+            return np.zeros(0, dtype=np.int64)
+
+    alone = _SYSTEM_IDS.get((id(tokenizer), template, digest, _digest(kwargs)), render_alone)
     n = min(len(alone), len(ids))
     differ = np.flatnonzero(alone[:n] != np.asarray(ids[:n], dtype=np.int64))
     end = int(differ[0]) if len(differ) else n
