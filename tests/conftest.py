@@ -109,7 +109,7 @@ _PLAIN_CACHE: dict = {}  # model path -> mlx-lm model
 _PLAIN_RUNS: dict = {}  # (model path, prompt, max_tokens) -> plain greedy tokens
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept across modules: built once a worker
 def toy(tmp_path_factory) -> dict:
     """A target whose greedy choices are learnable, and a prompt file (training tests)."""
     from outrider.testing import make_toy_training_set

@@ -26,7 +26,7 @@ def bench(*args: str):
     return CliRunner().invoke(cli.app, ["benchmark", *args])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept across modules: built once a worker
 def drawn(tmp_path_factory):
     """The new receipt through the command (PNG and HTML), the old one as SVG."""
     out = tmp_path_factory.mktemp("report")

@@ -31,12 +31,12 @@ print(res.text, res.mean_accept_len, res.tokens_per_sec)
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept across modules: built once a worker
 def dspark():
     return compat.load_pair(DEMO)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept across modules: built once a worker
 def baseline_tokens():
     return load(DEMO, mode="baseline").generate(PROMPT, max_tokens=128).tokens
 

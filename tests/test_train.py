@@ -32,7 +32,7 @@ def config(toy, out: Path, **overrides) -> TrainConfig:
 DSPARK_RUN = pytest.mark.xdist_group("dspark_run")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept across modules: built once a worker
 def dspark_run(toy):
     out = toy["root"] / "dspark"
     events: list[dict] = []

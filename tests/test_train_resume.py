@@ -52,7 +52,7 @@ def windows_of(out: Path) -> dict[str, np.ndarray]:
     return {k: np.array(v) for k, v in arrays.items()}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # kept across modules: built once a worker
 def straight(toy):
     out = toy["root"] / "straight"
     events: list[dict] = []
