@@ -136,3 +136,14 @@ def test_serve_flags_override_the_model_and_requests_override_both(recommending)
 def test_out_of_range_flags_are_one_line(flag, said):
     result = invoke("serve", "--no-model", "--port", "1", *flag)
     assert result.exit_code != 0 and said in result.output
+
+
+def test_serve_says_at_start_up_what_unset_sampling_becomes():
+    from outrider.server.command import sampling_note
+
+    assert "decode greedily" in sampling_note(SamplingDefaults())
+    said = sampling_note(SamplingDefaults(0.6, 0.95, 20, source="generation_config.json"))
+    assert said == (
+        "note: requests that set no sampling use temperature 0.6, top_p 0.95, top_k 20 "
+        "(generation_config.json)"
+    )
