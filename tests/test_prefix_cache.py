@@ -217,13 +217,13 @@ def test_thinning_keeps_marks_and_prompt_ends_longest_and_spreads_the_rest():
     import numpy as np
 
     from outrider.core.family import LayerSnapshot
-    from outrider.core.prefix_cache import _Entry
+    from outrider.core.prefix_entry import Entry
 
     def snap(trimmable: bool = False) -> list[LayerSnapshot]:
         return [LayerSnapshot("kv", [mx.zeros((256,), dtype=mx.float32)], {}, trimmable)]
 
     positions = [8, 16, 20, 32, 40, 48, 56]  # 1 KiB each; the entry's own state 1 KiB
-    entry = _Entry(np.arange(64), snap(), {p: snap() for p in positions})
+    entry = Entry(np.arange(64), snap(), {p: snap() for p in positions})
     entry.logits = {40: mx.zeros((4,)), 56: mx.zeros((4,))}  # prompts ended at 40 and 56
     entry.marks = {16, 48}  # a caller's marks (a system prompt's end, a message's)
     entry.nbytes = entry._count()
@@ -317,13 +317,13 @@ def test_disk_tier_survives_and_refuses_bad_files(models_dir, tmp_path, family):
     mx.save_safetensors(str(files[0]), arrays, {**meta, "identity": "another-model"})
     side = files[0].with_suffix(".json")
     record = json.loads(side.read_text())
-    from outrider.core.prefix_cache import _file_sha
+    from outrider.core.prefix_disk import file_sha
 
-    side.write_text(json.dumps({**record, "sha256": _file_sha(files[0])}))
+    side.write_text(json.dumps({**record, "sha256": file_sha(files[0])}))
     got, stats, said = new_store_run()
     assert got.cached_tokens == 0 and stats["disk_refused"] == 1
     assert any("another model" in s for s in said)
-    assert json.loads(side.read_text())["sha256"] == _file_sha(files[0])  # rebuilt, ours again
+    assert json.loads(side.read_text())["sha256"] == file_sha(files[0])  # rebuilt, ours again
     got, stats, _ = new_store_run()
     assert got.cached_tokens == len(FIRST) and stats["disk_hits"] == 1
 

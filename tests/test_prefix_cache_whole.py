@@ -19,7 +19,7 @@ from test_prefix_cache import FIRST, INTERVAL, SYSTEM, N, run
 
 import outrider
 from outrider.core.logits import Penalties
-from outrider.core.prefix_cache import FORMAT, _file_sha
+from outrider.core.prefix_disk import FORMAT, file_sha
 from outrider.core.target import HIT_TAIL, Target
 
 
@@ -171,7 +171,7 @@ def _rewrite(path, metadata=None, drop=(), side_update=None, side_drop=()):
     side = path.with_suffix(".json")
     record = json.loads(side.read_text())
     record = {k: v for k, v in {**record, **(side_update or {})}.items() if k not in side_drop}
-    side.write_text(json.dumps({**record, "sha256": _file_sha(path)}))
+    side.write_text(json.dumps({**record, "sha256": file_sha(path)}))
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])

@@ -16,23 +16,20 @@ prefill computed, so the output is the fresh request's (greedy: identical; sampl
 draw from the same key stream).
 
 Memory is bounded by bytes with LRU eviction; a budget of 0 caches nothing. One sequence keeps
-at most half the budget: past that, its checkpoints are thinned (`_Entry.thin`) rather than
-the sequence left out. An optional disk
-tier (safetensors files + a JSON sidecar each, bounded in size, oldest deleted first) survives
-restarts; a file made for another model or outrider version, or one that does not match its
-checksum, is refused and deleted (the next request rebuilds it). A disk that fails to write
-turns the disk tier off with a warning, never an error. One thread owns a store (the server's
-engine worker); it is not thread-safe.
+at most half the budget: past that, its checkpoints are thinned (`Entry.thin`,
+core/prefix_entry.py) rather than the sequence left out. An optional disk tier
+(core/prefix_disk.py: safetensors files, bounded in size) survives restarts and refuses any
+file it cannot trust. One thread owns a store (the server's engine worker); it is not
+thread-safe.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,19 +37,12 @@ import mlx.core as mx
 import numpy as np
 
 from .family import LayerSnapshot, NotSnapshottable
+from .prefix_disk import DiskTier
+from .prefix_entry import Entry, shared_prefix
 
 DEFAULT_INTERVAL = 512  # tokens between recurrent / sliding-window checkpoints in a prefill
 PREFILL_CHECKPOINTS = 8  # at most this many of them in one prefill (wider apart past 4k tokens)
 GB = 1 << 30
-# The disk tier's file format: files of another format are never read (their requests miss and
-# rewrite them). 2: entries keep logits rows (`logits.<n>`), listed in the layout and sidecar.
-FORMAT = 2
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 def target_identity(target: Any) -> str:
@@ -159,86 +149,6 @@ class Record:
         return self.tokens if self.length is None else self.tokens[: self.length]
 
 
-@dataclass
-class _Entry:
-    tokens: np.ndarray
-    final: list[LayerSnapshot]
-    checkpoints: dict[int, list[LayerSnapshot | None]] = field(default_factory=dict)
-    taps: mx.array | None = None
-    tap_ids: tuple[int, ...] = ()
-    logits: dict[int, mx.array] = field(default_factory=dict)  # position -> logits row there
-    marks: set[int] = field(default_factory=set)  # checkpoints later requests share: kept last
-
-    def __post_init__(self) -> None:
-        self.all_trimmable = all(s.trimmable for s in self.final)
-        self.nbytes = self._count()  # `_absorb`, the one change an entry sees, recounts it
-
-    def _count(self) -> int:
-        n = sum(s.nbytes for s in self.final)
-        n += sum(s.nbytes for ck in self.checkpoints.values() for s in ck if s is not None)
-        n += sum(row.nbytes for row in self.logits.values())
-        return n + (self.taps.nbytes if self.taps is not None else 0)
-
-    def usable(self, shared: int) -> int:
-        """The longest restorable prefix of at most `shared` tokens."""
-        if self.all_trimmable:
-            return shared
-        positions = [p for p in (*self.checkpoints, len(self.tokens)) if p <= shared]
-        return max(positions, default=0)
-
-    def whole(self, n: int) -> bool:
-        """Whether a prompt of n tokens held here can start with no forward at all: its
-        last position's logits are kept, and the cache restores to exactly n."""
-        return n in self.logits and self.usable(n) == n
-
-    def thin(self, limit: int) -> int:
-        """Drop checkpoints until the entry holds at most `limit` bytes, or none is left;
-        returns how many went. A hit then resumes from an earlier checkpoint: more to prefill,
-        never another answer.
-
-        A recurrent layer's snapshot weighs the same wherever it is taken (a 27B hybrid's, a
-        hundred megabytes or more), so a long agent conversation's checkpoints, one every
-        `interval` tokens of every turn, outgrow any budget. First to go are those where no
-        prompt ended nor a caller's mark sits (`Record.marks`: where a system prompt or a
-        message ended), the one nearest the checkpoint before it first, so the rest stay spread
-        along the sequence; then those, oldest first, but the first mark (a system prompt's end,
-        which new conversations share) and the newest (where the next turn resumes) go last."""
-        dropped = 0
-        while self.nbytes > limit and self.checkpoints:
-            positions = sorted(self.checkpoints)
-            gaps = {p: p - before for before, p in zip([0, *positions], positions)}
-            loose = [p for p in positions if p not in self.logits and p not in self.marks]
-            marks = sorted(self.marks & set(positions))
-            last = [*marks[:1], positions[-1]]
-            kept = [p for p in positions if p not in last] or last
-            victim = min(loose, key=lambda p: (gaps[p], p)) if loose else kept[0]
-            del self.checkpoints[victim]
-            self.logits.pop(victim, None)  # no whole hit there without its checkpoint
-            self.nbytes = self._count()
-            dropped += 1
-        return dropped
-
-    def layers(self, n: int) -> list[LayerSnapshot]:
-        if self.all_trimmable or n == len(self.tokens):
-            return self.final
-        ck = self.checkpoints[n]
-        return [f if c is None else c for c, f in zip(ck, self.final, strict=True)]
-
-
-def _shared(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    if n == 0 or a[0] != b[0]:  # most entries of a busy store share nothing with a prompt
-        return 0
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
-
-
-def _key(identity: str, tokens: np.ndarray) -> str:
-    h = hashlib.sha256(identity.encode())
-    h.update(tokens.astype(np.int64).tobytes())
-    return h.hexdigest()[:40]
-
-
 class PrefixCache:
     """Longest-prefix store of target caches: memory (LRU by bytes), optionally disk."""
 
@@ -251,14 +161,11 @@ class PrefixCache:
     ) -> None:
         self.max_bytes = max(0, int(max_bytes))
         self.interval = max(1, int(interval))
-        self.directory = Path(directory) if directory else None
-        self.disk_bytes = int(disk_bytes)
         self.identity: str | None = None
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._entries: OrderedDict[int, Entry] = OrderedDict()
         self._next = 0
         self._trimmable: list[bool] | None = None
         self._disabled: str | None = None
-        self._disk_index: dict[str, tuple[np.ndarray, set[int]]] = {}  # stem -> tokens, ends
         self.stats = {
             "hits": 0,
             "whole_hits": 0,
@@ -270,6 +177,7 @@ class PrefixCache:
             "disk_refused": 0,
             "checkpoints_dropped": 0,  # snapshots let go to keep a sequence in budget
         }
+        self.disk = DiskTier(Path(directory), int(disk_bytes), self.stats) if directory else None
 
     @classmethod
     def from_gb(cls, gb: float, directory: str | Path | None = None, **kw: Any) -> PrefixCache:
@@ -304,7 +212,8 @@ class PrefixCache:
             return
         self.clear()
         self.identity = identity
-        self._scan_disk()
+        if self.disk is not None:
+            self.disk.scan(identity)
 
     # -- one request -------------------------------------------------------------------------
     def record(self, target: Any, tap_ids: tuple[int, ...]) -> Record | None:
@@ -331,7 +240,7 @@ class PrefixCache:
         ids = np.asarray(prompt, dtype=np.int64)
         tap_ids = tuple(tap_ids)
         best, best_n = self._best(ids, tap_ids)
-        disk = self._best_on_disk(ids) if self.directory and best_n < len(ids) else None
+        disk = self.disk.best(ids) if self.disk_on and best_n < len(ids) else None
         if disk is not None and disk[1] > best_n and self._load_disk(disk[0]):
             self.stats["disk_hits"] += 1
             best, best_n = self._best(ids, tap_ids)
@@ -354,7 +263,7 @@ class PrefixCache:
         for key, e in self._entries.items():
             if tap_ids and (e.tap_ids != tap_ids or e.taps is None):
                 continue
-            shared = _shared(e.tokens, ids)
+            shared = shared_prefix(e.tokens, ids)
             n = whole if shared == whole and e.whole(whole) else e.usable(min(shared, whole - 1))
             if n >= best_n and n > 0:
                 best, best_n = key, n
@@ -384,14 +293,15 @@ class PrefixCache:
         trims = all(s.trimmable for s in final)
         checkpoints = {} if trims else {p: c for p, c in record.checkpoints.items() if p < n}
         tap_ids = record.tap_ids if taps is not None else ()
-        entry = _Entry(tokens, final, checkpoints, taps, tap_ids, logits)
+        entry = Entry(tokens, final, checkpoints, taps, tap_ids, logits)
         entry.marks = {p for p in record.marks if p in checkpoints}
         for key, old in list(self._entries.items()):
-            shared = _shared(old.tokens, tokens)
+            shared = shared_prefix(old.tokens, tokens)
             if shared == len(old.tokens) and (old.tap_ids == entry.tap_ids or not old.tap_ids):
                 self._absorb(entry, old)  # the new sequence extends the old one
                 del self._entries[key]
-                self._delete_disk(_key(self.identity, old.tokens))
+                if self.disk is not None:
+                    self.disk.forget(old.tokens)
             elif shared == n and (entry.tap_ids == old.tap_ids or not entry.tap_ids):
                 self._absorb(old, entry)  # already held by a longer sequence
                 self._thin(old)
@@ -405,11 +315,11 @@ class PrefixCache:
         self._next += 1
         self._entries[key] = entry
         self._fit(key)
-        if key in self._entries and self.directory is not None:
-            self._write_disk(entry)
+        if key in self._entries and self.disk_on:
+            self.disk.write(entry)
 
     @staticmethod
-    def _absorb(into: _Entry, other: _Entry) -> None:
+    def _absorb(into: Entry, other: Entry) -> None:
         """Add `other`'s checkpoints and logits rows (`other` holds a prefix of `into`'s
         tokens) to `into`."""
         for p, row in other.logits.items():
@@ -424,8 +334,8 @@ class PrefixCache:
                 into.checkpoints.setdefault(end, keep)
         into.nbytes = into._count()
 
-    def _thin(self, entry: _Entry) -> None:
-        """One sequence keeps at most half the budget (`_Entry.thin`), so a long conversation
+    def _thin(self, entry: Entry) -> None:
+        """One sequence keeps at most half the budget (`Entry.thin`), so a long conversation
         is cached with fewer checkpoints instead of not at all, and leaves room for others."""
         self.stats["checkpoints_dropped"] += entry.thin(self.max_bytes // 2)
 
@@ -440,189 +350,23 @@ class PrefixCache:
             total -= self._entries.pop(key).nbytes
             self.stats["evictions"] += 1
 
-    # -- disk tier ---------------------------------------------------------------------------
-    def _scan_disk(self) -> None:
-        self._disk_index = {}
-        if self.directory is None:
-            return
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            sidecars = list(self.directory.glob("*.json"))
-        except OSError as e:
-            self._disk_off(e)
-            return
-        for side in sidecars:
-            try:
-                meta = json.loads(side.read_text())
-                if meta.get("identity") != self.identity or meta.get("version") != _version():
-                    continue
-                if meta.get("format") != FORMAT:  # ours, but laid out otherwise: never read
-                    self.stats["disk_refused"] += 1
-                    self._delete_disk(side.stem)
-                    continue
-                tokens = np.asarray(meta["tokens"], dtype=np.int64)
-                self._disk_index[side.stem] = (tokens, {int(p) for p in meta["ends"]})
-            except (OSError, ValueError, KeyError, TypeError):
-                continue  # unreadable sidecars are refused when their file is asked for
+    # -- disk tier (core/prefix_disk.py) -------------------------------------------------------
+    @property
+    def disk_on(self) -> bool:
+        return self.disk is not None and self.disk.on
 
-    def _best_on_disk(self, ids: np.ndarray) -> tuple[str, int] | None:
-        whole = len(ids)
-        best = None
-        for stem, (tokens, ends) in self._disk_index.items():
-            shared = _shared(tokens, ids)
-            n = whole if shared == whole and whole in ends else min(shared, whole - 1)
-            if n > 0 and (best is None or n > best[1]):
-                best = (stem, n)
-        return best
-
-    def _disk_off(self, e: BaseException) -> None:
-        warnings.warn(f"prefix cache disk tier off: {e}", stacklevel=3)
-        self.directory = None
-        self._disk_index = {}
-
-    def _delete_disk(self, stem: str) -> None:
-        if self.directory is None:
-            return
-        self._disk_index.pop(stem, None)
-        for suffix in (".safetensors", ".json"):
-            try:
-                (self.directory / (stem + suffix)).unlink(missing_ok=True)
-            except OSError:
-                pass
-
-    def _write_disk(self, entry: _Entry) -> None:
-        stem = _key(self.identity, entry.tokens)
-        arrays: dict[str, mx.array] = {"tokens": mx.array(entry.tokens.astype(np.int32))}
-        if entry.taps is not None:
-            arrays["taps"] = entry.taps
-        for p, row in entry.logits.items():
-            arrays[f"logits.{p}"] = row
-
-        def layout(snaps: list[LayerSnapshot | None], prefix: str) -> list:
-            out = []
-            for i, s in enumerate(snaps):
-                if s is None:
-                    out.append(None)
-                    continue
-                for j, a in enumerate(s.arrays):
-                    if a is not None:
-                        arrays[f"{prefix}.{i}.{j}"] = a
-                present = [a is not None for a in s.arrays]
-                out.append([s.kind, s.meta, s.trimmable, present])
-            return out
-
-        plan = {
-            "final": layout(entry.final, "final"),
-            "checkpoints": {str(p): layout(ck, f"ck{p}") for p, ck in entry.checkpoints.items()},
-            "tap_ids": list(entry.tap_ids),
-            "logits": sorted(entry.logits),
-            "marks": sorted(entry.marks),  # read with .get: files without it have none
-        }
-        metadata = {
-            "identity": self.identity,
-            "version": _version(),
-            "format": str(FORMAT),
-            "tokens_sha": _key("", entry.tokens),
-            "layout": json.dumps(plan),
-        }
-        path = self.directory / f"{stem}.safetensors"
-        tmp = self.directory / f".{stem}.tmp.safetensors"
-        try:
-            mx.save_safetensors(str(tmp), arrays, metadata)
-            digest = _file_sha(tmp)
-            os.replace(tmp, path)
-            side = {
-                "identity": self.identity,
-                "version": _version(),
-                "format": FORMAT,
-                "sha256": digest,
-                "tokens": entry.tokens.tolist(),
-                "ends": sorted(entry.logits),
-            }
-            (self.directory / f"{stem}.json").write_text(json.dumps(side))
-        except (OSError, RuntimeError, ValueError) as e:  # full or read-only disk
-            for p in (tmp, path):
-                try:
-                    p.unlink(missing_ok=True)
-                except OSError:
-                    pass
-            self._disk_off(e)
-            return
-        self._disk_index[stem] = (entry.tokens, set(entry.logits))
-        self.stats["disk_writes"] += 1
-        self._bound_disk(keep=stem)
-
-    def _bound_disk(self, keep: str) -> None:
-        """Delete the least recently used files until the folder fits its size bound."""
-        try:
-            files = sorted(self.directory.glob("*.safetensors"), key=lambda p: p.stat().st_mtime)
-            total = sum(p.stat().st_size for p in files)
-        except OSError:
-            return
-        for p in files:
-            if total <= self.disk_bytes:
-                break
-            if p.stem == keep:
-                continue
-            try:
-                size = p.stat().st_size
-            except OSError:
-                continue
-            self._delete_disk(p.stem)
-            total -= size
+    @property
+    def directory(self) -> Path | None:
+        """The disk tier's folder (None: memory only, or the tier turned itself off)."""
+        return self.disk.directory if self.disk is not None else None
 
     def _load_disk(self, stem: str) -> bool:
-        """Load one disk entry into memory; a damaged or foreign file is refused and deleted."""
-        path = self.directory / f"{stem}.safetensors"
-        try:
-            side = json.loads((self.directory / f"{stem}.json").read_text())
-            if side.get("sha256") != _file_sha(path):
-                raise ValueError("checksum mismatch (damaged file)")
-            arrays, metadata = mx.load(str(path), return_metadata=True)
-            if metadata.get("identity") != self.identity or metadata.get("version") != _version():
-                raise ValueError("made for another model or outrider version")
-            if metadata.get("format") != str(FORMAT):
-                raise ValueError(f"file format {metadata.get('format', 1)}, not {FORMAT}")
-            tokens = np.asarray(arrays["tokens"], dtype=np.int64)
-            if metadata.get("tokens_sha") != _key("", tokens):
-                raise ValueError("token ids do not match the file's own record")
-            plan = json.loads(metadata["layout"])
-            logits = {int(p): arrays[f"logits.{p}"] for p in plan["logits"]}
-            widths = {(row.ndim, row.shape[-1]) for row in logits.values()}
-            if len(widths) > 1 or any(w[0] != 1 for w in widths):
-                raise ValueError("logits rows of different shapes")
-            if any(not 0 < p <= len(tokens) for p in logits):
-                raise ValueError("a logits row past the file's tokens")
-
-            def build(items: list, prefix: str) -> list:
-                out = []
-                for i, item in enumerate(items):
-                    if item is None:
-                        out.append(None)
-                        continue
-                    kind, meta, trimmable, present = item
-                    layer = [
-                        arrays[f"{prefix}.{i}.{j}"] if p else None for j, p in enumerate(present)
-                    ]
-                    out.append(LayerSnapshot(kind, layer, dict(meta), bool(trimmable)))
-                return out
-
-            entry = _Entry(
-                tokens,
-                build(plan["final"], "final"),
-                {int(p): build(ck, f"ck{p}") for p, ck in plan["checkpoints"].items()},
-                arrays.get("taps"),
-                tuple(plan["tap_ids"]),
-                logits,
-            )
-            entry.marks = {int(p) for p in plan.get("marks", [])} & set(entry.checkpoints)
-            os.utime(path)  # recently used: last to be deleted
-        except Exception as e:  # noqa: BLE001 - anything wrong with a file means: refuse it
-            warnings.warn(f"prefix cache refused {path.name}: {e}", stacklevel=3)
-            self.stats["disk_refused"] += 1
-            self._delete_disk(stem)
+        """Take one file's entry into memory, thinned to this budget (it may have been written
+        under a larger one)."""
+        entry = self.disk.load(stem)
+        if entry is None:
             return False
-        self._thin(entry)  # a smaller budget than the one it was written under
+        self._thin(entry)
         if entry.nbytes > self.max_bytes:
             return False
         key = self._next
@@ -630,11 +374,3 @@ class PrefixCache:
         self._entries[key] = entry
         self._fit(key)
         return True
-
-
-def _file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
