@@ -249,9 +249,35 @@ def test_the_race_streams_both_arms_and_its_verdict(server):
     assert verdict["speedup"] == pytest.approx(ratio, rel=0.01)
 
 
+def test_a_race_of_caps_runs_each_arm_and_compares_it_with_the_first(server):
+    """`caps`: 2 to 4 arms of the loaded pipeline (0: plain decoding; "auto": measured), each
+    checked against the first; the plain arm drafts nothing, the others draft."""
+    url, _ = server
+    body = {"prompt": "Repeat after me: " + ANSWER, "max_tokens": 40, "caps": [0, 2, "auto"]}
+    with requests.post(url + "/admin/race", json=body, headers=H, stream=True) as r:
+        events = _events(sse_frames(r))
+    kinds = [k for k, _ in events if k != "token"]
+    assert kinds == ["start"] + ["arm_start", "arm_done"] * 3 + ["verdict", "done"]
+    assert events[0][1]["arms"] == ["plain", "cap 2", "auto"]
+    starts = [d for k, d in events if k == "arm_start"]
+    assert [d["max_draft"] for d in starts] == [0, 2, "auto"]
+    done = {d["arm"]: d for k, d in events if k == "arm_done"}
+    assert done["plain"]["rounds"] == 0 and done["cap 2"]["rounds"] > 0
+    assert done["cap 2"]["accept_len"] <= 3  # at most 2 drafts kept a round
+    verdict = events[-2][1]
+    assert [a["arm"] for a in verdict["arms"]] == ["cap 2", "auto"]
+    assert verdict["identical"] and all(a["identical"] for a in verdict["arms"])
+    assert verdict["speedup"] == verdict["arms"][-1]["speedup"]
+
+
 def test_race_requests_are_checked(server):
     url, _ = server
-    for bad in ({}, {"prompt": ""}, {"prompt": "x", "max_tokens": 0}, {"prompt": "x", "n": 2}):
+    for bad in (
+        {}, {"prompt": ""}, {"prompt": "x", "max_tokens": 0}, {"prompt": "x", "n": 2},
+        {"prompt": "x", "caps": [0]}, {"prompt": "x", "caps": [0, 1, 2, 3, 4]},
+        {"prompt": "x", "caps": [-1, 2]}, {"prompt": "x", "caps": [2, 2]},
+        {"prompt": "x", "caps": ["fast", 2]},
+    ):  # fmt: skip
         r = requests.post(url + "/admin/race", json=bad, headers=H)
         assert r.status_code == 400, bad
     r = requests.post(url + "/admin/race", json={"prompt": "x", "max_tokens": 10**9}, headers=H)

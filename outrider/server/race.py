@@ -1,6 +1,8 @@
 """`POST /admin/race`: the same prompt through plain decoding and the loaded speculative mode,
 one arm after the other on the engine thread (greedy both), streamed as server-sent events so
-the page can show the two texts side by side and the speed-up as it happens.
+the page can show the two texts side by side and the speed-up as it happens. `caps` races 2 to
+4 arms of the loaded pipeline at caps of their own instead (0: plain decoding; "auto": each
+round's cap measured), each compared with the first.
 
 The plain arm is the loaded pipeline with `max_draft=0`: nothing is drafted, so the loop takes
 baseline's pipelined plain path (one target forward a token, the drafter idle), exactly what
@@ -9,12 +11,14 @@ through the engine like any request, so there is still one MLX thread. Token tim
 from each arm's first token, so queueing and prefill (the same prompt in both arms) do not
 count: the race compares decoding. Events:
 
-    start     {model, mode, max_draft, prompt_tokens, max_tokens}
-    arm_start {arm: "plain" | "spec", mode, max_draft}
+    start     {model, mode, max_draft, prompt_tokens, max_tokens, arms}
+    arm_start {arm: "plain" | "spec" (or, with caps: "plain" | "cap N" | "auto"), mode, max_draft}
     token     {arm, index (tokens so far), text, t_ms, round?: {drafted, accepted}}
     arm_done  {arm, tokens, seconds, prefill_seconds, tokens_per_sec, accept_len, rounds,
                finish_reason}
-    verdict   {identical, first_difference, speedup}
+    verdict   {identical, first_difference, speedup, arms: [{arm, identical, first_difference,
+               speedup}]}: each arm against the first; `identical` says all agree, the
+               other top-level fields are the last arm's (the default arms: spec against plain)
     done      {}
     error     {message}
 """
@@ -24,11 +28,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from .checks import CheckedRequest
 from .engine import Job, model_id
@@ -55,6 +59,18 @@ class RaceRequest(CheckedRequest):
     system: str | None = Field(default=None, max_length=200_000)
     max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=1)
     enable_thinking: bool | None = None
+    # 2 to 4 arms of the loaded pipeline at these caps (0: plain decoding; "auto": measured)
+    caps: list[int | Literal["auto"]] | None = Field(default=None, min_length=2, max_length=4)
+
+    @field_validator("caps")
+    @classmethod
+    def _distinct(cls, caps: list | None) -> list | None:
+        if caps is not None:
+            if any(isinstance(c, int) and not 0 <= c <= 64 for c in caps):
+                raise ValueError('each cap must be 0..64 or "auto"')
+            if len(set(map(str, caps))) < len(caps):
+                raise ValueError("caps names an arm twice")
+        return caps
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -116,10 +132,20 @@ def _summary(arm: str, result: Any) -> dict[str, Any]:
     }
 
 
+def arm_list(pipe: Any, opts: dict[str, Any], caps: list | None) -> list[tuple]:
+    """(name, stream options, cap) of each arm: plain against the pipeline as loaded, or one
+    arm a cap (0: plain decoding, "auto": each round's cap measured)."""
+    if caps is None:
+        return [("plain", {**opts, "max_draft": 0}, 0), ("spec", opts, pipe.max_draft)]
+    names = {0: "plain", "auto": "auto"}
+    return [(names.get(c, f"cap {c}"), {**opts, "max_draft": c}, c) for c in caps]
+
+
 async def race_events(
-    state: Any, pipe: Any, prompt: list[int], opts: dict[str, Any]
+    state: Any, pipe: Any, prompt: list[int], opts: dict[str, Any], caps: list | None = None
 ) -> AsyncIterator[str]:
-    """The race's frames: plain arm, speculative arm, then whether their tokens agree."""
+    """The race's frames: each arm in turn, then whether their tokens agree."""
+    arms = arm_list(pipe, opts, caps)
     yield sse_event(
         "start",
         {
@@ -128,10 +154,10 @@ async def race_events(
             "max_draft": pipe.max_draft,
             "prompt_tokens": len(prompt),
             "max_tokens": opts["max_tokens"],
+            "arms": [name for name, _, _ in arms],
         },
     )
     results: dict[str, Any] = {}
-    arms = (("plain", {**opts, "max_draft": 0}, 0), ("spec", opts, pipe.max_draft))
     try:
         for arm, arm_opts, cap in arms:
             if state.engine.pipeline is not pipe:
@@ -147,17 +173,21 @@ async def race_events(
     except ApiError as e:
         yield sse_event("error", {"message": e.message})
         return
-    plain, spec = results["plain"], results["spec"]
-    diff = first_difference(plain.tokens, spec.tokens)
-    speedup = spec.decode_tps / plain.decode_tps if plain.decode_tps > 0 else None
-    yield sse_event(
-        "verdict",
-        {
+    first = results[arms[0][0]]
+    against = []
+    for name, _, _ in arms[1:]:
+        result = results[name]
+        diff = first_difference(first.tokens, result.tokens)
+        speedup = result.decode_tps / first.decode_tps if first.decode_tps > 0 else None
+        against.append({
+            "arm": name,
             "identical": diff is None,
             "first_difference": diff,
             "speedup": round(speedup, 3) if speedup is not None else None,
-        },
-    )
+        })  # fmt: skip
+    verdict = {k: v for k, v in against[-1].items() if k != "arm"}
+    verdict["identical"] = all(a["identical"] for a in against)
+    yield sse_event("verdict", {**verdict, "arms": against})
     yield sse_event("done", {})
 
 
@@ -187,7 +217,7 @@ def router(state: Any) -> APIRouter:
             len(prompt),
             GenParams(max_tokens=body.max_tokens, temperature=0.0),
         )
-        stream = race_events(state, pipe, prompt, opts)
+        stream = race_events(state, pipe, prompt, opts, body.caps)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
 
