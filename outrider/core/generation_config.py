@@ -55,6 +55,9 @@ class SamplingDefaults:
         return {k: getattr(self, k) for k in FIELDS if getattr(self, k) is not None}
 
 
+GREEDY = SamplingDefaults(0.0, 1.0, 0)  # what no one's word leaves: plain greedy decoding
+
+
 def _first(a: Any, b: Any) -> Any:
     return a if a is not None else b
 

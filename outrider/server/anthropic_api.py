@@ -107,7 +107,7 @@ def block_text(block: dict[str, Any]) -> str:
             return "\n".join(str(x) for x in (block.get("title"), text) if x)
     if kind == "search_result":
         head = " - ".join(str(x) for x in (block.get("title"), block.get("source")) if x)
-        return "\n".join(x for x in (head, _texts(block.get("content"))) if x)
+        return "\n".join(x for x in (head, _block_text(block.get("content"))) if x)
     return unseen(kind) if kind in UNSEEN else ""
 
 
@@ -119,20 +119,13 @@ def _document_text(source: Any) -> str | None:
         return str(source.get("data") or "")
     if source.get("type") == "content":
         content = source.get("content")
-        return content if isinstance(content, str) else _texts(content)
+        return _block_text(content)
     return None
 
 
-def _texts(blocks: Any) -> str:
-    if isinstance(blocks, str):
-        return blocks
-    return "".join(
-        block_text(b) for b in blocks or [] if isinstance(b, dict) and b.get("type") != "document"
-    )
-
-
 def _block_text(content: Any) -> str:
-    """A tool result's content as text."""
+    """Content given as a string or as blocks (a tool result's, a document's, a search
+    result's) as text."""
     if content is None:
         return ""
     if isinstance(content, str):

@@ -200,11 +200,10 @@ def serve(
             if model is None:
                 model, note = default_model()
                 typer.echo(f"note: no --model given; {note}", err=True)
-            spec = LoadSpec(
-                model, drafter, mode, max_draft, context_window, confidence_threshold, drafter_bits,
-                kv_bits, draft_model, lookup_drafts, drafter_window,
-            )  # fmt: skip
-            _load_with_progress(engine, spec)
+            # the first load takes the server's settings as every hot swap does
+            spec = LoadSpec(model, drafter, mode, context_window=context_window,
+                            draft_model=draft_model)  # fmt: skip
+            _load_with_progress(engine, engine.with_settings(spec, named=set()))
         elif context_window:
             engine.window_limit = context_window
         pipe = engine.pipeline

@@ -16,7 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from ..api import Pipeline
 from ..core.events import Result
-from ..core.generation_config import SamplingDefaults
+from ..core.generation_config import GREEDY, SamplingDefaults
 from ..core.logits import Penalties
 from ..streaming import Chunk
 from .engine import Engine, Job, NotReady
@@ -154,12 +154,14 @@ def options(
     window = engine.context_window
     if window is not None:
         max_tokens = max(1, min(max_tokens, window - n_prompt))
-    unset = limits.sampling_for(engine)
+    # field by field: the request's, the server's flags, the model's, else greedy
+    sampling = SamplingDefaults(p.temperature, p.top_p, p.top_k)
+    sampling = sampling.over(limits.sampling_for(engine)).over(GREEDY)
     opts: dict[str, Any] = dict(
         max_tokens=max_tokens,
-        temperature=_first(p.temperature, unset.temperature, 0.0),
-        top_p=_first(p.top_p, unset.top_p, 1.0),
-        top_k=_first(p.top_k, unset.top_k, 0),
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
         seed=p.seed,
         stop=tuple(s for s in p.stop if s),
         penalties=p.penalties,
@@ -170,10 +172,6 @@ def options(
     if marks:
         opts["snapshot_at"] = tuple(marks)
     return opts
-
-
-def _first(*values: Any) -> Any:
-    return next(v for v in values if v is not None)
 
 
 def submit(

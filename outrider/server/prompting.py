@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..core.prefix_entry import shared_prefix
 from .checks import lone_surrogate_at, unseen
 from .errors import ApiError
 from .reasoning import close_thinking, markers_for, prompt_opens_thinking
@@ -319,10 +320,8 @@ def system_end(
             return np.zeros(0, dtype=np.int64)
 
     alone = _SYSTEM_IDS.get((id(tokenizer), template, digest, _digest(kwargs)), render_alone)
-    n = min(len(alone), len(ids))
-    differ = np.flatnonzero(alone[:n] != np.asarray(ids[:n], dtype=np.int64))
-    end = int(differ[0]) if len(differ) else n
-    return end if 0 < end < len(ids) else 0
+    end = shared_prefix(alone, np.asarray(ids, dtype=np.int64))
+    return end if end < len(ids) else 0
 
 
 def _template_caps(template: str) -> dict[str, bool]:
