@@ -3,6 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
+
+# A model never writes a tool's response itself: the opener means it has begun to imagine one.
+# Gemma-4 goes on past its tool call into `<|tool_response>…` until max_tokens otherwise (the
+# reference Mac project's users met it). Where the vocabulary holds one as a single token, it
+# ends generation as end-of-turn does, in every mode and in plain decoding alike.
+TOOL_RESPONSE_OPENERS = ("<|tool_response>",)
+
+
+def opener_ids(tokenizer: Any) -> set[int]:
+    """The ids of `TOOL_RESPONSE_OPENERS` that are single tokens of `tokenizer`'s vocabulary."""
+    vocab = getattr(tokenizer, "get_vocab", None)
+    table = vocab() if callable(vocab) else {}
+    return {int(table[t]) for t in TOOL_RESPONSE_OPENERS if t in table}
 
 
 class Stopper:

@@ -32,6 +32,7 @@ from .family import (
 )
 from .generation_config import SamplingDefaults
 from .kv_quant import KV_GROUP_SIZE, quantized_kv
+from .stopping import opener_ids
 from .wrapper import PassThrough
 
 # Rows per prefill forward. Small enough that a cancel (a client that went away, Ctrl-C) is
@@ -95,20 +96,6 @@ class _TappedLayer(PassThrough):
         return out
 
 
-# A model never writes a tool's response itself: the opener means it has begun to imagine one.
-# Gemma-4 goes on past its tool call into `<|tool_response>…` until max_tokens otherwise (the
-# reference Mac project's users met it). Where the vocabulary holds one as a single token, it
-# ends generation as end-of-turn does, in every mode and in plain decoding alike.
-TOOL_RESPONSE_OPENERS = ("<|tool_response>",)
-
-
-def opener_ids(tokenizer: Any) -> set[int]:
-    """The ids of `TOOL_RESPONSE_OPENERS` that are single tokens of `tokenizer`'s vocabulary."""
-    vocab = getattr(tokenizer, "get_vocab", None)
-    table = vocab() if callable(vocab) else {}
-    return {int(table[t]) for t in TOOL_RESPONSE_OPENERS if t in table}
-
-
 class Target:
     """An mlx-lm (or family-provided) model plus its tokenizer, family and taps."""
 
@@ -168,7 +155,7 @@ class Target:
     @property
     def eos_token_ids(self) -> set[int]:
         """The tokens that end generation: the tokenizer's end-of-turn ids, and the opener of a
-        tool's response where the vocabulary has one (`TOOL_RESPONSE_OPENERS`)."""
+        tool's response where the vocabulary has one (`stopping.TOOL_RESPONSE_OPENERS`)."""
         ids = getattr(self.tokenizer, "eos_token_ids", None)
         if ids is None:
             eos = getattr(self.tokenizer, "eos_token_id", None)
