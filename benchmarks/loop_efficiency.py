@@ -32,10 +32,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from outrider.core.device import PADDED_FROM, verify_pad
+from outrider.core import row_kernels
+from outrider.core.device import PADDED_FROM, matmul_choice, verify_pad
 from outrider.core.proposer import DraftContext
 from outrider.core.sampling import SamplingParams, greedy
 from outrider.core.target import Target
+from outrider.plugins.kernels import cuda_rows
 from outrider.plugins.strategies.baseline import PlainProposer
 from outrider.plugins.targets import verify_attention
 from outrider.plugins.targets.dense import DenseFamily
@@ -104,6 +106,9 @@ def make_target(shape: str, dtype: str) -> Target:
     verify_attention.install(model, family.layers(model), lambda: make_prompt_cache(model))
     target = Target(model, None, family, qwen3_config(shape), name=f"qwen3-{shape}-{dtype}")
     target.pad_verifies(verify_pad(model), PADDED_FROM)
+    if dtype == "4bit" and matmul_choice() == "rows":  # the few-row kernel, unpadded
+        wrapped, failed = row_kernels.install(model, cuda_rows.CudaRows(), mx.bfloat16)
+        print(f"  rows kernel in front of {wrapped} quantized layers {failed or ''}", flush=True)
     return target
 
 

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .core import generation_config, gguf
+from .core import generation_config, gguf, row_kernels
 from .core.checkpoint import open_checkpoint, read_config
-from .core.device import PADDED_FROM, dense_on_cpu, dense_single_groups, make_dense, verify_pad
+from .core.device import (
+    PADDED_FROM,
+    dense_on_cpu,
+    dense_single_groups,
+    make_dense,
+    matmul_choice,
+    verify_pad,
+)
 from .core.drafter_spec import DrafterSpec
 from .core.errors import (
     CheckpointError,
@@ -106,8 +113,10 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
             if dense_on_cpu(model_obj):
                 make_dense(model_obj)
             dense_single_groups(model_obj)  # an MLX CUDA kernel's wrong case (core/device.py)
+            rows = row_kernels.apply(model_obj, plugins.kernels.values(), matmul_choice())
             target = Target(model_obj, tokenizer, family, config, name=model)
             target.sampling_defaults, target.notes = generation_config.read(path)
+            target.notes += [rows] if rows else []
             if target.pads_verify:
                 target.pad_verifies(verify_pad(model_obj), PADDED_FROM)  # until a calibration says
             return target

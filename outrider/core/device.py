@@ -143,10 +143,12 @@ PADDED_FROM = 4  # 2 and 3 rows cost less unpadded (H200: 14.3 and 18.5 ms again
 
 
 def matmul_choice() -> str:
-    """OUTRIDER_MATMUL: `auto` (the default) or `native` (verify forwards never padded)."""
+    """OUTRIDER_MATMUL: `auto` (the default), `native` (MLX's products, verify forwards never
+    padded) or `rows` (quantized products of a few rows through outrider's CUDA kernel,
+    plugins/kernels/cuda_rows.py, never padded)."""
     choice = os.environ.get(MATMUL_ENV, "auto").strip().lower()
-    if choice not in ("auto", "native"):
-        raise OutriderError(f"{MATMUL_ENV} must be auto or native, got {choice!r}")
+    if choice not in ("auto", "native", "rows"):
+        raise OutriderError(f"{MATMUL_ENV} must be auto, native or rows, got {choice!r}")
     return choice
 
 
@@ -154,8 +156,8 @@ def verify_pad(model: Any) -> int:
     """The width a verify forward of a few rows pads to before a calibration measures it
     (0: none): PADDED_VERIFY_ROWS on CUDA GPUs when the model has affine-quantized linear
     layers, unless OUTRIDER_MATMUL=native."""
-    if matmul_choice() == "native" or not on_cuda_gpu():
-        return 0
+    if matmul_choice() != "auto" or not on_cuda_gpu():
+        return 0  # `rows`: a few rows cost what one does through the kernel
     quantized = any(is_quantized(m, (nn.QuantizedLinear,)) for _, m in model.named_modules())
     return PADDED_VERIFY_ROWS if quantized else 0
 
@@ -166,15 +168,15 @@ DENSE_MEMORY_SHARE = 0.25
 
 def dense_on_cpu(model: Any) -> bool:
     """Whether a quantized target runs dequantized in float32 here: on the CPU, with an
-    optimized BLAS loaded (core/blas.py), unless OUTRIDER_MATMUL=native, when its float32
+    optimized BLAS loaded (core/blas.py), unless OUTRIDER_MATMUL is set, when its float32
     weights fit DENSE_MEMORY_SHARE of the memory.
 
     MLX's CPU quantized matmul multiplies row by row (a 5-row verify forward of the demo target
     costs 3.2x one row, 44 against 14 ms, on 2 cores) and its float16 products are slower
     still; float32 products through OpenBLAS cost about the same for 1 to 8 rows. Plain
     decoding, every mode and the benchmark's mlx-lm arm then run the same float32 model."""
-    if matmul_choice() == "native" or mx.default_device() != mx.cpu:
-        return False
+    if matmul_choice() != "auto" or mx.default_device() != mx.cpu:
+        return False  # `rows` keeps the layers quantized for the kernel
     if not blas.state().optimized:
         return False
     return dense_fits(model, 4)

@@ -31,3 +31,9 @@ def register_strategies(register):
 @hookspec
 def register_commands(cli):
     """Add sub-commands to the `outrider` typer app."""
+
+
+@hookspec
+def register_matmul_kernels(register):
+    """Register kernels for quantized products of a few rows (a verify's): register(kernel),
+    kernel implementing core.row_kernels.RowsKernel."""

@@ -34,6 +34,7 @@ class Plugins:
         self.families: dict = {}
         self.formats: dict = {}
         self.strategies: dict = {}
+        self.kernels: dict = {}
         self._owner: dict[str, list[str]] = {}
         for plugin in self.pm.get_plugins():
             self._collect(plugin, self.pm.get_name(plugin))
@@ -54,6 +55,7 @@ class Plugins:
             ("register_target_families", "family", self.families),
             ("register_drafter_formats", "format", self.formats),
             ("register_strategies", "strategy", self.strategies),
+            ("register_matmul_kernels", "kernel", self.kernels),
         ):
             impl = getattr(plugin, hook_name, None)
             if impl is not None:

@@ -1,0 +1,173 @@
+"""Quantized products of a few rows through a kernel of outrider's own (or a plugin's).
+
+A verify forward multiplies 1 + cap rows by every weight matrix, and a backend may read the
+weights once per row there (MLX 0.32's CUDA backend does for 2-7 rows). A `RowsKernel` reads
+them once for all rows. Kernels come from plugins (`register_matmul_kernels`; the built-in one
+is CUDA's, plugins/kernels/cuda_rows.py), so a Metal one can plug in beside it.
+
+`QuantizedRows` stands in front of one of MLX's `QuantizedLinear` layers and sends products of
+up to `kernel.max_rows` rows to the kernel, wider ones (a prefill) to the layer itself.
+`install` puts it in front of every layer a kernel takes after `probe` has checked, per
+distinct shape, that the kernel computes what MLX's own product computes; a kernel that fails
+to build or to agree is not used (`OUTRIDER_MATMUL`, core/device.py, says whether to try).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .wrapper import PassThrough
+
+# How far a kernel's product may part from MLX's, relative to the product's largest value:
+# the sums run in another order (float32 rounding), and a half-precision result rounds to its
+# 8- or 11-bit mantissa; a wrong layout or group parts them by O(1).
+PROBE_TOLERANCE = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 2e-2}
+
+
+class RowsKernel(Protocol):
+    """What a plugin registers: a quantized product of 1 to `max_rows` rows."""
+
+    name: str
+    max_rows: int
+
+    def available(self) -> bool:
+        """Whether the kernel can run here (its device, its MLX build)."""
+
+    def supports(self, width: int, bits: int, group_size: int, dtype: mx.Dtype) -> bool:
+        """Whether it computes a product of input width `width`, `bits`-bit weights in groups
+        of `group_size`, activations of `dtype`."""
+
+    def __call__(
+        self,
+        x: mx.array,
+        w: mx.array,
+        scales: mx.array,
+        biases: mx.array,
+        group_size: int,
+        bits: int,
+    ) -> mx.array:
+        """x @ dequantize(w, scales, biases).T for x [..., width] of at most max_rows rows."""
+
+
+class QuantizedRows(PassThrough):
+    """A quantized linear layer whose products of 1 to `kernel.max_rows` rows run the kernel;
+    wider ones run the layer's own."""
+
+    wrapped = "linear"
+    route = "rows"
+
+    def __init__(self, linear: nn.QuantizedLinear, kernel: RowsKernel) -> None:
+        super().__init__()
+        self.linear = linear
+        self._kernel = kernel
+
+    def __call__(self, x: mx.array) -> mx.array:
+        lin = self.linear
+        if x.size // x.shape[-1] > self._kernel.max_rows:
+            return lin(x)
+        y = self._kernel(x, lin.weight, lin.scales, lin.biases, lin.group_size, lin.bits)
+        return y + lin.bias if "bias" in lin else y
+
+
+def width(layer: nn.QuantizedLinear) -> int:
+    """The input width of a quantized linear layer."""
+    return layer.weight.shape[-1] * 32 // layer.bits
+
+
+def eligible(module: nn.Module, kernel: RowsKernel, dtype: mx.Dtype) -> bool:
+    """MLX's own affine-quantized linear layer (not a subclass, which may add to its call) at a
+    shape `kernel` takes for activations of `dtype`."""
+    if type(module) is not nn.QuantizedLinear or getattr(module, "mode", "affine") != "affine":
+        return False
+    return kernel.supports(width(module), module.bits, module.group_size, dtype)
+
+
+def layers(model: nn.Module, kernel: RowsKernel, dtype: mx.Dtype) -> list[tuple[str, nn.Module]]:
+    """(name, layer) of every layer of `model` the kernel would stand in front of."""
+    return [(n, m) for n, m in model.named_modules() if eligible(m, kernel, dtype)]
+
+
+def probe(
+    found: Iterable[nn.Module], kernel: RowsKernel, dtype: mx.Dtype, seed: int = 0
+) -> str | None:
+    """Check the kernel against MLX's own product once per distinct shape of `found`, at one
+    row and at `kernel.max_rows` (which also builds the kernels a generation will run). Returns
+    None when it agrees everywhere, else what failed."""
+    seen = set()
+    for layer in found:
+        key = (layer.weight.shape, layer.bits, layer.group_size)
+        if key in seen:
+            continue
+        seen.add(key)
+        k = width(layer)
+        x = mx.random.normal((kernel.max_rows, k), key=mx.random.key(seed)).astype(dtype)
+        for rows in (1, kernel.max_rows):
+            args = (x[:rows], layer.weight, layer.scales, layer.biases, layer.group_size)
+            try:
+                got = kernel(*args, layer.bits).astype(mx.float32)
+                want = mx.quantized_matmul(*args[:4], True, layer.group_size, layer.bits)
+                want = want.astype(mx.float32)
+                apart = mx.abs(got - want).max() / mx.maximum(mx.abs(want).max(), 1e-6)
+                apart = apart.item()
+            except Exception as e:  # a kernel that does not build or launch here
+                return f"{kernel.name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            limit = PROBE_TOLERANCE.get(dtype, 2e-2)
+            if not apart <= limit:
+                return (
+                    f"{kernel.name}: {rows} rows of a {layer.bits}-bit {key[0][0]}x{k} product "
+                    f"part from MLX's by {apart:.2e} of its largest value (limit {limit:.0e})"
+                )
+    return None
+
+
+def install(model: nn.Module, kernel: RowsKernel, dtype: mx.Dtype) -> tuple[int, str | None]:
+    """Put `QuantizedRows` in front of every layer of `model` the kernel takes, after `probe`
+    passed on them. Returns (layers wrapped, why none were: None when some were or there were
+    none to wrap)."""
+    from mlx.utils import tree_unflatten
+
+    found = layers(model, kernel, dtype)
+    if not found:
+        return 0, None
+    failed = probe((m for _, m in found), kernel, dtype)
+    if failed:
+        return 0, failed
+    model.update_modules(tree_unflatten([(n, QuantizedRows(m, kernel)) for n, m in found]))
+    return len(found), None
+
+
+def uninstall(model: nn.Module) -> int:
+    """Take every `QuantizedRows` out of `model`; returns how many."""
+    from mlx.utils import tree_unflatten
+
+    swaps = [(n, m.linear) for n, m in model.named_modules() if isinstance(m, QuantizedRows)]
+    if swaps:
+        model.update_modules(tree_unflatten(swaps))
+    return len(swaps)
+
+
+def installed(model: nn.Module) -> bool:
+    """Whether some layer of `model` runs a rows kernel."""
+    return any(isinstance(m, QuantizedRows) for _, m in model.named_modules())
+
+
+def apply(model: nn.Module, kernels: Iterable[RowsKernel], choice: str) -> str | None:
+    """At load: put the first available kernel in front of `model`'s quantized layers where
+    `choice` (OUTRIDER_MATMUL) is `rows`; returns a line for the load's notes when it was
+    asked for and could not be used. `auto` and `native` keep MLX's products."""
+    from .device import compute_dtype
+
+    if choice != "rows":
+        return None
+    kernel = next((k for k in kernels if k.available()), None)
+    if kernel is None:
+        return "OUTRIDER_MATMUL=rows: no rows kernel runs on this device; MLX's products are used"
+    dtype = compute_dtype(model) or mx.float32
+    wrapped, failed = install(model, kernel, dtype)
+    if failed:
+        return f"OUTRIDER_MATMUL=rows: {failed}; MLX's products are used"
+    return None

@@ -1,0 +1,217 @@
+"""Quantized products of a few rows through a kernel of outrider's own (core/row_kernels.py,
+plugins/kernels/cuda_rows.py).
+
+On the CPU the CUDA kernel cannot run, so these tests use a kernel written in MLX's ops that
+computes what the CUDA kernel computes (every weight dequantized to float32, the products
+summed in float32, the result rounded once to the activation type) to check what stands
+around it: which products reach the kernel, the load's probe, the setting, and that every
+mode's greedy output through it equals plain decoding. The CUDA kernel itself is checked
+against MLX's product where a CUDA GPU runs the suite.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from conftest import PROMPTS
+from mlx.utils import tree_flatten
+
+import outrider
+from outrider.core import row_kernels
+from outrider.core.device import on_cuda_gpu
+from outrider.core.plugins import Plugins
+from outrider.plugins.kernels import cuda_rows
+from outrider.testing import build_model, tiny_config
+
+
+class ReferenceRows:
+    """The CUDA kernel's arithmetic in MLX's ops, runnable anywhere; counts its calls."""
+
+    name = "reference-rows"
+    max_rows = 8
+
+    def __init__(self, wrong: bool = False) -> None:
+        self.calls: list[int] = []
+        self.wrong = wrong  # a planted mistake: each group read with its neighbour's scales
+
+    def available(self) -> bool:
+        return True
+
+    def supports(self, width: int, bits: int, group_size: int, dtype: mx.Dtype) -> bool:
+        return bits in (4, 8) and width % group_size == 0
+
+    def __call__(self, x, w, scales, biases, group_size, bits):
+        self.calls.append(x.size // x.shape[-1])
+        if self.wrong:
+            scales = mx.roll(scales, 1, axis=-1)
+        dense = mx.dequantize(
+            w, scales.astype(mx.float32), biases.astype(mx.float32), group_size, bits
+        )
+        return (x.astype(mx.float32) @ dense.T).astype(x.dtype)
+
+
+def _quantized(bits: int = 4) -> nn.Module:
+    model = build_model(tiny_config("qwen3"), seed=1)
+    nn.quantize(model, group_size=64, bits=bits)
+    mx.eval(model.parameters())
+    return model
+
+
+def test_a_wrapped_layer_sends_a_few_rows_to_the_kernel_and_more_to_mlx():
+    model = _quantized()
+    kernel = ReferenceRows()
+    wrapped, failed = row_kernels.install(model, kernel, mx.float32)
+    assert failed is None and wrapped == len(
+        [m for _, m in _quantized().named_modules() if type(m) is nn.QuantizedLinear]
+    )
+    layer = model.layers[0].mlp.down_proj
+    assert isinstance(layer, row_kernels.QuantizedRows)
+    x = mx.random.normal((1, 9, row_kernels.width(layer.linear)), key=mx.random.key(2))
+    kernel.calls.clear()
+    for rows in (1, 5, 8):
+        want = layer.linear(x[:, :rows])
+        got = layer(x[:, :rows])
+        assert got.shape == want.shape
+        assert mx.allclose(got, want, rtol=1e-4, atol=1e-5).item()
+    assert kernel.calls == [1, 5, 8]
+    layer(x)  # 9 rows: MLX's own product
+    assert kernel.calls == [1, 5, 8]
+
+
+def test_install_keeps_the_weights_and_uninstall_puts_the_layers_back():
+    model = _quantized()
+    before = dict(tree_flatten(model.parameters()))
+    wrapped, _ = row_kernels.install(model, ReferenceRows(), mx.float32)
+    assert row_kernels.installed(model)
+    inner = {k.replace(".linear.", "."): v for k, v in tree_flatten(model.parameters())}
+    assert inner.keys() == before.keys()
+    assert all(inner[k] is before[k] or mx.array_equal(inner[k], before[k]) for k in before)
+    assert row_kernels.uninstall(model) == wrapped
+    assert not row_kernels.installed(model)
+    assert dict(tree_flatten(model.parameters())).keys() == before.keys()
+    assert all(type(m) is not row_kernels.QuantizedRows for _, m in model.named_modules())
+
+
+def test_the_probe_refuses_a_kernel_that_computes_something_else():
+    model = _quantized()
+    wrapped, failed = row_kernels.install(model, ReferenceRows(wrong=True), mx.float32)
+    assert wrapped == 0 and "part from MLX's by" in failed
+    assert not row_kernels.installed(model)
+
+    class Raising(ReferenceRows):
+        def __call__(self, *args):
+            raise RuntimeError("no kernel image is available for execution on the device")
+
+    wrapped, failed = row_kernels.install(model, Raising(), mx.float32)
+    assert wrapped == 0 and "RuntimeError: no kernel image" in failed
+    assert not row_kernels.installed(model)
+
+
+def test_only_mlxs_own_affine_layers_at_shapes_the_kernel_takes_are_wrapped():
+    model = _quantized()
+
+    class Narrow(ReferenceRows):
+        def supports(self, width, bits, group_size, dtype):
+            return width == 64  # the tiny model's hidden width, not its MLP's
+
+    found = row_kernels.layers(model, Narrow(), mx.float32)
+    assert found and all(row_kernels.width(m) == 64 for _, m in found)
+    assert not row_kernels.layers(build_model(tiny_config("qwen3"), seed=1), Narrow(), mx.float32)
+
+
+def test_the_setting_decides_and_a_kernel_that_cannot_run_is_said():
+    kernel = ReferenceRows()
+    for choice in ("auto", "native"):
+        model = _quantized()
+        assert row_kernels.apply(model, [kernel], choice) is None
+        assert not row_kernels.installed(model)
+    model = _quantized()
+    assert row_kernels.apply(model, [kernel], "rows") is None
+    assert row_kernels.installed(model)
+
+    class Elsewhere(ReferenceRows):
+        def available(self):
+            return False
+
+    model = _quantized()
+    note = row_kernels.apply(model, [Elsewhere()], "rows")
+    assert "no rows kernel runs on this device" in note and not row_kernels.installed(model)
+    note = row_kernels.apply(model, [ReferenceRows(wrong=True)], "rows")
+    assert "MLX's products are used" in note and not row_kernels.installed(model)
+
+
+def test_the_cuda_kernel_is_a_builtin_plugin_that_says_where_it_runs():
+    kernels = Plugins(load_entrypoints=False).kernels
+    assert isinstance(kernels["cuda-rows"], cuda_rows.CudaRows)
+    cuda = kernels["cuda-rows"]
+    assert cuda.available() == on_cuda_gpu()
+    assert cuda.supports(4096, 4, 64, mx.bfloat16) and cuda.supports(2560, 8, 128, mx.float32)
+    assert not cuda.supports(4096, 3, 64, mx.bfloat16)  # 3 bits: MLX's own
+    assert not cuda.supports(4096, 4, 16, mx.bfloat16)  # groups under 32 straddle a lane's read
+    assert not cuda.supports(48, 4, 16, mx.float32)
+    assert not cuda.supports(4096, 4, 64, mx.int32)
+    assert cuda.supports(96, 4, 32, mx.float32)  # three groups: less than one step of a warp
+
+
+@pytest.mark.parametrize("mode", ["dspark", "lookup"])
+def test_every_mode_through_the_kernel_keeps_plain_greedy_output(monkeypatch, mode):
+    """The demo pair's 8-bit target with the kernel in front of its layers: each mode's greedy
+    output equals plain greedy decoding of the same model, whose single rows run the kernel
+    too. `OUTRIDER_MATMUL=rows` keeps the layers quantized on the CPU (where `auto` may run
+    them dense) and says in the load's notes when no kernel of the device's can run."""
+    monkeypatch.setenv("OUTRIDER_MATMUL", "rows")
+    pipe = outrider.load(
+        "outrider-demo/target", "outrider-demo/dspark" if mode == "dspark" else None, mode=mode
+    )
+    if not on_cuda_gpu():
+        assert any("no rows kernel runs on this device" in n for n in pipe.notes)
+        row_kernels.uninstall(pipe.target.model)
+    model = pipe.target.model
+    kernel = ReferenceRows()
+    wrapped, failed = row_kernels.install(model, kernel, mx.float32)
+    assert wrapped and failed is None
+    for cap in (1, 4):
+        for i, prompt in enumerate(PROMPTS[:2]):
+            ids = pipe.encode(prompt)
+            kernel.calls.clear()
+            got = pipe.generate(ids, max_tokens=32, max_draft=cap, stop_tokens=set())
+            if mode == "dspark":
+                assert any(1 < rows <= cap + 1 for rows in kernel.calls), "verifies reach it"
+            want = plain_greedy_of(model, ids, 32)
+            assert got.tokens == want, f"{mode} cap {cap} diverged on prompt {i}"
+
+
+def plain_greedy_of(model: nn.Module, ids: list[int], n: int) -> list[int]:
+    """mlx-lm's greedy decoding of `model` as it stands (wrapped or not)."""
+    from mlx_lm.generate import generate_step
+
+    return [int(tok) for tok, _ in generate_step(mx.array(ids), model, max_tokens=n)]
+
+
+@pytest.mark.skipif(not on_cuda_gpu(), reason="the CUDA kernel runs on a CUDA GPU only")
+@pytest.mark.parametrize(
+    "form,dtype,bits,group,n,k",
+    [
+        ("mma", mx.bfloat16, 4, 64, 1000, 1024),
+        ("mma", mx.bfloat16, 4, 32, 300, 2560),
+        ("mma", mx.float16, 4, 128, 4096, 1024),
+        ("fma", mx.bfloat16, 4, 64, 1000, 1024),
+        ("fma", mx.float32, 8, 64, 257, 2048),
+    ],
+)
+def test_the_cuda_kernel_computes_mlxs_product_and_each_row_as_alone(
+    form, dtype, bits, group, n, k
+):
+    kernel = cuda_rows.CudaRows()
+    assert form == "fma" or kernel.form(k, bits, dtype) == "mma"
+    w = mx.random.normal((n, k), key=mx.random.key(0)).astype(dtype) * 0.05
+    wq, s, b = mx.quantize(w, group_size=group, bits=bits)
+    x = mx.random.normal((8, k), key=mx.random.key(1)).astype(dtype)
+    alone = kernel(x[:1], wq, s, b, group, bits, form=form)
+    tolerance = row_kernels.PROBE_TOLERANCE[dtype]
+    for rows in (1, 2, 5, 8):
+        got = kernel(x[:rows], wq, s, b, group, bits, form=form).astype(mx.float32)
+        want = mx.quantized_matmul(x[:rows], wq, s, b, True, group, bits).astype(mx.float32)
+        assert (mx.abs(got - want).max() / mx.abs(want).max()).item() <= tolerance
+        assert mx.array_equal(got[:1], alone.astype(mx.float32)).item()
