@@ -17,6 +17,7 @@ from .cli_common import print_json as _print_json
 from .core.device import (
     attention_buckets,
     kv_attention,
+    matmul_choice,
     pipelined_rounds,
     split_attention,
     tf32_matmuls,
@@ -103,6 +104,17 @@ def doctor_report() -> dict:
         )
     except OutriderError as e:
         report["pipelined_rounds"] = None
+        problems.append(str(e))
+    try:  # quantized products of a few rows (core/row_kernels.py): whose, and where they run
+        choice = matmul_choice()
+        usable = [k.name for k in plug.kernels.values() if k.available()]
+        used = usable[0] if choice == "rows" and usable else "mlx"
+        here = ", ".join(usable) or "none"
+        report["quantized_rows"] = (
+            f"{used} (OUTRIDER_MATMUL={choice}; kernels that run here: {here})"
+        )
+    except OutriderError as e:
+        report["quantized_rows"] = None
         problems.append(str(e))
     # MLX's CUDA backend (and Apple's M5) multiply float32 in TF32 unless told not to: greedy
     # float32 output may then part from a one-row run at near-ties (docs/benchmarks.md)

@@ -70,6 +70,21 @@ def test_doctor_says_whether_float32_products_run_in_tf32(monkeypatch):
     assert json.loads(invoke("doctor", "--json").stdout)["float32_matmuls"] == "float32"
 
 
+def test_doctor_says_whose_kernel_runs_quantized_products_of_a_few_rows(monkeypatch):
+    from outrider.core.device import on_cuda_gpu
+
+    here = "cuda-rows" if on_cuda_gpu() else "none"
+    shown = json.loads(invoke("doctor", "--json").stdout)["quantized_rows"]
+    assert shown == f"mlx (OUTRIDER_MATMUL=auto; kernels that run here: {here})"
+    monkeypatch.setenv("OUTRIDER_MATMUL", "rows")
+    shown = json.loads(invoke("doctor", "--json").stdout)["quantized_rows"]
+    assert shown.startswith("cuda-rows" if on_cuda_gpu() else "mlx (OUTRIDER_MATMUL=rows")
+    monkeypatch.setenv("OUTRIDER_MATMUL", "fastest")
+    report = json.loads(invoke("doctor", "--json").stdout)
+    assert report["quantized_rows"] is None
+    assert any("OUTRIDER_MATMUL must be" in p for p in report["problems"])
+
+
 def test_models_shows_the_cap_that_runs():
     table = invoke("models", "--json")
     demo = next(r for r in json.loads(table.stdout)["pairs"] if r["id"] == "outrider-demo")
