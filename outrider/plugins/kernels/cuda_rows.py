@@ -282,8 +282,8 @@ def rows_per_warp(n: int) -> int:
 
 def splits(n: int) -> int:
     """Warps of a block of the tensor-core form, splitting the input dimension: more where
-    the matrix has few 16-row tiles, so enough warps read at once."""
-    return 8 if n <= 2048 else 4
+    the matrix has few 16-row tiles, so that enough reads are in flight at once."""
+    return 16 if n <= 1024 else 8 if n <= 4096 else 4
 
 
 class CudaRows:
