@@ -41,6 +41,9 @@ class ReferenceRows:
     def supports(self, width: int, bits: int, group_size: int, dtype: mx.Dtype) -> bool:
         return bits in (4, 8) and width % group_size == 0
 
+    def preferred(self, width: int, bits: int, group_size: int, dtype: mx.Dtype) -> bool:
+        return False  # measured slower than MLX's: `auto` keeps MLX's products
+
     def __call__(self, x, w, scales, biases, group_size, bits):
         self.calls.append(x.size // x.shape[-1])
         if self.wrong:
@@ -134,7 +137,20 @@ def test_the_setting_decides_and_a_kernel_that_cannot_run_is_said():
         def available(self):
             return False
 
+    class Faster(ReferenceRows):
+        def preferred(self, width, bits, group_size, dtype):
+            return bits == 4
+
+    for bits, used in ((4, True), (8, False)):  # `auto` uses a kernel where it was measured faster
+        model = _quantized(bits)
+        assert row_kernels.apply(model, [Faster()], "auto") is None
+        assert row_kernels.installed(model) == used
     model = _quantized()
+    assert row_kernels.apply(model, [Faster()], "native") is None
+    assert not row_kernels.installed(model)
+
+    model = _quantized()
+    assert row_kernels.apply(model, [Elsewhere()], "auto") is None  # nothing asked, nothing said
     note = row_kernels.apply(model, [Elsewhere()], "rows")
     assert "no rows kernel runs on this device" in note and not row_kernels.installed(model)
     note = row_kernels.apply(model, [ReferenceRows(wrong=True)], "rows")

@@ -155,9 +155,12 @@ def matmul_choice() -> str:
 def verify_pad(model: Any) -> int:
     """The width a verify forward of a few rows pads to before a calibration measures it
     (0: none): PADDED_VERIFY_ROWS on CUDA GPUs when the model has affine-quantized linear
-    layers, unless OUTRIDER_MATMUL=native."""
-    if matmul_choice() != "auto" or not on_cuda_gpu():
-        return 0  # `rows`: a few rows cost what one does through the kernel
+    layers, unless OUTRIDER_MATMUL is set or a rows kernel stands in front of them
+    (core/row_kernels.py)."""
+    from .row_kernels import installed
+
+    if matmul_choice() != "auto" or not on_cuda_gpu() or installed(model):
+        return 0  # through a rows kernel a few rows cost about what one does
     quantized = any(is_quantized(m, (nn.QuantizedLinear,)) for _, m in model.named_modules())
     return PADDED_VERIFY_ROWS if quantized else 0
 

@@ -41,6 +41,9 @@ class RowsKernel(Protocol):
         """Whether it computes a product of input width `width`, `bits`-bit weights in groups
         of `group_size`, activations of `dtype`."""
 
+    def preferred(self, width: int, bits: int, group_size: int, dtype: mx.Dtype) -> bool:
+        """Whether it was measured faster than MLX's own product here, so `auto` uses it."""
+
     def __call__(
         self,
         x: mx.array,
@@ -157,17 +160,27 @@ def installed(model: nn.Module) -> bool:
 
 def apply(model: nn.Module, kernels: Iterable[RowsKernel], choice: str) -> str | None:
     """At load: put the first available kernel in front of `model`'s quantized layers where
-    `choice` (OUTRIDER_MATMUL) is `rows`; returns a line for the load's notes when it was
-    asked for and could not be used. `auto` and `native` keep MLX's products."""
+    `choice` (OUTRIDER_MATMUL) is `rows`, or where it is `auto` and the kernel is `preferred`
+    for every such layer; `native` keeps MLX's products. Returns a line for the load's notes
+    when the kernel was asked for and could not be used."""
     from .device import compute_dtype
 
-    if choice != "rows":
+    if choice not in ("rows", "auto"):
         return None
     kernel = next((k for k in kernels if k.available()), None)
     if kernel is None:
-        return "OUTRIDER_MATMUL=rows: no rows kernel runs on this device; MLX's products are used"
+        if choice == "rows":
+            return (
+                "OUTRIDER_MATMUL=rows: no rows kernel runs on this device; MLX's products are used"
+            )
+        return None
     dtype = compute_dtype(model) or mx.float32
+    if choice == "auto":
+        found = layers(model, kernel, dtype)
+        shapes = {(width(m), m.bits, m.group_size) for _, m in found}
+        if not shapes or not all(kernel.preferred(*shape, dtype) for shape in shapes):
+            return None
     wrapped, failed = install(model, kernel, dtype)
     if failed:
-        return f"OUTRIDER_MATMUL=rows: {failed}; MLX's products are used"
+        return f"OUTRIDER_MATMUL={choice}: {failed}; MLX's products are used"
     return None
