@@ -29,6 +29,7 @@ class ReferenceRows:
     """The CUDA kernel's arithmetic in MLX's ops, runnable anywhere; counts its calls."""
 
     name = "reference-rows"
+    min_rows = 1
     max_rows = 8
 
     def __init__(self, wrong: bool = False) -> None:
@@ -80,6 +81,10 @@ def test_a_wrapped_layer_sends_a_few_rows_to_the_kernel_and_more_to_mlx():
     assert kernel.calls == [1, 5, 8]
     layer(x)  # 9 rows: MLX's own product
     assert kernel.calls == [1, 5, 8]
+    kernel.min_rows = 2  # as CUDA's: one row stays MLX's (its host time is the smaller)
+    layer(x[:, :1])
+    layer(x[:, :2])
+    assert kernel.calls == [1, 5, 8, 2]
 
 
 def test_install_keeps_the_weights_and_uninstall_puts_the_layers_back():

@@ -29,9 +29,11 @@ PROBE_TOLERANCE = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 2e-2}
 
 
 class RowsKernel(Protocol):
-    """What a plugin registers: a quantized product of 1 to `max_rows` rows."""
+    """What a plugin registers: a quantized product of `min_rows` to `max_rows` rows (fewer
+    or more run MLX's own)."""
 
     name: str
+    min_rows: int
     max_rows: int
 
     def available(self) -> bool:
@@ -57,8 +59,8 @@ class RowsKernel(Protocol):
 
 
 class QuantizedRows(PassThrough):
-    """A quantized linear layer whose products of 1 to `kernel.max_rows` rows run the kernel;
-    wider ones run the layer's own."""
+    """A quantized linear layer whose products of `kernel.min_rows` to `kernel.max_rows` rows
+    run the kernel; others run the layer's own."""
 
     wrapped = "linear"
     route = "rows"
@@ -69,10 +71,11 @@ class QuantizedRows(PassThrough):
         self._kernel = kernel
 
     def __call__(self, x: mx.array) -> mx.array:
-        lin = self.linear
-        if x.size // x.shape[-1] > self._kernel.max_rows:
+        lin, kernel = self.linear, self._kernel
+        rows = x.size // x.shape[-1]
+        if rows > kernel.max_rows or rows < kernel.min_rows:
             return lin(x)
-        y = self._kernel(x, lin.weight, lin.scales, lin.biases, lin.group_size, lin.bits)
+        y = kernel(x, lin.weight, lin.scales, lin.biases, lin.group_size, lin.bits)
         return y + lin.bias if "bias" in lin else y
 
 
@@ -98,8 +101,8 @@ def probe(
     found: Iterable[nn.Module], kernel: RowsKernel, dtype: mx.Dtype, seed: int = 0
 ) -> str | None:
     """Check the kernel against MLX's own product once per distinct shape of `found`, at one
-    row and at `kernel.max_rows` (which also builds the kernels a generation will run). Returns
-    None when it agrees everywhere, else what failed."""
+    at `kernel.min_rows` and `kernel.max_rows` rows (which also builds the kernels a generation
+    will run). Returns None when it agrees everywhere, else what failed."""
     seen = set()
     for layer in found:
         key = (layer.weight.shape, layer.bits, layer.group_size)
@@ -108,7 +111,7 @@ def probe(
         seen.add(key)
         k = width(layer)
         x = mx.random.normal((kernel.max_rows, k), key=mx.random.key(seed)).astype(dtype)
-        for rows in (1, kernel.max_rows):
+        for rows in sorted({kernel.min_rows, kernel.max_rows}):
             args = (x[:rows], layer.weight, layer.scales, layer.biases, layer.group_size)
             try:
                 got = kernel(*args, layer.bits).astype(mx.float32)

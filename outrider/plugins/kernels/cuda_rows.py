@@ -28,13 +28,15 @@ import mlx.core as mx
 from ...core.device import on_cuda_gpu
 from ...core.hookspecs import hookimpl
 
-# Rows of input one call takes: beyond this MLX's tiled kernel reads the weights once already.
+# Rows of input one call takes: beyond this MLX's tiled kernel reads the weights once already,
+# and one row runs MLX's own (CudaRows.min_rows says why).
+MIN_ROWS = 2
 MAX_ROWS = 8
 BITS = (4, 8)
 THREADS = 128  # 4 warps a block
 # In the kernel's name, which MLX's CUDA backend keys its compiled-code cache by (on disk, with
 # the template arguments): a changed SOURCE must change it, or a machine would run the old code.
-VERSION = 1
+VERSION = 2
 
 HEADER = """
 template <typename T, int P>
@@ -61,12 +63,12 @@ __device__ __forceinline__ void load_floats(const T* p, float* out) {
 }
 """
 
-# x [M, K] (T), w [N, W] packed uint32 (W = K * BITS / 32), scales and biases [N, K / GS];
-# y [M, N]. Template: T, M, R (weight rows a warp), BITS, GS.
+# x [..., K] (T, M rows in all), w [N, W] packed uint32 (W = K * BITS / 32), scales and
+# biases [N, K / GS]; y [..., N]. Template: T, M, R (weight rows a warp), BITS, GS.
 SOURCE = """
 const int N = w_shape[0];
 const int W = w_shape[1];
-const int K = x_shape[1];
+const int K = W * (32 / BITS);
 const int G = scales_shape[1];
 constexpr int PER = 32 / BITS;
 constexpr uint32_t MASK = (1u << BITS) - 1u;
@@ -175,13 +177,15 @@ __device__ __forceinline__ uint32_t pair_of(T v) {
 }
 """
 
-# x [M, K] (T, M <= 8), w [N, K / 8] packed 4-bit, scales and biases [N, K / GS]; y [M, N].
+# x [..., K] (T, M <= 8 rows in all), w [N, K / 8] packed 4-bit, scales and biases
+# [N, K / GS]; y [..., N].
 # Template: T (bfloat16 or float16), GS, KW (warps a block, splitting K). K % 128 == 0.
 MMA_SOURCE = r"""
 const int N = w_shape[0];
 const int W = w_shape[1];
-const int K = x_shape[1];
-const int M = x_shape[0];
+const int K = W * 8;
+int M = 1;
+for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
 const int G = scales_shape[1];
 const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 const int g = lane >> 2, t = lane & 3;
@@ -292,10 +296,16 @@ class CudaRows:
     Each compiles on first use per template (MLX keeps the result on disk)."""
 
     name = "cuda-rows"
+    # One row keeps MLX's own product: on an H100 its one-row kernel costs the device about
+    # what this one does at an 8B's shapes (latency, not reading, bounds the small ones), and
+    # each of the 253 calls of a forward through this kernel cost the host ~13 us more, which
+    # took plain decoding of a 4-bit 8B from 126 to 102 tok/s (docs/performance.md).
+    min_rows = MIN_ROWS
     max_rows = MAX_ROWS
 
     def __init__(self) -> None:
         self._kernels: dict[str, object] = {}
+        self._launches: dict[tuple, tuple] = {}  # (form, m, n, bits, group, dtype): its launch
 
     def available(self) -> bool:
         return on_cuda_gpu() and hasattr(mx.fast, "cuda_kernel")
@@ -319,6 +329,18 @@ class CudaRows:
         """ "mma" (tensor cores) or "fma" (float32 on the CUDA cores)."""
         half = dtype in (mx.float16, mx.bfloat16)
         return "mma" if bits == 4 and half and width % 128 == 0 else "fma"
+
+    def _launch(self, form, m, n, k, bits, group_size, dtype, rows) -> tuple:
+        """(kernel, template, grid, threadgroup) of one product's shape, worked out once: the
+        calls of a forward repeat a few shapes, and each call's host time counts."""
+        form = form or self.form(k, bits, dtype)
+        if form == "mma":
+            kw = splits(n)
+            template = [("T", dtype), ("GS", group_size), ("KW", kw)]
+            return self._kernel(form), template, (-(-n // 16) * kw * 32, 1, 1), (kw * 32, 1, 1)
+        r = rows or rows_per_warp(n)
+        template = [("T", dtype), ("M", m), ("R", r), ("BITS", bits), ("GS", group_size)]
+        return self._kernel(form), template, (-(-n // r) * 32, 1, 1), (THREADS, 1, 1)
 
     def _kernel(self, form: str):
         if form not in self._kernels:
@@ -348,24 +370,19 @@ class CudaRows:
         lead, k = x.shape[:-1], x.shape[-1]
         m = math.prod(lead)
         n = w.shape[0]
-        form = form or self.form(k, bits, x.dtype)
-        if form == "mma":
-            kw = splits(n)
-            template = [("T", x.dtype), ("GS", group_size), ("KW", kw)]
-            grid, block = (-(-n // 16) * kw * 32, 1, 1), (kw * 32, 1, 1)
-        else:
-            r = rows or rows_per_warp(n)
-            template = [("T", x.dtype), ("M", m), ("R", r), ("BITS", bits), ("GS", group_size)]
-            grid, block = (-(-n // r) * 32, 1, 1), (THREADS, 1, 1)
-        y = self._kernel(form)(
-            inputs=[x.reshape(m, k), w, scales, biases],
+        key = (form, m, n, k, bits, group_size, x.dtype, rows)
+        launch = self._launches.get(key)
+        if launch is None:
+            launch = self._launches[key] = self._launch(*key)
+        kernel, template, grid, block = launch
+        return kernel(  # x as it comes (contiguous): no reshape ops around the call
+            inputs=[x, w, scales, biases],
             template=template,
             grid=grid,
             threadgroup=block,
-            output_shapes=[(m, n)],
+            output_shapes=[(*lead, n)],
             output_dtypes=[x.dtype],
         )[0]
-        return y.reshape(*lead, n)
 
 
 @hookimpl
