@@ -6,7 +6,8 @@ them once for all rows. Kernels come from plugins (`register_matmul_kernels`; th
 is CUDA's, plugins/kernels/cuda_rows.py), so a Metal one can plug in beside it.
 
 `QuantizedRows` stands in front of one of MLX's `QuantizedLinear` layers and sends products of
-up to `kernel.max_rows` rows to the kernel, wider ones (a prefill) to the layer itself.
+`kernel.min_rows` to `kernel.max_rows` rows to the kernel, others (one row, a prefill) to the
+layer itself.
 `install` puts it in front of every layer a kernel takes after `probe` has checked, per
 distinct shape, that the kernel computes what MLX's own product computes; a kernel that fails
 to build or to agree is not used (`OUTRIDER_MATMUL`, core/device.py, says whether to try).
