@@ -30,19 +30,12 @@ import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.
 
 # isort: split
 import mlx.core as mx  # noqa: E402
+from quantized_verify import PROJECTIONS  # noqa: E402 - Qwen3-8B's (N, K) of each projection
 
 from outrider.core import row_kernels  # noqa: E402
 from outrider.core.device import PADDED_FROM  # noqa: E402
 from outrider.core.sampling import greedy  # noqa: E402
 from outrider.plugins.kernels import cuda_rows  # noqa: E402
-
-PROJECTIONS = {  # (N, K) of a Qwen3-8B layer and its head
-    "q/o 4096x4096": (4096, 4096),
-    "k/v 1024x4096": (1024, 4096),
-    "gate/up 12288x4096": (12288, 4096),
-    "down 4096x12288": (4096, 12288),
-    "head 151936x4096": (151936, 4096),
-}
 
 
 def agreement(kernel: cuda_rows.CudaRows) -> list[dict]:
