@@ -305,7 +305,7 @@ class CudaRows:
 
     def __init__(self) -> None:
         self._kernels: dict[str, object] = {}
-        self._launches: dict[tuple, tuple] = {}  # (form, m, n, bits, group, dtype): its launch
+        self._launches: dict[tuple, tuple] = {}  # a product's shape and type: its launch
 
     def available(self) -> bool:
         return on_cuda_gpu() and hasattr(mx.fast, "cuda_kernel")
@@ -326,7 +326,7 @@ class CudaRows:
 
     @staticmethod
     def form(width: int, bits: int, dtype: mx.Dtype) -> str:
-        """ "mma" (tensor cores) or "fma" (float32 on the CUDA cores)."""
+        """Which form computes this product: mma (tensor cores) or fma (float32, CUDA cores)."""
         half = dtype in (mx.float16, mx.bfloat16)
         return "mma" if bits == 4 and half and width % 128 == 0 else "fma"
 
