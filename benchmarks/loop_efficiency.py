@@ -104,11 +104,12 @@ def make_target(shape: str, dtype: str) -> Target:
     family = DenseFamily()
     # what loading it chooses: the verify attention (OUTRIDER_ATTENTION) and padding
     verify_attention.install(model, family.layers(model), lambda: make_prompt_cache(model))
+    # a few-row kernel where OUTRIDER_MATMUL asks for one, as loading a target decides it
+    note = row_kernels.apply(model, [cuda_rows.CudaRows()], matmul_choice())
+    if note or row_kernels.installed(model):
+        print(f"  {note or 'quantized products of a few rows run the rows kernel'}", flush=True)
     target = Target(model, None, family, qwen3_config(shape), name=f"qwen3-{shape}-{dtype}")
     target.pad_verifies(verify_pad(model), PADDED_FROM)
-    if dtype == "4bit" and matmul_choice() == "rows":  # the few-row kernel, unpadded
-        wrapped, failed = row_kernels.install(model, cuda_rows.CudaRows(), mx.bfloat16)
-        print(f"  rows kernel in front of {wrapped} quantized layers {failed or ''}", flush=True)
     return target
 
 

@@ -101,9 +101,10 @@ def layers(model: nn.Module, kernel: RowsKernel, dtype: mx.Dtype) -> list[tuple[
 def probe(
     found: Iterable[nn.Module], kernel: RowsKernel, dtype: mx.Dtype, seed: int = 0
 ) -> str | None:
-    """Check the kernel against MLX's own product once per distinct shape of `found`, at one
-    at `kernel.min_rows` and `kernel.max_rows` rows (which also builds the kernels a generation
+    """Check the kernel against MLX's own product once per distinct shape of `found`, at
+    `kernel.min_rows` and `kernel.max_rows` rows (which also builds the kernels a generation
     will run). Returns None when it agrees everywhere, else what failed."""
+    limit = PROBE_TOLERANCE.get(dtype, 2e-2)
     seen = set()
     for layer in found:
         key = (layer.weight.shape, layer.bits, layer.group_size)
@@ -122,7 +123,6 @@ def probe(
                 apart = apart.item()
             except Exception as e:  # a kernel that does not build or launch here
                 return f"{kernel.name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            limit = PROBE_TOLERANCE.get(dtype, 2e-2)
             if not apart <= limit:
                 return (
                     f"{kernel.name}: {rows} rows of a {layer.bits}-bit {key[0][0]}x{k} product "
@@ -131,13 +131,18 @@ def probe(
     return None
 
 
-def install(model: nn.Module, kernel: RowsKernel, dtype: mx.Dtype) -> tuple[int, str | None]:
-    """Put `QuantizedRows` in front of every layer of `model` the kernel takes, after `probe`
-    passed on them. Returns (layers wrapped, why none were: None when some were or there were
-    none to wrap)."""
+def install(
+    model: nn.Module,
+    kernel: RowsKernel,
+    dtype: mx.Dtype,
+    found: list[tuple[str, nn.Module]] | None = None,
+) -> tuple[int, str | None]:
+    """Put `QuantizedRows` in front of every layer of `model` the kernel takes (`found`, when
+    the caller has looked them up already), after `probe` passed on them. Returns (layers
+    wrapped, why none were: None when some were or there were none to wrap)."""
     from mlx.utils import tree_unflatten
 
-    found = layers(model, kernel, dtype)
+    found = layers(model, kernel, dtype) if found is None else found
     if not found:
         return 0, None
     failed = probe((m for _, m in found), kernel, dtype)
@@ -179,12 +184,12 @@ def apply(model: nn.Module, kernels: Iterable[RowsKernel], choice: str) -> str |
             )
         return None
     dtype = compute_dtype(model) or mx.float32
+    found = layers(model, kernel, dtype)
     if choice == "auto":
-        found = layers(model, kernel, dtype)
         shapes = {(width(m), m.bits, m.group_size) for _, m in found}
         if not shapes or not all(kernel.preferred(*shape, dtype) for shape in shapes):
             return None
-    wrapped, failed = install(model, kernel, dtype)
+    _, failed = install(model, kernel, dtype, found)
     if failed:
         return f"OUTRIDER_MATMUL={choice}: {failed}; MLX's products are used"
     return None
