@@ -48,6 +48,7 @@ from outrider.plugins.targets.attention_forms import (
     chunked_causal_attention,
     matmul_attention,
 )
+from outrider.plugins.targets.verify_attention import ChunkedAttention
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -74,7 +75,10 @@ class Ablated(nn.Module):
 
     def __init__(self, attention: nn.Module, how: str) -> None:
         super().__init__()
-        self.attention, self.how = attention, how
+        # the model's own attention, under the verify-attention wrapper loading put in front
+        # of it on a GPU (whose q_norm and k_norm name the model's, not hold them)
+        inner = attention.attention if isinstance(attention, ChunkedAttention) else attention
+        self.attention, self.how = inner, how
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         a = self.attention

@@ -236,3 +236,18 @@ def test_the_cuda_kernel_computes_mlxs_product_and_each_row_as_alone(
         want = mx.quantized_matmul(x[:rows], wq, s, b, True, group, bits).astype(mx.float32)
         assert (mx.abs(got - want).max() / mx.abs(want).max()).item() <= tolerance
         assert mx.array_equal(got[:1], alone.astype(mx.float32)).item()
+
+
+@pytest.mark.parametrize(
+    "k,bits,group,dtype,want",
+    [
+        (4096, 4, 64, mx.bfloat16, True),  # the tensor-core form: measured faster than MLX's
+        (4096, 4, 128, mx.float16, True),
+        (4096, 8, 64, mx.bfloat16, False),  # the float32 form: not measured faster
+        (4096, 4, 64, mx.float32, False),
+        (4160, 4, 64, mx.bfloat16, False),  # not a whole number of 128s
+        (4096, 4, 16, mx.bfloat16, False),  # a group it does not take at all
+    ],
+)
+def test_auto_takes_the_cuda_kernel_where_its_form_was_measured_faster(k, bits, group, dtype, want):
+    assert cuda_rows.CudaRows().preferred(k, bits, group, dtype) is want
