@@ -137,6 +137,61 @@ def test_the_cuda_softmax_kernel_gives_the_masked_softmax(dtype):
     assert (got[..., 300:] == 0).all().item()
 
 
+@pytest.mark.skipif(not on_cuda_gpu(), reason="the fused kernels are CUDA's (mx.fast.cuda_kernel)")
+@pytest.mark.parametrize(
+    "b,heads,kv_heads,n,d,s,dtype",
+    [
+        (1, 32, 8, 5, 128, 261, mx.bfloat16),  # an 8B verify of cap 4
+        (1, 32, 8, 16, 128, 4229, mx.bfloat16),  # 64 vectors a KV head, a long context
+        (1, 64, 8, 8, 128, 300, mx.bfloat16),  # 8 query heads a KV head (a 32B's)
+        (2, 8, 2, 3, 64, 64, mx.float16),  # two batch rows, one tile exactly
+        (1, 16, 16, 4, 128, 5, mx.bfloat16),  # no grouping, one key before the rows
+        (1, 4, 4, 1, 64, 100, mx.bfloat16),  # one row
+    ],
+)
+def test_the_fused_cuda_attention_is_the_causal_attention(b, heads, kv_heads, n, d, s, dtype):
+    """Two kernels' attention of n rows over the first s keys of longer buffers equals float32
+    matmul attention to the activation type's rounding; keys past s (here large) never count."""
+    from outrider.plugins.targets.attention_forms import matmul_attention
+    from outrider.plugins.targets.fused_attention import FusedAttention
+
+    room = whole_steps_past(s)
+    r = mx.random.split(mx.random.key(s), 3)
+    q = mx.random.normal((b, heads, n, d), key=r[0]).astype(dtype)
+    keys = mx.random.normal((b, kv_heads, room, d), key=r[1]).astype(dtype)
+    values = mx.random.normal((b, kv_heads, room, d), key=r[2]).astype(dtype)
+    junk = mx.full((b, kv_heads, room - s, d), 50.0, dtype=dtype)  # what a buffer may hold
+    keys = mx.concatenate([keys[:, :, :s], junk], axis=2)
+    values = mx.concatenate([values[:, :, :s], junk], axis=2)
+    fused = FusedAttention()
+    assert fused.takes(q, keys)
+    got = fused(q, keys, values, s, d**-0.5)
+    f32 = lambda a: a.astype(mx.float32)  # noqa: E731
+    want = matmul_attention(f32(q), f32(keys[:, :, :s]), f32(values[:, :, :s]), d**-0.5)
+    assert got.shape == want.shape and got.dtype == dtype
+    assert (mx.abs(f32(got) - want).max() / mx.abs(want).max()).item() <= 1e-2
+
+
+def whole_steps_past(s: int) -> int:
+    """A buffer length of whole KEY_STEPs with room past s."""
+    return (s // KEY_STEP + 1) * KEY_STEP
+
+
+def test_the_fused_attention_takes_what_its_shared_memory_holds():
+    """Half precision, heads of 64 or 128, at most 64 query vectors a KV head; the rest keeps
+    the softmax kernel's bucketed attention (this check needs no GPU)."""
+    from outrider.plugins.targets.fused_attention import FusedAttention
+
+    def takes(heads, kv_heads, n, d, dtype=mx.bfloat16):
+        q = mx.zeros((1, heads, n, d), dtype=dtype)
+        return FusedAttention.takes(q, mx.zeros((1, kv_heads, 256, d), dtype=dtype))
+
+    assert takes(32, 8, 16, 128) and takes(64, 8, 8, 64) and takes(4, 4, 3, 64, mx.float16)
+    assert not takes(32, 8, 17, 128)  # 68 query vectors
+    assert not takes(8, 2, 3, 256)  # a head of 256
+    assert not takes(8, 2, 3, 128, mx.float32)
+
+
 @pytest.fixture(scope="module")
 def bf16_target(tmp_path_factory):
     """The tiny qwen3 with its weights stored in bfloat16 (what a half-precision checkpoint
@@ -274,6 +329,7 @@ def test_a_softmax_kernel_that_fails_the_probe_gives_way_to_mlxs_own(
     assert all(isinstance(x.self_attn, ChunkedAttention) for x in layers)
     buckets = {id(x.self_attn.buckets) for x in layers}
     assert len(buckets) == 1 and layers[0].self_attn.buckets.kernel is None
+    assert layers[0].self_attn.buckets.fused is None  # the fused kernels went first
 
 
 def test_a_batchs_rows_bucketed_give_each_rows_own_logits(monkeypatch, bf16_target):

@@ -30,6 +30,8 @@ import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from .fused_attention import FusedAttention
+
 # Query rows per kernel call in a verify: MLX's CUDA vector kernel takes up to 3 float32 rows,
 # and one row in half precision.
 CHUNK = {mx.float32: 3}
@@ -219,6 +221,7 @@ class Buckets:
         self._mask: mx.array | None = None
         self._params: mx.array | None = None
         self.kernel = None  # the CUDA softmax kernel, or None for MLX's own ops
+        self.fused: FusedAttention | None = None  # the whole attention in two CUDA kernels
         if kernel:
             try:  # compiled at its first call (the load's probe, which drops a failing route)
                 self.kernel = mx.fast.cuda_kernel(
@@ -227,8 +230,9 @@ class Buckets:
                     output_names=["weights"],
                     source=CAUSAL_SOFTMAX,
                 )
+                self.fused = FusedAttention()
             except Exception:  # an MLX build without custom CUDA kernels: MLX's own ops
-                self.kernel = None
+                self.kernel = self.fused = None
 
     def _shape(self, s: int, n: int, rows: int, keys: int) -> None:
         if self._key != (s, n, rows, keys):
@@ -265,10 +269,13 @@ class Buckets:
 
 def bucketed_attention(q: mx.array, cache: KVCache, scale: float, buckets: Buckets) -> mx.array:
     """Causal attention of q [B, H, n, D] (the last n of `cache`'s keys are its own) at a
-    bucketed shape: rows padded to `bucket_rows`, keys to `bucket_buffers`, as matmul
-    attention under `Buckets.mask`, or around `Buckets.softmax` where the kernel runs."""
+    bucketed shape: by `Buckets.fused` where it runs and takes q (two kernels, no padding);
+    else rows padded to `bucket_rows`, keys to `bucket_buffers`, as matmul attention under
+    `Buckets.mask`, or around `Buckets.softmax` where that kernel runs."""
     n, s = q.shape[2], cache.offset
     keys, values = bucket_buffers(cache)
+    if buckets.fused is not None and buckets.fused.takes(q, keys):
+        return buckets.fused(q, keys, values, s, scale)
     rows = bucket_rows(n)
     q = _pad_rows(q, rows)
     if buckets.kernel is None:
