@@ -1,9 +1,11 @@
 """What a verify forward's width costs, and which part of the forward pays it.
 
 Part 1 (forwards): a random-weight Qwen3 of a real shape; one forward of w rows at a context,
-the key length growing by one between calls (as it does across rounds), with four attentions
+the key length growing by one between calls (as it does across rounds), with five attentions
 (`--hows`): what loading chose (`native`: on a CUDA GPU outrider's rerouted attention, see
-OUTRIDER_ATTENTION and OUTRIDER_ATTENTION_BUCKETS; MLX's own elsewhere), outrider's matmul-softmax-matmul (`matmul`: `matmul_attention`, the query
+OUTRIDER_ATTENTION and OUTRIDER_ATTENTION_BUCKETS; MLX's own elsewhere), the same without the
+fused attention kernels (`softmax`: bucketed attention around the softmax kernel; see
+plugins/targets/fused_attention.py), outrider's matmul-softmax-matmul (`matmul`: `matmul_attention`, the query
 heads of a KV head stacked as rows), the same with the keys broadcast over those heads instead
 (`broadcast`, its form until 2026-12-04), and none at all (`none`: the projections, norms and
 head alone; wrong logits, timing only). Median ms per forward.
@@ -53,8 +55,8 @@ from outrider.plugins.targets.verify_attention import ChunkedAttention
 sys.path.insert(0, str(Path(__file__).parent))
 
 WIDTHS = (1, 2, 5, 8, 16, 64)
-HOWS = ("native", "broadcast", "matmul", "none")
-BUCKETS: dict[bool, Buckets] = {}  # one per kind, as one per wrapped model
+HOWS = ("native", "softmax", "broadcast", "matmul", "none")
+BUCKETS: dict[Any, Any] = {}  # one per kind, as one per wrapped model
 
 
 def broadcast_attention(q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
@@ -117,10 +119,15 @@ def forwards(
         target = make_target(shape, dtype)
         layers = target.family.layers(target.model)
         own = [layer.self_attn for layer in layers]
+        fused = {id(a.buckets): a.buckets.fused for a in own if getattr(a, "buckets", None)}
         for ctx in contexts:
             for how in hows:
                 for layer, attention in zip(layers, own):
-                    layer.self_attn = attention if how == "native" else Ablated(attention, how)
+                    native = how in ("native", "softmax")
+                    layer.self_attn = attention if native else Ablated(attention, how)
+                    kept = getattr(attention, "buckets", None)
+                    if kept is not None:  # softmax: bucketed attention without fused kernels
+                        kept.fused = None if how == "softmax" else fused[id(kept)]
                 cache = target.make_cache()
                 mx.eval(target.forward(mx.arange(10, 10 + ctx, dtype=mx.uint32), cache)[0])
                 row = []
@@ -150,6 +157,11 @@ def attention(kind: str, q: mx.array, k: mx.array, v: mx.array, s: int) -> mx.ar
         kernel = kind == "bucket" and mx.default_device() == mx.gpu and mx.cuda.is_available()
         buckets = BUCKETS.setdefault(kernel, Buckets(kernel))
         return bucketed_attention(q, cache, scale, buckets)
+    if kind == "fused":  # outrider's two CUDA kernels (fused_attention.py)
+        from outrider.plugins.targets.fused_attention import FusedAttention
+
+        fused = BUCKETS.setdefault("fused", FusedAttention())
+        return fused(q, k_all, v_all, s, scale)
     if kind == "split1":
         return chunked_causal_attention(q, k, v, scale, chunk=1)
     if kind == "matmul":
@@ -220,7 +232,7 @@ def main() -> None:
     ap.add_argument(
         "--kinds",
         default="causal,array,split1",
-        help="part 2: causal, array, split1, matmul, bucket, bucket-where (without the softmax "
+        help="part 2: causal, array, split1, matmul, fused, bucket, bucket-where (without the softmax "
         "kernel), qk (matmul's first product), qk+where, qk+softmax",
     )
     ap.add_argument(
