@@ -7,8 +7,10 @@ on a CUDA GPU. Three parts, each printed as it finishes:
    weights read from memory: each call of a chain of 12 uses its own copy of the matrix, so
    the L2 cache cannot hold them (the older `quantized_verify.py` table reused one copy).
 3. **A whole forward** of a random-weight Qwen3 at 4 bits (context 256), widths 1-8, with MLX's
-   products (unpadded and padded to 8 rows) and with the kernel; the host's share (building the
-   graph, before evaluating it) and the kernel's agreement with MLX's logits.
+   products (unpadded and padded to 8 rows), with the kernel for each layer alone (`rows`) and
+   with q, k, v and gate, up each in one launch (`grouped`, what loading installs); the host's
+   share (building the graph, before evaluating it) and the kernel's agreement with MLX's
+   logits.
 
     python benchmarks/quantized_rows.py [--shape 8b] [--skip 1] [--json out.json]
 """
@@ -153,7 +155,7 @@ def forward(kernel: cuda_rows.CudaRows, shape: str, reps: int) -> dict:
     cache = target.make_cache()
     mx.eval(target.prefill(prompt, cache)[0])
     widths = (1, 2, 3, 4, 5, 6, 7, 8)
-    arms = ("mlx", "mlx_pad8", "rows")
+    arms = ("mlx", "mlx_pad8", "rows", "grouped")
     times = {a: {w: [] for w in widths} for a in arms}
     build = {a: {w: [] for w in widths} for a in arms}
     logits_of = {}
@@ -161,8 +163,9 @@ def forward(kernel: cuda_rows.CudaRows, shape: str, reps: int) -> dict:
     def arm(name: str) -> None:
         row_kernels.uninstall(model)
         target.pad_verifies(8 if name == "mlx_pad8" else 0, PADDED_FROM)
-        if name == "rows":
-            wrapped, failed = row_kernels.install(model, kernel, mx.bfloat16)
+        if name in ("rows", "grouped"):  # grouped: q, k, v and gate, up in one launch each
+            group = name == "grouped"
+            wrapped, failed = row_kernels.install(model, kernel, mx.bfloat16, group=group)
             if failed:
                 print(f"  the kernel's probe failed: {failed}", flush=True)
                 raise SystemExit(3)
@@ -198,11 +201,13 @@ def forward(kernel: cuda_rows.CudaRows, shape: str, reps: int) -> dict:
             f"  {'':<9} host (graph built) ms: " + "  ".join(f"w{w} {host[w]:.2f}" for w in widths),
             flush=True,
         )
-    ref, got = logits_of["mlx"], logits_of["rows"]
-    rel = (mx.abs(got - ref).max() / mx.abs(ref).max()).item()
-    agree = (mx.argmax(got, -1) == mx.argmax(ref, -1)).all().item()
-    out["rows_vs_mlx"] = dict(max_rel_diff=rel, argmax_equal=bool(agree))
-    print(f"  width-5 logits, kernel vs MLX: max rel diff {rel:.2e}, argmax equal {agree}")
+    ref = logits_of["mlx"]
+    for name in ("rows", "grouped"):
+        got = logits_of[name]
+        rel = (mx.abs(got - ref).max() / mx.abs(ref).max()).item()
+        agree = (mx.argmax(got, -1) == mx.argmax(ref, -1)).all().item()
+        out[f"{name}_vs_mlx"] = dict(max_rel_diff=rel, argmax_equal=bool(agree))
+        print(f"  width-5 logits, {name} vs MLX: max rel diff {rel:.2e}, argmax equal {agree}")
     return out
 
 

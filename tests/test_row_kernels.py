@@ -55,6 +55,28 @@ class ReferenceRows:
         return (x.astype(mx.float32) @ dense.T).astype(x.dtype)
 
 
+class GroupedReference(ReferenceRows):
+    """ReferenceRows that also computes sibling layers' products in one call (`grouped`, as
+    the CUDA kernel's tensor-core form does); counts those calls apart."""
+
+    def __init__(self, wrong: bool = False) -> None:
+        super().__init__()
+        self.grouped_calls: list[tuple[int, int]] = []  # (rows, members)
+        self.wrong_group = wrong
+
+    def groups(self, width, bits, group_size, dtype):
+        return self.supports(width, bits, group_size, dtype)
+
+    def grouped(self, x, weights, group_size, bits):
+        self.grouped_calls.append((x.size // x.shape[-1], len(weights)))
+        if self.wrong_group:  # a planted mistake: the members' outputs in the wrong order
+            weights = weights[::-1]
+        single = super().__call__
+        out = [single(x, w, s, b, group_size, bits) for w, s, b in weights]
+        del self.calls[-len(weights) :]
+        return out
+
+
 def _quantized(bits: int = 4) -> nn.Module:
     model = build_model(tiny_config("qwen3"), seed=1)
     nn.quantize(model, group_size=64, bits=bits)
@@ -114,6 +136,68 @@ def test_the_probe_refuses_a_kernel_that_computes_something_else():
     wrapped, failed = row_kernels.install(model, Raising(), mx.float32)
     assert wrapped == 0 and "RuntimeError: no kernel image" in failed
     assert not row_kernels.installed(model)
+
+
+def test_siblings_that_read_one_input_take_one_launch_and_compute_the_same():
+    """q, k and v, and gate and up, of every layer join a group: a forward of a few rows runs
+    one grouped call for each and single calls for o and down, and gives the logits MLX's
+    products give. A member called with another input computes that input's product."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = _quantized()
+    kernel = GroupedReference()
+    wrapped, failed = row_kernels.install(model, kernel, mx.float32)
+    assert failed is None and wrapped
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    group = attn.q_proj._group
+    assert group is not None and attn.k_proj._group is group and attn.v_proj._group is group
+    assert [attn.q_proj._index, attn.k_proj._index, attn.v_proj._index] == [0, 1, 2]
+    assert mlp.gate_proj._group is not None and mlp.gate_proj._group is mlp.up_proj._group
+    assert attn.o_proj._group is None and mlp.down_proj._group is None
+
+    ids = mx.array([[3, 1, 4, 1, 5, 9, 2]], dtype=mx.uint32)
+    plain = _quantized()
+    want = plain(ids[:, 5:], cache=_filled(plain, ids[:, :5], make_prompt_cache))
+    kernel.calls.clear()
+    cache = _filled(model, ids[:, :5], make_prompt_cache)  # 5 rows: through the kernel too
+    kernel.calls.clear(), kernel.grouped_calls.clear()
+    got = model(ids[:, 5:], cache=cache)
+    layers = len(model.layers)
+    assert sorted(kernel.grouped_calls) == sorted([(2, 3)] * layers + [(2, 2)] * layers)
+    head = int(isinstance(getattr(model, "lm_head", None), row_kernels.QuantizedRows))
+    assert kernel.calls == [2] * (2 * layers + head)  # o and down of each layer, the head
+    assert mx.allclose(got, want, rtol=1e-4, atol=1e-4).item()
+    assert group._x is None  # nothing held once every member took its product
+
+    x = mx.random.normal((1, 3, row_kernels.width(attn.q_proj.linear)), key=mx.random.key(4))
+    y = mx.random.normal(x.shape, key=mx.random.key(5))
+    attn.q_proj(x)
+    assert mx.allclose(attn.k_proj(y), attn.k_proj.linear(y), rtol=1e-4, atol=1e-5).item()
+    assert mx.allclose(attn.v_proj(x), attn.v_proj.linear(x), rtol=1e-4, atol=1e-5).item()
+
+
+def _filled(model, ids, make_prompt_cache):
+    cache = make_prompt_cache(model)
+    mx.eval(model(ids, cache=cache))
+    return cache
+
+
+def test_a_grouped_form_that_fails_its_probe_leaves_each_layer_alone():
+    model = _quantized()
+    wrapped, failed = row_kernels.install(model, GroupedReference(wrong=True), mx.float32)
+    assert wrapped and "grouped" in failed and "each layer runs alone" in failed
+    assert row_kernels.installed(model)
+    assert all(
+        m._group is None
+        for _, m in model.named_modules()
+        if isinstance(m, row_kernels.QuantizedRows)
+    )
+    model = _quantized()
+    note = row_kernels.apply(model, [GroupedReference(wrong=True)], "rows")
+    assert "each layer runs alone" in note and row_kernels.installed(model)
+    model = _quantized()  # grouping off: every layer alone, nothing failed
+    assert row_kernels.install(model, GroupedReference(), mx.float32, group=False)[1] is None
+    assert model.layers[0].self_attn.q_proj._group is None
 
 
 def test_only_mlxs_own_affine_layers_at_shapes_the_kernel_takes_are_wrapped():
@@ -189,7 +273,7 @@ def test_every_mode_through_the_kernel_keeps_plain_greedy_output(monkeypatch, mo
         assert any("no rows kernel runs on this device" in n for n in pipe.notes)
         row_kernels.uninstall(pipe.target.model)
     model = pipe.target.model
-    kernel = ReferenceRows()
+    kernel = GroupedReference()
     wrapped, failed = row_kernels.install(model, kernel, mx.float32)
     assert wrapped and failed is None
     for cap in (1, 4):
@@ -199,6 +283,7 @@ def test_every_mode_through_the_kernel_keeps_plain_greedy_output(monkeypatch, mo
             got = pipe.generate(ids, max_tokens=32, max_draft=cap, stop_tokens=set())
             if mode == "dspark":
                 assert any(1 < rows <= cap + 1 for rows in kernel.calls), "verifies reach it"
+                assert any(1 < rows <= cap + 1 for rows, _ in kernel.grouped_calls)
             want = plain_greedy_of(model, ids, 32)
             assert got.tokens == want, f"{mode} cap {cap} diverged on prompt {i}"
 
@@ -251,3 +336,31 @@ def test_the_cuda_kernel_computes_mlxs_product_and_each_row_as_alone(
 )
 def test_auto_takes_the_cuda_kernel_where_its_form_was_measured_faster(k, bits, group, dtype, want):
     assert cuda_rows.CudaRows().preferred(k, bits, group, dtype) is want
+
+
+@pytest.mark.skipif(not on_cuda_gpu(), reason="the CUDA kernel runs on a CUDA GPU only")
+@pytest.mark.parametrize(
+    "dtype,group,ns,k",
+    [
+        (mx.bfloat16, 64, (4096, 1024, 1024), 4096),  # an 8B's q, k and v
+        (mx.float16, 128, (300, 1000), 1024),  # rows that do not fill the last tile
+    ],
+)
+def test_the_cuda_kernels_grouped_form_computes_each_members_product(dtype, group, ns, k):
+    kernel = cuda_rows.CudaRows()
+    assert kernel.groups(k, 4, group, dtype)
+    weights = []
+    for i, n in enumerate(ns):
+        w = mx.random.normal((n, k), key=mx.random.key(10 + i)).astype(dtype) * 0.05
+        weights.append(mx.quantize(w, group_size=group, bits=4))
+    x = mx.random.normal((8, k), key=mx.random.key(1)).astype(dtype)
+    alone = kernel.grouped(x[:1], weights, group, 4)
+    tolerance = row_kernels.PROBE_TOLERANCE[dtype]
+    for rows in (1, 2, 5, 8):
+        got = kernel.grouped(x[:rows], weights, group, 4)
+        for y, first, (w, s, b) in zip(got, alone, weights, strict=True):
+            want = mx.quantized_matmul(x[:rows], w, s, b, True, group, 4).astype(mx.float32)
+            y = y.astype(mx.float32)
+            assert y.shape == want.shape
+            assert (mx.abs(y - want).max() / mx.abs(want).max()).item() <= tolerance
+            assert mx.array_equal(y[:1], first.astype(mx.float32)).item()

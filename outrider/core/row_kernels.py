@@ -7,7 +7,8 @@ is CUDA's, plugins/kernels/cuda_rows.py), so a Metal one can plug in beside it.
 
 `QuantizedRows` stands in front of one of MLX's `QuantizedLinear` layers and sends products of
 `kernel.min_rows` to `kernel.max_rows` rows to the kernel, others (one row, a prefill) to the
-layer itself.
+layer itself; sibling layers that read one input (q, k and v; gate and up) form a `RowsGroup`
+whose products take one launch, where the kernel has a grouped form.
 `install` puts it in front of every layer a kernel takes after `probe` has checked, per
 distinct shape, that the kernel computes what MLX's own product computes; a kernel that fails
 to build or to agree is not used (`OUTRIDER_MATMUL`, core/device.py, says whether to try).
@@ -31,7 +32,9 @@ PROBE_TOLERANCE = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 2e-2}
 
 class RowsKernel(Protocol):
     """What a plugin registers: a quantized product of `min_rows` to `max_rows` rows (fewer
-    or more run MLX's own)."""
+    or more run MLX's own). A kernel may also have `groups(width, bits, group_size, dtype)`
+    and `grouped(x, [(w, scales, biases), ...], group_size, bits) -> [y, ...]`: several
+    products of one input in one launch, which `install` uses for sibling layers (`GROUPS`)."""
 
     name: str
     min_rows: int
@@ -61,7 +64,8 @@ class RowsKernel(Protocol):
 
 class QuantizedRows(PassThrough):
     """A quantized linear layer whose products of `kernel.min_rows` to `kernel.max_rows` rows
-    run the kernel; others run the layer's own."""
+    run the kernel (with the rest of its `RowsGroup`, where it has one); others run the
+    layer's own."""
 
     wrapped = "linear"
     route = "rows"
@@ -70,14 +74,51 @@ class QuantizedRows(PassThrough):
         super().__init__()
         self.linear = linear
         self._kernel = kernel
+        self._group: RowsGroup | None = None  # set by `install`
+        self._index = 0
 
     def __call__(self, x: mx.array) -> mx.array:
         lin, kernel = self.linear, self._kernel
         rows = x.size // x.shape[-1]
         if rows > kernel.max_rows or rows < kernel.min_rows:
             return lin(x)
-        y = kernel(x, lin.weight, lin.scales, lin.biases, lin.group_size, lin.bits)
+        if self._group is not None:
+            y = self._group.output(x, self._index)
+        else:
+            y = kernel(x, lin.weight, lin.scales, lin.biases, lin.group_size, lin.bits)
         return y + lin.bias if "bias" in lin else y
+
+
+# Sibling layers a decoder layer calls one after another on the same input (mlx-lm's
+# attention and MLP modules, and outrider's attention wrapper): one kernel launch computes all.
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class RowsGroup:
+    """Layers that read the same input, their few-row products computed in one launch
+    (`kernel.grouped`): the first member called with an input computes every member's product
+    of it, and the others, called with that same array, take theirs. A member called with
+    another array computes the group's products of that one; nothing is held once every
+    member has taken its product."""
+
+    def __init__(self, kernel: RowsKernel, members: list[nn.QuantizedLinear]) -> None:
+        self.kernel = kernel
+        self.members = members
+        self._x: mx.array | None = None
+        self._outputs: list[mx.array] = []
+        self._left: set[int] = set()
+
+    def output(self, x: mx.array, index: int) -> mx.array:
+        if x is not self._x:
+            first = self.members[0]
+            weights = [(m.weight, m.scales, m.biases) for m in self.members]
+            self._outputs = self.kernel.grouped(x, weights, first.group_size, first.bits)
+            self._x, self._left = x, set(range(len(self.members)))
+        y = self._outputs[index]
+        self._left.discard(index)
+        if not self._left:
+            self._x, self._outputs = None, []
+        return y
 
 
 def width(layer: nn.QuantizedLinear) -> int:
@@ -131,15 +172,75 @@ def probe(
     return None
 
 
+def groups(
+    found: list[tuple[str, nn.Module]], kernel: RowsKernel, dtype: mx.Dtype
+) -> list[list[str]]:
+    """The names in `found` that form `GROUPS` (siblings of one module, all found, of one
+    shape the kernel's `grouped` takes), each group in its call order."""
+    if not callable(getattr(kernel, "grouped", None)):
+        return []
+    layer_of = dict(found)
+    out = []
+    parents = {n.rsplit(".", 1)[0] for n in layer_of if "." in n}
+    for parent in sorted(parents):
+        for names in GROUPS:
+            full = [f"{parent}.{name}" for name in names]
+            if not all(n in layer_of for n in full):
+                continue
+            shapes = {(width(layer_of[n]), layer_of[n].bits, layer_of[n].group_size) for n in full}
+            if len(shapes) == 1 and kernel.groups(*shapes.pop(), dtype):
+                out.append(full)
+    return out
+
+
+def probe_groups(
+    grouped: list[list[nn.Module]], kernel: RowsKernel, dtype: mx.Dtype, seed: int = 0
+) -> str | None:
+    """Check `kernel.grouped` against MLX's own products once per distinct group shape, at
+    `kernel.min_rows` and `kernel.max_rows` rows. None when it agrees, else what failed."""
+    limit = PROBE_TOLERANCE.get(dtype, 2e-2)
+    seen = set()
+    for members in grouped:
+        first = members[0]
+        key = (tuple(m.weight.shape for m in members), first.bits, first.group_size)
+        if key in seen:
+            continue
+        seen.add(key)
+        x = mx.random.normal((kernel.max_rows, width(first)), key=mx.random.key(seed))
+        x = x.astype(dtype)
+        for rows in sorted({kernel.min_rows, kernel.max_rows}):
+            weights = [(m.weight, m.scales, m.biases) for m in members]
+            try:
+                got = kernel.grouped(x[:rows], weights, first.group_size, first.bits)
+                for y, (w, s, b) in zip(got, weights, strict=True):
+                    want = mx.quantized_matmul(
+                        x[:rows], w, s, b, True, first.group_size, first.bits
+                    )
+                    want = want.astype(mx.float32)
+                    apart = mx.abs(y.astype(mx.float32) - want).max()
+                    apart = (apart / mx.maximum(mx.abs(want).max(), 1e-6)).item()
+                    if not apart <= limit:
+                        return (
+                            f"{kernel.name}: {rows} rows of a grouped {first.bits}-bit product "
+                            f"part from MLX's by {apart:.2e} of its largest value"
+                        )
+            except Exception as e:  # a kernel that does not build or launch here
+                return f"{kernel.name} grouped: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return None
+
+
 def install(
     model: nn.Module,
     kernel: RowsKernel,
     dtype: mx.Dtype,
     found: list[tuple[str, nn.Module]] | None = None,
+    group: bool = True,
 ) -> tuple[int, str | None]:
     """Put `QuantizedRows` in front of every layer of `model` the kernel takes (`found`, when
-    the caller has looked them up already), after `probe` passed on them. Returns (layers
-    wrapped, why none were: None when some were or there were none to wrap)."""
+    the caller has looked them up already), after `probe` passed on them, and, with `group`,
+    join sibling layers that read one input into `RowsGroup`s where `probe_groups` passed.
+    Returns (layers wrapped, what failed: why none were wrapped, or why none were grouped;
+    None when nothing failed)."""
     from mlx.utils import tree_unflatten
 
     found = layers(model, kernel, dtype) if found is None else found
@@ -148,8 +249,15 @@ def install(
     failed = probe((m for _, m in found), kernel, dtype)
     if failed:
         return 0, failed
-    model.update_modules(tree_unflatten([(n, QuantizedRows(m, kernel)) for n, m in found]))
-    return len(found), None
+    wrappers = {n: QuantizedRows(m, kernel) for n, m in found}
+    named = groups(found, kernel, dtype) if group else []
+    failed = probe_groups([[wrappers[n].linear for n in names] for names in named], kernel, dtype)
+    for names in [] if failed else named:
+        joined = RowsGroup(kernel, [wrappers[n].linear for n in names])
+        for i, n in enumerate(names):
+            wrappers[n]._group, wrappers[n]._index = joined, i
+    model.update_modules(tree_unflatten(list(wrappers.items())))
+    return len(found), failed and f"{failed}; each layer runs alone"
 
 
 def uninstall(model: nn.Module) -> int:
@@ -189,7 +297,7 @@ def apply(model: nn.Module, kernels: Iterable[RowsKernel], choice: str) -> str |
         shapes = {(width(m), m.bits, m.group_size) for _, m in found}
         if not shapes or not all(kernel.preferred(*shape, dtype) for shape in shapes):
             return None
-    _, failed = install(model, kernel, dtype, found)
-    if failed:
+    wrapped, failed = install(model, kernel, dtype, found)
+    if failed and not wrapped:
         return f"OUTRIDER_MATMUL={choice}: {failed}; MLX's products are used"
-    return None
+    return failed and f"OUTRIDER_MATMUL={choice}: {failed}"

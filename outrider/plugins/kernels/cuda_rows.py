@@ -36,7 +36,7 @@ BITS = (4, 8)
 THREADS = 128  # 4 warps a block
 # In the kernel's name, which MLX's CUDA backend keys its compiled-code cache by (on disk, with
 # the template arguments): a changed SOURCE must change it, or a machine would run the old code.
-VERSION = 2
+VERSION = 3
 
 HEADER = """
 template <typename T, int P>
@@ -175,21 +175,18 @@ __device__ __forceinline__ uint32_t pair_of(T v) {
   const uint32_t b = *reinterpret_cast<const unsigned short*>(&v);
   return b | (b << 16);
 }
-"""
 
-# x [..., K] (T, M <= 8 rows in all), w [N, K / 8] packed 4-bit, scales and biases
-# [N, K / GS]; y [..., N].
-# Template: T (bfloat16 or float16), GS, KW (warps a block, splitting K). K % 128 == 0.
-MMA_SOURCE = r"""
-const int N = w_shape[0];
-const int W = w_shape[1];
-const int K = W * 8;
-int M = 1;
-for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
-const int G = scales_shape[1];
+// One 16-row tile of y = x @ dequantize(w).T (x [M, K], M <= 8; w [N, K / 8] packed 4-bit;
+// scales, biases [N, K / GS]) by one block of KW warps; `part` is the block's shared scratch.
+template <typename T, int GS, int KW, typename S>
+__device__ __forceinline__ void rows_mma(
+    const T* x, int M, int K, const uint32_t* w, const S* scales, const S* biases, T* y, int N,
+    int tile, float (*part)[32][4]) {
+const int W = K / 8;
+const int G = K / GS;
 const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 const int g = lane >> 2, t = lane & 3;
-const int n0 = blockIdx.x * 16;
+const int n0 = tile * 16;
 const int ra = min(n0 + g, N - 1), rb = min(n0 + g + 8, N - 1);
 const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * W);
 const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * W);
@@ -252,7 +249,6 @@ while (st < steps) {
   qa = na; qb = nb; sa = nsa; ba = nba; sb = nsb; bb = nbb;
   st = nx;
 }
-__shared__ float part[KW][32][4];
 #pragma unroll
 for (int i = 0; i < 4; ++i) part[warp][lane][i] = c[i];
 __syncthreads();
@@ -275,7 +271,43 @@ if (warp == 0) {
     if (m1 < M) y[(size_t)m1 * N + nb_] = static_cast<T>(c[3]);
   }
 }
+}
 """
+
+# x [..., K] (T, M <= 8 rows in all), w [N, K / 8] packed 4-bit, scales and biases
+# [N, K / GS]; y [..., N].
+# Template: T (bfloat16 or float16), GS, KW (warps a block, splitting K). K % 128 == 0.
+MMA_SOURCE = r"""
+int M = 1;
+for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
+__shared__ float part[KW][32][4];
+rows_mma<T, GS, KW>(x, M, w_shape[1] * 8, w, scales, biases, y, w_shape[0], blockIdx.x, part);
+"""
+
+
+def group_source(count: int) -> str:
+    """The grouped tensor-core form's body for `count` matrices of one input width (inputs x,
+    then w<i>, scales<i>, biases<i>; outputs y<i>): the launch's blocks run over the matrices'
+    16-row tiles laid end to end, each block computing one tile of one matrix, so a layer's
+    q, k and v (or gate and up) take one launch where they took three (or two)."""
+    lines = [
+        "int M = 1;",
+        "for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];",
+        "const int K = x_shape[x_ndim - 1];",
+        "__shared__ float part[KW][32][4];",
+        "int tile = blockIdx.x;",
+    ]
+    for i in range(count):
+        call = (
+            f"rows_mma<T, GS, KW>(x, M, K, w{i}, scales{i}, biases{i}, y{i}, w{i}_shape[0], "
+            "tile, part);"
+        )
+        if i == count - 1:
+            lines.append(call)
+        else:
+            lines.append(f"if (tile < (w{i}_shape[0] + 15) / 16) {{ {call} return; }}")
+            lines.append(f"tile -= (w{i}_shape[0] + 15) / 16;")
+    return "\n".join(lines) + "\n"
 
 
 def rows_per_warp(n: int) -> int:
@@ -346,6 +378,60 @@ class CudaRows:
         r = rows or rows_per_warp(n)
         template = [("T", dtype), ("M", m), ("R", r), ("BITS", bits), ("GS", group_size)]
         return self._kernel(form), template, (-(-n // r) * 32, 1, 1), (THREADS, 1, 1)
+
+    def groups(self, width: int, bits: int, group_size: int, dtype: mx.Dtype) -> bool:
+        """Whether `grouped` computes several products of this shape in one launch: the
+        tensor-core form's."""
+        return (
+            self.supports(width, bits, group_size, dtype) and self.form(width, bits, dtype) == "mma"
+        )
+
+    def grouped(
+        self,
+        x: mx.array,
+        weights: list[tuple[mx.array, mx.array, mx.array]],
+        group_size: int,
+        bits: int,
+    ) -> list[mx.array]:
+        """x @ dequantize(w).T for each (w, scales, biases) of `weights` (one input width, the
+        tensor-core form's shapes), in one launch."""
+        lead = x.shape[:-1]
+        ns = tuple(w.shape[0] for w, _, _ in weights)
+        key = ("group", lead, ns, x.shape[-1], group_size, x.dtype)
+        launch = self._launches.get(key)
+        if launch is None:
+            kw = splits(sum(ns))
+            tiles = sum(-(-n // 16) for n in ns)
+            launch = self._launches[key] = (
+                self._group_kernel(len(ns)),
+                [("T", x.dtype), ("GS", group_size), ("KW", kw)],
+                (tiles * kw * 32, 1, 1),
+                (kw * 32, 1, 1),
+                [(*lead, n) for n in ns],
+                [x.dtype] * len(ns),
+            )
+        kernel, template, grid, block, shapes, dtypes = launch
+        return kernel(
+            inputs=[x, *(a for triple in weights for a in triple)],
+            template=template,
+            grid=grid,
+            threadgroup=block,
+            output_shapes=shapes,
+            output_dtypes=dtypes,
+        )
+
+    def _group_kernel(self, count: int):
+        name = f"group{count}"
+        if name not in self._kernels:
+            inputs = ["x"] + [f"{a}{i}" for i in range(count) for a in ("w", "scales", "biases")]
+            self._kernels[name] = mx.fast.cuda_kernel(
+                f"outrider_quantized_rows_{name}_v{VERSION}",
+                input_names=inputs,
+                output_names=[f"y{i}" for i in range(count)],
+                source=group_source(count),
+                header=MMA_HEADER,
+            )
+        return self._kernels[name]
 
     def _kernel(self, form: str):
         if form not in self._kernels:
