@@ -16,6 +16,7 @@ from .cli_common import console as _console
 from .cli_common import print_json as _print_json
 from .core.device import (
     attention_buckets,
+    fused_attention,
     kv_attention,
     matmul_choice,
     pipelined_rounds,
@@ -95,6 +96,8 @@ def doctor_report() -> dict:
         report["attention"] = "split" if split else "native"
         # half-precision multi-row attention at bucketed shapes (plugins/targets/verify_attention.py)
         report["attention_buckets"] = split and attention_buckets()
+        # a verify's attention as outrider's two CUDA kernels (plugins/targets/fused_attention.py)
+        report["attention_kernels"] = "fused" if fused_attention() else "softmax"
     except OutriderError as e:
         report["attention"] = None
         problems.append(str(e))
@@ -108,7 +111,11 @@ def doctor_report() -> dict:
     try:  # quantized products of a few rows (core/row_kernels.py): whose, and where they run
         choice = matmul_choice()
         usable = [k.name for k in plug.kernels.values() if k.available()]
-        used = usable[0] if choice == "rows" and usable else "mlx"
+        used = "mlx"
+        if usable and choice == "rows":
+            used = f"{usable[0]}, siblings grouped"
+        elif usable and choice == "auto":
+            used = f"{usable[0]} where measured faster, else mlx"
         here = ", ".join(usable) or "none"
         report["quantized_rows"] = (
             f"{used} (OUTRIDER_MATMUL={choice}; kernels that run here: {here})"

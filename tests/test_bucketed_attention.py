@@ -21,8 +21,10 @@ import outrider
 from outrider.core.device import (
     ATTENTION_ENV,
     BUCKETS_ENV,
+    KERNELS_ENV,
     attention_buckets,
     batch_buckets,
+    fused_attention,
     on_cuda_gpu,
 )
 from outrider.core.errors import OutriderError
@@ -172,6 +174,21 @@ def test_the_fused_cuda_attention_is_the_causal_attention(b, heads, kv_heads, n,
     assert (mx.abs(f32(got) - want).max() / mx.abs(want).max()).item() <= 1e-2
 
 
+def test_the_fused_kernels_are_asked_for_by_name(monkeypatch):
+    """OUTRIDER_ATTENTION_KERNELS: `softmax` (the default) or `fused`; doctor says which, and a
+    wrong value is named."""
+    from outrider import doctor
+
+    monkeypatch.delenv(KERNELS_ENV, raising=False)
+    assert not fused_attention() and doctor.doctor_report()["attention_kernels"] == "softmax"
+    assert Buckets(kernel=False, fused=True).fused is None  # no CUDA kernels: none of them
+    monkeypatch.setenv(KERNELS_ENV, "fused")
+    assert fused_attention() and doctor.doctor_report()["attention_kernels"] == "fused"
+    monkeypatch.setenv(KERNELS_ENV, "flash")
+    with pytest.raises(OutriderError, match="OUTRIDER_ATTENTION_KERNELS must be softmax or fused"):
+        fused_attention()
+
+
 def whole_steps_past(s: int) -> int:
     """A buffer length of whole KEY_STEPs with room past s."""
     return (s // KEY_STEP + 1) * KEY_STEP
@@ -304,6 +321,7 @@ def test_a_softmax_kernel_that_fails_the_probe_gives_way_to_mlxs_own(
     softmax, the load's probe drops the kernel and keeps bucketed attention with MLX's own
     ops, rather than every rerouted path (on a CPU, told it is on a CUDA GPU, as on one)."""
     monkeypatch.setenv(ATTENTION_ENV, "split")
+    monkeypatch.setenv(KERNELS_ENV, "fused")  # the fused kernels are tried, and dropped, first
     monkeypatch.setattr(verify_attention, "on_cuda_gpu", lambda: True)
     if kernel == "raises":
 

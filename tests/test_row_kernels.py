@@ -79,7 +79,10 @@ class GroupedReference(ReferenceRows):
 
 def _quantized(bits: int = 4) -> nn.Module:
     model = build_model(tiny_config("qwen3"), seed=1)
-    nn.quantize(model, group_size=64, bits=bits)
+    # groups of 32, so the hidden width (64) is two groups: MLX 0.32's CUDA backend computes
+    # one-group-wide products wrong on Hopper GPUs (core/device.py, `one_group_wide`), and the
+    # probe checks a kernel against MLX's product
+    nn.quantize(model, group_size=32, bits=bits)
     mx.eval(model.parameters())
     return model
 
@@ -195,6 +198,17 @@ def test_a_grouped_form_that_fails_its_probe_leaves_each_layer_alone():
     model = _quantized()
     note = row_kernels.apply(model, [GroupedReference(wrong=True)], "rows")
     assert "each layer runs alone" in note and row_kernels.installed(model)
+
+    class Faster(GroupedReference):
+        def preferred(self, width, bits, group_size, dtype):
+            return True
+
+    model = _quantized()  # `auto` takes a preferred kernel, each layer alone (grouping untimed)
+    assert row_kernels.apply(model, [Faster()], "auto") is None and row_kernels.installed(model)
+    assert model.layers[0].self_attn.q_proj._group is None
+    model = _quantized()
+    assert row_kernels.apply(model, [Faster()], "rows") is None
+    assert model.layers[0].self_attn.q_proj._group is not None
     model = _quantized()  # grouping off: every layer alone, nothing failed
     assert row_kernels.install(model, GroupedReference(), mx.float32, group=False)[1] is None
     assert model.layers[0].self_attn.q_proj._group is None

@@ -92,6 +92,21 @@ def _buckets_choice() -> str:
     return choice
 
 
+KERNELS_ENV = "OUTRIDER_ATTENTION_KERNELS"
+
+
+def fused_attention() -> bool:
+    """OUTRIDER_ATTENTION_KERNELS: `softmax` (the default) or `fused`. Bucketed attention on a
+    CUDA GPU runs MLX's matmuls around outrider's causal softmax kernel; `fused` runs a
+    verify's few rows as two attention kernels of outrider's own instead
+    (plugins/targets/fused_attention.py: agreed with MLX's attention on an H100, not yet timed
+    there, so not the default)."""
+    choice = os.environ.get(KERNELS_ENV, "softmax").strip().lower()
+    if choice not in ("softmax", "fused"):
+        raise OutriderError(f"{KERNELS_ENV} must be softmax or fused, got {choice!r}")
+    return choice == "fused"
+
+
 PIPELINE_ENV = "OUTRIDER_PIPELINED_ROUNDS"
 
 
@@ -143,9 +158,11 @@ PADDED_FROM = 4  # 2 and 3 rows cost less unpadded (H200: 14.3 and 18.5 ms again
 
 
 def matmul_choice() -> str:
-    """OUTRIDER_MATMUL: `auto` (the default), `native` (MLX's products, verify forwards never
-    padded) or `rows` (quantized products of a few rows through outrider's CUDA kernel,
-    plugins/kernels/cuda_rows.py, never padded)."""
+    """OUTRIDER_MATMUL: `auto` (the default: a rows kernel where it was measured faster than
+    MLX's products, CUDA's tensor-core form; MLX's products padded elsewhere), `native` (MLX's
+    products, verify forwards never padded) or `rows` (quantized products of a few rows
+    through outrider's CUDA kernel wherever it runs, with sibling layers grouped into one
+    launch, plugins/kernels/cuda_rows.py; never padded)."""
     choice = os.environ.get(MATMUL_ENV, "auto").strip().lower()
     if choice not in ("auto", "native", "rows"):
         raise OutriderError(f"{MATMUL_ENV} must be auto, native or rows, got {choice!r}")

@@ -277,8 +277,9 @@ def installed(model: nn.Module) -> bool:
 
 def apply(model: nn.Module, kernels: Iterable[RowsKernel], choice: str) -> str | None:
     """At load: put the first available kernel in front of `model`'s quantized layers where
-    `choice` (OUTRIDER_MATMUL) is `rows`, or where it is `auto` and the kernel is `preferred`
-    for every such layer; `native` keeps MLX's products. Returns a line for the load's notes
+    `choice` (OUTRIDER_MATMUL) is `rows` (sibling layers grouped where the kernel can), or
+    where it is `auto` and the kernel is `preferred` for every such layer (each layer alone);
+    `native` keeps MLX's products. Returns a line for the load's notes
     when the kernel was asked for and could not be used."""
     from .device import compute_dtype
 
@@ -297,7 +298,8 @@ def apply(model: nn.Module, kernels: Iterable[RowsKernel], choice: str) -> str |
         shapes = {(width(m), m.bits, m.group_size) for _, m in found}
         if not shapes or not all(kernel.preferred(*shape, dtype) for shape in shapes):
             return None
-    wrapped, failed = install(model, kernel, dtype, found)
+    # `rows` also groups sibling layers into one launch (not yet timed against one a layer)
+    wrapped, failed = install(model, kernel, dtype, found, group=choice == "rows")
     if failed and not wrapped:
         return f"OUTRIDER_MATMUL={choice}: {failed}; MLX's products are used"
     return failed and f"OUTRIDER_MATMUL={choice}: {failed}"

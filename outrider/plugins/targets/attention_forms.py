@@ -214,9 +214,10 @@ class Buckets:
     """What a wrapped model's bucketed attention calls share within a forward (one instance
     per model): the causal mask of the call's shape, built once for all layers, and on a CUDA
     GPU a one-pass causal softmax kernel instead of `mx.where` and `mx.softmax` (which read
-    and write the whole score matrix twice; `kernel`)."""
+    and write the whole score matrix twice; `kernel`), and with `fused` too the two kernels of
+    `FusedAttention` for a verify's few rows."""
 
-    def __init__(self, kernel: bool = False) -> None:
+    def __init__(self, kernel: bool = False, fused: bool = False) -> None:
         self._key: tuple[int, int, int, int] | None = None
         self._mask: mx.array | None = None
         self._params: mx.array | None = None
@@ -230,7 +231,7 @@ class Buckets:
                     output_names=["weights"],
                     source=CAUSAL_SOFTMAX,
                 )
-                self.fused = FusedAttention()
+                self.fused = FusedAttention() if fused else None
             except Exception:  # an MLX build without custom CUDA kernels: MLX's own ops
                 self.kernel = self.fused = None
 

@@ -64,7 +64,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
-from ...core.device import attention_buckets, batch_buckets, on_cuda_gpu, split_attention
+from ...core.device import (
+    attention_buckets,
+    batch_buckets,
+    fused_attention,
+    on_cuda_gpu,
+    split_attention,
+)
 from ...core.kv_quant import DequantizingKVCache
 from ...core.wrapper import PassThrough
 from .attention_forms import (
@@ -374,7 +380,9 @@ def install(
     if dtype not in CHUNK and dtype not in HALF:
         return False
     originals = []
-    masks = Buckets(kernel=on_cuda_gpu()) if dtype in HALF and attention_buckets() else None
+    masks = None
+    if dtype in HALF and attention_buckets():
+        masks = Buckets(kernel=on_cuda_gpu(), fused=fused_attention())
     for layer in layers:
         originals.append(layer[attr])
         if _layout(layer[attr]) == SHARED_KV:
