@@ -145,26 +145,54 @@ def probe(
     """Check the kernel against MLX's own product once per distinct shape of `found`, at
     `kernel.min_rows` and `kernel.max_rows` rows (which also builds the kernels a generation
     will run). Returns None when it agrees everywhere, else what failed."""
+    return _first_failure([[layer] for layer in found], kernel, dtype, seed, grouped=False)
+
+
+def probe_groups(
+    grouped: list[list[nn.Module]], kernel: RowsKernel, dtype: mx.Dtype, seed: int = 0
+) -> str | None:
+    """Check `kernel.grouped` against MLX's own products once per distinct group shape, at
+    `kernel.min_rows` and `kernel.max_rows` rows. None when it agrees, else what failed."""
+    return _first_failure(grouped, kernel, dtype, seed, grouped=True)
+
+
+def _first_failure(
+    cases: list[list[nn.Module]], kernel: RowsKernel, dtype: mx.Dtype, seed: int, grouped: bool
+) -> str | None:
+    """What failed first of `cases` (each the layers one call computes: one layer, or a
+    group's members through `kernel.grouped`), each distinct shape run once at
+    `kernel.min_rows` and `kernel.max_rows` rows of one random input against MLX's own
+    products; None when every output is within PROBE_TOLERANCE of MLX's."""
     limit = PROBE_TOLERANCE.get(dtype, 2e-2)
     seen = set()
-    for layer in found:
-        key = (layer.weight.shape, layer.bits, layer.group_size)
+    for members in cases:
+        first = members[0]
+        key = (tuple(m.weight.shape for m in members), first.bits, first.group_size)
         if key in seen:
             continue
         seen.add(key)
-        k = width(layer)
-        x = mx.random.normal((kernel.max_rows, k), key=mx.random.key(seed)).astype(dtype)
+        weights = [(m.weight, m.scales, m.biases) for m in members]
+        x = mx.random.normal((kernel.max_rows, width(first)), key=mx.random.key(seed))
+        x = x.astype(dtype)
         for rows in sorted({kernel.min_rows, kernel.max_rows}):
-            args = (x[:rows], layer.weight, layer.scales, layer.biases, layer.group_size)
             try:
-                got = kernel(*args, layer.bits)
-                apart = _apart(got, *args, layer.bits)
+                if grouped:
+                    got = kernel.grouped(x[:rows], weights, first.group_size, first.bits)
+                else:
+                    got = [kernel(x[:rows], *weights[0], first.group_size, first.bits)]
+                apart = max(
+                    _apart(y, x[:rows], *triple, first.group_size, first.bits)
+                    for y, triple in zip(got, weights, strict=True)
+                )
             except Exception as e:  # a kernel that does not build or launch here
-                return f"{kernel.name}: {_reason(e)}"
+                who = f"{kernel.name} grouped" if grouped else kernel.name
+                return f"{who}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
             if not apart <= limit:
+                what = "grouped " if grouped else ""
+                shape = "" if grouped else f" {key[0][0][0]}x{width(first)}"
                 return (
-                    f"{kernel.name}: {rows} rows of a {layer.bits}-bit {key[0][0]}x{k} product "
-                    f"part from MLX's by {apart:.2e} of its largest value (limit {limit:.0e})"
+                    f"{kernel.name}: {rows} rows of a {what}{first.bits}-bit{shape} product part "
+                    f"from MLX's by {apart:.2e} of its largest value (limit {limit:.0e})"
                 )
     return None
 
@@ -175,10 +203,6 @@ def _apart(got: mx.array, x: mx.array, w, scales, biases, group_size: int, bits:
     want = mx.quantized_matmul(x, w, scales, biases, True, group_size, bits).astype(mx.float32)
     apart = mx.abs(got.astype(mx.float32) - want).max() / mx.maximum(mx.abs(want).max(), 1e-6)
     return apart.item()
-
-
-def _reason(e: Exception) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
 
 def groups(
@@ -200,39 +224,6 @@ def groups(
             if len(shapes) == 1 and kernel.groups(*shapes.pop(), dtype):
                 out.append(full)
     return out
-
-
-def probe_groups(
-    grouped: list[list[nn.Module]], kernel: RowsKernel, dtype: mx.Dtype, seed: int = 0
-) -> str | None:
-    """Check `kernel.grouped` against MLX's own products once per distinct group shape, at
-    `kernel.min_rows` and `kernel.max_rows` rows. None when it agrees, else what failed."""
-    limit = PROBE_TOLERANCE.get(dtype, 2e-2)
-    seen = set()
-    for members in grouped:
-        first = members[0]
-        key = (tuple(m.weight.shape for m in members), first.bits, first.group_size)
-        if key in seen:
-            continue
-        seen.add(key)
-        x = mx.random.normal((kernel.max_rows, width(first)), key=mx.random.key(seed))
-        x = x.astype(dtype)
-        for rows in sorted({kernel.min_rows, kernel.max_rows}):
-            weights = [(m.weight, m.scales, m.biases) for m in members]
-            try:
-                got = kernel.grouped(x[:rows], weights, first.group_size, first.bits)
-                apart = max(
-                    _apart(y, x[:rows], w, s, b, first.group_size, first.bits)
-                    for y, (w, s, b) in zip(got, weights, strict=True)
-                )
-            except Exception as e:  # a kernel that does not build or launch here
-                return f"{kernel.name} grouped: {_reason(e)}"
-            if not apart <= limit:
-                return (
-                    f"{kernel.name}: {rows} rows of a grouped {first.bits}-bit product part "
-                    f"from MLX's by {apart:.2e} of its largest value (limit {limit:.0e})"
-                )
-    return None
 
 
 def install(
