@@ -141,7 +141,8 @@ def forwards(
                         mx.synchronize()
                         times.append((time.perf_counter() - t0) * 1e3)
                         target.rollback(cache, w - 1)  # one position more each call
-                    row.append(f"w{w} {median(times[1:]):6.2f}")
+                    timed = times[1:] or times  # the first call builds kernels
+                    row.append(f"w{w} {median(timed):6.2f}")
                 print(f"{shape} {dtype} ctx {ctx} {how:7s}: " + "  ".join(row), flush=True)
         for layer, attention in zip(layers, own):
             layer.self_attn = attention

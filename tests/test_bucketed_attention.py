@@ -155,7 +155,7 @@ def test_the_fused_cuda_attention_is_the_causal_attention(b, heads, kv_heads, n,
     """Two kernels' attention of n rows over the first s keys of longer buffers equals float32
     matmul attention to the activation type's rounding; keys past s (here large) never count."""
     from outrider.plugins.targets.attention_forms import matmul_attention
-    from outrider.plugins.targets.fused_attention import FusedAttention
+    from outrider.plugins.targets.fused_attention import MAX_KEYS, FusedAttention
 
     room = whole_steps_past(s)
     r = mx.random.split(mx.random.key(s), 3)
@@ -166,7 +166,7 @@ def test_the_fused_cuda_attention_is_the_causal_attention(b, heads, kv_heads, n,
     keys = mx.concatenate([keys[:, :, :s], junk], axis=2)
     values = mx.concatenate([values[:, :, :s], junk], axis=2)
     fused = FusedAttention()
-    assert fused.takes(q, keys)
+    assert fused.takes(q, keys, min(s, MAX_KEYS))  # right past MAX_KEYS too, only slower
     got = fused(q, keys, values, s, d**-0.5)
     f32 = lambda a: a.astype(mx.float32)  # noqa: E731
     want = matmul_attention(f32(q), f32(keys[:, :, :s]), f32(values[:, :, :s]), d**-0.5)
@@ -175,17 +175,17 @@ def test_the_fused_cuda_attention_is_the_causal_attention(b, heads, kv_heads, n,
 
 
 def test_the_fused_kernels_are_asked_for_by_name(monkeypatch):
-    """OUTRIDER_ATTENTION_KERNELS: `softmax` (the default) or `fused`; doctor says which, and a
+    """OUTRIDER_ATTENTION_KERNELS: `fused` (the default) or `softmax`; doctor says which, and a
     wrong value is named."""
     from outrider import doctor
 
     monkeypatch.delenv(KERNELS_ENV, raising=False)
-    assert not fused_attention() and doctor.doctor_report()["attention_kernels"] == "softmax"
-    assert Buckets(kernel=False, fused=True).fused is None  # no CUDA kernels: none of them
-    monkeypatch.setenv(KERNELS_ENV, "fused")
     assert fused_attention() and doctor.doctor_report()["attention_kernels"] == "fused"
+    assert Buckets(kernel=False, fused=True).fused is None  # no CUDA kernels: none of them
+    monkeypatch.setenv(KERNELS_ENV, "softmax")
+    assert not fused_attention() and doctor.doctor_report()["attention_kernels"] == "softmax"
     monkeypatch.setenv(KERNELS_ENV, "flash")
-    with pytest.raises(OutriderError, match="OUTRIDER_ATTENTION_KERNELS must be softmax or fused"):
+    with pytest.raises(OutriderError, match="OUTRIDER_ATTENTION_KERNELS must be fused or softmax"):
         fused_attention()
 
 
@@ -195,18 +195,20 @@ def whole_steps_past(s: int) -> int:
 
 
 def test_the_fused_attention_takes_what_its_shared_memory_holds():
-    """Half precision, heads of 64 or 128, at most 64 query vectors a KV head; the rest keeps
-    the softmax kernel's bucketed attention (this check needs no GPU)."""
-    from outrider.plugins.targets.fused_attention import FusedAttention
+    """Half precision, heads of 64 or 128, at most 64 query vectors a KV head, at most
+    MAX_KEYS keys; the rest keeps the softmax kernel's bucketed attention (this check needs no
+    GPU)."""
+    from outrider.plugins.targets.fused_attention import MAX_KEYS, FusedAttention
 
-    def takes(heads, kv_heads, n, d, dtype=mx.bfloat16):
+    def takes(heads, kv_heads, n, d, dtype=mx.bfloat16, s=200):
         q = mx.zeros((1, heads, n, d), dtype=dtype)
-        return FusedAttention.takes(q, mx.zeros((1, kv_heads, 256, d), dtype=dtype))
+        return FusedAttention.takes(q, mx.zeros((1, kv_heads, 256, d), dtype=dtype), s)
 
     assert takes(32, 8, 16, 128) and takes(64, 8, 8, 64) and takes(4, 4, 3, 64, mx.float16)
     assert not takes(32, 8, 17, 128)  # 68 query vectors
     assert not takes(8, 2, 3, 256)  # a head of 256
     assert not takes(8, 2, 3, 128, mx.float32)
+    assert takes(32, 8, 5, 128, s=MAX_KEYS) and not takes(32, 8, 5, 128, s=MAX_KEYS + 1)
 
 
 @pytest.fixture(scope="module")

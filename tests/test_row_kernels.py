@@ -203,15 +203,32 @@ def test_a_grouped_form_that_fails_its_probe_leaves_each_layer_alone():
         def preferred(self, width, bits, group_size, dtype):
             return True
 
-    model = _quantized()  # `auto` takes a preferred kernel, each layer alone (grouping untimed)
-    assert row_kernels.apply(model, [Faster()], "auto") is None and row_kernels.installed(model)
-    assert model.layers[0].self_attn.q_proj._group is None
-    model = _quantized()
-    assert row_kernels.apply(model, [Faster()], "rows") is None
-    assert model.layers[0].self_attn.q_proj._group is not None
+    for choice in ("auto", "rows"):  # a preferred kernel, grouped where it can (both settings)
+        model = _quantized()
+        assert row_kernels.apply(model, [Faster()], choice) is None
+        assert model.layers[0].self_attn.q_proj._group is not None
     model = _quantized()  # grouping off: every layer alone, nothing failed
     assert row_kernels.install(model, GroupedReference(), mx.float32, group=False)[1] is None
     assert model.layers[0].self_attn.q_proj._group is None
+
+
+def test_a_second_install_replaces_the_first_kernel():
+    """One kernel a layer: installing another takes the first out rather than wrapping its
+    wrappers (whose own kernel would then take every row the second was meant to see)."""
+    model = _quantized()
+    first, second = ReferenceRows(), GroupedReference()
+    assert row_kernels.install(model, first, mx.float32)[0]
+    wrapped, failed = row_kernels.install(model, second, mx.float32)
+    assert wrapped == len(row_kernels.layers(_quantized(), second, mx.float32)) and failed is None
+    assert not any(
+        isinstance(m.linear, row_kernels.QuantizedRows)
+        for _, m in model.named_modules()
+        if isinstance(m, row_kernels.QuantizedRows)
+    )
+    first.calls.clear()
+    ids = mx.array([[3, 1, 4, 1, 5, 9, 2]], dtype=mx.uint32)
+    mx.eval(model(ids))
+    assert not first.calls and second.calls and second.grouped_calls
 
 
 def test_only_mlxs_own_affine_layers_at_shapes_the_kernel_takes_are_wrapped():
@@ -285,9 +302,8 @@ def test_every_mode_through_the_kernel_keeps_plain_greedy_output(monkeypatch, mo
     )
     if not on_cuda_gpu():
         assert any("no rows kernel runs on this device" in n for n in pipe.notes)
-        row_kernels.uninstall(pipe.target.model)
     model = pipe.target.model
-    kernel = GroupedReference()
+    kernel = GroupedReference()  # in place of the device's own kernel, where one was installed
     wrapped, failed = row_kernels.install(model, kernel, mx.float32)
     assert wrapped and failed is None
     for cap in (1, 4):

@@ -96,14 +96,14 @@ KERNELS_ENV = "OUTRIDER_ATTENTION_KERNELS"
 
 
 def fused_attention() -> bool:
-    """OUTRIDER_ATTENTION_KERNELS: `softmax` (the default) or `fused`. Bucketed attention on a
-    CUDA GPU runs MLX's matmuls around outrider's causal softmax kernel; `fused` runs a
-    verify's few rows as two attention kernels of outrider's own instead
-    (plugins/targets/fused_attention.py: agreed with MLX's attention on an H100, not yet timed
-    there, so not the default)."""
-    choice = os.environ.get(KERNELS_ENV, "softmax").strip().lower()
+    """OUTRIDER_ATTENTION_KERNELS: `fused` (the default) or `softmax`. Bucketed attention on a
+    CUDA GPU runs a verify's few rows over a cache of up to 2,048 keys as two attention kernels
+    of outrider's own (plugins/targets/fused_attention.py), and everything else as MLX's
+    matmuls around outrider's causal softmax kernel; `softmax` keeps the latter for all.
+    Measured on an H100 (docs/performance.md)."""
+    choice = os.environ.get(KERNELS_ENV, "fused").strip().lower()
     if choice not in ("softmax", "fused"):
-        raise OutriderError(f"{KERNELS_ENV} must be softmax or fused, got {choice!r}")
+        raise OutriderError(f"{KERNELS_ENV} must be fused or softmax, got {choice!r}")
     return choice == "fused"
 
 

@@ -234,12 +234,15 @@ def install(
     group: bool = True,
 ) -> tuple[int, str | None]:
     """Put `QuantizedRows` in front of every layer of `model` the kernel takes (`found`, when
-    the caller has looked them up already), after `probe` passed on them, and, with `group`,
+    the caller has looked them up already), after `probe` passed on them, in place of any
+    kernel installed before, and, with `group`,
     join sibling layers that read one input into `RowsGroup`s where `probe_groups` passed.
     Returns (layers wrapped, what failed: why none were wrapped, or why none were grouped;
     None when nothing failed)."""
     from mlx.utils import tree_unflatten
 
+    if uninstall(model):  # one kernel a layer: a second install replaces the first
+        found = None
     found = layers(model, kernel, dtype) if found is None else found
     if not found:
         return 0, None
@@ -273,11 +276,11 @@ def installed(model: nn.Module) -> bool:
 
 
 def apply(model: nn.Module, kernels: Iterable[RowsKernel], choice: str) -> str | None:
-    """At load: put the first available kernel in front of `model`'s quantized layers where
-    `choice` (OUTRIDER_MATMUL) is `rows` (sibling layers grouped where the kernel can), or
-    where it is `auto` and the kernel is `preferred` for every such layer (each layer alone);
-    `native` keeps MLX's products. Returns a line for the load's notes
-    when the kernel was asked for and could not be used."""
+    """At load: put the first available kernel in front of `model`'s quantized layers, sibling
+    layers grouped where the kernel can, where `choice` (OUTRIDER_MATMUL) is `rows`, or where
+    it is `auto` and the kernel is `preferred` for every such layer; `native` keeps MLX's
+    products. Returns a line for the load's notes when the kernel was asked for and could not
+    be used."""
     from .device import compute_dtype
 
     if choice not in ("rows", "auto"):
@@ -295,8 +298,7 @@ def apply(model: nn.Module, kernels: Iterable[RowsKernel], choice: str) -> str |
         shapes = {(width(m), m.bits, m.group_size) for _, m in found}
         if not shapes or not all(kernel.preferred(*shape, dtype) for shape in shapes):
             return None
-    # `rows` also groups sibling layers into one launch (not yet timed against one a layer)
-    wrapped, failed = install(model, kernel, dtype, found, group=choice == "rows")
+    wrapped, failed = install(model, kernel, dtype, found)
     if failed and not wrapped:
         return f"OUTRIDER_MATMUL={choice}: {failed}; MLX's products are used"
     return failed and f"OUTRIDER_MATMUL={choice}: {failed}"

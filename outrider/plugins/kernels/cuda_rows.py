@@ -36,7 +36,7 @@ BITS = (4, 8)
 THREADS = 128  # 4 warps a block
 # In the kernel's name, which MLX's CUDA backend keys its compiled-code cache by (on disk, with
 # the template arguments): a changed SOURCE must change it, or a machine would run the old code.
-VERSION = 3
+VERSION = 4
 
 HEADER = """
 template <typename T, int P>
@@ -196,29 +196,27 @@ const int steps = K / 128;
 float c[4] = {0.f, 0.f, 0.f, 0.f};
 const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 int st = warp;
-uint4 qa = zero, qb = zero;
-T sa = T(0.f), ba = T(0.f), sb = T(0.f), bb = T(0.f);
-if (st < steps) {
-  const int u = st * 4 + t, grp = (u * 32) / GS;
-  qa = wa[u]; qb = wb[u];
-  sa = static_cast<T>(static_cast<float>(scales[(size_t)ra * G + grp]));
-  ba = static_cast<T>(static_cast<float>(biases[(size_t)ra * G + grp]));
-  sb = static_cast<T>(static_cast<float>(scales[(size_t)rb * G + grp]));
-  bb = static_cast<T>(static_cast<float>(biases[(size_t)rb * G + grp]));
-}
+// the packed words, scales and biases of step s for this lane's two rows (zeros past the end)
+auto fetch = [&](int s, uint4& qa_, uint4& qb_, T& sa_, T& ba_, T& sb_, T& bb_) {
+  qa_ = zero; qb_ = zero;
+  sa_ = T(0.f); ba_ = T(0.f); sb_ = T(0.f); bb_ = T(0.f);
+  if (s >= steps) return;
+  const int v = s * 4 + t, grp = (v * 32) / GS;
+  qa_ = wa[v]; qb_ = wb[v];
+  sa_ = static_cast<T>(static_cast<float>(scales[(size_t)ra * G + grp]));
+  ba_ = static_cast<T>(static_cast<float>(biases[(size_t)ra * G + grp]));
+  sb_ = static_cast<T>(static_cast<float>(scales[(size_t)rb * G + grp]));
+  bb_ = static_cast<T>(static_cast<float>(biases[(size_t)rb * G + grp]));
+};
+uint4 qa, qb;
+T sa, ba, sb, bb;
+fetch(st, qa, qb, sa, ba, sb, bb);
 while (st < steps) {
   const int u = st * 4 + t;
   const int nx = st + KW;
-  uint4 na = zero, nb = zero;
-  T nsa = T(0.f), nba = T(0.f), nsb = T(0.f), nbb = T(0.f);
-  if (nx < steps) {
-    const int v = nx * 4 + t, grp = (v * 32) / GS;
-    na = wa[v]; nb = wb[v];
-    nsa = static_cast<T>(static_cast<float>(scales[(size_t)ra * G + grp]));
-    nba = static_cast<T>(static_cast<float>(biases[(size_t)ra * G + grp]));
-    nsb = static_cast<T>(static_cast<float>(scales[(size_t)rb * G + grp]));
-    nbb = static_cast<T>(static_cast<float>(biases[(size_t)rb * G + grp]));
-  }
+  uint4 na, nb;
+  T nsa, nba, nsb, nbb;
+  fetch(nx, na, nb, nsa, nba, nsb, nbb);  // the next step's weights load during this one's math
   uint32_t xw[16];
   if (has_x) {
 #pragma unroll

@@ -275,7 +275,7 @@ def bucketed_attention(q: mx.array, cache: KVCache, scale: float, buckets: Bucke
     `Buckets.mask`, or around `Buckets.softmax` where that kernel runs."""
     n, s = q.shape[2], cache.offset
     keys, values = bucket_buffers(cache)
-    if buckets.fused is not None and buckets.fused.takes(q, keys):
+    if buckets.fused is not None and buckets.fused.takes(q, keys, s):
         return buckets.fused(q, keys, values, s, scale)
     rows = bucket_rows(n)
     q = _pad_rows(q, rows)

@@ -32,6 +32,11 @@ import mlx.core as mx
 TILE = 64
 MAX_VECTORS = 64
 HEAD_DIMS = (64, 128)
+# Keys (the cache's length) up to which the kernels run: one block per 64 keys, so the blocks
+# and the partial outputs the combine reads grow with the context, and on an H100 (2026-12-05,
+# docs/performance.md) they beat the softmax kernel's path at 256 and 1,024 keys, tied it at
+# 2,048 and lost at 4,224.
+MAX_KEYS = 2048
 THREADS = 128
 # In the kernels' names, which MLX's CUDA backend keys its compiled-code cache by (on disk): a
 # changed source must change it, or a machine would run the old code.
@@ -194,10 +199,10 @@ class FusedAttention:
         self._scales: dict[float, mx.array] = {}
 
     @staticmethod
-    def takes(q: mx.array, keys: mx.array) -> bool:
-        """Whether the kernels compute q [B, H, n, D]'s attention over keys [B, Hkv, S, D]:
-        a half-precision head of 64 or 128 dimensions, at most MAX_VECTORS query vectors a KV
-        head."""
+    def takes(q: mx.array, keys: mx.array, s: int) -> bool:
+        """Whether the kernels compute q [B, H, n, D]'s attention over the first s of keys
+        [B, Hkv, S, D]: a half-precision head of 64 or 128 dimensions, at most MAX_VECTORS
+        query vectors a KV head, at most MAX_KEYS keys."""
         b, h, n, d = q.shape
         return (
             q.dtype in (mx.bfloat16, mx.float16)
@@ -205,6 +210,7 @@ class FusedAttention:
             and d in HEAD_DIMS
             and h % keys.shape[1] == 0
             and h // keys.shape[1] * n <= MAX_VECTORS
+            and s <= MAX_KEYS
         )
 
     def __call__(
