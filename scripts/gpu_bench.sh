@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Runs a set of benchmarks on the GPU machine within one device call, each under its own
+# timeout, so that what finished comes back even when the call runs out of time. Output goes
+# to $OUT/<step>.txt (and .json where the benchmark writes one). After `. .device/c/setup.sh`:
+#
+#   bash scripts/gpu_bench.sh SET [SET...]      # BUDGET=580 by default (seconds for all steps)
+#
+# Sets:
+#   warmup    one short oracle run of the 8B 4-bit shape: a cold machine spends minutes
+#             compiling MLX's kernels and outrider's; run it first, in the same call or the one
+#             before on the warm machine
+#   bars      issue 13's oracle bars, 8B 4-bit and bf16 at caps 2 and 4, with the defaults
+#   launches  the fused attention and grouped projections against the paths they replace,
+#             in one process each (docs/performance.md, "Fewer launches")
+#   softmax   the 8B 4-bit oracle with OUTRIDER_ATTENTION_KERNELS=softmax (an A/B for `bars`)
+set -u
+out=${OUT:-/tmp/gpu_bench}
+mkdir -p "$out"
+budget=${BUDGET:-580}
+
+step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has left
+  local name=$1 limit=$2 left
+  shift 2
+  left=$((budget - SECONDS))
+  if [ "$left" -lt 30 ]; then
+    echo "== $name: skipped, ${left}s left" | tee -a "$out/skipped.txt"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "== $name (limit ${limit}s, at ${SECONDS}s)"
+  timeout "$limit" "$@" > "$out/$name.txt" 2>&1
+  echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
+  grep -E "tok/s|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error" "$out/$name.txt"
+}
+
+export PYTHONUNBUFFERED=1
+loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
+for set in "$@"; do  # a wrong name fails before anything runs
+  case "$set" in
+    warmup | bars | softmax | launches) ;;
+    *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches)" >&2; exit 2 ;;
+  esac
+done
+{ nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
+  | tee "$out/gpu.txt"
+for set in "$@"; do
+  case "$set" in
+    warmup)
+      step warmup 300 $loop --dtypes 4bit --caps 4 --trials 1 --new-tokens 16 ;;
+    bars)
+      step loop_8b_4bit 120 $loop --dtypes 4bit --caps 2,4 --trials 3 --new-tokens 128 \
+        --json "$out/loop_8b_4bit.json"
+      step loop_8b_bf16 180 $loop --dtypes bf16 --caps 2,4 --trials 3 --new-tokens 128 \
+        --json "$out/loop_8b_bf16.json" ;;
+    softmax)
+      step loop_8b_4bit_softmax 120 env OUTRIDER_ATTENTION_KERNELS=softmax $loop \
+        --dtypes 4bit --caps 2,4 --trials 3 --new-tokens 128 \
+        --json "$out/loop_8b_4bit_softmax.json" ;;
+    launches)
+      step forward_fused_ab 150 python3 benchmarks/verify_forward_ablation.py --shape 8b \
+        --dtypes 4bit,bf16 --contexts 256,1024,2048 --widths 1,3,5,8 --hows native,softmax \
+        --reps 9
+      step attention_fused_ab 90 python3 benchmarks/verify_forward_ablation.py --sdpa \
+        --contexts 256,1024,2048,4224 --widths 5,8 --kinds bucket,fused
+      step quantized_rows 120 python3 benchmarks/quantized_rows.py --skip 1,2 --reps 3 \
+        --json "$out/quantized_rows.json" ;;
+  esac
+done
