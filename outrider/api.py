@@ -37,7 +37,7 @@ from .loaders import (
     resolve_mode,
 )
 from .plugins.strategies.lookup_assist import LookupAssist
-from .prompts import encode_prompt
+from .prompts import Prompt, encode_prompt, render_prompt
 from .registry import Pair
 from .streaming import Chunk, Collector, TextAssembler
 
@@ -91,16 +91,28 @@ class Pipeline:
 
     def encode(
         self,
-        prompt: str | list[int],
+        prompt: Prompt,
         system: str | None = None,
         raw: bool = False,
         thinking: bool | None = None,
     ) -> list[int]:
+        """The ids the target sees for `prompt`: a user turn (chat-templated unless `raw`), a
+        conversation's messages, or token ids as they are."""
         return encode_prompt(self.tokenizer, prompt, system=system, raw=raw, thinking=thinking)
+
+    def _encode_marked(
+        self, prompt: Prompt, system: str | None, raw: bool, thinking: bool | None
+    ) -> tuple[list[int], tuple[int, ...]]:
+        """`encode`'s ids and, with the prefix cache on, where the chat's system message and
+        last message ended, where the cache snapshots state it cannot cut back (a server sets
+        the same for each chat request)."""
+        if self.prefix_cache is None:
+            return self.encode(prompt, system=system, raw=raw, thinking=thinking), ()
+        return render_prompt(self.tokenizer, prompt, system=system, raw=raw, thinking=thinking)
 
     def stream(
         self,
-        prompt: str | list[int],
+        prompt: Prompt,
         *,
         max_tokens: int = 256,
         temperature: float = 0.0,
@@ -121,18 +133,22 @@ class Pipeline:
     ) -> Iterator[Chunk]:
         """Yield text as rounds land; the last chunk carries the full Result.
 
+        `prompt` is a user turn (chat-templated unless `raw`; `system` puts a system prompt
+        before it), a conversation's messages (`[{"role": "user", "content": ...}, ...]`,
+        rendered as the server renders a chat request), or token ids.
         `penalties` (presence/frequency, mlx-lm semantics) change the target distribution the
         output follows; `logprobs` = n attaches each token's log-probability and n alternatives
         to `Chunk.step.logprobs`. Closing the iterator stops generation after the current round;
         `cancelled` (asked between prefill chunks and rounds) stops it from another thread,
         with finish reason "cancelled"; `prefill_progress(done, total)` hears after each
         prefill chunk. `snapshot_at`: prompt positions where the prefix cache (when on) also
-        snapshots what it cannot cut back (a server passes where the last message ended).
+        snapshots what it cannot cut back, besides where a chat prompt's system message and
+        last message ended (which it marks by itself).
         """
         if max_tokens < 0:
             raise OutriderError(f"max_tokens must be >= 0, got {max_tokens}")
         sampling = SamplingParams(temperature, top_p, top_k, seed)
-        ids = self.encode(prompt, system=system, raw=raw, thinking=thinking)
+        ids, marks = self._encode_marked(prompt, system, raw, thinking)
         if not ids:
             raise OutriderError("the prompt is empty")
         tokenizer = self.tokenizer
@@ -151,7 +167,7 @@ class Pipeline:
             result.finish_reason = "length"
             yield Chunk("", [], Step("prefill", [], 0, [], 0.0, "length"), result)
             return
-        record, hit = self._prefix(ids, self.proposer, snapshot_at)
+        record, hit = self._prefix(ids, self.proposer, (*snapshot_at, *marks))
         result.cached_tokens = hit.length if hit is not None else 0  # prompt tokens not prefilled
         mx.reset_peak_memory()
         text = TextAssembler(tokenizer, stopper)
@@ -194,7 +210,7 @@ class Pipeline:
             if chunk.result is not None:
                 return
 
-    def generate(self, prompt: str | list[int], **kwargs: Any) -> Result:
+    def generate(self, prompt: Prompt, **kwargs: Any) -> Result:
         """Generate to completion; same keywords as `stream`."""
         for chunk in self.stream(prompt, **kwargs):
             if chunk.result is not None:
@@ -202,7 +218,7 @@ class Pipeline:
         raise RuntimeError("generation ended without a result")  # pragma: no cover
 
     def generate_batch(
-        self, prompts: Sequence[str | list[int]], *, system: str | None = None,
+        self, prompts: Sequence[Prompt], *, system: str | None = None,
         raw: bool = False, thinking: bool | None = None, max_batch: int | None = None,
         **kwargs: Any,
     ) -> list[Result]:  # fmt: skip
@@ -224,8 +240,9 @@ class Pipeline:
         def admit() -> None:
             while waiting and len(batch) < width:
                 i, prompt = waiting.pop()
-                ids = self.encode(prompt, system=system, raw=raw, thinking=thinking)
-                start = self.start_row(ids, **kwargs)
+                ids, marks = self._encode_marked(prompt, system, raw, thinking)
+                snapshot_at = (*kwargs.get("snapshot_at", ()), *marks)
+                start = self.start_row(ids, **{**kwargs, "snapshot_at": snapshot_at})
                 results[i] = start.collector.result
                 if start.row is not None:
                     collectors[id(start.row)] = start.collector
@@ -516,7 +533,7 @@ def load_pair(
     return load(model, drafter, mode, **options)
 
 
-def speculative_generate(pipeline: Pipeline, prompt: str | list[int], **sampling: Any) -> Result:
+def speculative_generate(pipeline: Pipeline, prompt: Prompt, **sampling: Any) -> Result:
     """Generate with speculative decoding (the reference project's name)."""
     return pipeline.generate(prompt, **sampling)
 

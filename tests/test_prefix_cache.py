@@ -210,6 +210,42 @@ def test_a_new_conversation_resumes_where_the_shared_system_prompt_ended(models_
     assert second.choices[0].message.content == fresh.choices[0].message.content
 
 
+def test_python_chats_mark_their_system_prompt_and_last_message_by_themselves(models_dir):
+    """`Pipeline.generate` takes a conversation's messages (or a user turn and `system`) and,
+    with the prefix cache on, snapshots where the system prompt and the last message ended, as
+    the server does for a chat request: on a target whose state cannot be cut back, a new
+    conversation resumes where the shared system prompt ended and the next turn where the
+    last message ended, and each answers as a fresh pipeline does."""
+    from outrider.server.prompting import render_chat
+
+    target, pipe, fresh = pipes(models_dir, "qwen3_5", "baseline")
+    pipe.enable_prefix_cache(gb=1)  # snapshots every 512 tokens: none at these lengths
+    system = "You are a terse sailor. " * 6
+
+    def chat(p, prompt, **kw):
+        return p.generate(prompt, max_tokens=4, stop_tokens=set(), **kw)
+
+    first = chat(pipe, "Name a sea.", system=system)  # a user turn and a system prompt
+    other = [{"role": "system", "content": system}, {"role": "user", "content": "Name a river."}]
+    second = chat(pipe, other)  # a new conversation of the same system prompt
+    rendered = render_chat(pipe.tokenizer, other)
+    assert 0 < rendered.system_end < len(rendered.ids)
+    assert second.cached_tokens == rendered.system_end
+    assert second.tokens == chat(fresh, other).tokens
+    turn = other + [
+        {"role": "assistant", "content": pipe.tokenizer.decode(second.tokens)},
+        {"role": "user", "content": "Another?"},
+    ]
+    third = chat(pipe, turn)  # the next turn of that conversation
+    assert third.cached_tokens >= rendered.boundary > rendered.system_end
+    assert third.tokens == chat(fresh, turn).tokens
+    assert first.prompt_tokens == pipe.encode("Name a sea.", system=system)
+    with pytest.raises(outrider.OutriderError, match="raw takes a text prompt"):
+        pipe.encode(other, raw=True)
+    with pytest.raises(outrider.OutriderError, match="token ids .ints. or chat messages"):
+        pipe.encode([1, "two"])
+
+
 def test_thinning_keeps_marks_and_prompt_ends_longest_and_spreads_the_rest():
     """Checkpoints where nothing ended go first (the closest to the one before, so the rest
     stay spread), then marks and prompt ends, oldest first; a dropped prompt end takes its
