@@ -13,6 +13,9 @@
 #   launches  the fused attention and grouped projections against the paths they replace,
 #             in one process each (docs/performance.md, "Fewer launches")
 #   softmax   the 8B 4-bit oracle with OUTRIDER_ATTENTION_KERNELS=softmax (an A/B for `bars`)
+#   demo      issue 13's demo-pair bar: every mode with `--max-draft auto`, three suites
+#   batch     issue 12's batching bar: 32 requests, 8 at a time, against one at a time
+#   turn5     issue 12's time to first token at turn 5 (Qwen3-32B shape, every shape new)
 set -u
 out=${OUT:-/tmp/gpu_bench}
 mkdir -p "$out"
@@ -37,8 +40,9 @@ export PYTHONUNBUFFERED=1
 loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
-    warmup | bars | softmax | launches) ;;
-    *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches)" >&2; exit 2 ;;
+    warmup | bars | softmax | launches | demo | batch | turn5) ;;
+    *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
+         "turn5)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -64,5 +68,17 @@ for set in "$@"; do
         --contexts 256,1024,2048,4224 --widths 5,8 --kinds bucket,fused
       step quantized_rows 120 python3 benchmarks/quantized_rows.py --skip 1,2 --reps 3 \
         --json "$out/quantized_rows.json" ;;
+    demo)
+      step demo_auto 540 python3 -m outrider benchmark --model outrider-demo/target \
+        --dspark-drafter outrider-demo/dspark --dflash-drafter outrider-demo/dflash \
+        --modes baseline,dspark,dflash,lookup --suites chat,code,math --trials 1 \
+        --prompts-per-suite 10 --max-tokens 128 --max-draft auto --json "$out/demo_auto.json" ;;
+    batch)
+      step batch_demo 300 python3 benchmarks/batch_throughput.py --modes baseline,dspark \
+        --batch 8 --requests 32 --suite code,math,chat --max-tokens 128 --repeats 3 \
+        --json "$out/batch_demo.json" ;;
+    turn5)
+      step turn5_32b 420 python3 benchmarks/prefix_cache.py --shape 32b --dtype bf16 \
+        --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b.json" ;;
   esac
 done
