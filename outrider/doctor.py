@@ -115,7 +115,7 @@ def doctor_report() -> dict:
         if usable and choice == "rows":
             used = f"{usable[0]}, siblings grouped"
         elif usable and choice == "auto":
-            used = f"{usable[0]} where measured faster, else mlx"
+            used = f"{usable[0]} where measured faster (siblings grouped), else mlx"
         here = ", ".join(usable) or "none"
         report["quantized_rows"] = (
             f"{used} (OUTRIDER_MATMUL={choice}; kernels that run here: {here})"

@@ -75,7 +75,8 @@ def test_doctor_says_whose_kernel_runs_quantized_products_of_a_few_rows(monkeypa
 
     here = "cuda-rows" if on_cuda_gpu() else "none"
     shown = json.loads(invoke("doctor", "--json").stdout)["quantized_rows"]
-    used = "cuda-rows where measured faster, else mlx" if on_cuda_gpu() else "mlx"
+    used = "cuda-rows where measured faster (siblings grouped), else mlx"
+    used = used if on_cuda_gpu() else "mlx"
     assert shown == f"{used} (OUTRIDER_MATMUL=auto; kernels that run here: {here})"
     monkeypatch.setenv("OUTRIDER_MATMUL", "rows")
     shown = json.loads(invoke("doctor", "--json").stdout)["quantized_rows"]
