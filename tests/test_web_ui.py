@@ -270,6 +270,49 @@ def test_a_race_of_caps_runs_each_arm_and_compares_it_with_the_first(server):
     assert verdict["speedup"] == verdict["arms"][-1]["speedup"]
 
 
+def test_a_race_of_modes_builds_each_over_the_loaded_target(server):
+    """`arms`: 2 to 4 modes over the loaded target, baseline's and lookup's built for the race
+    (baseline's is `--mode baseline`'s own pipelined loop, not the loaded pipeline at cap 0),
+    each at its own cap or one given, and each checked against the first."""
+    url, _ = server
+    arms = ["baseline", "lookup", {"mode": "lookup", "cap": 2}]
+    body = {"prompt": "Repeat after me: " + ANSWER, "max_tokens": 40, "arms": arms}
+    with requests.post(url + "/admin/race", json=body, headers=H, stream=True) as r:
+        assert r.status_code == 200
+        events = _events(sse_frames(r))
+    kinds = [k for k, _ in events if k != "token"]
+    assert kinds == ["start"] + ["arm_start", "arm_done"] * 3 + ["verdict", "done"]
+    assert events[0][1]["arms"] == ["baseline", "lookup", "lookup cap 2"]
+    starts = [d for k, d in events if k == "arm_start"]
+    assert [d["mode"] for d in starts] == ["baseline", "lookup", "lookup"]
+    assert starts[0]["max_draft"] == 0 and starts[2]["max_draft"] == 2
+    done = {d["arm"]: d for k, d in events if k == "arm_done"}
+    assert done["baseline"]["rounds"] == 0 and done["lookup"]["rounds"] > 0
+    assert done["lookup"]["accept_len"] > 3 >= done["lookup cap 2"]["accept_len"] > 1
+    verdict = events[-2][1]
+    assert verdict["identical"] and all(a["identical"] for a in verdict["arms"])
+    health = requests.get(url + "/health", headers=H).json()
+    assert health["mode"] == "lookup"  # the loaded pipeline is untouched
+
+
+def test_race_arms_of_other_modes_run_over_a_drafter_pipelines_target():
+    """Over a target a drafter taps (the demo pair's DSpark), the baseline and lookup arms a
+    race builds decode what the loaded pipeline decodes, baseline without a round, and leave
+    the loaded pipeline as it was."""
+    import outrider
+    from outrider.server.race import mode_pipeline
+
+    pipe = outrider.load("outrider-demo/target", "outrider-demo/dspark", mode="dspark")
+    prompt, kw = "Write a Python function that reverses a list.", {"max_tokens": 32}
+    want = pipe.generate(prompt, **kw).tokens
+    baseline, lookup = mode_pipeline(pipe, "baseline"), mode_pipeline(pipe, "lookup")
+    assert baseline.target is lookup.target is pipe.target
+    plain = baseline.generate(prompt, **kw)
+    assert plain.tokens == want and not plain.rounds and baseline.max_draft == 0
+    assert lookup.generate(prompt, **kw).tokens == want and lookup.max_draft > 0
+    assert pipe.generate(prompt, **kw).tokens == want
+
+
 def test_race_requests_are_checked(server):
     url, _ = server
     for bad in (
@@ -277,11 +320,22 @@ def test_race_requests_are_checked(server):
         {"prompt": "x", "caps": [0]}, {"prompt": "x", "caps": [0, 1, 2, 3, 4]},
         {"prompt": "x", "caps": [-1, 2]}, {"prompt": "x", "caps": [2, 2]},
         {"prompt": "x", "caps": ["fast", 2]},
+        {"prompt": "x", "arms": ["lookup"]}, {"prompt": "x", "arms": ["lookup", "lookup"]},
+        {"prompt": "x", "arms": ["baseline", {"mode": "lookup", "cap": 65}]},
+        {"prompt": "x", "arms": [{"mode": "baseline", "cap": 2}, "lookup"]},
+        {"prompt": "x", "arms": ["baseline", {"mode": "lookup", "speed": 2}]},
+        {"prompt": "x", "arms": ["baseline", "lookup"], "caps": [0, 2]},
+        {"prompt": "x", "arms": ["baseline", "dspark"]},
+        {"prompt": "x", "arms": ["baseline", {"mode": "baseline", "cap": "auto"}]},
     ):  # fmt: skip
         r = requests.post(url + "/admin/race", json=bad, headers=H)
         assert r.status_code == 400, bad
     r = requests.post(url + "/admin/race", json={"prompt": "x", "max_tokens": 10**9}, headers=H)
     assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+    r = requests.post(url + "/admin/race", json={"prompt": "x", "arms": ["lookup", "dspark"]},
+                      headers=H)  # fmt: skip
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "'dspark'" in message and "baseline, lookup" in message
 
 
 def test_the_model_list(server):

@@ -354,7 +354,7 @@ class Engine:
                     self.state, self.spec, self.phase = "no_model", None, None
         else:  # a generation
             relieve_memory(self.prefix_cache, self.metrics)
-            if self.batching:
+            if self.batching and item.pipeline is None:
                 self._generate_batched(item)
                 return
             self._current = item
@@ -477,6 +477,11 @@ class Engine:
         if job.cancel.is_set():
             self.requests.left_while_waiting(job)
             return
+        if pipe is not None and job.pipeline is not None:  # a race arm of another mode
+            if job.pipeline.target is not pipe.target:
+                post(job, "error", RuntimeError("the model changed; run it again"))
+                return
+            pipe = job.pipeline
         if pipe is None:
             post(job, "end", None)
             return

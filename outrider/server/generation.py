@@ -175,10 +175,15 @@ def options(
 
 
 def submit(
-    engine: Engine, prompt: list[int], opts: dict[str, Any], request: Request | None = None
+    engine: Engine,
+    prompt: list[int],
+    opts: dict[str, Any],
+    request: Request | None = None,
+    pipeline: Any = None,
 ) -> Job:
-    """Queue a generation; the request's access-log line reads its token counts."""
-    job = Job(prompt, opts, asyncio.get_running_loop())
+    """Queue a generation (through `pipeline` over the loaded target, when given: a race arm
+    of another mode); the request's access-log line reads its token counts."""
+    job = Job(prompt, opts, asyncio.get_running_loop(), pipeline=pipeline)
     if request is not None:
         request.state.job = job
     try:

@@ -44,6 +44,9 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     tokens: int = 0  # generated so far (read by tests and metrics)
     number: int = 0  # the engine's count of requests it was given (the round log's `req`)
+    # another mode's pipeline over the loaded target (a race arm), run alone instead of the
+    # loaded pipeline; None: the loaded one
+    pipeline: Any = None
 
 
 def post(job: Job, kind: str, value: Any) -> None:

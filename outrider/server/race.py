@@ -2,7 +2,9 @@
 one arm after the other on the engine thread (greedy both), streamed as server-sent events so
 the page can show the two texts side by side and the speed-up as it happens. `caps` races 2 to
 4 arms of the loaded pipeline at caps of their own instead (0: plain decoding; "auto": each
-round's cap measured), each compared with the first.
+round's cap measured), each compared with the first; `arms` races 2 to 4 modes over the loaded
+target (`baseline`, `lookup` and the loaded mode, each at its own cap or one given), the
+others built for the race on the target already in memory.
 
 The plain arm is the loaded pipeline with `max_draft=0`: nothing is drafted, so the loop takes
 baseline's pipelined plain path (one target forward a token, the drafter idle), exactly what
@@ -12,7 +14,8 @@ from each arm's first token, so queueing and prefill (the same prompt in both ar
 count: the race compares decoding. Events:
 
     start     {model, mode, max_draft, prompt_tokens, max_tokens, arms}
-    arm_start {arm: "plain" | "spec" (or, with caps: "plain" | "cap N" | "auto"), mode, max_draft}
+    arm_start {arm: "plain" | "spec" (with caps: "plain" | "cap N" | "auto"; with arms: the
+               mode, then " cap N" or " auto" where a cap was given), mode, max_draft}
     token     {arm, index (tokens so far), text, t_ms, round?: {drafted, accepted}}
     arm_done  {arm, tokens, seconds, prefill_seconds, tokens_per_sec, accept_len, rounds,
                finish_reason}
@@ -32,7 +35,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .checks import CheckedRequest
 from .engine import Job, model_id
@@ -50,6 +53,30 @@ from .generation import submit as submit_job
 from .prompting import render_chat
 
 DEFAULT_MAX_TOKENS = 256
+OTHER_MODES = ("baseline", "lookup")  # modes a race builds over the loaded target
+
+
+class RaceArm(CheckedRequest):
+    """One arm of `arms`: a mode, and optionally its cap (0..64, or "auto" for the loaded
+    mode, the one whose costs are calibrated)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: str = Field(min_length=1, max_length=64)
+    cap: int | Literal["auto"] | None = None
+
+    @field_validator("cap")
+    @classmethod
+    def _cap_range(cls, cap: int | str | None) -> int | str | None:
+        if isinstance(cap, int) and not 0 <= cap <= 64:
+            raise ValueError('a cap must be 0..64 or "auto"')
+        return cap
+
+    @property
+    def name(self) -> str:
+        if self.cap is None:
+            return self.mode
+        return f"{self.mode} auto" if self.cap == "auto" else f"{self.mode} cap {self.cap}"
 
 
 class RaceRequest(CheckedRequest):
@@ -61,6 +88,27 @@ class RaceRequest(CheckedRequest):
     enable_thinking: bool | None = None
     # 2 to 4 arms of the loaded pipeline at these caps (0: plain decoding; "auto": measured)
     caps: list[int | Literal["auto"]] | None = Field(default=None, min_length=2, max_length=4)
+    # or 2 to 4 modes over the loaded target: "baseline", {"mode": "lookup", "cap": 4}, ...
+    arms: list[str | RaceArm] | None = Field(default=None, min_length=2, max_length=4)
+
+    @field_validator("arms")
+    @classmethod
+    def _distinct_arms(cls, arms: list | None) -> list[RaceArm] | None:
+        if arms is None:
+            return None
+        arms = [RaceArm(mode=a) if isinstance(a, str) else a for a in arms]
+        for arm in arms:
+            if arm.mode == "baseline" and arm.cap not in (None, 0):
+                raise ValueError("a baseline arm drafts nothing: it takes no cap")
+        if len({a.name for a in arms}) < len(arms):
+            raise ValueError("arms names an arm twice")
+        return arms
+
+    @model_validator(mode="after")
+    def _one_way(self) -> RaceRequest:
+        if self.caps is not None and self.arms is not None:
+            raise ValueError("give caps or arms, not both")
+        return self
 
     @field_validator("caps")
     @classmethod
@@ -82,10 +130,16 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 async def _arm(
-    state: Any, arm: str, prompt: list[int], opts: dict[str, Any], out: dict[str, Any]
+    state: Any,
+    arm: str,
+    prompt: list[int],
+    opts: dict[str, Any],
+    out: dict[str, Any],
+    pipeline: Any = None,
 ) -> AsyncIterator[str]:
-    """Run one arm to its end, yielding its SSE frames; its Result lands in `out["result"]`."""
-    job: Job = submit_job(state.engine, prompt, opts)
+    """Run one arm to its end (through `pipeline` over the loaded target, when given),
+    yielding its SSE frames; its Result lands in `out["result"]`."""
+    job: Job = submit_job(state.engine, prompt, opts, pipeline=pipeline)
     first: float | None = None
     index = 0
     try:
@@ -132,20 +186,65 @@ def _summary(arm: str, result: Any) -> dict[str, Any]:
     }
 
 
-def arm_list(pipe: Any, opts: dict[str, Any], caps: list | None) -> list[tuple]:
-    """(name, stream options, cap) of each arm: plain against the pipeline as loaded, or one
-    arm a cap (0: plain decoding, "auto": each round's cap measured)."""
+def arm_list(
+    pipe: Any,
+    opts: dict[str, Any],
+    caps: list | None,
+    arms: list[RaceArm] | None = None,
+    plugins: Any = None,
+) -> list[tuple]:
+    """(name, stream options, cap, pipeline or None for the loaded one) of each arm: plain
+    against the pipeline as loaded, one arm a cap (0: plain decoding, "auto": each round's
+    cap measured), or one arm a mode over the loaded target (`arms`)."""
+    if arms is not None:
+        return [_mode_arm(pipe, opts, arm, plugins) for arm in arms]
     if caps is None:
-        return [("plain", {**opts, "max_draft": 0}, 0), ("spec", opts, pipe.max_draft)]
+        return [("plain", {**opts, "max_draft": 0}, 0, None), ("spec", opts, pipe.max_draft, None)]
     names = {0: "plain", "auto": "auto"}
-    return [(names.get(c, f"cap {c}"), {**opts, "max_draft": c}, c) for c in caps]
+    return [(names.get(c, f"cap {c}"), {**opts, "max_draft": c}, c, None) for c in caps]
+
+
+def _mode_arm(pipe: Any, opts: dict[str, Any], arm: RaceArm, plugins: Any) -> tuple:
+    """An arm of `arm.mode`: the loaded pipeline for its own mode, else a pipeline of that
+    mode built now over the loaded target (baseline or lookup: no weights of their own)."""
+    if arm.mode == pipe.mode:
+        own = None
+    elif arm.mode in OTHER_MODES:
+        if arm.cap == "auto":
+            raise ApiError(
+                400, f'only the loaded mode ({pipe.mode}) races at cap "auto"', param="arms"
+            )
+        own = mode_pipeline(pipe, arm.mode, plugins)
+    else:
+        modes = ", ".join(dict.fromkeys((*OTHER_MODES, pipe.mode)))
+        raise ApiError(
+            400, f"a race arm's mode must be one of {modes} (the loaded target's), got "
+            f"{arm.mode!r}", param="arms",
+        )  # fmt: skip
+    runs = own if own is not None else pipe
+    cap = runs.max_draft if arm.cap is None else arm.cap
+    if isinstance(cap, int):
+        cap = min(cap, runs.proposer.max_draft)
+    return arm.name, {**opts, "max_draft": cap}, cap, own
+
+
+def mode_pipeline(pipe: Any, mode: str, plugins: Any = None) -> Any:
+    """A pipeline of `mode` over `pipe`'s target, at the strategy's own cap, sharing its
+    prefix cache: what `--mode {mode}` runs, without loading the target again."""
+    from ..api import pipeline_from_parts
+    from ..core.plugins import Plugins
+
+    strategy = (plugins or Plugins()).strategy(mode)
+    proposer = strategy.build(pipe.target, None, {})
+    built = pipeline_from_parts(pipe.target, proposer, mode, strategy.default_cap)
+    built.prefix_cache = pipe.prefix_cache
+    return built
 
 
 async def race_events(
-    state: Any, pipe: Any, prompt: list[int], opts: dict[str, Any], caps: list | None = None
+    state: Any, pipe: Any, prompt: list[int], opts: dict[str, Any], arms: list[tuple]
 ) -> AsyncIterator[str]:
-    """The race's frames: each arm in turn, then whether their tokens agree."""
-    arms = arm_list(pipe, opts, caps)
+    """The race's frames: each arm (`arm_list`) in turn, then whether their tokens agree."""
     yield sse_event(
         "start",
         {
@@ -154,17 +253,18 @@ async def race_events(
             "max_draft": pipe.max_draft,
             "prompt_tokens": len(prompt),
             "max_tokens": opts["max_tokens"],
-            "arms": [name for name, _, _ in arms],
+            "arms": [name for name, *_ in arms],
         },
     )
     results: dict[str, Any] = {}
     try:
-        for arm, arm_opts, cap in arms:
+        for arm, arm_opts, cap, own in arms:
             if state.engine.pipeline is not pipe:
                 raise ApiError(409, "the model changed during the race; run it again")
-            yield sse_event("arm_start", {"arm": arm, "mode": pipe.mode, "max_draft": cap})
+            mode = (own or pipe).mode
+            yield sse_event("arm_start", {"arm": arm, "mode": mode, "max_draft": cap})
             out: dict[str, Any] = {}
-            async for frame in _arm(state, arm, prompt, arm_opts, out):
+            async for frame in _arm(state, arm, prompt, arm_opts, out, own):
                 yield frame
             if out.get("result") is None:
                 return  # cancelled: the client or the server went away
@@ -175,7 +275,7 @@ async def race_events(
         return
     first = results[arms[0][0]]
     against = []
-    for name, _, _ in arms[1:]:
+    for name, *_ in arms[1:]:
         result = results[name]
         diff = first_difference(first.tokens, result.tokens)
         speedup = result.decode_tps / first.decode_tps if first.decode_tps > 0 else None
@@ -217,7 +317,9 @@ def router(state: Any) -> APIRouter:
             len(prompt),
             GenParams(max_tokens=body.max_tokens, temperature=0.0),
         )
-        stream = race_events(state, pipe, prompt, opts, body.caps)
+        plugins = state.plugins() if callable(getattr(state, "plugins", None)) else None
+        arms = arm_list(pipe, opts, body.caps, body.arms, plugins)  # a wrong mode: 400 here
+        stream = race_events(state, pipe, prompt, opts, arms)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
 
