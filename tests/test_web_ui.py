@@ -445,6 +445,24 @@ def test_the_race_shows_two_identical_texts_and_a_speedup(server, browser, shots
     shots(browser, "web-race")
     assert not page_errors(browser)
 
+    # against `--mode baseline`'s own loop instead of the loaded pipeline drafting nothing
+    from selenium.webdriver.support.ui import Select
+
+    Select(by_id(browser, "race-against")).select_by_value("baseline")
+    by_id(browser, "race-run").click()
+    wait(
+        browser,
+        lambda d: by_id(d, "race-verdict").get_attribute("data-state") not in ("idle", "running"),
+        "the race against baseline never ended",
+    )
+    assert by_id(browser, "race-verdict").get_attribute("data-state") == "identical"
+    wait(browser, text_is("race-plain-text", expected), "the baseline arm's text never completed")
+    assert by_id(browser, "race-plain-note").text == "baseline · max_draft 0"
+    assert by_id(browser, "race-plain-title").text == "plain decoding"
+    assert "accept" in by_id(browser, "race-spec-stats").text
+    assert "accept" not in by_id(browser, "race-plain-stats").text
+    assert not page_errors(browser)
+
 
 @pytest.mark.slow
 def test_the_model_picker_lists_models_and_switches(server, browser, shots):

@@ -390,7 +390,8 @@ async function runRace() {
   clearTimeout(race.timer);
   race.running = true;
   $("race-run").disabled = true;
-  const plain = []; // token events of the plain arm: {index, text, t_ms}
+  const plain = []; // token events of the left arm: {index, text, t_ms}
+  let left = "plain"; // the left arm's name (the first of the start event's arms)
   let spec = { tokens: 0, rounds: 0, kept: 0, t: 0 };
   let ghost = null; // the plain arm's replay: {start, shown}
   const replay = () => {
@@ -412,15 +413,25 @@ async function runRace() {
     };
     const thinking = $("race-thinking").value;
     if (thinking) body.enable_thinking = thinking === "on";
+    // another mode on the left: the two arms by mode (the loaded one on the right)
+    const against = $("race-against").value;
+    if (against && health && health.mode && against !== health.mode) {
+      body.arms = [against, health.mode];
+    }
     const response = await api("/admin/race", { method: "POST", body });
     for await (const ev of sse(response)) {
       const d = JSON.parse(ev.data);
       if (ev.event === "start") {
+        left = d.arms[0];
+        const plainLeft = left === "plain" || left === "baseline";
+        $("race-plain-title").textContent = plainLeft ? "plain decoding" : left;
         $("race-spec-note").textContent = `${d.mode} · max_draft ${d.max_draft}`;
         status.textContent = `${d.model} · ${d.prompt_tokens} prompt tokens · up to ${d.max_tokens} new`;
       } else if (ev.event === "arm_start") {
-        status.textContent = d.arm === "plain" ? "running plain decoding…" : "running speculative decoding…";
-      } else if (ev.event === "token" && d.arm === "plain") {
+        if (d.arm === left) $("race-plain-note").textContent = `${d.mode} · max_draft ${d.max_draft}`;
+        const what = d.arm !== left ? "speculative decoding" : left === "plain" ? "plain decoding" : left;
+        status.textContent = `running ${what}…`;
+      } else if (ev.event === "token" && d.arm === left) {
         plain.push(d);
         plainText.textContent += d.text;
         const secs = d.t_ms / 1000;
@@ -447,11 +458,11 @@ async function runRace() {
         const reached = plain.find((p) => p.index >= d.index);
         if (reached && d.t_ms > 0) speedup.textContent = fmtSpeedup(reached.t_ms / d.t_ms);
       } else if (ev.event === "arm_done") {
-        const node = d.arm === "plain" ? $("race-plain-stats") : $("race-spec-stats");
+        const node = d.arm === left ? $("race-plain-stats") : $("race-spec-stats");
         armStats(node, {
           tokens: d.tokens,
           tps: d.tokens_per_sec,
-          accept: d.arm === "spec" ? d.accept_len : 0,
+          accept: d.arm === left ? 0 : d.accept_len,
         }, false);
       } else if (ev.event === "verdict") {
         speedup.textContent = fmtSpeedup(d.speedup);
