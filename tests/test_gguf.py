@@ -30,7 +30,9 @@ SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # --- the converted model is the model ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3"])
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "phi3"]
+)
 def test_converted_model_computes_what_the_original_does(tmp_path, family):
     """Logits of the F32 GGUF equal the Hugging Face layout model's. For llama the converter
     permuted Q/K rows; running the other RoPE convention on the file's rows must be wrong."""
@@ -121,9 +123,10 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
 LLAMA3["original_max_position_embeddings"] = 8192
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen2_moe", "qwen3_moe", "mixtral"])
 def test_a_quantized_moe_file_matches_plain_greedy(tmp_path, family):
-    """qwen3moe and Mixtral (a llama file with experts): a router and every expert's
+    """qwen2moe (with its gated shared expert), qwen3moe and Mixtral (a llama file with
+    experts): a router and every expert's
     projections in 3-D tensors, quantized (Q8_0 experts, Q4_1 attention); dspark over it gives
     mlx-lm's plain greedy tokens."""
     path = make_tiny_gguf(

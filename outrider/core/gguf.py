@@ -7,8 +7,8 @@ reader (which skips some types without a word and dequantizes Q4_K wrongly in ML
 float tensors as stored, quantized ones as MLX affine triples (`gguf_blocks.py`): Q4_0 … Q8_0,
 Q4_K and Q5_K keep the file's codes, so the K-quant files most people download (Q4_K_M,
 Q5_K_M) run at about their own size; Q6_K is held at 8 bits. The tokenizer is rebuilt from the
-metadata (`gguf_tokenizer.py`). Architectures: llama (with experts: Mixtral), qwen2, qwen3,
-qwen3moe, phi3, gemma2 and gemma3.
+metadata (`gguf_tokenizer.py`). Architectures: llama (with experts: Mixtral), qwen2, qwen2moe,
+qwen3, qwen3moe, phi3, gemma2 and gemma3.
 
 RoPE: llama.cpp's converter permutes the Q/K rows of `llama` files so that GGML's "normal" RoPE
 (adjacent pairs) computes what the Hugging Face model computes with rotate-half. We keep the
@@ -45,6 +45,8 @@ ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1-style per-dimension RoPE factors
 # QWEN2 / QWEN3 are "neox" (rotate-half, rows as in the Hugging Face checkpoint).
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
 ARCHITECTURES["qwen3moe"] = ("qwen3_moe", False)  # Qwen3's attention, every layer's MLP experts
+# Qwen1.5-MoE / Qwen2-MoE: qwen2's attention; experts beside a shared expert behind a sigmoid gate
+ARCHITECTURES["qwen2moe"] = ("qwen2_moe", False)
 MIXTRAL = ("mixtral", True)  # a `llama` file with experts: Mixtral's packaging
 ARCHITECTURES["phi3"] = ("phi3", False)  # Phi-3 / Phi-4: fused qkv and gate|up projections
 # Gemma 2 and 3: sandwich norms stored plus one (llama.cpp's converter folds Gemma's 1 + w in)
@@ -58,8 +60,9 @@ GEMMA3_PATTERN, GEMMA3_LOCAL_BASE, GEMMA3_27B_LAYERS = 6, 10_000.0, 62
 GEMMA2_27B_LAYERS = 46  # likewise Gemma 2's 27B (llama.cpp's LLM_ARCH_GEMMA2)
 LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3's LongRoPE
 ROPE_TENSORS = (ROPE_FREQS, *LONGROPE)  # RoPE factors: read into the config, not weights
-MOE_MODELS = ("qwen3_moe", "mixtral")
-HEAD_FROM_WIDTH = ("phi3", "mixtral")  # mlx-lm models whose head size is hidden // heads
+MOE_MODELS = ("qwen3_moe", "qwen2_moe", "mixtral")
+# mlx-lm models whose head size is hidden // heads
+HEAD_FROM_WIDTH = ("phi3", "mixtral", "qwen2_moe")
 
 # Tensor types read as stored; the quantized ones become MLX affine triples (gguf_blocks.py).
 PLAIN_TYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
@@ -92,7 +95,13 @@ BLOCK_NAMES = {
     "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
     "ffn_up_exps": "mlp.switch_mlp.up_proj",
     "ffn_down_exps": "mlp.switch_mlp.down_proj",
+    # qwen2moe's shared expert, and the gate (one row) that scales its output by a sigmoid
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
+SHARED_GATE = "ffn_gate_inp_shexp"  # llama.cpp declares it [n_embd]: a file may hold it 1-D
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q"}
 _SCALARS.update({11: "<q", 12: "<d"})
@@ -293,7 +302,7 @@ def check(header: Header) -> None:
         if ".ffn_gate_inp." in t.name and not experts:
             raise CheckpointError(
                 f"{name}: a {header.arch} file with experts (tensor {t.name!r}) is not supported "
-                "(experts: qwen3moe, and llama files as Mixtral)"
+                "(experts: qwen2moe, qwen3moe, and llama files as Mixtral)"
             )
         if _module_name(t.name) is None or not t.name.endswith((".weight", ".bias")):
             raise CheckpointError(
@@ -490,6 +499,14 @@ def read_config(path: Path) -> dict:
             mlp_only_layers=[],
             norm_topk_prob=True,
         )
+    elif model == "qwen2_moe":  # llama.cpp's qwen2moe graph keeps the softmax weights as they are
+        experts, used = expert_counts(header)
+        config.update(
+            num_experts=experts,
+            num_experts_per_tok=used,
+            moe_intermediate_size=_int(header, "expert_feed_forward_length"),
+            shared_expert_intermediate_size=_int(header, "expert_shared_feed_forward_length"),
+        )
     elif model == "gemma3_text":
         config.update(gemma3_fields(header, hidden, heads, head_dim))
     elif model == "gemma2":
@@ -559,6 +576,8 @@ def read_weights(path: Path) -> dict[str, mx.array]:
             array = array.view(mx.bfloat16)
         if model in GEMMAS and tname.endswith("norm.weight"):
             array = array - 1  # mlx-lm's Gemma norms multiply by 1 + w, as the checkpoint
+        if f".{SHARED_GATE}." in tname and array.ndim == 1:
+            array = array[None]  # mlx-lm's shared-expert gate: a Linear of one output row
         weights[f"{base}.{kind}"] = array
     return weights
 

@@ -40,6 +40,14 @@ FAMILIES = {
         "num_experts_per_tok": 2,
         "tie_word_embeddings": False,
     },
+    "qwen2_moe": {  # Qwen1.5-MoE / Qwen2-MoE: qwen2's attention, experts and a gated shared one
+        "model_type": "qwen2_moe",
+        "tie_word_embeddings": False,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+    },
     "qwen3_moe": {
         "model_type": "qwen3_moe",
         "head_dim": 16,

@@ -37,12 +37,16 @@ _BLOCK = {
     "mlp.switch_mlp.down_proj": "ffn_down_exps",
     "self_attn.qkv_proj": "attn_qkv",  # phi3's fused projections
     "mlp.gate_up_proj": "ffn_up",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",  # qwen2moe's shared expert and its gate
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
     "block_sparse_moe.gate": "ffn_gate_inp",  # Mixtral's names for the same
     "block_sparse_moe.switch_mlp.gate_proj": "ffn_gate_exps",
     "block_sparse_moe.switch_mlp.up_proj": "ffn_up_exps",
     "block_sparse_moe.switch_mlp.down_proj": "ffn_down_exps",
 }
-ARCH = {"qwen3_moe": "qwen3moe", "mixtral": "llama", "gemma3_text": "gemma3"}  # GGUF's names
+ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "gemma3_text": "gemma3"}  # fmt: skip
 GEMMAS = ("gemma2", "gemma3")  # norms stored plus one, llama.cpp's names for the four norms
 # Gemma 3's four norms a layer: llama.cpp calls the one before the MLP `ffn_norm`
 _GEMMA3 = {
@@ -158,6 +162,8 @@ def make_tiny_gguf(
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         if "moe_intermediate_size" in cfg:
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if "shared_expert_intermediate_size" in cfg:
+            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
     w.add_key_length(head_dim)
@@ -218,6 +224,8 @@ def make_tiny_gguf(
         elif ARCH.get(arch, arch) == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = permute_rows(arr, kv_heads)
         gname = gguf_name(name, ARCH.get(arch, arch))
+        if ".ffn_gate_inp_shexp." in gname:  # one row: llama.cpp's files hold it [n_embd], F32
+            arr = arr.reshape(-1)
         if ARCH.get(arch, arch) in GEMMAS and name.endswith("norm.weight"):
             arr = arr + 1  # the converter's Gemma norm shift (Gemma3RMSNorm scales by 1 + w)
         qtype = Q[(types or {}).get(gname, quant if arr.ndim >= 2 else "F32")]
