@@ -19,6 +19,7 @@ from .core.device import (
     fused_attention,
     kv_attention,
     matmul_choice,
+    on_cuda_gpu,
     pipelined_rounds,
     split_attention,
     tf32_matmuls,
@@ -97,7 +98,8 @@ def doctor_report() -> dict:
         # half-precision multi-row attention at bucketed shapes (plugins/targets/verify_attention.py)
         report["attention_buckets"] = split and attention_buckets()
         # a verify's attention as outrider's two CUDA kernels (plugins/targets/fused_attention.py)
-        report["attention_kernels"] = "fused" if fused_attention() else "softmax"
+        kernels = "fused" if fused_attention() else "softmax"
+        report["attention_kernels"] = kernels if on_cuda_gpu() else f"none here ({kernels} on CUDA)"
     except OutriderError as e:
         report["attention"] = None
         problems.append(str(e))
