@@ -221,6 +221,8 @@ def _mode_arm(pipe: Any, opts: dict[str, Any], arm: RaceArm, plugins: Any) -> tu
             400, f"a race arm's mode must be one of {modes} (the loaded target's), got "
             f"{arm.mode!r}", param="arms",
         )  # fmt: skip
+    if own is None and arm.cap is None:  # the loaded mode as it runs a request (auto included)
+        return arm.name, opts, pipe.max_draft, None
     runs = own if own is not None else pipe
     cap = runs.max_draft if arm.cap is None else arm.cap
     if isinstance(cap, int):
