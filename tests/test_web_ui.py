@@ -313,6 +313,37 @@ def test_race_arms_of_other_modes_run_over_a_drafter_pipelines_target():
     assert pipe.generate(prompt, **kw).tokens == want
 
 
+def test_a_race_arm_runs_the_loaded_drafter_at_its_own_confidence_threshold(models_dir):
+    """`{"mode": "dspark", "confidence": c}`: the loaded DSpark drafter cutting its drafts at
+    cumulative confidence c, in a pipeline of its own over the same target and drafter: the
+    same tokens as the arm without it, fewer drafts a round at a high threshold, and the loaded
+    pipeline's own threshold untouched. Elsewhere (a drafter without a confidence head, or
+    another mode's arm) the arm is refused by name."""
+    from test_families import built
+
+    import outrider
+    from outrider.server.errors import ApiError
+    from outrider.server.race import RaceArm, arm_list, mode_pipeline
+
+    target, drafter = built(models_dir, "qwen3")
+    pipe = outrider.load(str(target), str(drafter), mode="dspark")
+    opts = {"max_tokens": 24, "stop_tokens": set()}
+    arms = arm_list(pipe, opts, None, [RaceArm(mode="dspark", cap=4),
+                                       RaceArm(mode="dspark", cap=4, confidence=0.999)])  # fmt: skip
+    assert [name for name, *_ in arms] == ["dspark cap 4", "dspark cap 4 confidence 0.999"]
+    ids = list(range(3, 40))
+    results = [(own or pipe).generate(ids, **o) for _, o, _, own in arms]
+    assert results[0].tokens == results[1].tokens
+    drafted = [sum(len(s.drafted) for s in r.rounds) / len(r.rounds) for r in results]
+    assert drafted[1] < drafted[0], drafted  # cut at the threshold
+    assert arms[1][3].target is pipe.target and not pipe.proposer.use_confidence
+    lookup = mode_pipeline(pipe, "lookup")
+    for loaded, arm in ((lookup, RaceArm(mode="lookup", confidence=0.5)),
+                        (pipe, RaceArm(mode="lookup", confidence=0.5))):  # fmt: skip
+        with pytest.raises(ApiError, match="confidence applies to the loaded drafter"):
+            arm_list(loaded, opts, None, [RaceArm(mode=loaded.mode), arm])
+
+
 def test_race_requests_are_checked(server):
     url, _ = server
     for bad in (
@@ -327,6 +358,8 @@ def test_race_requests_are_checked(server):
         {"prompt": "x", "arms": ["baseline", "lookup"], "caps": [0, 2]},
         {"prompt": "x", "arms": ["baseline", "dspark"]},
         {"prompt": "x", "arms": ["baseline", {"mode": "baseline", "cap": "auto"}]},
+        {"prompt": "x", "arms": ["baseline", {"mode": "lookup", "confidence": 1.5}]},
+        {"prompt": "x", "arms": ["baseline", {"mode": "lookup", "confidence": 0.5}]},
     ):  # fmt: skip
         r = requests.post(url + "/admin/race", json=bad, headers=H)
         assert r.status_code == 400, bad

@@ -15,7 +15,8 @@ count: the race compares decoding. Events:
 
     start     {model, mode, max_draft, prompt_tokens, max_tokens, arms}
     arm_start {arm: "plain" | "spec" (with caps: "plain" | "cap N" | "auto"; with arms: the
-               mode, then " cap N" or " auto" where a cap was given), mode, max_draft}
+               mode, then " cap N" or " auto" and " confidence C" where given), mode,
+               max_draft}
     token     {arm, index (tokens so far), text, t_ms, round?: {drafted, accepted}}
     arm_done  {arm, tokens, seconds, prefill_seconds, tokens_per_sec, accept_len, rounds,
                finish_reason}
@@ -58,12 +59,14 @@ OTHER_MODES = ("baseline", "lookup")  # modes a race builds over the loaded targ
 
 class RaceArm(CheckedRequest):
     """One arm of `arms`: a mode, and optionally its cap (0..64, or "auto" for the loaded
-    mode, the one whose costs are calibrated)."""
+    mode, the one whose costs are calibrated) and, for a loaded drafter with a confidence head
+    (DSpark's), the cumulative-confidence threshold its drafts are cut at (0..1)."""
 
     model_config = ConfigDict(extra="forbid")
 
     mode: str = Field(min_length=1, max_length=64)
     cap: int | Literal["auto"] | None = None
+    confidence: float | None = Field(default=None, ge=0.0, le=1.0)
 
     @field_validator("cap")
     @classmethod
@@ -74,9 +77,12 @@ class RaceArm(CheckedRequest):
 
     @property
     def name(self) -> str:
-        if self.cap is None:
-            return self.mode
-        return f"{self.mode} auto" if self.cap == "auto" else f"{self.mode} cap {self.cap}"
+        name = self.mode
+        if self.cap is not None:
+            name += " auto" if self.cap == "auto" else f" cap {self.cap}"
+        if self.confidence is not None:
+            name += f" confidence {self.confidence:g}"
+        return name
 
 
 class RaceRequest(CheckedRequest):
@@ -207,7 +213,9 @@ def arm_list(
 def _mode_arm(pipe: Any, opts: dict[str, Any], arm: RaceArm, plugins: Any) -> tuple:
     """An arm of `arm.mode`: the loaded pipeline for its own mode, else a pipeline of that
     mode built now over the loaded target (baseline or lookup: no weights of their own)."""
-    if arm.mode == pipe.mode:
+    if arm.confidence is not None:
+        own = confident_pipeline(pipe, arm)
+    elif arm.mode == pipe.mode:
         own = None
     elif arm.mode in OTHER_MODES:
         if arm.cap == "auto":
@@ -221,13 +229,32 @@ def _mode_arm(pipe: Any, opts: dict[str, Any], arm: RaceArm, plugins: Any) -> tu
             400, f"a race arm's mode must be one of {modes} (the loaded target's), got "
             f"{arm.mode!r}", param="arms",
         )  # fmt: skip
-    if own is None and arm.cap is None:  # the loaded mode as it runs a request (auto included)
-        return arm.name, opts, pipe.max_draft, None
+    if arm.cap is None and arm.mode == pipe.mode:  # as the loaded mode runs a request
+        return arm.name, opts, pipe.max_draft, own
     runs = own if own is not None else pipe
     cap = runs.max_draft if arm.cap is None else arm.cap
     if isinstance(cap, int):
         cap = min(cap, runs.proposer.max_draft)
     return arm.name, {**opts, "max_draft": cap}, cap, own
+
+
+def confident_pipeline(pipe: Any, arm: RaceArm) -> Any:
+    """The loaded pipeline with its drafter at the arm's confidence threshold: the same
+    drafter, target, calibration and prefix cache."""
+    from ..api import pipeline_from_parts
+
+    spec = getattr(pipe.proposer, "spec", None)
+    if arm.mode != pipe.mode or not getattr(spec, "confidence_head", False):
+        raise ApiError(
+            400, f"confidence applies to the loaded drafter's own arm, and {pipe.mode}'s "
+            f"drafter here has no confidence head (DSpark's has); got it for {arm.mode!r}",
+            param="arms",
+        )  # fmt: skip
+    proposer = pipe.proposer.with_threshold(arm.confidence)
+    built = pipeline_from_parts(pipe.target, proposer, pipe.mode, pipe.max_draft)
+    built.calibration, built.auto_cap = pipe.calibration, pipe.auto_cap
+    built.cap_given, built.prefix_cache = pipe.cap_given, pipe.prefix_cache
+    return built
 
 
 def mode_pipeline(pipe: Any, mode: str, plugins: Any = None) -> Any:

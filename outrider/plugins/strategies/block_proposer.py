@@ -171,6 +171,15 @@ class BlockProposer:
         RowGroup(self.drafter, self.context_window).add(twin)
         return twin
 
+    def with_threshold(self, threshold: float) -> BlockProposer:
+        """A fork that cuts its drafts at its own cumulative-confidence threshold (0: never),
+        the same drafter otherwise: a race arm of the loaded DSpark drafter at another
+        threshold. Drafters without a confidence head ignore it."""
+        twin = self.fork()
+        twin.threshold = threshold
+        twin.use_confidence = threshold > 0 and self.spec.confidence_head
+        return twin
+
     def start(self, prompt: list[int], taps: mx.array | None) -> None:
         self._group.discard(self)
         RowGroup(self.drafter, self.context_window).add(self)

@@ -63,6 +63,12 @@ class LookupAssist:
 
         return LookupAssist(fork(self.inner), self.min_match, self.max_lookup, self.calibration)
 
+    def with_threshold(self, threshold: float) -> LookupAssist:
+        """The wrapped drafter at another confidence threshold (`BlockProposer.with_threshold`),
+        wrapped alike."""
+        inner = self.inner.with_threshold(threshold)
+        return LookupAssist(inner, self.min_match, self.max_lookup, self.calibration)
+
     def start(self, prompt: list[int], taps: mx.array | None) -> None:
         self.inner.start(prompt, taps)
         self._last, self._indexed, self._looked = {}, 0, False
