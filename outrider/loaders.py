@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .core import generation_config, gguf, row_kernels
+from .core import generation_config, gguf, gguf_header, row_kernels
 from .core.checkpoint import open_checkpoint, read_config
 from .core.device import (
     PADDED_FROM,
@@ -30,7 +30,7 @@ from .registry import Pair, find_pair
 
 
 def detect_format(plugins: Plugins, path: Path):
-    if gguf.is_gguf(path):  # a DSpark GGUF: converted once into DeepSpec's layout (cached)
+    if gguf_header.is_gguf(path):  # a DSpark GGUF: converted once into DeepSpec's layout (cached)
         from .core.gguf_drafter import converted_drafter
 
         path = converted_drafter(path)[0]
@@ -88,9 +88,9 @@ def load_drafter(plugins: Plugins, drafter: str, download: bool = True) -> Draft
 
 def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
     path = resolve_model(model, "model", download)
-    if gguf.is_gguf(path) and gguf.read_header(path).arch == "dspark":
+    if gguf_header.is_gguf(path) and gguf_header.read_header(path).arch == "dspark":
         raise CheckpointError(f"{model} is a DSpark drafter GGUF; pass it as --drafter")
-    config = gguf.read_config(path) if gguf.is_gguf(path) else read_config(path)
+    config = gguf.read_config(path) if gguf_header.is_gguf(path) else read_config(path)
     archs = [str(a) for a in config.get("architectures") or []]
     if any(
         a.endswith(("DSparkModel", "DraftModel", "Speculator", "Eagle3Model", "Eagle3"))

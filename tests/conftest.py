@@ -213,10 +213,10 @@ def _load_plain(path: str):
     import json
     from pathlib import Path
 
-    from outrider.core import gguf
+    from outrider.core import gguf, gguf_header
     from outrider.core.device import dense_single_groups
 
-    if gguf.is_gguf(Path(path)):
+    if gguf_header.is_gguf(Path(path)):
         model = gguf.build_model(Path(path))
         dense_single_groups(model)
         return model

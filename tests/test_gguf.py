@@ -18,7 +18,7 @@ import pytest
 from conftest import PROMPTS, plain_greedy
 
 import outrider
-from outrider.core import gguf
+from outrider.core import gguf, gguf_header
 from outrider.core.errors import CheckpointError, ModelNotFoundError
 from outrider.core.hub import resolve_model
 from outrider.registry import find_pair
@@ -330,7 +330,7 @@ def test_the_memory_estimate_is_what_the_weights_take_loaded(k_quant_gguf):
 
     model = gguf.build_model(k_quant_gguf)
     loaded = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    stored = sum(t.nbytes for t in gguf.read_header(k_quant_gguf).tensors.values())
+    stored = sum(t.nbytes for t in gguf_header.read_header(k_quant_gguf).tensors.values())
     assert fit.local_weight_bytes(k_quant_gguf) == loaded > stored * 1.15
 
 

@@ -59,7 +59,7 @@ def drafts(pipe, prompt: str, n: int = 30, cap: int = 8) -> tuple[list[int], lis
 
 
 def test_writer_lays_out_prismml_file(ggufs):
-    from outrider.core.gguf import read_header
+    from outrider.core.gguf_header import read_header
 
     header = read_header(ggufs["bf16"])
     assert ggufs["bf16"].suffix == ".gguf" and header.arch == "dspark"

@@ -10,7 +10,7 @@ import pytest
 from conftest import PROMPTS, plain_greedy
 
 import outrider
-from outrider.core import gguf
+from outrider.core import gguf, gguf_header
 from outrider.testing import make_tiny_gguf
 
 
@@ -87,7 +87,7 @@ def test_a_sentencepiece_vocabulary_tokenizes_as_llama_cpp_does(spm_gguf):
     """On random text over the corpus' letters, spaces, punctuation and characters the
     vocabulary lacks, the rebuilt tokenizer gives llama.cpp's ids (the procedure written out
     in `spm_reference`), adds a BOS by default, and decodes back to the text."""
-    meta = gguf.read_header(spm_gguf).metadata
+    meta = gguf_header.read_header(spm_gguf).metadata
     tokens, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"].tolist()
     tok = gguf.build_tokenizer(spm_gguf)
     rng = random.Random(0)
@@ -109,7 +109,7 @@ def test_a_vocabulary_without_a_space_prefix_tokenizes_as_llama_cpp_does(tmp_pat
         tmp_path / "g.gguf", family="llama", tokenizer_pre="sentencepiece", vocab_size=340,
         space_prefix=False,
     )  # fmt: skip
-    meta = gguf.read_header(path).metadata
+    meta = gguf_header.read_header(path).metadata
     tokens, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"].tolist()
     tok = gguf.build_tokenizer(path)
     rng = random.Random(1)

@@ -35,13 +35,13 @@ def convert_drafter(src: str, out: Path, target: str | None, force: bool) -> lis
     from ..cli_common import plugins
     from ..core.checkpoint import Checkpoint
     from ..core.errors import OutriderError
-    from ..core.gguf import is_gguf
     from ..core.gguf_drafter import (
         check_loadable,
         publish_atomically,
         read_gguf_checkpoint,
         write_deepspec_folder,
     )
+    from ..core.gguf_header import is_gguf
     from ..core.hub import resolve_model
     from ..loaders import detect_format
     from ..plugins.formats.deepspec import DeepSpecFormat

@@ -404,9 +404,9 @@ def kv_cache_bytes(
 def local_config(path: Path) -> dict[str, Any] | None:
     try:
         if path.is_file():
-            from . import gguf
+            from . import gguf, gguf_header
 
-            return gguf.read_config(path) if gguf.is_gguf(path) else None
+            return gguf.read_config(path) if gguf_header.is_gguf(path) else None
         config = json.loads((path / "config.json").read_text())
         return config if isinstance(config, dict) else None
     except Exception:

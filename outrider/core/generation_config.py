@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import gguf
+from . import gguf_header
 
 FIELDS = ("temperature", "top_p", "top_k")
 GGUF_KEYS = {
@@ -86,8 +86,8 @@ def check(
 
 def read(path: Path) -> tuple[SamplingDefaults, list[str]]:
     """A model's recommended sampling (folder or GGUF file) and notes on what was ignored."""
-    if gguf.is_gguf(path):
-        meta = gguf.read_header(path).metadata
+    if gguf_header.is_gguf(path):
+        meta = gguf_header.read_header(path).metadata
         values = {k: meta.get(key) for k, key in GGUF_KEYS.items()}
         return _ignored(check(**values, source=path.name, label="{source}: sampling {name}"))
     file = path / "generation_config.json"

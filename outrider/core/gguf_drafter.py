@@ -2,7 +2,7 @@
 DeepSpec's safetensors layout in outrider's cache, then loaded like any DeepSpec drafter.
 
 The file is parsed, never executed: outrider's bounds-checked header reader
-(`outrider.core.gguf.read_header`) refuses a truncated or foreign file before any tensor data is
+(`outrider.core.gguf_header.read_header`) refuses a truncated or foreign file before any tensor data is
 touched, and gguf-py's `GGUFReader` (llama.cpp's own reader) hands the tensor data back as
 NumPy views. Quantized tensors (a Q8_0 or Q4_K repack, say) are dequantized to float32 by
 gguf-py; the drafter is quantized again at `--drafter-bits` when it loads, as any drafter is. Metadata keys and tensor names follow PrismML's converter as inverted by
@@ -40,7 +40,8 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .errors import CheckpointError
-from .gguf import ARCHITECTURES, BLOCK_NAMES, read_header
+from .gguf import ARCHITECTURES, BLOCK_NAMES
+from .gguf_header import read_header
 from .paths import cache_root
 
 ARCHITECTURE = "dspark"

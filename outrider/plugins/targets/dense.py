@@ -13,7 +13,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 from mlx_lm.utils import MODEL_REMAPPING
 from mlx_lm.utils import load as mlx_lm_load
 
-from ...core import gguf
+from ...core import gguf, gguf_header
 from ...core.errors import FamilyDeclined, UnsupportedTargetError
 from ...core.hookspecs import hookimpl
 from . import verify_attention
@@ -73,7 +73,7 @@ class DenseFamily(BatchedRows, Snapshots):
 
     def load(self, path: Path, config: dict) -> tuple[nn.Module, Any]:
         # A GGUF file is another packaging of the same mlx-lm architectures (core/gguf.py).
-        if gguf.is_gguf(path):
+        if gguf_header.is_gguf(path):
             model, tokenizer = gguf.load(path, config)
         else:
             model, tokenizer = mlx_lm_load(str(path))

@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from ...core import gguf
+from ...core import gguf, gguf_header
 from ...core.errors import UnsupportedTargetError
 from ...core.hookspecs import hookimpl
 from . import verify_attention
@@ -110,7 +110,7 @@ class Gemma3Family(SlidingWindowFamily):
         # mlx-lm's gemma3 reads a multimodal checkpoint as its text model (the vision tower's
         # weights are dropped), so Gemma 3 never needs mlx-vlm here; a GGUF file is another
         # packaging of gemma3_text (core/gguf.py)
-        if gguf.is_gguf(path):
+        if gguf_header.is_gguf(path):
             return gguf.load(path, config)
         return MlxLmFamily.load(self, path, config)
 
