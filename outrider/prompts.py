@@ -35,6 +35,11 @@ def is_conversation(prompt: Prompt) -> bool:
     return isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
 
 
+def _conversation(system: str | None, messages: list[dict]) -> list[dict]:
+    """`messages` after the system message `system`, where one is given."""
+    return ([{"role": "system", "content": system}] if system else []) + list(messages)
+
+
 def render_prompt(
     tokenizer: Any,
     prompt: Prompt,
@@ -47,17 +52,14 @@ def render_prompt(
     last message did; empty for token ids, raw text, or a template whose rendering does not
     say): what the server sets for each chat request, for Python callers alike."""
     if isinstance(prompt, str) and not raw:  # a user turn: rendered as its conversation is
-        conversation = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": prompt}
-        ]
+        conversation = _conversation(system, [{"role": "user", "content": prompt}])
         ids = encode_prompt(tokenizer, prompt, system=system, thinking=thinking)
         rendered = _rendered(tokenizer, conversation, thinking, quiet=True)
         marks = rendered.marks if rendered is not None and rendered.ids == ids else ()
         return ids, marks
     if not is_conversation(prompt) or raw:
         return encode_prompt(tokenizer, prompt, system=system, raw=raw, thinking=thinking), ()
-    conversation = ([{"role": "system", "content": system}] if system else []) + list(prompt)
-    rendered = _rendered(tokenizer, conversation, thinking)
+    rendered = _rendered(tokenizer, _conversation(system, prompt), thinking)
     return rendered.ids, rendered.marks
 
 
@@ -91,14 +93,12 @@ def encode_prompt(
             raise OutriderError("raw takes a text prompt, not a list of messages")
         return render_prompt(tokenizer, prompt, system=system, thinking=thinking)[0]
     if isinstance(prompt, list):
-        if not all(isinstance(t, int) or hasattr(t, "__index__") for t in prompt):
+        if not all(hasattr(t, "__index__") for t in prompt):  # ints, numpy's included
             raise OutriderError("a list prompt is token ids (ints) or chat messages (dicts)")
         return [int(t) for t in prompt]
     if not prompt.strip():  # one rule for the CLI, the Python API and the server's completions
         raise OutriderError("the prompt is empty")
     if raw:
         return list(tokenizer.encode(prompt))
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": prompt}
-    ]
+    messages = _conversation(system, [{"role": "user", "content": prompt}])
     return encode_messages(tokenizer, messages, thinking=thinking)
