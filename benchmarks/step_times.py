@@ -43,10 +43,15 @@ class Tally:
     copies: int = 0  # rounds that verified a lookup copy
     plain: list[float] = field(default_factory=list)  # plain steps' seconds (parked auto)
     between: float = 0.0  # seconds between steps, outside the loop
+    # drafting rounds by how they ran: queued behind the round before (pipelined), launched
+    # after it was read, and the first after plain steps (a model drafter catches up there)
+    kinds: dict[str, list[float]] = field(
+        default_factory=lambda: {"ahead": [], "serial": [], "after plain": []}
+    )
 
     def add(self, pipe: Pipeline, prompt: list[int], cap: int | str, max_tokens: int) -> None:
         before = getattr(pipe.proposer, "lookup_rounds", 0)
-        last = None
+        last, previous = None, None
         for chunk in pipe.stream(prompt, max_tokens=max_tokens, max_draft=cap, stop_tokens=set()):
             now = time.perf_counter()
             step = chunk.step
@@ -56,8 +61,11 @@ class Tally:
             if step.source == "draft" and step.drafted:
                 self.rounds.append(step.seconds)
                 self.kept.append(step.accepted + 1)
+                kind = "ahead" if step.ahead else "serial"
+                self.kinds["after plain" if previous == "plain" else kind].append(step.seconds)
             elif step.source == "plain":
                 self.plain.append(step.seconds)
+            previous = step.source
             if chunk.result is not None:
                 self.tokens += max(0, len(chunk.result.tokens) - 1)
                 self.decode_s += chunk.result.decode_seconds
@@ -69,10 +77,12 @@ class Tally:
         med = lambda xs: f"{1e3 * statistics.median(xs):6.2f}" if xs else "     -"  # noqa: E731
         kept = statistics.mean(self.kept) if self.kept else 0.0
         steps = len(self.rounds) + len(self.plain)
+        kinds = "  ".join(f"{k} {len(v)} x {med(v).strip()}" for k, v in self.kinds.items() if v)
         return (
             f"{label:<10}{tps:8.1f} tok/s {ratio}  rounds {len(self.rounds):5d} x {med(self.rounds)}"
             f" ms, {kept:4.2f} kept (copies {self.copies:4d})  plain steps {len(self.plain):5d}"
             f" x {med(self.plain)} ms  outside {1e3 * self.between / max(1, steps):5.2f} ms/step"
+            + (f"\n{'':10}rounds: {kinds} ms" if kinds else "")
         )
 
 

@@ -25,7 +25,7 @@ from .core.prefix_cache import GB, PrefixCache, Record
 from .core.proposer import Proposer
 from .core.round import Row, Step
 from .core.sampling import KeyStream, SamplingParams
-from .core.schedule import AutoCap, BatchScheduler
+from .core.schedule import AheadGate, AutoCap, BatchScheduler
 from .core.stopping import Stopper
 from .core.target import Target
 from .loaders import (
@@ -76,6 +76,8 @@ class Pipeline:
     # greedy rounds of a proposer that guesses ahead are pipelined (core/loop.py `decode`)
     pipelined_rounds: bool = True
     scheduler: BatchScheduler | None = None  # the batches' scheduler and what it has cut
+    # whether queueing a round ahead pays here, as timed so far (kept across calls)
+    ahead_gate: AheadGate | None = None
 
     def enable_prefix_cache(
         self, gb: float = 2.0, directory: str | Path | None = None, **options: Any
@@ -187,6 +189,7 @@ class Pipeline:
             policy=self._cap_policy() if max_draft == "auto" else None,
             long_copies=self._long_copies(max_draft),
             pipelined=self.pipelined_rounds,
+            gate=self._ahead_gate(),
         )
         failed = False
         try:
@@ -355,6 +358,12 @@ class Pipeline:
         """Whether lookup copies may run past the cap: yes unless a cap was given (here, or
         to `load`)."""
         return max_draft == "auto" or (max_draft is None and not self.cap_given)
+
+    def _ahead_gate(self) -> AheadGate:
+        """The gate pipelined rounds are queued by (decode sets it as the environment says)."""
+        if self.ahead_gate is None:
+            self.ahead_gate = AheadGate()
+        return self.ahead_gate
 
     def _cap_policy(self) -> AutoCap:
         if self.cap_policy is None:

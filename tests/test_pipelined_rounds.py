@@ -143,7 +143,8 @@ def test_auto_queues_rounds_whose_guesses_hold(target, qwen3_target, monkeypatch
 
 
 class FixedCosts(AheadGate):
-    """A gate whose round costs are given (H seconds to launch, R a round alone), not timed."""
+    """A gate whose round costs are given (H seconds to launch, R a round alone), not timed:
+    the model's costs stand."""
 
     def __init__(self, host: float, round_: float) -> None:
         super().__init__()
@@ -153,6 +154,9 @@ class FixedCosts(AheadGate):
         pass
 
     def timed_round(self, seconds: float) -> None:
+        pass
+
+    def timed(self, kind: str, seconds: float) -> None:
         pass
 
 
@@ -187,6 +191,40 @@ def test_the_gate_weighs_a_kept_round_against_a_dropped_one():
     assert not cpu.wanted()  # a hold rate of 0.625 does not pay there
 
 
+def test_timed_rounds_replace_the_gates_model():
+    """What rounds are timed to cost replaces the model's guess: on the GPU's model a host
+    that is 0.4 of a round asks a hold rate of a third, but rounds after a dropped one timed
+    at twice a round alone (as on an H100 with the demo pair) ask far more, and rounds that
+    hold no faster than alone never pay. A new generation forgets the hold rate, not the
+    costs."""
+    gate = AheadGate()
+    gate.timed_launch(0.4)
+    gate.timed_round(1.0)
+    assert gate.costs() == pytest.approx((1.0, 0.6, 1.2))
+    assert gate.need == pytest.approx(1 / 3)
+    gate.timed("alone", 1.0)
+    gate.timed("held", 0.8)
+    gate.timed("dropped", 2.1)
+    assert gate.need == pytest.approx(1.1 / 1.3)
+    gate.hold = 0.8
+    assert not gate.wanted()
+    gate.timed("dropped", 100.0)  # a compile: one slow round moves it a bounded step
+    assert gate.took["dropped"] < 4.2
+    gate.timed("held", 1.2)
+    gate.timed("held", 1.2)
+    gate.timed("held", 1.2)
+    assert gate.took["held"] > 1.0 and gate.need == 1.0
+    gate.hold = 1.0
+    assert not gate.wanted()  # not even an oracle's guesses pay
+    assert AheadGate(always=True).wanted()
+    gate.new_generation()
+    assert gate.hold == 0.5 and gate.took["held"] > 1.0
+    cpu = AheadGate(shared=True)  # every kind timed: no model needed
+    for kind, seconds in zip(("alone", "held", "dropped"), (1.0, 0.5, 1.5)):
+        cpu.timed(kind, seconds)
+    assert cpu.need == pytest.approx(0.5)
+
+
 class WrongGuesses(OracleProposer):
     """Drafts right, but guesses the token after its drafts wrong `miss` of the time."""
 
@@ -203,7 +241,7 @@ class WrongGuesses(OracleProposer):
 
 def gated(monkeypatch, host: float, round_: float) -> None:
     """Generations get a gate with these round costs instead of timing their own."""
-    monkeypatch.setattr(AheadGate, "for_this_device", lambda: FixedCosts(host, round_))
+    monkeypatch.setattr(AheadGate, "for_this_device", lambda kept=None: FixedCosts(host, round_))
 
 
 def test_rounds_that_would_not_hold_stop_the_queueing(target, qwen3_target, monkeypatch):
@@ -335,3 +373,21 @@ def test_a_confidence_cut_drafts_nothing_ahead(qwen3_target, drafters):
     got = pipe.generate(ids, max_tokens=30, stop_tokens=set())
     assert got.tokens == plain_greedy(qwen3_target, ids, 30)
     assert got.pipelining == (0, 0)
+
+
+def test_a_pipeline_keeps_what_its_gate_timed(target, qwen3_target, monkeypatch):
+    """Rounds are timed by how they began (after a held round, after a dropped one), into
+    the pipeline's one gate, which the next generation reads: it does not learn each
+    answer's costs again. The tokens stay plain greedy."""
+    ids = target.tokenizer.encode("The quick brown fox")
+    want = plain_greedy(qwen3_target, ids, 40)
+    monkeypatch.setenv(PIPELINE_ENV, "on")  # queue every round: both outcomes come up
+    proposer = WrongGuesses(ids + want, 0.5, 2)
+    pipe = outrider.pipeline_from_parts(target, proposer, proposer.name, max_draft=2)
+    first = pipe.generate(ids, max_tokens=40, stop_tokens=set())
+    gate = pipe.ahead_gate
+    assert first.tokens == want and first.pipelining[0] > 0 and first.pipelining[1] > 0
+    assert set(gate.took) == {"held", "dropped"} and gate.always
+    timed = dict(gate.took)
+    second = pipe.generate(ids, max_tokens=40, stop_tokens=set())
+    assert second.tokens == want and pipe.ahead_gate is gate and gate.took != timed

@@ -145,6 +145,7 @@ def decode(
     policy: AutoCap | None = None,
     long_copies: bool = True,
     pipelined: bool = True,
+    gate: AheadGate | None = None,
 ) -> Iterator[Step]:
     """Generate from `prompt` until `stopper` says stop, yielding each step as it lands.
 
@@ -167,7 +168,8 @@ def decode(
     forward runs, the next one is queued on the assumption that it keeps every draft, and
     kept when it did, so the host prepares a round while the device works instead of after
     the sync. A round queued on a wrong guess
-    is rolled back unread: the output is what unpipelined rounds give.
+    is rolled back unread: the output is what unpipelined rounds give. Whether to queue is
+    `gate`'s call (a pipeline keeps one across generations: what it timed carries over).
 
     This is a batch of one row: the rounds are `verify_round`'s, as for a `Batch` of many.
     """
@@ -210,10 +212,12 @@ def decode(
     yield step
     rows, cache = [row], started.cache
     pipelinable = not procs and logprobs is None
-    gate = None
+    kept, gate = gate, None
     if pipelined and pipelinable and sampling.greedy and drafts_ahead(target, proposer):
-        gate = AheadGate.for_this_device()
+        gate = AheadGate.for_this_device(kept)
     inflight: Launched | None = None  # the next round, queued before this one is read
+    dropped = False  # the round before queued one for nothing (it ran on the device anyway)
+    after_plain = True  # no round since plain steps: a drafter catches up, the round is not timed
     try:
         while not row.done:
             t = time.perf_counter()
@@ -236,6 +240,7 @@ def decode(
                             n = policy.plain_run(stopper.remaining)
                             taken = yield from _plain_run(target, row, cache, n)
                             policy.plain_unused(n - taken)
+                            after_plain, dropped = True, False
                             continue
                         k = 1  # the lookup copy drafts this round (strategies/lookup_assist.py)
                     elif k == 0:
@@ -257,12 +262,20 @@ def decode(
                 if not was_ahead and inflight is None:  # a round alone: launch to result
                     gate.timed_round(time.perf_counter() - t_round)
                 gate.learn(held if inflight is not None else _would_hold(row, step, launched))
+            queued = inflight is not None
             if inflight is not None and not held:
                 step.dropped = inflight.width
                 rejected += inflight.width  # it ran on tokens that were not committed
                 inflight = None
             target.rollback(cache, rejected)
-            teach(launched, [step], time.perf_counter() - t, False)
+            seconds = time.perf_counter() - t
+            teach(launched, [step], seconds, False)
+            if gate is not None:
+                began = "held" if was_ahead else "dropped" if dropped else "alone"
+                # steady rounds only: queueing on after a held or dropped one, not alone
+                if not after_plain and queued == (began != "alone"):
+                    gate.timed(began, seconds)
+            dropped, after_plain = queued and not held, False
             yield from _handed(step, policy)
     finally:
         if inflight is not None:  # stopped with a round in flight: the cache drops it
