@@ -16,10 +16,12 @@ import typer
 from .benchmark.command import benchmark as benchmark_command
 from .cli_common import (
     LOOKUP_DRAFTS,
+    TARGET_ALIAS,
     USER_ERRORS,
     cache_root,
     check_context,
     check_options,
+    one_model,
     parse_max_draft,
     plugins,
     read_prompt,
@@ -95,6 +97,7 @@ def generate(
     model: str | None = Opt(
         None, "--model", "-m", help="Target folder or repo id (default: demo)."
     ),
+    target_alias: str | None = TARGET_ALIAS,
     drafter: str | None = Opt(None, "--drafter", "-d", help="Drafter folder or repo id."),
     draft_model: str | None = Opt(
         None, "--draft-model", help="A small model with the target's tokenizer (mode draft)."
@@ -155,14 +158,25 @@ def generate(
         help="mlx_lm's spelling: false prints only the text; true (the default) adds a summary.",
     ),
     as_json: bool = Opt(False, "--json", metavar="", help="Print one JSON result object only."),
+    no_stream: bool = Opt(
+        False, "--no-stream", metavar="", help="Print the text once it is all generated."
+    ),
 ) -> None:
-    """Generate text with speculative decoding; the output equals the target's own."""
+    """Generate text with speculative decoding; the output equals the target's own.
+    (The default command: `outrider --prompt TEXT` is `outrider generate --prompt TEXT`.)"""
     from .api import load
     from .core.sampling import SamplingParams
     from .demo import demo_target, pair_dir
-    from .telemetry import INTERRUPTED, generate_until_ctrl_c, stream_live, stream_plain
+    from .telemetry import (
+        INTERRUPTED,
+        generate_until_ctrl_c,
+        print_at_once,
+        stream_live,
+        stream_plain,
+    )
 
     with user_errors():
+        model = one_model(model, target_alias)
         max_draft = parse_max_draft(max_draft_text)
         check_options(max_tokens, max_draft, drafter_bits, mode)
         SamplingParams(temperature, top_p, top_k, seed)  # bad sampling fails before loading
@@ -222,6 +236,9 @@ def generate(
             _print_json(result.to_json())
         elif quiet:  # mlx_lm's --verbose false: the text only
             result = stream_plain(pipe, ids, kwargs, summary=False)
+        elif no_stream:  # mlx-dspark's: the text at the end, then the summary
+            result = generate_until_ctrl_c(pipe, ids, kwargs)
+            print_at_once(result)
         elif sys.stdout.isatty():
             result = stream_live(pipe, ids, kwargs, _console())
         else:
@@ -314,15 +331,28 @@ def add_plugin_commands(cli: typer.Typer = app) -> None:
         _warn(f"a plugin failed to add its commands ({type(e).__name__}: {e})")
 
 
+# Options of the root command itself: anything else first means `generate` (mlx-dspark's default)
+ROOT_OPTIONS = ("--help", "-h", "--version", "--install-completion", "--show-completion")
+
+
+def default_command(args: list[str]) -> list[str]:
+    """`args` with `generate` put first where they begin with one of its options
+    (`outrider --prompt TEXT`, as mlx-dspark runs): a command name or a root option first
+    leaves them as they are."""
+    if args and args[0].startswith("-") and args[0].split("=")[0] not in ROOT_OPTIONS:
+        return ["generate", *args]
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
     """The CLI (`outrider`, `python -m outrider`, through `outrider.__main__.run`)."""
-    args = sys.argv[1:] if argv is None else argv
+    args = default_command(sys.argv[1:] if argv is None else list(argv))
     if args == ["--version"]:  # no plugin needs loading to say this
         typer.echo(f"outrider {_version()}")
         return
     add_plugin_commands(app)
     try:
-        app(args=argv, prog_name="outrider")
+        app(args=args, prog_name="outrider")
     except USER_ERRORS as e:  # raised by plugin commands that did not handle their own
         if _debug():
             raise

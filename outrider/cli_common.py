@@ -121,24 +121,35 @@ LOOKUP_DRAFTS = typer.Option(
 )
 
 FULL_BLOCK_NOTE = (
-    "note: --max-draft 0 means the drafter's full block, as in mlx-dspark; "
+    "note: --max-draft 0 (or below) means the drafter's full block, as in mlx-dspark; "
     "--mode baseline decodes without drafts"
 )
 
 
 def parse_max_draft(value: str | None) -> int | str | None:
-    """--max-draft: a number of drafts a round, "auto" (measured each round), or 0 / "full"
-    (the drafter's whole block: mlx-dspark's spelling is 0, said in a note)."""
+    """--max-draft: a number of drafts a round, "auto" (measured each round), or "full" (the
+    drafter's whole block; mlx-dspark spells it 0 or any number below, said in a note)."""
     if value is None or value in ("auto", "full"):
         return value
     try:
         number = int(value)
     except ValueError:
         raise OutriderError(f"--max-draft takes a number, auto or full, got {value!r}") from None
-    if number == 0:
+    if number <= 0:
         typer.echo(FULL_BLOCK_NOTE, err=True)
         return "full"
     return number
+
+
+def one_model(model: str | None, alias: str | None) -> str | None:
+    """--model, or mlx-dspark's older spelling --target (the same flag; both only if equal)."""
+    if alias is not None and model is not None and alias != model:
+        raise OutriderError("--target is another name for --model: give one of them")
+    return model if model is not None else alias
+
+
+# mlx-dspark's hidden alias of --model, accepted on generate and serve
+TARGET_ALIAS = typer.Option(None, "--target", hidden=True)
 
 
 def check_options(

@@ -230,6 +230,14 @@ def stream_plain(
     return result
 
 
+def print_at_once(result: Result) -> None:
+    """The whole text to stdout, then the summary line to stderr (`--no-stream`)."""
+    text = result.text
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+    print(summary_line(result), file=sys.stderr, flush=True)
+
+
 def stream_live(
     pipe, prompt: str | list[int], kwargs: dict, console: Console | None = None
 ) -> Result | None:

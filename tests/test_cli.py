@@ -232,6 +232,32 @@ def test_main_turns_errors_into_one_line(tmp_path, capsys):
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
 
 
+def test_mlx_dspark_spellings_run_as_they_did(models, json_runs, capsys):
+    """mlx-dspark's command lines run unchanged: generate is the default command
+    (`outrider --prompt TEXT`), --target is --model, a --max-draft below 0 is the full block
+    (with the note), and --no-stream prints the whole text, then the summary on stderr."""
+    assert cli.default_command(["--prompt", "x"]) == ["generate", "--prompt", "x"]
+    assert cli.default_command(["-p=x"]) == ["generate", "-p=x"]
+    for args in ([], ["--help"], ["--version"], ["serve", "--port", "1"], ["doctor"]):
+        assert cli.default_command(args) == args
+    args = generate_args(models, "baseline", "--json")[1:]  # no command: generate's options
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--target" if a == "--model" else a for a in args])
+    assert exit_info.value.code == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == json_runs["baseline"]["tokens"]
+    both = invoke(*generate_args(models, "baseline"), "--target", "elsewhere")
+    assert "--target is another name for --model" in assert_one_error_line(both)
+    below = invoke(*generate_args(models, "dflash", "--json", "--max-draft", "-1"))
+    full = load(models["target"], models["dflash"], "dflash").proposer.max_draft
+    assert json.loads(below.stdout)["max_draft"] == full
+    assert "full block" in below.stderr
+    at_once = invoke(*generate_args(models, "baseline", "--no-stream"))
+    assert at_once.exit_code == 0, at_once.output
+    text = load(models["target"], mode="baseline").generate(PROMPT, max_tokens=24).text
+    assert at_once.stdout == text + ("" if text.endswith("\n") else "\n")
+    assert "tokens" in at_once.stderr and "decode" in at_once.stderr
+
+
 # --- plain and live output -------------------------------------------------------------------
 
 

@@ -57,15 +57,21 @@ def test_no_model_then_load_unload_and_cancel(server, scripted):
     assert r.json()["type"] == "error"
     bad_caps = ({"model": "x", "max_draft": -1}, {"model": "x", "max_draft": 65},
                 {"model": "x", "max_draft": "fast"})  # fmt: skip
-    for bad in ({}, {"model": ""}, *bad_caps, {"model": "x", "mode": "nope"}):
+    bad_defaults = ({"model": "x", "reasoning_effort": "max"},
+                    {"model": "x", "enable_thinking": "sometimes"})  # fmt: skip
+    for bad in ({}, {"model": ""}, *bad_caps, {"model": "x", "mode": "nope"}, *bad_defaults):
         assert requests.post(url + "/admin/load", json=bad, headers=H).status_code == 400
     assert requests.post(url + "/admin/load", json={"model": "x"}).status_code == 401
-    body = {"model": str(scripted), "mode": "lookup", "max_draft": 3, "context_window": 300}
+    assert requests.get(url + "/health", headers=H).json()["thinking_default"] == "template"
+    # the thinking and effort defaults a load sets stay for the requests after it (sticky)
+    body = {"model": str(scripted), "mode": "lookup", "max_draft": 3, "context_window": 300,
+            "enable_thinking": False, "reasoning_effort": "low"}  # fmt: skip
     r = requests.post(url + "/admin/load", json=body, headers=H)
     assert r.status_code == 202
     h = wait_health(url, "ok")
     assert h["model"] == "scripted-admin" and h["mode"] == "lookup" and h["max_draft"] == 3
     assert h["context_window"] == 300
+    assert h["thinking_default"] == "off" and h["reasoning_effort_default"] == "low"
     assert h["capabilities"]["tools"] and h["capabilities"]["enable_thinking"]
     r = chat(url)
     assert r.status_code == 200 and r.json()["x_outrider"]["mode"] == "lookup"
@@ -235,6 +241,9 @@ def test_serve_flags_are_checked_before_loading():
         (["serve", "--max-request-mb", "0"], "--max-request-mb"),
         (["serve", "--log-level", "loud"], "--log-level"),
         (["serve", "--cors-origin", "evil.example"], "--cors-origin"),
+        (["serve", "--target", "a", "--model", "b"], "--target is another name for --model"),
+        # mlx-dspark's --no-prefix-cache is a budget of 0, whatever --prefix-cache-gb says
+        (["serve", "--no-prefix-cache", "--prefix-cache-gb", "-1", "--log-level", "x"], "--log"),
     ):
         out = runner.invoke(app, args)
         assert out.exit_code == 2 and needle in out.output, out.output

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from ..cli_common import LOOKUP_DRAFTS
+from ..cli_common import LOOKUP_DRAFTS, TARGET_ALIAS
 
 Opt = typer.Option
 
@@ -24,6 +24,7 @@ def serve(
     model: str | None = Opt(
         None, "--model", "-m", help="Target folder or repo id (default: demo)."
     ),
+    target_alias: str | None = TARGET_ALIAS,
     drafter: str | None = Opt(None, "--drafter", "-d", help="Drafter folder or repo id."),
     draft_model: str | None = Opt(
         None, "--draft-model", help="A small model with the target's tokenizer (mode draft)."
@@ -102,6 +103,9 @@ def serve(
     prefix_cache_dir: str | None = Opt(
         None, "--prefix-cache-dir", help="Keep prefix caches on disk here too (survive restarts)."
     ),
+    no_prefix_cache: bool = Opt(
+        False, "--no-prefix-cache", metavar="", help="Reuse no prefixes (--prefix-cache-gb 0)."
+    ),
     max_batch: int = Opt(
         1, "--max-batch", help="Decode up to this many requests together (not with --kv-bits)."
     ),
@@ -114,12 +118,15 @@ def serve(
     kv_bits: int | None = Opt(None, "--kv-bits", help="Quantize the KV cache: 8 or 4 bits."),
 ) -> None:
     """Serve OpenAI- and Anthropic-compatible APIs; speculation is invisible to clients."""
-    from ..cli_common import check_options, parse_max_draft, plugins, user_errors
+    from ..cli_common import check_options, one_model, parse_max_draft, plugins, user_errors
     from ..core import generation_config
     from ..core.errors import OutriderError
     from .prompting import EFFORTS
 
     with user_errors():
+        model = one_model(model, target_alias)
+        if no_prefix_cache:
+            prefix_cache_gb = 0.0
         max_draft = parse_max_draft(max_draft_text)
         check_options(default_max_tokens, max_draft, drafter_bits, mode)
         if not 0 < port < 65536:
