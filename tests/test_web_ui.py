@@ -344,6 +344,24 @@ def test_a_race_arm_runs_the_loaded_drafter_at_its_own_confidence_threshold(mode
             arm_list(loaded, opts, None, [RaceArm(mode=loaded.mode), arm])
 
 
+def test_a_race_renders_with_the_thinking_it_is_given(server):
+    """`thinking` (the reference project's name) and `enable_thinking` turn the template's
+    thinking off alike: the prompt closes an empty think block, so it is longer; a
+    `reasoning_effort` reaches the template too (this one writes it into a system block)."""
+    url, _ = server
+
+    def prompt_tokens(**extra) -> int:
+        body = {"prompt": "hi", "max_tokens": 2, "caps": [0, 2], **extra}
+        with requests.post(url + "/admin/race", json=body, headers=H, stream=True) as r:
+            assert r.status_code == 200
+            return _events(sse_frames(r))[0][1]["prompt_tokens"]
+
+    default = prompt_tokens()
+    off = prompt_tokens(thinking=False)
+    assert off > default and prompt_tokens(enable_thinking=False) == off
+    assert prompt_tokens(thinking=False, enable_thinking=False, reasoning_effort="low") > off
+
+
 def test_race_requests_are_checked(server):
     url, _ = server
     for bad in (
@@ -360,6 +378,8 @@ def test_race_requests_are_checked(server):
         {"prompt": "x", "arms": ["baseline", {"mode": "baseline", "cap": "auto"}]},
         {"prompt": "x", "arms": ["baseline", {"mode": "lookup", "confidence": 1.5}]},
         {"prompt": "x", "arms": ["baseline", {"mode": "lookup", "confidence": 0.5}]},
+        {"prompt": "x", "thinking": True, "enable_thinking": False},
+        {"prompt": "x", "reasoning_effort": "max"},
     ):  # fmt: skip
         r = requests.post(url + "/admin/race", json=bad, headers=H)
         assert r.status_code == 400, bad

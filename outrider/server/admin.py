@@ -17,7 +17,7 @@ from ..core.hub import looks_like_repo_id
 from .checks import CheckedRequest
 from .engine import LoadSpec, model_id
 from .errors import ApiError
-from .prompting import capabilities
+from .prompting import EFFORTS, capabilities
 from .rounds import KEEP, RoundLog
 
 
@@ -36,6 +36,10 @@ class LoadRequest(CheckedRequest):
     kv_bits: Literal[4, 8] | None = None
     drafter_bits: Literal[4, 8, 16] | None = None
     lookup_drafts: bool | None = None
+    # sticky server defaults for the requests after this load (as `serve --no-thinking` and
+    # `--reasoning-effort` set them); unset keeps the current ones
+    enable_thinking: bool | None = None
+    reasoning_effort: Literal[EFFORTS] | None = None  # type: ignore[valid-type]
 
 
 def check_reference(ref: str, param: str) -> None:
@@ -160,6 +164,10 @@ def router(state: Any) -> APIRouter:
             spec.drafter_bits = body.drafter_bits
         named = {k for k in body.model_fields_set if getattr(body, k) is not None}
         state.engine.load(state.engine.with_settings(spec, named))
+        if body.enable_thinking is not None:
+            state.limits.thinking = body.enable_thinking
+        if body.reasoning_effort is not None:
+            state.limits.reasoning_effort = body.reasoning_effort
         return health(state)
 
     @r.post("/admin/load/cancel")

@@ -51,7 +51,7 @@ from .generation import (
     sse_event,
 )
 from .generation import submit as submit_job
-from .prompting import render_chat
+from .prompting import EFFORTS, render_chat
 
 DEFAULT_MAX_TOKENS = 256
 OTHER_MODES = ("baseline", "lookup")  # modes a race builds over the loaded target
@@ -92,6 +92,8 @@ class RaceRequest(CheckedRequest):
     system: str | None = Field(default=None, max_length=200_000)
     max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=1)
     enable_thinking: bool | None = None
+    thinking: bool | None = None  # the reference project's name for enable_thinking
+    reasoning_effort: Literal[EFFORTS] | None = None  # type: ignore[valid-type]
     # 2 to 4 arms of the loaded pipeline at these caps (0: plain decoding; "auto": measured)
     caps: list[int | Literal["auto"]] | None = Field(default=None, min_length=2, max_length=4)
     # or 2 to 4 modes over the loaded target: "baseline", {"mode": "lookup", "cap": 4}, ...
@@ -332,12 +334,13 @@ def router(state: Any) -> APIRouter:
         messages = [{"role": "user", "content": body.prompt}]
         if body.system:
             messages.insert(0, {"role": "system", "content": body.system})
-        thinking = body.enable_thinking
-        if thinking is None:
-            thinking = state.limits.thinking
+        given = {body.enable_thinking, body.thinking} - {None}
+        if len(given) > 1:
+            raise ApiError(400, "thinking and enable_thinking disagree: give one", param="thinking")
+        thinking = given.pop() if given else state.limits.thinking
         prompt, *_ = await prompt_ids(
             engine, False, render_chat, pipe.tokenizer, messages, None, thinking,
-            state.limits.reasoning_effort,
+            body.reasoning_effort or state.limits.reasoning_effort,
         )  # fmt: skip
         check_context(engine, len(prompt), anthropic=False)
         opts = options(
