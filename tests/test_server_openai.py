@@ -70,6 +70,8 @@ def test_chat_stream_equals_nonstream_equals_plain_greedy(client, tok, qwen3_tar
     assert 0 <= x["cached_tokens"] < len(ids) and x["ttft_seconds"] == x["prefill_seconds"] > 0
     # one forward a round or plain step after the prefill, each committing at least a token
     assert x["rounds"] <= x["target_forwards"] <= cut - 1 + (cut < n)
+    assert x["context_tokens"] == len(ids) + cut and x["auto_cap"] is False
+    assert x["plain_steps"] == x["target_forwards"] - x["rounds"] == 0  # a fixed cap: no parking
     seconds = x["prefill_seconds"] + x["decode_seconds"]
     assert x["tokens_per_sec"] == pytest.approx(cut / seconds, rel=0.02, abs=0.01)
     stream = client.chat.completions.create(

@@ -385,6 +385,12 @@ def x_outrider(pipe: Pipeline, result: Result | None) -> dict[str, Any]:
             prompt_tokens=len(result.prompt_tokens),
             cached_tokens=result.cached_tokens,
             completion_tokens=len(result.tokens),
+            # the context the conversation now fills (prompt and answer), against the window
+            context_tokens=len(result.prompt_tokens) + len(result.tokens),
+            # each round's cap measured (max_draft is then the ceiling), and the plain steps
+            # it took while speculation did not pay
+            auto_cap=result.auto_cap,
+            plain_steps=result.plain_steps,
         )
         if fresh >= 16 and result.prefill_seconds > 0:  # fewer say nothing of prefill speed
             out["prefill_tokens_per_sec"] = round(fresh / result.prefill_seconds, 1)
