@@ -41,6 +41,8 @@ from .prompts import Prompt, encode_prompt, render_prompt
 from .registry import Pair
 from .streaming import Chunk, Collector, TextAssembler
 
+LONGEST_COPY = 256  # --lookup-long-draft at most: one verify of this many rows
+
 
 @dataclass
 class RowStart:
@@ -402,6 +404,7 @@ def load(
     num_draft_tokens: int | None = None,
     lookup_drafts: bool | None = None,
     drafter_window: int | None = None,
+    lookup_long_draft: int | None = None,
 ) -> Pipeline:
     """Load a target (local folder or Hugging Face repo id) and its drafting strategy.
 
@@ -423,6 +426,9 @@ def load(
     copied (`plugins/strategies/lookup_assist.py`). `drafter_window` (DSpark and DFlash block
     drafters) is how many of the latest context rows the drafter sees: 0 all of them, default
     the registry row's, else 4096 (`plugins/strategies/block_proposer.py`).
+    `lookup_long_draft` is the longest lookup copy one round verifies (default 32 where a
+    drafter's rounds take copies, 16 in mode lookup); a copy drafts twice the length of its
+    match, up to this, where the calibrated verify curve allows it.
     """
     if drafter_bits not in (4, 8, 16):
         raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
@@ -436,6 +442,10 @@ def load(
         max_draft = None
     elif max_draft is not None and (not isinstance(max_draft, int) or max_draft < 0):
         raise OutriderError(f"--max-draft must be >= 0, auto or full, got {max_draft!r}")
+    if lookup_long_draft is not None and not 1 <= lookup_long_draft <= LONGEST_COPY:
+        raise OutriderError(
+            f"--lookup-long-draft must be in 1..{LONGEST_COPY}, got {lookup_long_draft}"
+        )
     if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
         raise OutriderError(f"--confidence-threshold must be in [0, 1], got {confidence_threshold}")
     if drafter_window is not None and (
@@ -483,13 +493,16 @@ def load(
         # the draft model loads like a target: its family rolls its cache back
         options.update(draft_model=load_target(plugins, draft_model, download))
         options.update(draft_model_name=draft_model)
+    if lookup_long_draft is not None:
+        options["lookup_max_draft"] = lookup_long_draft  # mode lookup's longest copy
     proposer = strategy.build(target, spec if strategy.needs_drafter else None, options)
     if proposer.tap_layer_ids:
         target.install_taps(tuple(proposer.tap_layer_ids))  # the one-time load probe
     if lookup_drafts is None:
         lookup_drafts = pair.lookup if pair else True
     if lookup_drafts and getattr(proposer, "lookup_assist_safe", False):
-        proposer = LookupAssist(proposer)
+        longest = {} if lookup_long_draft is None else {"max_lookup": lookup_long_draft}
+        proposer = LookupAssist(proposer, **longest)
     if full_block:
         max_draft = proposer.max_draft
     elif max_draft is None:

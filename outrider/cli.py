@@ -16,6 +16,7 @@ import typer
 from .benchmark.command import benchmark as benchmark_command
 from .cli_common import (
     LOOKUP_DRAFTS,
+    LOOKUP_LONG_DRAFT,
     TARGET_ALIAS,
     USER_ERRORS,
     cache_root,
@@ -106,6 +107,7 @@ def generate(
         None, "--num-draft-tokens", help="mlx-lm's name for --max-draft (mode draft)."
     ),
     lookup_drafts: bool | None = LOOKUP_DRAFTS,
+    lookup_long_draft: int | None = LOOKUP_LONG_DRAFT,
     mode: str = Opt("auto", "--mode", help=f"{BUILTIN_MODES}, or a plugin's strategy."),
     max_draft_text: str | None = Opt(
         None,
@@ -210,6 +212,7 @@ def generate(
                 num_draft_tokens=num_draft_tokens,
                 lookup_drafts=lookup_drafts,
                 drafter_window=drafter_window,
+                lookup_long_draft=lookup_long_draft,
             )
         for note in pipe.notes:
             _warn(note)

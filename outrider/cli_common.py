@@ -120,6 +120,15 @@ LOOKUP_DRAFTS = typer.Option(
     "being copied (default: the registry row's, else on).",
 )
 
+# The longest lookup copy one round verifies (mlx-dspark's flag; on generate, serve, benchmark).
+LOOKUP_LONG_DRAFT = typer.Option(
+    None,
+    "--lookup-long-draft",
+    metavar="N",
+    help="The longest lookup copy a round verifies: a copy drafts twice its match, up to N "
+    "(default 32; 16 in --mode lookup, which reaches it with --max-draft auto or full).",
+)
+
 FULL_BLOCK_NOTE = (
     "note: --max-draft 0 (or below) means the drafter's full block, as in mlx-dspark; "
     "--mode baseline decodes without drafts"

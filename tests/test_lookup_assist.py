@@ -84,3 +84,24 @@ def test_copy_ready_says_what_a_one_draft_round_would_draft():
     assert not assist.copy_ready(list(range(90)), 100)  # nothing repeats
     assist._accepted = 40.0  # a drafter getting more accepted than the copy would carry
     assert not assist.copy_ready(text, 100)
+
+
+def test_the_longest_copy_is_a_load_option(qwen3_target, drafters):
+    """`load(lookup_long_draft=N)` (`--lookup-long-draft N`, `/admin/load`) bounds a drafter
+    round's copy at N and mode lookup's widest draft; the output stays plain greedy, and a
+    value outside 1..256 is refused by name."""
+    pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), "dspark", lookup_long_draft=6)
+    assert isinstance(pipe.proposer, LookupAssist) and pipe.proposer.max_lookup == 6
+    ids = pipe.encode(PROMPTS[2] + " " + PROMPTS[2])
+    got = pipe.generate(ids, max_tokens=60, stop_tokens=set())
+    assert got.tokens == plain_greedy(qwen3_target, ids, 60)
+    assert pipe.proposer.lookup_rounds > 0 and max(len(r.drafted) for r in got.rounds) <= 6
+    wide = outrider.load(str(qwen3_target), str(drafters["dspark"]), "dspark")
+    assert wide.proposer.max_lookup == 32
+    unbounded = wide.generate(ids, max_tokens=60, stop_tokens=set())
+    assert unbounded.tokens == got.tokens and max(len(r.drafted) for r in unbounded.rounds) > 6
+    lookup = outrider.load(str(qwen3_target), mode="lookup", lookup_long_draft=24)
+    assert lookup.proposer.max_draft == 24
+    for bad in (0, 257):
+        with pytest.raises(outrider.OutriderError, match="--lookup-long-draft"):
+            outrider.load(str(qwen3_target), mode="lookup", lookup_long_draft=bad)

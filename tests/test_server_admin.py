@@ -58,7 +58,8 @@ def test_no_model_then_load_unload_and_cancel(server, scripted):
     bad_caps = ({"model": "x", "max_draft": -1}, {"model": "x", "max_draft": 65},
                 {"model": "x", "max_draft": "fast"})  # fmt: skip
     bad_defaults = ({"model": "x", "reasoning_effort": "max"},
-                    {"model": "x", "enable_thinking": "sometimes"})  # fmt: skip
+                    {"model": "x", "enable_thinking": "sometimes"},
+                    {"model": "x", "lookup_long_draft": 0})  # fmt: skip
     for bad in ({}, {"model": ""}, *bad_caps, {"model": "x", "mode": "nope"}, *bad_defaults):
         assert requests.post(url + "/admin/load", json=bad, headers=H).status_code == 400
     assert requests.post(url + "/admin/load", json={"model": "x"}).status_code == 401

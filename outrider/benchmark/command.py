@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from ..cli_common import LOOKUP_DRAFTS
+from ..cli_common import LOOKUP_DRAFTS, LOOKUP_LONG_DRAFT
 
 Opt = typer.Option
 
@@ -83,6 +83,7 @@ def benchmark(
     ),
     drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
     lookup_drafts: bool | None = LOOKUP_DRAFTS,
+    lookup_long_draft: int | None = LOOKUP_LONG_DRAFT,
     drafter_window: int | None = Opt(
         None,
         "--drafter-window",
@@ -182,6 +183,7 @@ def benchmark(
             peer_draft_model=peer_draft_model,
             draft_model=draft_model,
             lookup_drafts=lookup_drafts,
+            lookup_long_draft=lookup_long_draft,
             drafter_window=drafter_window,
             max_draft=max_draft,
             caps=caps,

@@ -92,6 +92,7 @@ def build_receipt(report: Report, config: BenchConfig, command: str) -> dict:
             "greedy": True,
             "drafter_bits": config.drafter_bits,
             "lookup_drafts": config.lookup_drafts,  # None: the registry row's `lookup`, else on
+            "lookup_long_draft": config.lookup_long_draft,  # None: the default (32; lookup 16)
             "drafter_window": config.drafter_window,  # None: the row's, else 4096; 0: all rows
             "thinking": config.thinking,
             "attention": "split" if split_attention() else "native",

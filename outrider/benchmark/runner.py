@@ -54,6 +54,7 @@ class BenchConfig:
     peer_draft_model: str | None = None
     draft_model: str | None = None  # mode draft's model; also the mlx-lm-spec peer's by default
     lookup_drafts: bool | None = None  # False: drafter rounds never take a lookup copy
+    lookup_long_draft: int | None = None  # the longest lookup copy a round verifies
     drafter_window: int | None = None  # context rows a block drafter sees (0: all)
     max_draft: int | str | None = None  # a cap, or "auto" (core/schedule.py)
     caps: list[int | str] = field(default_factory=list)  # one arm per cap, each drafting mode
@@ -174,6 +175,7 @@ def build_arms(config: BenchConfig, plugins: Plugins) -> tuple[Target, list[Arm]
                 draft_model=config.draft_model if mode == "draft" else None,
                 lookup_drafts=config.lookup_drafts,
                 drafter_window=config.drafter_window if mode in ("dspark", "dflash") else None,
+                lookup_long_draft=config.lookup_long_draft,
             )
             drafter = drafters.get(mode) or (pipe.pair.drafters.get(mode) if pipe.pair else None)
             own = drafter if pipe.drafter else pipe.options.get("draft_model_name")

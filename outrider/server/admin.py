@@ -36,6 +36,7 @@ class LoadRequest(CheckedRequest):
     kv_bits: Literal[4, 8] | None = None
     drafter_bits: Literal[4, 8, 16] | None = None
     lookup_drafts: bool | None = None
+    lookup_long_draft: int | None = Field(default=None, ge=1, le=256)
     # sticky server defaults for the requests after this load (as `serve --no-thinking` and
     # `--reasoning-effort` set them); unset keeps the current ones
     enable_thinking: bool | None = None
@@ -159,6 +160,7 @@ def router(state: Any) -> APIRouter:
             draft_model=body.draft_model,
             drafter_window=body.drafter_window,
             lookup_drafts=body.lookup_drafts,
+            lookup_long_draft=body.lookup_long_draft,
         )
         if body.drafter_bits is not None:
             spec.drafter_bits = body.drafter_bits

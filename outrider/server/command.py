@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from ..cli_common import LOOKUP_DRAFTS, TARGET_ALIAS
+from ..cli_common import LOOKUP_DRAFTS, LOOKUP_LONG_DRAFT, TARGET_ALIAS
 
 Opt = typer.Option
 
@@ -35,6 +35,7 @@ def serve(
         help="auto|dspark|dflash|dflash2|eagle3|draft|lookup|baseline, or a plugin's.",
     ),
     lookup_drafts: bool | None = LOOKUP_DRAFTS,
+    lookup_long_draft: int | None = LOOKUP_LONG_DRAFT,
     max_draft_text: str | None = Opt(
         None,
         "--max-draft",
@@ -183,6 +184,7 @@ def serve(
             max_draft=max_draft, confidence_threshold=confidence_threshold,
             drafter_bits=drafter_bits, kv_bits=kv_bits,
             lookup_drafts=lookup_drafts, drafter_window=drafter_window,
+            lookup_long_draft=lookup_long_draft,
         )  # fmt: skip
         engine = Engine(
             prefix_cache=store,

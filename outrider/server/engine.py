@@ -45,13 +45,14 @@ class LoadSpec:
     draft_model: str | None = None  # mode draft's small model (mlx-lm's --draft-model)
     lookup_drafts: bool | None = None  # None: the registry row's `lookup`, else on
     drafter_window: int | None = None  # context rows a block drafter sees (0: all)
+    lookup_long_draft: int | None = None  # the longest lookup copy a round verifies
 
 
 # The LoadSpec fields a server's flags set for every load, /admin/load's hot swaps included,
 # unless a load names its own (`Engine.load_settings`): how to run a model, not which one.
 SERVER_SETTINGS = (
     "max_draft", "confidence_threshold", "drafter_bits", "kv_bits", "lookup_drafts",
-    "drafter_window",
+    "drafter_window", "lookup_long_draft",
 )  # fmt: skip
 
 
@@ -144,6 +145,7 @@ def default_loader(spec: LoadSpec) -> Pipeline:
         draft_model=spec.draft_model,
         lookup_drafts=spec.lookup_drafts,
         drafter_window=spec.drafter_window,
+        lookup_long_draft=spec.lookup_long_draft,
     )
 
 
