@@ -22,7 +22,7 @@ from live_server import live_server, sse_frames
 from outrider.registry import load_pairs
 from outrider.server.engine import LoadSpec
 from outrider.server.generation import Limits
-from outrider.server.race import first_difference
+from outrider.server.race import divergence, first_difference
 from outrider.testing import SCRIPT, make_scripted_target
 
 KEY = "web-key"
@@ -198,6 +198,25 @@ def test_first_difference():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_a_divergence_names_each_sides_token():
+    """The race's verdict says which token each arm took where they part, or that one only
+    stopped earlier."""
+
+    class Letters:
+        def decode(self, ids):
+            return "".join(chr(96 + i) for i in ids)
+
+    assert divergence([1, 2], [1, 2], Letters()) == {"first_difference": None}
+    apart = divergence([1, 2, 3], [1, 5, 3], Letters())
+    assert apart == {
+        "first_difference": 1, "length_only": False,
+        "reference_token": {"id": 2, "text": "b"}, "arm_token": {"id": 5, "text": "e"},
+    }  # fmt: skip
+    shorter = divergence([1, 2, 3], [1, 2], Letters())
+    assert shorter["length_only"] and shorter["arm_token"] is None
+    assert shorter["reference_token"] == {"id": 3, "text": "c"}
 
 
 def test_the_chat_stream_reports_tokens_and_rounds_per_frame(server):

@@ -137,6 +137,28 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def divergence(reference: list[int], other: list[int], tokenizer: Any) -> dict[str, Any]:
+    """Where `other` leaves `reference`: the index, whether one merely stops earlier
+    (`length_only`: it ended, by a stop or the limit, where the other went on), and each
+    side's token there (id and text; None past its end), so a reader can tell a real
+    divergence from one output running longer."""
+    at = first_difference(reference, other)
+    if at is None:
+        return {"first_difference": None}
+
+    def token(tokens: list[int]) -> dict[str, Any] | None:
+        if at >= len(tokens):
+            return None
+        return {"id": tokens[at], "text": tokenizer.decode([tokens[at]])}
+
+    return {
+        "first_difference": at,
+        "length_only": at == min(len(reference), len(other)),
+        "reference_token": token(reference),
+        "arm_token": token(other),
+    }
+
+
 async def _arm(
     state: Any,
     arm: str,
@@ -308,12 +330,12 @@ async def race_events(
     against = []
     for name, *_ in arms[1:]:
         result = results[name]
-        diff = first_difference(first.tokens, result.tokens)
+        where = divergence(first.tokens, result.tokens, pipe.tokenizer)
         speedup = result.decode_tps / first.decode_tps if first.decode_tps > 0 else None
         against.append({
             "arm": name,
-            "identical": diff is None,
-            "first_difference": diff,
+            "identical": where["first_difference"] is None,
+            **where,
             "speedup": round(speedup, 3) if speedup is not None else None,
         })  # fmt: skip
     verdict = {k: v for k, v in against[-1].items() if k != "arm"}

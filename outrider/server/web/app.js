@@ -50,6 +50,14 @@ async function api(path, { method = "GET", body, signal } = {}) {
   return response;
 }
 
+// The verdict's words where two outputs part: each side's token there, or one ending first.
+function differs(d) {
+  const at = `outputs differ from token ${d.first_difference}`;
+  if (d.length_only) return `${at}: one arm stopped earlier`;
+  const show = (t) => (t ? JSON.stringify(t.text) : "its end");
+  return `${at}: ${show(d.reference_token)} against ${show(d.arm_token)}`;
+}
+
 function errorText(err) {
   if (err instanceof HttpError && err.status === 401) {
     return "Wrong API key: the server refused it (401).";
@@ -467,9 +475,7 @@ async function runRace() {
       } else if (ev.event === "verdict") {
         speedup.textContent = fmtSpeedup(d.speedup);
         verdict.dataset.state = d.identical ? "identical" : "different";
-        verdict.textContent = d.identical
-          ? "identical text ✓"
-          : `outputs differ from token ${d.first_difference}`;
+        verdict.textContent = d.identical ? "identical text ✓" : differs(d);
         status.textContent = "done";
       } else if (ev.event === "error") {
         throw new Error(d.message);
