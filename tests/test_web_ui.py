@@ -9,6 +9,7 @@ chromedriver or selenium are missing (`.ci/run` installs them)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -361,6 +362,29 @@ def test_a_race_arm_runs_the_loaded_drafter_at_its_own_confidence_threshold(mode
                         (pipe, RaceArm(mode="lookup", confidence=0.5))):  # fmt: skip
         with pytest.raises(ApiError, match="confidence applies to the loaded drafter"):
             arm_list(loaded, opts, None, [RaceArm(mode=loaded.mode), arm])
+
+
+def test_a_divergence_is_weighed_by_the_targets_own_margin(server):
+    """Where arms part, one plain step from a fresh prefill reads the target's top
+    alternatives: the best token leads the arm's by a margin (0 would be a tie), and the
+    runner-up is named as such; a token outside the top is a lower bound."""
+    from types import SimpleNamespace
+
+    from outrider.server.race import _margin, margin_of
+
+    url, engine = server
+    assert margin_of([(5, -0.1), (7, -2.6)], 7) == {"margin": 2.5, "runner_up": True}
+    assert margin_of([(5, -0.1), (7, -2.6)], 9) == {
+        "margin": 2.5, "at_least": True, "runner_up": False,
+    }  # fmt: skip
+    prompt = engine.pipeline.encode("hi")
+    greedy = engine.pipeline.generate(prompt, max_tokens=1).tokens[0]
+    state = SimpleNamespace(engine=engine)
+    opts = {"max_tokens": 4, "temperature": 0.0}
+    best = asyncio.run(_margin(state, prompt, opts, greedy))
+    assert best == {"margin": 0.0, "runner_up": False, "approximate": True}
+    other = asyncio.run(_margin(state, prompt, opts, (greedy + 1) % 100))
+    assert other["approximate"] and other["margin"] > 0
 
 
 def test_a_race_renders_with_the_thinking_it_is_given(server):

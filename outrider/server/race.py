@@ -159,6 +159,41 @@ def divergence(reference: list[int], other: list[int], tokenizer: Any) -> dict[s
     }
 
 
+MARGIN_TOP = 8  # alternatives a margin probe reads back
+
+
+def margin_of(top: list[tuple[int, float]], token: int) -> dict[str, Any]:
+    """From the target's top alternatives at a divergence (id, log-probability, best first),
+    how far the best one leads `token` (in log-probability; `at_least` where `token` is not
+    among them, the lead over the last one read), and whether `token` is the runner-up."""
+    best = top[0][1]
+    ranks = [t for t, _ in top]
+    if token in ranks:
+        lead = best - top[ranks.index(token)][1]
+        return {"margin": round(lead, 6), "runner_up": ranks.index(token) == 1}
+    return {"margin": round(best - top[-1][1], 6), "at_least": True, "runner_up": False}
+
+
+async def _margin(state: Any, prompt: list[int], opts: dict[str, Any], token: int) -> dict:
+    """The target's preference where two arms part: one plain step from a fresh prefill of
+    `prompt` (the race's prompt and the tokens both arms agree on), its top alternatives read
+    back. `approximate`: the arms computed those positions round by round, the probe in one
+    prefill, so a lead near 0 is the tie a lossless engine may break either way."""
+    probe = {**opts, "max_tokens": 1, "max_draft": 0, "logprobs": MARGIN_TOP}
+    probe.pop("snapshot_at", None)
+    job: Job = submit_job(state.engine, prompt, probe)
+    top: list[tuple[int, float]] = []
+    while True:
+        kind, value = await job.events.get()
+        if kind == "error":
+            return {}
+        if kind == "end":
+            break
+        if value.step.logprobs:
+            top = value.step.logprobs[0].top
+    return {**margin_of(top, token), "approximate": True} if top else {}
+
+
 async def _arm(
     state: Any,
     arm: str,
@@ -331,6 +366,10 @@ async def race_events(
     for name, *_ in arms[1:]:
         result = results[name]
         where = divergence(first.tokens, result.tokens, pipe.tokenizer)
+        at = where["first_difference"]
+        if at is not None and not where["length_only"] and state.engine.pipeline is pipe:
+            stem = prompt + first.tokens[:at]
+            where.update(await _margin(state, stem, arms[0][1], result.tokens[at]))
         speedup = result.decode_tps / first.decode_tps if first.decode_tps > 0 else None
         against.append({
             "arm": name,

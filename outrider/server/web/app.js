@@ -55,7 +55,9 @@ function differs(d) {
   const at = `outputs differ from token ${d.first_difference}`;
   if (d.length_only) return `${at}: one arm stopped earlier`;
   const show = (t) => (t ? JSON.stringify(t.text) : "its end");
-  return `${at}: ${show(d.reference_token)} against ${show(d.arm_token)}`;
+  const lead = d.margin === undefined ? ""
+    : ` (the target prefers the first by ${d.at_least ? "at least " : ""}${d.margin.toFixed(3)} in log-probability)`;
+  return `${at}: ${show(d.reference_token)} against ${show(d.arm_token)}${lead}`;
 }
 
 function errorText(err) {
