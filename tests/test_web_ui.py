@@ -440,6 +440,10 @@ def test_the_model_list(server):
     assert listed["loaded"]["model"] == "web-a" and listed["loaded"]["mode"] == "lookup"
     assert {"auto", "lookup", "baseline"} <= set(listed["modes"])
     assert [r["id"] for r in listed["registry"]] == [p.id for p in load_pairs()]
+    demo = next(r for r in listed["registry"] if r["id"] == "outrider-demo")  # ships installed
+    assert demo["local"] and demo["drafters_local"] == {"dspark": True, "dflash": True}
+    assert 0 < demo["size_gb"] < 0.1 and demo["fits"] is True
+    assert all({"size_gb", "fits"} <= set(r) for r in listed["registry"])
     b = [m for m in listed["local"] if m["name"] == "outrider-test/scripted-b"]
     assert len(b) == 1 and b[0]["source"] == "LM Studio" and Path(b[0]["ref"]).is_dir()
 

@@ -109,28 +109,25 @@ def _folder_models() -> list[dict[str, Any]]:
 
 
 def registry_rows() -> list[dict[str, Any]]:
-    """Registry rows as the picker shows them, each marked whether its target is on disk."""
-    from ..core.hub import local_model
-    from ..registry import load_pairs
+    """Registry rows as the picker shows them (`outrider models`' rows, read offline): whether
+    the target is on disk, its size and whether the pair fits this machine (null: unknown)."""
+    from ..registry.listing import model_rows
 
-    rows = []
-    for pair in load_pairs():
-        try:
-            local = local_model(pair.target) is not None
-        except Exception:  # a broken cache entry must not break the list
-            local = False
-        rows.append(
-            {
-                "id": pair.id,
-                "ref": pair.target,
-                "family": pair.family,
-                "mode": pair.mode,
-                "drafters": pair.drafters,
-                "speedup": pair.speedup,
-                "local": local,
-            }
-        )
-    return rows
+    return [
+        {
+            "id": row["id"],
+            "ref": row["target"],
+            "family": row["family"],
+            "mode": row["mode"],
+            "drafters": {m: d["repo"] for m, d in row["drafters"].items()},
+            "drafters_local": {m: d["local"] for m, d in row["drafters"].items()},
+            "speedup": row["speedup"],
+            "local": row["target_local"],
+            "size_gb": row["size_gb"],
+            "fits": row["fits"],
+        }
+        for row in model_rows(online=False)
+    ]
 
 
 def model_list(state: Any) -> dict[str, Any]:

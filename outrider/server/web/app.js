@@ -559,9 +559,12 @@ async function loadModels() {
   for (const m of j.local) modelRow(local, [m.name, m.source], m.ref, true);
   const registry = $("models-registry");
   registry.textContent = "";
-  modelHead(registry, ["✓", "id", "target", "mode", "published speed-up"]);
+  modelHead(registry, ["✓", "id", "target", "mode", "size", "fits here", "published speed-up"]);
+  const fits = { true: "yes", false: "no" };
   for (const r of j.registry) {
-    modelRow(registry, [r.local ? "✓" : "", r.id, r.ref, r.mode, r.speedup || "—"], r.ref, r.local);
+    const size = r.size_gb ? gigabytes(r.size_gb * 1e9) : "?";
+    const cells = [r.local ? "✓" : "", r.id, r.ref, r.mode, size, fits[r.fits] || "?", r.speedup || "—"];
+    modelRow(registry, cells, r.ref, r.local);
   }
 }
 
