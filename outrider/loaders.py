@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .core import generation_config, gguf, gguf_header, row_kernels
-from .core.checkpoint import open_checkpoint, read_config
+from .core.checkpoint import code_it_runs, open_checkpoint, read_config
 from .core.device import (
     PADDED_FROM,
     dense_on_cpu,
@@ -91,6 +91,8 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
     if gguf_header.is_gguf(path) and gguf_header.read_header(path).arch == "dspark":
         raise CheckpointError(f"{model} is a DSpark drafter GGUF; pass it as --drafter")
     config = gguf.read_config(path) if gguf_header.is_gguf(path) else read_config(path)
+    if (runs := code_it_runs(config)) is not None:
+        raise CheckpointError(f"{model} is refused: {runs}")
     archs = [str(a) for a in config.get("architectures") or []]
     if any(
         a.endswith(("DSparkModel", "DraftModel", "Speculator", "Eagle3Model", "Eagle3"))

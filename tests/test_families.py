@@ -381,3 +381,16 @@ def test_nested_multimodal_qwen3_5_checkpoint_runs_its_text_model(models_dir, tm
     ids = pipe.encode(PROMPT)
     got = pipe.generate(ids, max_tokens=16, max_draft=4, stop_tokens=set())
     assert got.tokens == plain_greedy(source, ids, 16)
+
+
+def test_a_checkpoint_that_ships_its_own_code_is_refused_unrun(tmp_path):
+    """A config.json naming a `model_file` asks mlx-lm to run the folder's Python: outrider
+    refuses it in its own words before anything loads (the file, which would end the test
+    run, never runs), for every mode."""
+    folder = make_tiny_target(tmp_path / "coded")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_file": "mine.py"}))
+    (folder / "mine.py").write_text("raise SystemExit('the checkpoint ran its code')\n")
+    for mode in ("baseline", "lookup"):
+        with pytest.raises(OutriderError, match="never runs code from a checkpoint"):
+            outrider.load(str(folder), mode=mode)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -97,6 +98,12 @@ def test_no_model_then_load_unload_and_cancel(server, scripted):
         refused("x" * 10_000)
         == "invalid request: model: String should have at most 4096 characters"
     )
+    # a folder that asks to run its own code: refused by name, the running model kept
+    coded = make_scripted_target(scripted.parent / "coded")
+    config = json.loads((coded / "config.json").read_text())
+    (coded / "config.json").write_text(json.dumps({**config, "model_file": "mine.py"}))
+    (coded / "mine.py").write_text("raise SystemExit('ran')\n")
+    assert "never runs code from a checkpoint" in refused(str(coded))
     assert chat(url).status_code == 200
     # A load that fails later names the problem and brings the running model back.
     broken = scripted.parent / "broken-model"

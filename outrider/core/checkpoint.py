@@ -40,6 +40,21 @@ def read_config(path: Path) -> dict:
     return data
 
 
+def code_it_runs(config: dict) -> str | None:
+    """Why loading this config would run the checkpoint's own Python, else None: mlx-lm builds
+    the architecture from a file the folder ships where config.json names a `model_file`
+    (it asks for trust_remote_code first, which outrider never passes). outrider refuses such
+    a checkpoint in its own words, before anything is loaded or released."""
+    name = config.get("model_file")
+    if name is None:
+        return None
+    return (
+        f"it asks to build its architecture with its own Python code (model_file {str(name)!r}"
+        " in config.json), and outrider never runs code from a checkpoint; use a model whose"
+        " model_type mlx-lm knows"
+    )
+
+
 def read_safetensors(path: Path) -> dict[str, mx.array]:
     files = sorted(path.glob("*.safetensors"))
     if not files:

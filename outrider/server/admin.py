@@ -54,7 +54,10 @@ def check_reference(ref: str, param: str) -> None:
         return  # resolved (or refused, the running model kept) by the load itself
     try:
         path = Path(ref).expanduser()
-        if (path / "config.json").is_file() or path.suffix.lower() == ".gguf" and path.is_file():
+        if (path / "config.json").is_file():
+            _refuse_code(path, param)
+            return
+        if path.suffix.lower() == ".gguf" and path.is_file():
             return
         if path.is_dir() and any(path.glob("*.gguf")):
             return
@@ -73,6 +76,20 @@ def check_reference(ref: str, param: str) -> None:
         "nor a Hugging Face repo id",
         param=param,
     )
+
+
+def _refuse_code(path: Path, param: str) -> None:
+    """A local folder whose config.json asks to run its own code is a 400 now, before the
+    running model is released (the load would refuse it too, later)."""
+    from ..core.checkpoint import code_it_runs, read_config
+    from ..core.errors import CheckpointError
+
+    try:
+        runs = code_it_runs(read_config(path))
+    except CheckpointError:
+        return  # a damaged config.json: the load says what is wrong with it
+    if runs is not None:
+        raise ApiError(400, f"{param} is refused: {runs}", param=param)
 
 
 def drafter_window(pipe: Any) -> int | None:
