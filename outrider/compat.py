@@ -23,12 +23,18 @@ from .api import Pipeline, load
 from .core.errors import OutriderError
 from .core.events import Result
 from .core.logits import Penalties
+from .core.target import Target
+from .prompts import encode_messages as _encode_messages
+from .prompts import encode_prompt as _encode_prompt
 from .registry import load_pairs
 
 # The reference's legacy short names, mapped to the registry row of the same model.
 LEGACY_ALIASES = {"gemma4": "gemma-4-12b", "qwen3": "qwen3-4b"}
 # Reference keywords that only change speed: accepted, outrider chooses its own.
-SPEED_ONLY = ("cap_controller", "lookup_drafts", "lookup_max_draft", "lookup_long_draft")
+SPEED_ONLY = (
+    "cap_controller", "lookup_drafts", "lookup_max_draft", "lookup_long_draft", "ngram_min",
+    "ngram_max",
+)  # fmt: skip
 # Reference keywords that hand over the reference's own state objects: no outrider equivalent.
 REFUSED = {
     "cache": "Pipeline.enable_prefix_cache",
@@ -155,6 +161,47 @@ def load_dflash_pair(
 ) -> tuple[Any, Any, Drafter, Any]:
     """(target, tokenizer, drafter, config) for a DFlash pair, the drafter already bound."""
     return _load(model, drafter, "dflash")
+
+
+def load_target(
+    repo_or_path: str = "gemma4",
+    *,
+    require_tap: bool = False,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
+) -> tuple[Target, Any]:
+    """(target, tokenizer), as mlx-dspark's `load_target`: for `greedy_generate` and
+    `lookup_generate`. `require_tap` is accepted (outrider probes the layers a drafter reads
+    when it loads one); the KV cache quantizes in groups of 64 only."""
+    if kv_group_size != 64:
+        raise OutriderError(f"kv_group_size must be 64 (mlx-lm's), got {kv_group_size}")
+    pipe = load(_model_ref(repo_or_path), mode="baseline", kv_bits=kv_bits)
+    return pipe.target, pipe.tokenizer
+
+
+def _over(target: Any, mode: str, **options: Any) -> Pipeline:
+    """A drafter-free pipeline over a target already loaded (nothing loads again)."""
+    if not isinstance(target, Target):
+        raise OutriderError(
+            f"target must come from outrider.compat.load_target or load_pair, got "
+            f"{type(target).__name__}"
+        )
+    return load(target.name, mode=mode, target=target, **options)
+
+
+def encode_messages(
+    tokenizer: Any, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs
+) -> list[int]:
+    """A conversation's ids through the chat template, as mlx-dspark's `encode_messages`
+    (outrider always adds the generation prompt: the ids start an answer)."""
+    if not add_generation_prompt:
+        raise OutriderError("add_generation_prompt=False is not supported: the ids start an answer")
+    return _encode_messages(tokenizer, messages, **template_kwargs)
+
+
+def encode_prompt(tokenizer: Any, prompt: str, use_chat: bool = True) -> list[int]:
+    """One user turn's ids (chat-templated unless `use_chat` is off), as mlx-dspark's."""
+    return _encode_prompt(tokenizer, prompt, raw=not use_chat)
 
 
 def _check_parts(target: Any, drafter: Any, kind: str) -> Pipeline:
@@ -332,6 +379,75 @@ def dflash_generate(
     """DFlash generation, as mlx-dspark's `dflash_generate` (full block by default)."""
     _check_kwargs(reference_only)
     pipe = _check_parts(target, drafter, "dflash")
+    return _run(
+        pipe,
+        prompt,
+        prompt_ids,
+        max_draft_tokens,
+        on_text,
+        **_sampling(max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template, stop),
+    )
+
+
+def greedy_generate(
+    target: Any,
+    tokenizer: Any,
+    prompt: str = "",
+    *,
+    prompt_ids: Sequence[int] | None = None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    apply_chat_template: bool = True,
+    stop: Sequence[str] | None = None,
+    on_text: Callable[[str], Any] | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    logprobs: int | None = None,
+    **reference_only: Any,
+) -> GenResult:
+    """Plain decoding of the target, as mlx-dspark's `greedy_generate` (outrider's baseline)."""
+    _check_kwargs(reference_only)
+    penalties = None
+    if presence_penalty or frequency_penalty:
+        penalties = Penalties(presence_penalty, frequency_penalty)
+    return _run(
+        _over(target, "baseline"),
+        prompt,
+        prompt_ids,
+        None,
+        on_text,
+        penalties=penalties,
+        logprobs=logprobs,
+        **_sampling(max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template, stop),
+    )
+
+
+def lookup_generate(
+    target: Any,
+    tokenizer: Any,
+    prompt: str = "",
+    *,
+    prompt_ids: Sequence[int] | None = None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    apply_chat_template: bool = True,
+    stop: Sequence[str] | None = None,
+    on_text: Callable[[str], Any] | None = None,
+    max_draft_tokens: int = 6,
+    long_draft_tokens: int = 32,
+    **reference_only: Any,
+) -> GenResult:
+    """Drafter-free n-gram lookup, as mlx-dspark's `lookup_generate`: `max_draft_tokens` a
+    round, up to `long_draft_tokens` (`--lookup-long-draft`) the widest (`ngram_min` /
+    `ngram_max` are accepted; outrider matches 1- to 4-grams)."""
+    _check_kwargs(reference_only)
+    pipe = _over(target, "lookup", lookup_long_draft=long_draft_tokens)
     return _run(
         pipe,
         prompt,

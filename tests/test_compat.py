@@ -129,3 +129,22 @@ def test_legacy_aliases_name_registry_targets():
     assert compat._model_ref("gemma4") == "google/gemma-4-12b-it"
     assert compat._model_ref("qwen3") == "Qwen/Qwen3-4B"
     assert compat._model_ref(DEMO) == DEMO
+
+
+def test_greedy_and_lookup_loops_and_the_encoders(baseline_tokens):
+    """mlx-dspark's drafter-free loops over `load_target`'s target: `greedy_generate` is the
+    target's plain decoding, `lookup_generate` the same tokens from n-gram rounds (at most
+    `max_draft_tokens` drafts a round); the encoders are the chat template's ids."""
+    target, tok = compat.load_target(DEMO)
+    plain = compat.greedy_generate(target, tok, PROMPT)
+    assert plain.token_ids == baseline_tokens and plain.num_rounds == 0
+    looked = compat.lookup_generate(target, tok, PROMPT, max_draft_tokens=3, ngram_min=3)
+    assert looked.token_ids == baseline_tokens and looked.num_rounds > 0
+    assert max(len(r.drafted) for r in looked.result.rounds) <= 3
+    messages = [{"role": "user", "content": PROMPT}]
+    assert compat.encode_messages(tok, messages) == compat.encode_prompt(tok, PROMPT)
+    assert compat.encode_prompt(tok, PROMPT, use_chat=False) == list(tok.encode(PROMPT))
+    with pytest.raises(OutriderError, match="load_target"):
+        compat.greedy_generate("not a target", tok, PROMPT)
+    with pytest.raises(TypeError, match="cache="):
+        compat.lookup_generate(target, tok, PROMPT, cache=[])
