@@ -16,6 +16,8 @@
 #   demo      issue 13's demo-pair bar: every mode with `--max-draft auto`, three suites
 #   batch     issue 12's batching bar: 32 requests, 8 at a time, against one at a time
 #   turn5     issue 12's time to first token at turn 5 (Qwen3-32B shape, every shape new)
+#   steps     where the demo pair's rounds go: drafting rounds sorted ahead / serial / after
+#             plain steps, fixed caps against auto, chat and code (benchmarks/step_times.py)
 set -u
 out=${OUT:-/tmp/gpu_bench}
 mkdir -p "$out"
@@ -40,9 +42,9 @@ export PYTHONUNBUFFERED=1
 loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
-    warmup | bars | softmax | launches | demo | batch | turn5) ;;
+    warmup | bars | softmax | launches | demo | batch | turn5 | steps) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5)" >&2; exit 2 ;;
+         "turn5, steps)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -77,6 +79,11 @@ for set in "$@"; do
       step batch_demo 300 python3 benchmarks/batch_throughput.py --modes baseline,dspark \
         --batch 8 --requests 32 --suite code,math,chat --max-tokens 128 --repeats 3 \
         --json "$out/batch_demo.json" ;;
+    steps)
+      for suite in chat code; do
+        step "steps_$suite" 120 python3 benchmarks/step_times.py --suite "$suite" --prompts 5 \
+          --caps 2,4,auto
+      done ;;
     turn5)
       step turn5_32b 420 python3 benchmarks/prefix_cache.py --shape 32b --dtype bf16 \
         --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b.json" ;;
