@@ -134,9 +134,13 @@ def test_no_model_then_load_unload_and_cancel(server, scripted):
     assert chat(url).status_code == 503
     # Cancelling: a queued load is dropped, a running one discarded when it returns.
     assert requests.post(url + "/admin/load/cancel", headers=H).json()["cancelled"] is False
+    nothing = requests.post(url + "/admin/load/cancel", json={"cleanup": True}, headers=H).json()
+    assert nothing["cancelled"] is False and nothing["cleanup"] is False
+    bad = requests.post(url + "/admin/load/cancel", json={"clean": True}, headers=H)
+    assert bad.status_code == 400
     requests.post(url + "/admin/load", json={"model": str(scripted)}, headers=H)
-    r = requests.post(url + "/admin/load/cancel", headers=H).json()
-    assert r["cancelled"] is True and r["status"] == "no_model"
+    r = requests.post(url + "/admin/load/cancel", json={"cleanup": True}, headers=H).json()
+    assert r["cancelled"] is True and r["cleanup"] is True and r["status"] == "no_model"
     time.sleep(0.5)
     assert requests.get(url + "/health", headers=H).json()["status"] == "no_model"
 
@@ -372,17 +376,29 @@ def _until(check, timeout: float = 10.0):
     raise AssertionError("timed out")
 
 
-def test_a_cancelled_download_stops_and_the_running_model_keeps_serving(scripted, monkeypatch):
+@pytest.mark.parametrize("cleanup", [False, True])
+def test_a_cancelled_download_stops_and_the_running_model_keeps_serving(
+    scripted, monkeypatch, tmp_path, cleanup
+):
     """The download runs before the running model is released: /health shows its bytes and
     the fit warning, a cancel stops it at its next chunk, and the model that was serving is
-    still loaded (never released, never loaded again). huggingface_hub is not touched."""
+    still loaded (never released, never loaded again). The stopped download's partial file
+    stays for the next try to resume, unless the cancel asked for `cleanup`; finished files
+    stay either way. huggingface_hub downloads nothing."""
     from types import SimpleNamespace
 
+    from huggingface_hub import constants
     from live_server import wait_ready
 
     from outrider.core import fit, hub
     from outrider.server.admin import health
     from outrider.server.engine import Engine, LoadSpec, default_prefetch
+
+    blobs = tmp_path / "models--someone--big" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / "abc.incomplete").write_bytes(b"half")
+    (blobs / "def").write_bytes(b"whole")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
 
     monkeypatch.setattr(fit, "download_warning", lambda repo, window=None: f"{repo}: {window}")
     seen = {"chunks": 0}
@@ -418,7 +434,7 @@ def test_a_cancelled_download_stops_and_the_running_model_keeps_serving(scripted
         assert download["repo"] == "someone/big" and download["bytes_total"] == 10**9
         assert 0 < download["bytes_done"] < 10**9 and 0 < download["fraction"] < 1
         assert h["load"]["warning"] == "someone/big: 300"  # the fit check saw the window
-        assert engine.cancel_load() is True and engine.cancel_load() is False
+        assert engine.cancel_load(cleanup=cleanup) is True and engine.cancel_load() is False
         h = health(state)
         assert h["status"] == "ok" and h["model"] == "scripted-admin" and h["mode"] == "lookup"
         assert "download" not in h["load"] and h["context_window"] == 300
@@ -429,6 +445,7 @@ def test_a_cancelled_download_stops_and_the_running_model_keeps_serving(scripted
         assert seen["chunks"] < 2000 and engine.pipeline is serving
         time.sleep(0.2)  # the worker has wound the load up: nothing changed
         assert engine.state == "ready" and engine.pipeline is serving and engine.download is None
+        assert (blobs / "abc.incomplete").exists() is not cleanup and (blobs / "def").exists()
     finally:
         engine.stop()
 

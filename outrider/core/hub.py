@@ -89,6 +89,30 @@ def packaged_model(repo_id: str) -> Path | None:
     return packaged_gguf(pair)
 
 
+def drop_partial_downloads(repo_id: str, cache: Path | None = None) -> int:
+    """Delete what a stopped download of `repo_id` left unfinished in the Hugging Face cache
+    (`blobs/*.incomplete`, which the next download would otherwise resume from); returns the
+    bytes freed. Finished files stay."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    root = Path(cache or constants.HF_HUB_CACHE)
+    blobs = root / repo_folder_name(repo_id=repo_id, repo_type="model") / "blobs"
+    freed = 0
+    try:
+        partials = list(blobs.glob("*.incomplete"))
+    except OSError:
+        return 0
+    for part in partials:
+        try:
+            size = part.stat().st_size
+            part.unlink()
+            freed += size
+        except OSError:  # gone already, or not ours to delete: nothing else to do
+            continue
+    return freed
+
+
 def snapshot_complete(snapshot: Path) -> bool:
     """False for a snapshot that a stopped download left half-written: an unfinished blob
     (`*.incomplete`) in the repo's cache, or a shard its index names missing. Such a repo is

@@ -43,6 +43,13 @@ class LoadRequest(CheckedRequest):
     reasoning_effort: Literal[EFFORTS] | None = None  # type: ignore[valid-type]
 
 
+class CancelRequest(CheckedRequest):
+    model_config = ConfigDict(extra="forbid")
+
+    # delete the stopped download's partial files (else kept for the next try to resume)
+    cleanup: bool = False
+
+
 def check_reference(ref: str, param: str) -> None:
     """A model reference must be what `outrider.core.hub.resolve_model` can load: a local model
     folder (config.json, or LM Studio's one GGUF), a .gguf file, a `gguf:` spec, or a
@@ -190,8 +197,10 @@ def router(state: Any) -> APIRouter:
         return health(state)
 
     @r.post("/admin/load/cancel")
-    def cancel() -> dict:
-        return {"cancelled": state.engine.cancel_load(), **health(state)}
+    def cancel(body: CancelRequest | None = None) -> dict:
+        cleanup = body is not None and body.cleanup
+        cancelled = state.engine.cancel_load(cleanup=cleanup)
+        return {"cancelled": cancelled, "cleanup": cancelled and cleanup, **health(state)}
 
     @r.post("/admin/unload")
     def unload() -> dict:

@@ -63,6 +63,8 @@ class _Load:
     window_before: int | None = None  # the context-window limit to restore if the load fails
     previous: LoadSpec | None = None  # what was serving when the worker took the load
     released: bool = False  # the previous model was let go (past the download)
+    repos: set[str] = field(default_factory=set)  # repos its downloads fetched from
+    cleanup: bool = False  # a cancel asked that the partial downloads be deleted
 
 
 class _Unload:
@@ -115,6 +117,7 @@ class _LoadWatcher(hub.DownloadWatcher):
         self.context_window = engine.window_limit
 
     def begin(self, state: hub.DownloadState) -> None:
+        self._job.repos.add(state.repo)
         self._engine.download = state.as_dict()
 
     def update(self, state: hub.DownloadState) -> None:
@@ -257,14 +260,17 @@ class Engine:
                 self.window_limit = spec.context_window or None
         self._jobs.put(job)
 
-    def cancel_load(self) -> bool:
+    def cancel_load(self, cleanup: bool = False) -> bool:
         """Cancel a queued or running load. A download stops at its next chunk and the running
         model, never released, keeps serving; past the download the load is discarded when it
-        returns and the previous model loaded again (`/health` says `loading` meanwhile)."""
+        returns and the previous model loaded again (`/health` says `loading` meanwhile).
+        A stopped download's partial files stay for the next try to resume, unless `cleanup`:
+        then they are deleted once it has stopped."""
         with self._lock:
             job = self._pending_load
             if job is None or job.cancel.is_set():
                 return False
+            job.cleanup = cleanup
             job.cancel.set()
             self.window_limit = job.window_before
             self.error = f"loading {job.spec.model} was cancelled"
@@ -403,6 +409,9 @@ class Engine:
             except Exception as e:
                 if not job.cancel.is_set():  # else cancel_load has said so already
                     self._keep_serving(job, f"could not load {job.spec.model}: {e}")
+                elif job.cleanup:
+                    for repo in sorted(job.repos):
+                        hub.drop_partial_downloads(repo)
                 return
             finally:
                 self.download = None
