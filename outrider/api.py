@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ from .registry import Pair
 from .streaming import Chunk, Collector, TextAssembler
 
 LONGEST_COPY = 256  # --lookup-long-draft at most: one verify of this many rows
+WARM_UP_TEXT = "def hello(name):\n    return 'Hello, ' + name\n\nprint(hello("
+WARM_UP_TOKENS = 16  # enough rounds for every cap the first requests will use
 
 
 @dataclass
@@ -103,6 +106,21 @@ class Pipeline:
         """The ids the target sees for `prompt`: a user turn (chat-templated unless `raw`), a
         conversation's messages, or token ids as they are."""
         return encode_prompt(self.tokenizer, prompt, system=system, raw=raw, thinking=thinking)
+
+    def warm_up(self, tokens: int = WARM_UP_TOKENS) -> float:
+        """One short throwaway generation at this pipeline's cap, so that the first request
+        does not pay for building the kernels its shapes need (minutes on a cold CUDA
+        machine, a second or two on Metal). What it timed is forgotten (a kernel's first
+        build is no cost of a round) and the prefix cache keeps nothing of it. Returns its
+        seconds."""
+        t0 = time.perf_counter()
+        ids = list(self.tokenizer.encode(WARM_UP_TEXT)) or [0]
+        store, self.prefix_cache = self.prefix_cache, None  # nothing of it is worth keeping
+        try:
+            self.generate(ids, max_tokens=tokens, max_draft=self.max_draft, stop_tokens=set())
+        finally:
+            self.prefix_cache, self.ahead_gate = store, None
+        return time.perf_counter() - t0
 
     def _encode_marked(
         self, prompt: Prompt, system: str | None, raw: bool, thinking: bool | None

@@ -646,3 +646,35 @@ def test_a_slow_round_is_logged_and_a_bad_threshold_is_one_line(scripted, monkey
     monkeypatch.setenv(SLOW_ENV, "soon")
     result = CliRunner().invoke(app, ["serve", "--no-model", "--port", "1"])
     assert result.exit_code == 2 and f"{SLOW_ENV} must be a number" in result.output
+
+
+def test_a_load_warms_its_pipeline_up_where_asked(scripted, monkeypatch):
+    """`warmup` (serve --warmup, /admin/load's field): a throwaway generation before the
+    model serves, by default only on a GPU (this CPU builds no kernels). It leaves nothing
+    behind: no prefix-cache entry, no cap policy, no queueing gate, and the same output."""
+    from live_server import wait_ready
+
+    from outrider import load
+    from outrider.api import Pipeline
+    from outrider.server.engine import Engine, LoadSpec
+
+    pipe = load(str(scripted), mode="lookup")
+    want = pipe.generate("hi", max_tokens=6).tokens
+    pipe.enable_prefix_cache(0.1)
+    assert pipe.warm_up() > 0
+    assert pipe.prefix_cache.entries == 0 and pipe.cap_policy is None
+    assert pipe.ahead_gate is None
+    assert pipe.generate("hi", max_tokens=6).tokens == want
+    warmed: list = []
+    real = Pipeline.warm_up
+    monkeypatch.setattr(Pipeline, "warm_up", lambda self: warmed.append(self) or real(self))
+    engine = Engine().start()
+    try:
+        engine.load(LoadSpec(str(scripted), mode="lookup"))
+        wait_ready(engine)
+        assert warmed == []  # MLX's CPU backend: nothing to build
+        engine.load(LoadSpec(str(scripted), mode="lookup", warmup=True))
+        wait_ready(engine)
+        assert warmed == [engine.pipeline] and engine.state == "ready"
+    finally:
+        engine.stop()

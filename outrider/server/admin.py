@@ -37,6 +37,7 @@ class LoadRequest(CheckedRequest):
     drafter_bits: Literal[4, 8, 16] | None = None
     lookup_drafts: bool | None = None
     lookup_long_draft: int | None = Field(default=None, ge=1, le=256)
+    warmup: bool | None = None  # a throwaway generation before serving (default: on a GPU)
     # sticky server defaults for the requests after this load (as `serve --no-thinking` and
     # `--reasoning-effort` set them); unset keeps the current ones
     enable_thinking: bool | None = None
@@ -185,6 +186,7 @@ def router(state: Any) -> APIRouter:
             drafter_window=body.drafter_window,
             lookup_drafts=body.lookup_drafts,
             lookup_long_draft=body.lookup_long_draft,
+            warmup=body.warmup,
         )
         if body.drafter_bits is not None:
             spec.drafter_bits = body.drafter_bits

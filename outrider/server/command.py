@@ -110,6 +110,12 @@ def serve(
     max_batch: int = Opt(
         1, "--max-batch", help="Decode up to this many requests together (not with --kv-bits)."
     ),
+    warmup: bool | None = Opt(
+        None,
+        "--warmup/--no-warmup",
+        help="Generate a few throwaway tokens at load, so the first request builds no kernels "
+        "(default: on a GPU).",
+    ),
     no_batch_scheduler: bool = Opt(
         False,
         "--no-batch-scheduler",
@@ -184,7 +190,7 @@ def serve(
             max_draft=max_draft, confidence_threshold=confidence_threshold,
             drafter_bits=drafter_bits, kv_bits=kv_bits,
             lookup_drafts=lookup_drafts, drafter_window=drafter_window,
-            lookup_long_draft=lookup_long_draft,
+            lookup_long_draft=lookup_long_draft, warmup=warmup,
         )  # fmt: skip
         engine = Engine(
             prefix_cache=store,

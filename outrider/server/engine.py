@@ -46,13 +46,16 @@ class LoadSpec:
     lookup_drafts: bool | None = None  # None: the registry row's `lookup`, else on
     drafter_window: int | None = None  # context rows a block drafter sees (0: all)
     lookup_long_draft: int | None = None  # the longest lookup copy a round verifies
+    # a throwaway generation before the model serves (`Pipeline.warm_up`); None: on a GPU
+    # (which builds kernels on first use), not on MLX's CPU backend (which builds none)
+    warmup: bool | None = None
 
 
 # The LoadSpec fields a server's flags set for every load, /admin/load's hot swaps included,
 # unless a load names its own (`Engine.load_settings`): how to run a model, not which one.
 SERVER_SETTINGS = (
     "max_draft", "confidence_threshold", "drafter_bits", "kv_bits", "lookup_drafts",
-    "drafter_window", "lookup_long_draft",
+    "drafter_window", "lookup_long_draft", "warmup",
 )  # fmt: skip
 
 
@@ -132,6 +135,15 @@ class _LoadWatcher(hub.DownloadWatcher):
 
     def cancelled(self) -> bool:
         return self._job.cancel.is_set()
+
+
+def wants_warm_up(spec: LoadSpec) -> bool:
+    """Whether a load warms its pipeline up before serving: as asked, else on a GPU."""
+    if spec.warmup is not None:
+        return spec.warmup
+    from ..core.device import computes_on_host
+
+    return not computes_on_host()
 
 
 def default_loader(spec: LoadSpec) -> Pipeline:
@@ -425,6 +437,10 @@ class Engine:
             self.phase = "loading"
         try:
             pipe, spec, error = self._loader(job.spec), job.spec, None
+            if wants_warm_up(job.spec) and not job.cancel.is_set():
+                with self._lock:
+                    self.phase = "warming_up"
+                pipe.warm_up()
         except Exception as e:
             pipe, spec, error = None, previous, f"could not load {job.spec.model}: {e}"
         if pipe is not None and job.cancel.is_set():  # cancelled while it loaded
