@@ -340,10 +340,17 @@ def test_health_names_the_registry_drafter_in_use():
         h = requests.get(url + "/health").json()
         assert h["mode"] == "dspark" and h["drafter"] == "outrider-demo/dspark"
         assert h["drafter_window"] == 4096  # context rows the drafter sees, by default
+        assert h["confidence_threshold"] == 0.0  # DSpark's head, its stop off
+        assert h["lookup_drafts"] is True and h["lookup_long_draft"] == 32
         assert requests.get(url + "/admin/status").json()["drafter"] == "outrider-demo/dspark"
+    spec = LoadSpec(demo_target(), confidence_threshold=0.3, lookup_long_draft=12)
+    with live_server(spec) as (url, engine):
+        h = requests.get(url + "/health").json()
+        assert h["confidence_threshold"] == 0.3 and h["lookup_long_draft"] == 12
     with live_server(LoadSpec(demo_target(), mode="lookup")) as (url, engine):
         h = requests.get(url + "/health").json()
         assert h["drafter"] is None and h["drafter_window"] is None
+        assert h["confidence_threshold"] is None and h["lookup_drafts"] is False
 
 
 def test_serve_on_a_busy_port_is_one_line_before_listening():

@@ -14,6 +14,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import ConfigDict, Field
 
 from ..core.hub import looks_like_repo_id
+from ..plugins.strategies.lookup_assist import LookupAssist
 from .checks import CheckedRequest
 from .engine import LoadSpec, model_id
 from .errors import ApiError
@@ -100,6 +101,13 @@ def _refuse_code(path: Path, param: str) -> None:
         raise ApiError(400, f"{param} is refused: {runs}", param=param)
 
 
+def confidence_threshold(pipe: Any) -> float | None:
+    proposer = getattr(pipe.proposer, "inner", pipe.proposer) if pipe else None
+    if not getattr(getattr(proposer, "spec", None), "confidence_head", False):
+        return None
+    return getattr(proposer, "threshold", None)
+
+
 def drafter_window(pipe: Any) -> int | None:
     proposer = getattr(pipe.proposer, "inner", pipe.proposer) if pipe else None
     return getattr(proposer, "context_window", None)
@@ -116,6 +124,13 @@ def health(state: Any) -> dict[str, Any]:
         "max_draft": ("auto" if pipe.auto_cap else pipe.max_draft) if pipe else None,
         # context rows a DSpark / DFlash drafter sees (None: every row, or no block drafter)
         "drafter_window": drafter_window(pipe),
+        # DSpark's confidence stop in use (None: no drafter reads one)
+        "confidence_threshold": confidence_threshold(pipe),
+        # drafter rounds that verify a lookup copy instead, and the longest such copy
+        "lookup_drafts": isinstance(pipe.proposer, LookupAssist) if pipe else None,
+        "lookup_long_draft": (
+            pipe.proposer.max_lookup if pipe and isinstance(pipe.proposer, LookupAssist) else None
+        ),
         "load": engine.status(),
         "context_window": engine.context_window,
         "max_output_tokens": state.limits.max_tokens_cap,
