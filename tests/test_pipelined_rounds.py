@@ -391,3 +391,17 @@ def test_a_pipeline_keeps_what_its_gate_timed(target, qwen3_target, monkeypatch)
     timed = dict(gate.took)
     second = pipe.generate(ids, max_tokens=40, stop_tokens=set())
     assert second.tokens == want and pipe.ahead_gate is gate and gate.took != timed
+
+
+def test_guesses_that_hold_are_queued_again_now_and_then():
+    """Where guesses nearly always hold but held rounds were timed no cheaper than rounds
+    alone, the gate does not queue, except one round in RECHECK_EVERY, so that one slow
+    reading of `held` is read again; where guesses fail, it never rechecks."""
+    gate = AheadGate()
+    for kind, seconds in (("alone", 1.0), ("held", 1.05), ("dropped", 2.0)):
+        gate.timed(kind, seconds)
+    gate.hold = 0.95
+    queued = [gate.wanted() for _ in range(3 * schedule.RECHECK_EVERY + 3)]
+    assert sum(queued) == 3 and not queued[0] and queued[schedule.RECHECK_EVERY]
+    gate.hold = 0.5
+    assert not any(gate.wanted() for _ in range(3 * schedule.RECHECK_EVERY))

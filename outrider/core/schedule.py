@@ -436,6 +436,8 @@ HOLD_PRIOR = 0.5  # a generation's first rounds: as likely to hold as not
 HOLD_EMA = 0.25  # weight of the newest round in the running hold rate and the timings
 PRIOR_NEED = 0.6  # the hold rate asked for before a round has been timed
 KINDS = ("alone", "held", "dropped")  # how a timed round began (`AheadGate.timed`)
+RECHECK_HOLD = 0.9  # guesses holding this often, yet not queued: queue one now and then...
+RECHECK_EVERY = 32  # ...after this many rounds, so a `held` cost timed slow is timed again
 
 
 class AheadGate:
@@ -464,7 +466,9 @@ class AheadGate:
     where the model said about 5 ms, so queueing at the model's hold rate of 0.4 slowed DSpark
     on chat to 0.55x of plain decoding. The timed costs replace the model's as they come in,
     and a pipeline keeps its gate across generations (`new_generation`), so what one answer
-    measured the next one reads."""
+    measured the next one reads. Where guesses nearly always hold but a held round was timed
+    no cheaper than one alone (two costs within noise of each other), the gate still queues
+    one round in `RECHECK_EVERY`, so one slow reading cannot stop queueing for good."""
 
     def __init__(self, always: bool = False, shared: bool = False) -> None:
         self.always = always
@@ -473,6 +477,7 @@ class AheadGate:
         self.host: float | None = None  # seconds to launch a round (H), running mean
         self.round: float | None = None  # seconds of an unpipelined round (R), running mean
         self.took: dict[str, float] = {}  # kind (KINDS) -> seconds a whole round, running mean
+        self.waited = 0  # rounds not queued since the last one that was
 
     @classmethod
     def for_this_device(cls, kept: AheadGate | None = None) -> AheadGate | None:
@@ -519,7 +524,14 @@ class AheadGate:
         return (dropped - alone) / (dropped - held)
 
     def wanted(self) -> bool:
-        return self.always or self.hold > self.need
+        """Whether to queue the next round now (counted: a run of rounds not queued on
+        guesses that hold ends in one that is, `RECHECK_EVERY`)."""
+        recheck = self.hold >= RECHECK_HOLD and self.waited >= RECHECK_EVERY
+        if self.always or self.hold > self.need or recheck:
+            self.waited = 0
+            return True
+        self.waited += 1
+        return False
 
     def learn(self, held: bool | None) -> None:
         """A round settled: would a round queued behind it have held (None: no guess)."""
