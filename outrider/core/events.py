@@ -80,12 +80,11 @@ class Result:
             "prefill_seconds": round(self.prefill_seconds, 6),
             "decode_seconds": round(self.decode_seconds, 6),
             "cached_tokens": self.cached_tokens,
+            # rounds queued behind the one in flight and kept / dropped (0 when none)
+            "rounds_ahead": self.pipelining[0],
+            "rounds_dropped": self.pipelining[1],
             **({"calibration": self.calibration} if self.calibration else {}),
-            **self._pipelining_json(),
         }
-
-    def _pipelining_json(self) -> dict:
-        return pipelining_fields(*self.pipelining)
 
 
 def pipelining_fields(ahead: int, dropped: int) -> dict:
