@@ -170,6 +170,14 @@ def test_models_health_metrics(client, server):
     count = [line for line in lines if line.startswith("outrider_accept_length_count")]
     assert count and float(count[0].split()[-1]) > 0
     assert "# TYPE outrider_accept_length histogram" in lines
+    # the same counters as one JSON object
+    j = requests.get(url + "/metrics?format=json", headers={"x-api-key": KEY}).json()
+    assert j["model"] == "qwen3" and j["mode"] == "dspark"
+    total = next(line for line in lines if line.startswith("outrider_completion_tokens_total{"))
+    assert j["completion_tokens"] == float(total.split()[-1]) > 0
+    assert sum(j["accept_lengths"].values()) == float(count[0].split()[-1])
+    assert j["mean_accept_length"] >= 1.0 and {"rounds", "rows_max"} <= set(j["batch"])
+    assert requests.get(url + "/metrics?format=xml", headers={"x-api-key": KEY}).status_code == 400
 
 
 def _status(fn):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ConfigDict, Field
 
 from ..core.hub import looks_like_repo_id
@@ -165,9 +165,11 @@ def router(state: Any) -> APIRouter:
         return health(state)
 
     @r.get("/metrics", response_class=PlainTextResponse)
-    def metrics() -> str:
+    def metrics(format: Literal["prometheus", "json"] = "prometheus") -> Any:
         pipe = state.engine.pipeline
         labels = {"model": model_id(pipe), "mode": pipe.mode} if pipe else {}
+        if format == "json":  # the same counters as one object
+            return JSONResponse(state.engine.metrics.as_dict(labels))
         return state.engine.metrics.render(labels)
 
     @r.post("/admin/load", status_code=202)

@@ -68,6 +68,41 @@ class Metrics:
         with self._lock:
             self.memory_sheds += 1
 
+    def as_dict(self, labels: dict[str, str]) -> dict:
+        """The same counters as `render`, as one JSON object (`GET /metrics?format=json`), for
+        scripts that would rather not parse Prometheus' text."""
+        with self._lock:
+            rounds = sum(self.batch_rows.values())
+            committed = sum(k * n for k, n in self.accept_counts.items())
+            forwards = sum(self.accept_counts.values())
+            return {
+                **labels,
+                "requests": [
+                    {"route": r, "status": s, "count": n}
+                    for (r, s), n in sorted(self.requests.items())
+                ],
+                "errors": dict(sorted(self.errors.items())),
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "cancelled": self.cancelled,
+                "decode_tokens_per_second": self.decode_tps,
+                "queue_depth": self.queue_depth(),
+                "in_flight": self.in_flight,
+                # tokens committed per target forward -> rounds, and their mean
+                "accept_lengths": {str(k): n for k, n in sorted(self.accept_counts.items())},
+                "mean_accept_length": round(committed / forwards, 4) if forwards else None,
+                "batch": {
+                    "rounds": rounds,
+                    "drafts_cut": self.batch_cut,
+                    "rows_mean": sum(k * n for k, n in self.batch_rows.items()) / rounds
+                    if rounds
+                    else 0,
+                    "rows_max": max(self.batch_rows, default=0),
+                },
+                "memory_sheds": self.memory_sheds,
+                "prefix_cache": self.prefix_cache(),
+            }
+
     def render(self, labels: dict[str, str]) -> str:
         base = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
         lines: list[str] = []
