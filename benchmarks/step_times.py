@@ -4,7 +4,10 @@
 `round_profile.py` times one round in isolation; this runs whole generations through the loop
 (`Pipeline.stream`) and sorts their steps: drafting rounds (the drafter's), lookup copies,
 plain steps taken inside a speculative generation (a parked `auto`), and the time between
-steps that the loop hands back to its caller. Every setting first runs every prompt once
+steps that the loop hands back to its caller. Drafting rounds are sorted by how they ran
+(queued ahead and kept, serial, serial after a dropped queued round, first after plain
+steps), each with its median phases: launching its own round, queueing the next one, waiting
+for its result, and the host's work after it. Every setting first runs every prompt once
 untimed, so kernels a shape needs are built before anything is timed (on CUDA, MLX builds
 some on first use), and the settings then run in turn over the prompts.
 
@@ -44,14 +47,17 @@ class Tally:
     plain: list[float] = field(default_factory=list)  # plain steps' seconds (parked auto)
     between: float = 0.0  # seconds between steps, outside the loop
     # drafting rounds by how they ran: queued behind the round before (pipelined), launched
-    # after it was read, and the first after plain steps (a model drafter catches up there)
+    # after it was read, launched after the round before dropped the one it had queued, and
+    # the first after plain steps (a model drafter catches up there)
     kinds: dict[str, list[float]] = field(
-        default_factory=lambda: {"ahead": [], "serial": [], "after plain": []}
+        default_factory=lambda: {k: [] for k in ("ahead", "serial", "after drop", "after plain")}
     )
+    # the same rounds' phases (core/round.py Step.phases): kind -> phase -> seconds
+    phases: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
     def add(self, pipe: Pipeline, prompt: list[int], cap: int | str, max_tokens: int) -> None:
         before = getattr(pipe.proposer, "lookup_rounds", 0)
-        last, previous = None, None
+        last, previous, dropped = None, None, False
         for chunk in pipe.stream(prompt, max_tokens=max_tokens, max_draft=cap, stop_tokens=set()):
             now = time.perf_counter()
             step = chunk.step
@@ -61,11 +67,14 @@ class Tally:
             if step.source == "draft" and step.drafted:
                 self.rounds.append(step.seconds)
                 self.kept.append(step.accepted + 1)
-                kind = "ahead" if step.ahead else "serial"
-                self.kinds["after plain" if previous == "plain" else kind].append(step.seconds)
+                kind = "ahead" if step.ahead else "after drop" if dropped else "serial"
+                kind = "after plain" if previous == "plain" else kind
+                self.kinds[kind].append(step.seconds)
+                for name, seconds in (step.phases or {}).items():
+                    self.phases.setdefault(kind, {}).setdefault(name, []).append(seconds)
             elif step.source == "plain":
                 self.plain.append(step.seconds)
-            previous = step.source
+            previous, dropped = step.source, step.dropped > 0
             if chunk.result is not None:
                 self.tokens += max(0, len(chunk.result.tokens) - 1)
                 self.decode_s += chunk.result.decode_seconds
@@ -78,11 +87,19 @@ class Tally:
         kept = statistics.mean(self.kept) if self.kept else 0.0
         steps = len(self.rounds) + len(self.plain)
         kinds = "  ".join(f"{k} {len(v)} x {med(v).strip()}" for k, v in self.kinds.items() if v)
+        split = "".join(
+            f"\n{'':10}  {k}: "
+            + ", ".join(f"{name} {med(xs).strip()}" for name, xs in self.phases[k].items())
+            + " ms (medians)"
+            for k in self.kinds
+            if k in self.phases
+        )
         return (
             f"{label:<10}{tps:8.1f} tok/s {ratio}  rounds {len(self.rounds):5d} x {med(self.rounds)}"
             f" ms, {kept:4.2f} kept (copies {self.copies:4d})  plain steps {len(self.plain):5d}"
             f" x {med(self.plain)} ms  outside {1e3 * self.between / max(1, steps):5.2f} ms/step"
             + (f"\n{'':10}rounds: {kinds} ms" if kinds else "")
+            + split
         )
 
 

@@ -83,7 +83,10 @@ for set in "$@"; do
       for suite in chat code; do
         step "steps_$suite" 120 python3 benchmarks/step_times.py --suite "$suite" --prompts 5 \
           --caps 2,4,auto
-      done ;;
+      done
+      # every guess queued: where a round after a dropped one spends its time
+      step steps_chat_on 90 env OUTRIDER_PIPELINED_ROUNDS=on python3 benchmarks/step_times.py \
+        --suite chat --prompts 5 --caps 4 ;;
     turn5)
       step turn5_32b 420 python3 benchmarks/prefix_cache.py --shape 32b --dtype bf16 \
         --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b.json" ;;

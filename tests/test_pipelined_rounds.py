@@ -4,6 +4,7 @@ one keeps every draft, and dropped unread when it does not. Output must stay pla
 from __future__ import annotations
 
 import random
+import statistics
 
 import mlx.core as mx
 import pytest
@@ -405,3 +406,23 @@ def test_guesses_that_hold_are_queued_again_now_and_then():
     assert sum(queued) == 3 and not queued[0] and queued[schedule.RECHECK_EVERY]
     gate.hold = 0.5
     assert not any(gate.wanted() for _ in range(3 * schedule.RECHECK_EVERY))
+
+
+def test_each_round_says_where_its_time_went(target, qwen3_target, monkeypatch):
+    """A round's phases (launching its own round, queueing the next, waiting for its result,
+    the host's work after) add up to its seconds, and a round that was queued ahead spent
+    nothing launching itself (`benchmarks/step_times.py` prints them by kind of round)."""
+    ids = target.tokenizer.encode("The quick brown fox")
+    want = plain_greedy(qwen3_target, ids, 30)
+    monkeypatch.setenv(PIPELINE_ENV, "on")
+    proposer = WrongGuesses(ids + want, 0.5, 2)
+    pipe = outrider.pipeline_from_parts(target, proposer, proposer.name, max_draft=2)
+    steps = [c.step for c in pipe.stream(ids, max_tokens=30, stop_tokens=set())]
+    rounds = [s for s in steps if s.source == "draft"]
+    assert rounds and all(set(s.phases) == {"launch", "ahead", "wait", "after"} for s in rounds)
+    assert all(sum(s.phases.values()) == pytest.approx(s.seconds, abs=1e-6) for s in rounds)
+    launches = {True: [], False: []}
+    for s in rounds:
+        launches[s.ahead].append(s.phases["launch"])
+    assert launches[True] and launches[False]
+    assert statistics.median(launches[True]) < statistics.median(launches[False]) / 10

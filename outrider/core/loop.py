@@ -250,12 +250,14 @@ def decode(
                 launched = launch_round(target, rows, cache, caps)
                 if gate is not None:
                     gate.timed_launch(time.perf_counter() - t_launch)
+            t_ahead = time.perf_counter()
             if gate is not None and gate.wanted():
-                t_launch = time.perf_counter()
                 inflight = _launch_ahead(target, row, cache, launched)
                 if inflight is not None:
-                    gate.timed_launch(time.perf_counter() - t_launch)
+                    gate.timed_launch(time.perf_counter() - t_ahead)
+            t_wait = time.perf_counter()
             (step,), (rejected,) = settle(launched)
+            t_read = time.perf_counter()
             step.ahead = was_ahead
             held = inflight is not None and _ahead_holds(row, step, launched, inflight)
             if gate is not None:
@@ -269,6 +271,10 @@ def decode(
                 inflight = None
             target.rollback(cache, rejected)
             seconds = time.perf_counter() - t
+            step.phases = {
+                "launch": t_ahead - t, "ahead": t_wait - t_ahead, "wait": t_read - t_wait,
+                "after": t + seconds - t_read,
+            }  # fmt: skip
             teach(launched, [step], seconds, False)
             if gate is not None:
                 began = "held" if was_ahead else "dropped" if dropped else "alone"

@@ -40,6 +40,9 @@ class Step:
     cut: int = 0  # drafts the batch scheduler left unverified (core/schedule.py)
     ahead: bool = False  # a pipelined round: queued before the round before it was read
     dropped: int = 0  # positions of the round queued behind this one, dropped unread
+    # where a single row's round spent its seconds (core/loop.py `decode`): launching its own
+    # round, queueing the next, waiting for its result, and the host's work after it
+    phases: dict[str, float] | None = None
 
 
 def choose(logits: mx.array, sampling: SamplingParams, keys: KeyStream | None) -> mx.array:
