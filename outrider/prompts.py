@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core.errors import OutriderError
-from .server.reasoning import close_thinking, markers_for
+from .chat.reasoning import close_thinking, markers_for
+from .chat.render import render_chat
+from .core.errors import OutriderError, PromptError
 
 
 def encode_messages(
@@ -67,12 +68,9 @@ def _rendered(
     tokenizer: Any, messages: list[dict], thinking: bool | None, quiet: bool = False
 ) -> Any:
     """`render_chat`'s rendering, its refusals as OutriderError (None when `quiet`)."""
-    from .server.errors import ApiError
-    from .server.prompting import render_chat
-
     try:
         return render_chat(tokenizer, messages, thinking=thinking)
-    except ApiError as e:
+    except PromptError as e:
         if quiet:
             return None
         raise OutriderError(f"the conversation cannot be rendered: {e.message}") from None

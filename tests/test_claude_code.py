@@ -109,8 +109,8 @@ def test_claude_env_names_every_alias_and_compacts_a_long_window(monkeypatch):
 def test_late_system_entries_stay_before_the_reply():
     """Claude Code puts `system` entries after a user turn or a tool result; they stay there
     (appended to it), not after later turns, so a tool result still ends the prompt."""
+    from outrider.chat.render import normalize
     from outrider.server.anthropic_api import CountRequest, to_chat
-    from outrider.server.prompting import normalize
 
     call = {"type": "tool_use", "id": "t1", "name": "Write", "input": {"file_path": "/x"}}
     result = {"type": "tool_result", "tool_use_id": "t1", "content": "done"}

@@ -170,7 +170,7 @@ def test_a_snapshot_where_the_last_message_ended_serves_the_next_turn(models_dir
         engine.set_prefix_cache(None)
         fresh = oai.chat.completions.create(model="thinks", messages=turn, max_tokens=6)
     pipe = outrider.load(str(folder), mode="baseline")
-    from outrider.server.prompting import render_chat
+    from outrider.chat.render import render_chat
 
     rendered = render_chat(pipe.tokenizer, turn[:1])
     opener = pipe.tokenizer.encode("<|im_start|>assistant\n<think>\n", add_special_tokens=False)
@@ -198,7 +198,7 @@ def test_a_new_conversation_resumes_where_the_shared_system_prompt_ended(models_
         second = oai.chat.completions.create(model=name, messages=other, max_tokens=4)
         engine.set_prefix_cache(None)
         fresh = oai.chat.completions.create(model=name, messages=other, max_tokens=4)
-    from outrider.server.prompting import render_chat
+    from outrider.chat.render import render_chat
 
     pipe = outrider.load(str(target), mode="baseline")
     rendered = render_chat(pipe.tokenizer, other)
@@ -216,7 +216,7 @@ def test_python_chats_mark_their_system_prompt_and_last_message_by_themselves(mo
     the server does for a chat request: on a target whose state cannot be cut back, a new
     conversation resumes where the shared system prompt ended and the next turn where the
     last message ended, and each answers as a fresh pipeline does."""
-    from outrider.server.prompting import render_chat
+    from outrider.chat.render import render_chat
 
     target, pipe, fresh = pipes(models_dir, "qwen3_5", "baseline")
     pipe.enable_prefix_cache(gb=1)  # snapshots every 512 tokens: none at these lengths

@@ -160,7 +160,7 @@ def test_trusted_templates_render_in_the_sandbox_with_limits(trusting):
 
 
 def test_the_sandbox_stops_a_template_that_only_burns_time():
-    from outrider.server.template_sandbox import TemplateRefused, render_untrusted
+    from outrider.chat.template_sandbox import TemplateRefused, render_untrusted
 
     spin = '{% for c in "x" * 99999 %}{% for d in "x" * 99999 %}{% endfor %}{% endfor %}'
     with pytest.raises(TemplateRefused, match="ran longer than 1 s"):
@@ -208,7 +208,7 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(server, claude):
 
 
 def test_the_length_bound_never_calls_the_tokenizer():
-    from outrider.server.prompting import PromptTooLong, encode_within
+    from outrider.chat.render import PromptTooLong, encode_within
 
     class Spy:
         calls = 0
@@ -397,8 +397,8 @@ def test_what_the_model_cannot_see_becomes_a_line_saying_so():
     """An image (or a PDF, audio, a file) in a conversation is not refused: the model reads a
     line saying what was there, and the conversation goes on. A text document or a search
     result is text the model can read."""
+    from outrider.chat.render import normalize
     from outrider.server.anthropic_api import CountRequest, to_chat
-    from outrider.server.prompting import normalize
 
     text_doc = {
         "type": "document",

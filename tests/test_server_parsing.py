@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from outrider.server.reasoning import GEMMA_CHANNEL, ThinkSplitter, markers_for
+from outrider.chat.reasoning import GEMMA_CHANNEL, ThinkSplitter, markers_for
 from outrider.server.tools import ToolGate, parse_tool_calls
 
 SCHEMAS = {
@@ -149,7 +149,7 @@ HARMONY = "<|channel|>analysis<|message|>weigh it<|end|><|start|>assistant<|chan
 def test_channel_transcripts_split_into_reasoning_and_answer(text, want, size):
     """Muse-Glimmer's `to=self` / `to=user` channels (and the Harmony layout's analysis /
     final): the markers never reach the client, whatever the chunking."""
-    from outrider.server.reasoning import CHANNELS, ChannelSplitter, markers_for
+    from outrider.chat.reasoning import CHANNELS, ChannelSplitter, markers_for
 
     assert markers_for("...{{ '<|message|>' }}...") == CHANNELS
     s = ChannelSplitter()
@@ -159,7 +159,7 @@ def test_channel_transcripts_split_into_reasoning_and_answer(text, want, size):
 
 
 def test_a_prompt_that_opens_the_models_own_channel_starts_in_reasoning():
-    from outrider.server.reasoning import CHANNELS, ChannelSplitter, prompt_opens_thinking
+    from outrider.chat.reasoning import CHANNELS, ChannelSplitter, prompt_opens_thinking
 
     ask = "<|start|>user<|message|>Hi<|end|>"
     assert not prompt_opens_thinking(ask + "<|start|>assistant", CHANNELS)
@@ -172,8 +172,8 @@ def test_a_prompt_that_opens_the_models_own_channel_starts_in_reasoning():
 
 
 def test_a_channel_model_streams_its_answer_through_the_shaper():
+    from outrider.chat.reasoning import CHANNELS
     from outrider.server.generation import Shaper
-    from outrider.server.reasoning import CHANNELS
 
     shaper = Shaper(True, False, None, markers=CHANNELS)
     pieces = [p for ch in (MUSE[:30], MUSE[30:61], MUSE[61:]) for p in shaper.feed(ch)]
@@ -184,8 +184,8 @@ def test_a_channel_model_streams_its_answer_through_the_shaper():
 
 
 def test_reasoning_effort_falls_back_to_the_nearest_word_the_template_knows():
-    from outrider.server.errors import ApiError
-    from outrider.server.prompting import nearest_efforts, render_chat
+    from outrider.chat.render import nearest_efforts, render_chat
+    from outrider.core.errors import PromptError
 
     assert nearest_efforts("high")[:3] == ["high", "medium", "xhigh"]
     assert nearest_efforts(None) == [None]
@@ -209,7 +209,7 @@ def test_reasoning_effort_falls_back_to_the_nearest_word_the_template_knows():
     ids, *_ = render_chat(tok, [{"role": "user", "content": "hi"}], reasoning_effort="high")
     assert "".join(map(chr, ids)) == "<medium>" and tok.seen[:2] == ["high", "medium"]
     assert set(tok.seen[2:]) <= {"medium"}  # the generation prompt measured with it after
-    with pytest.raises(ApiError, match="could not apply chat template"):
+    with pytest.raises(PromptError, match="could not apply chat template"):
         render_chat(Template(set()), [{"role": "user", "content": "hi"}], reasoning_effort="low")
 
 
@@ -229,8 +229,8 @@ class AlwaysThinks:
 
 @pytest.mark.parametrize("thinking", [False, None, True])
 def test_thinking_off_closes_a_think_block_the_template_opens_anyway(thinking):
+    from outrider.chat.render import render_chat
     from outrider.prompts import encode_messages
-    from outrider.server.prompting import render_chat
 
     ask = [{"role": "user", "content": "hi"}]
     ids, opens, *_ = render_chat(AlwaysThinks(), ask, thinking=thinking)

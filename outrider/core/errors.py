@@ -22,6 +22,15 @@ class FamilyDeclined(UnsupportedTargetError):
     cannot roll back, say): the next family that supports the config is tried."""
 
 
+class PromptError(OutriderError):
+    """Messages that cannot become a prompt (content of an unknown shape, a chat template that
+    fails or renders nothing). The server answers it as a 400 naming `param` where given."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
 class Interrupted(OutriderError):
     """The user pressed Ctrl-C; what could be kept was (the message says what). Exit 130."""
 

@@ -13,12 +13,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ConfigDict, Field
 
+from ..chat.render import EFFORTS, capabilities
 from ..core.hub import looks_like_repo_id
 from ..plugins.strategies.lookup_assist import LookupAssist
 from .checks import CheckedRequest
 from .engine import LoadSpec, model_id
 from .errors import ApiError
-from .prompting import EFFORTS, capabilities
 from .rounds import KEEP, RoundLog
 
 

@@ -11,7 +11,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .checks import MAX_STOPS, UNSEEN, CheckedRequest, check_tool_schema, unseen
+from ..chat.reasoning import markers_for
+from ..chat.render import EFFORTS, Rendered, render_chat, template_text
+from ..chat.text import UNSEEN, unseen
+from .checks import MAX_STOPS, CheckedRequest, check_tool_schema
 from .engine import model_id
 from .generation import (
     GenParams,
@@ -30,8 +33,6 @@ from .generation import (
     submit,
     x_outrider,
 )
-from .prompting import EFFORTS, Rendered, render_chat, template_text
-from .reasoning import markers_for
 
 SIGNATURE = "outrider"
 
@@ -97,7 +98,7 @@ SKIPPED = ("thinking", "redacted_thinking")
 def block_text(block: dict[str, Any]) -> str:
     """A content block as the text the model reads: text as it is, a text document or a search
     result as its text, an image (or any content it cannot see) as a line saying so
-    (`checks.unseen`); other blocks (reasoning, server tool blocks) as nothing."""
+    (`chat.text.unseen`); other blocks (reasoning, server tool blocks) as nothing."""
     kind = str(block.get("type"))
     if kind == "text":
         return str(block.get("text") or "")

@@ -15,6 +15,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException
 
 from .. import __version__
+from ..core.errors import PromptError
 from . import admin, anthropic_api, openai_api, race, responses_api, web
 from .engine import Engine
 from .errors import ApiError, error_response
@@ -64,6 +65,11 @@ def create_app(
     async def api_error(request: Request, exc: ApiError):
         engine.metrics.error(exc.code or exc.type)
         return error_response(request.url.path, exc)
+
+    @app.exception_handler(PromptError)  # messages that cannot be rendered (chat/render.py)
+    async def prompt_error(request: Request, exc: PromptError):
+        engine.metrics.error("invalid_request_error")
+        return error_response(request.url.path, ApiError(400, exc.message, param=exc.param))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):

@@ -5,36 +5,14 @@ cannot read is refused by name instead of being dropped."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from ..chat.text import lone_surrogate_at
+
 MAX_STOPS = 16  # OpenAI's limit for `stop` lists; Anthropic's `stop_sequences` gets the same
 SEED_RANGE = (0, 2**64)  # mx.random.key takes an unsigned 64-bit seed
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def lone_surrogate_at(data: Any) -> str | None:
-    """The JSON path of the first string (value or key) holding a lone UTF-16 surrogate, which
-    JSON allows ("\\ud800") but no tokenizer can encode; None when every string is clean.
-    Iterative, so deeply nested input cannot exhaust the stack."""
-    stack: list[tuple[Any, str]] = [(data, "")]
-    while stack:
-        value, path = stack.pop()
-        if isinstance(value, str):
-            if _SURROGATE.search(value):
-                return path or "body"
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                key = str(k)
-                if _SURROGATE.search(key):
-                    return f"{path}.{key.encode('utf-8', 'backslashreplace').decode()}"
-                stack.append((v, f"{path}.{key}" if path else key))
-        elif isinstance(value, list):
-            stack.extend((v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(value))
-    return None
 
 
 class CheckedRequest(BaseModel):
@@ -78,25 +56,3 @@ def _default_validator():
     from jsonschema import Draft202012Validator
 
     return Draft202012Validator
-
-
-# What a model reads where a message held content it cannot see (checks.unseen): a line saying
-# so. A refusal would end the conversation: Claude Code resends a pasted screenshot, or an
-# image a tool read, with every later turn. The model can then tell the user what it missed.
-UNSEEN = {
-    "image": "an image",
-    "image_url": "an image",
-    "input_image": "an image",
-    "document": "a document",
-    "file": "a file",
-    "input_file": "a file",
-    "container_upload": "a file",
-    "audio": "audio",
-    "input_audio": "audio",
-}
-
-
-def unseen(kind: str) -> str:
-    """The stand-in for a content part of `kind` the target cannot read."""
-    what = UNSEEN.get(kind, f"a {kind[:64]!r} part")
-    return f"[{what} was attached here; this model reads text only and cannot see it]"

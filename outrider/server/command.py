@@ -125,10 +125,10 @@ def serve(
     kv_bits: int | None = Opt(None, "--kv-bits", help="Quantize the KV cache: 8 or 4 bits."),
 ) -> None:
     """Serve OpenAI- and Anthropic-compatible APIs; speculation is invisible to clients."""
+    from ..chat.render import EFFORTS
     from ..cli_common import check_options, one_model, parse_max_draft, plugins, user_errors
     from ..core import generation_config
     from ..core.errors import OutriderError
-    from .prompting import EFFORTS
 
     with user_errors():
         model = one_model(model, target_alias)

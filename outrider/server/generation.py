@@ -15,14 +15,14 @@ from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 
 from ..api import Pipeline
+from ..chat.reasoning import CHANNELS, THINK, ChannelSplitter, ThinkSplitter, markers_for
+from ..chat.render import PromptTooLong, template_text
 from ..core.events import Result
 from ..core.generation_config import GREEDY, SamplingDefaults
 from ..core.logits import Penalties
 from ..streaming import Chunk
 from .engine import Engine, Job, NotReady
 from .errors import ApiError
-from .prompting import PromptTooLong, template_text
-from .reasoning import CHANNELS, THINK, ChannelSplitter, ThinkSplitter, markers_for
 from .tool_choice import forced_opening
 from .tools import ToolCall, ToolGate
 
@@ -140,7 +140,7 @@ def options(
     engine: Engine, limits: Limits, n_prompt: int, p: GenParams, marks: tuple[int, ...] = ()
 ) -> dict[str, Any]:
     """Pipeline.stream keywords for a request (max_tokens checked, then fitted to the window).
-    `marks` (`prompting.Rendered.marks`): prompt positions where a prefix-cache snapshot serves
+    `marks` (`chat.render.Rendered.marks`): prompt positions where a prefix-cache snapshot serves
     later requests (the last message's end, the system message's)."""
     max_tokens = limits.default_max_tokens if p.max_tokens is None else p.max_tokens
     if max_tokens < 1:

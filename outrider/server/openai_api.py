@@ -12,6 +12,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..chat.reasoning import markers_for
+from ..chat.render import EFFORTS, encode_within, render_chat, template_text
 from ..core.logits import Penalties, TokenLogprob
 from .checks import MAX_STOPS, SEED_RANGE, CheckedRequest, check_tool_schema
 from .engine import model_id
@@ -32,8 +34,6 @@ from .generation import (
     submit,
     x_outrider,
 )
-from .prompting import EFFORTS, encode_within, render_chat, template_text
-from .reasoning import markers_for
 
 
 class _Open(BaseModel):

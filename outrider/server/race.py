@@ -38,6 +38,7 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from ..chat.render import EFFORTS, render_chat
 from .checks import CheckedRequest
 from .engine import Job, model_id
 from .errors import ApiError
@@ -51,7 +52,6 @@ from .generation import (
     sse_event,
 )
 from .generation import submit as submit_job
-from .prompting import EFFORTS, render_chat
 
 DEFAULT_MAX_TOKENS = 256
 OTHER_MODES = ("baseline", "lookup")  # modes a race builds over the loaded target

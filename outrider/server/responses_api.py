@@ -21,7 +21,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from .checks import UNSEEN, CheckedRequest, unseen
+from ..chat.reasoning import markers_for
+from ..chat.render import EFFORTS, render_chat, template_text
+from ..chat.text import UNSEEN, unseen
+from .checks import CheckedRequest
 from .engine import model_id
 from .errors import ApiError
 from .generation import (
@@ -39,8 +42,6 @@ from .generation import (
     submit,
 )
 from .openai_api import Tool, _tool_schemas
-from .prompting import EFFORTS, render_chat, template_text
-from .reasoning import markers_for
 
 UNSUPPORTED = {
     "previous_response_id": "responses are not stored: send the whole conversation as input",
@@ -69,7 +70,7 @@ class ResponsesRequest(CheckedRequest):
 
 def _content_text(content: Any, where: str) -> str:
     """A message's content: a string, or a list of input_text / output_text parts (an image
-    or a file part becomes a line saying the model cannot see it, `checks.unseen`)."""
+    or a file part becomes a line saying the model cannot see it, `chat.text.unseen`)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):

@@ -13,18 +13,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..core.errors import PromptError
 from ..core.prefix_entry import shared_prefix
-from .checks import lone_surrogate_at, unseen
-from .errors import ApiError
 from .reasoning import close_thinking, markers_for, prompt_opens_thinking
 from .template_sandbox import TemplateRefused, render_untrusted
+from .text import lone_surrogate_at, unseen
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 def _text(content: Any) -> str:
     """Message content as text: strings pass, content-part lists are joined (text parts; a
-    part the model cannot see becomes a line saying so, `checks.unseen`)."""
+    part the model cannot see becomes a line saying so, `text.unseen`)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -39,7 +39,7 @@ def _text(content: Any) -> str:
             elif isinstance(part, dict):
                 parts.append(unseen(str(part.get("type"))))
         return "".join(parts)
-    raise ApiError(400, "message content must be a string or a list of content parts")
+    raise PromptError("message content must be a string or a list of content parts")
 
 
 def normalize(messages: list[dict]) -> list[dict]:
@@ -79,8 +79,8 @@ def normalize(messages: list[dict]) -> list[dict]:
                     try:
                         args = json.loads(args) if args.strip() else {}
                     except ValueError:
-                        raise ApiError(
-                            400, f"tool call arguments of message {i} are not valid JSON"
+                        raise PromptError(
+                            f"tool call arguments of message {i} are not valid JSON"
                         ) from None
                 fn["arguments"] = args or {}
                 calls.append({"id": tc.get("id"), "type": "function", "function": fn})
@@ -255,7 +255,7 @@ def render_chat(
     fit `window` tokens raises PromptTooLong."""
     msgs = normalize(messages)
     if continue_final and (not msgs or msgs[-1]["role"] != "assistant"):
-        raise ApiError(400, "continuing the final message needs an assistant message last")
+        raise PromptError("continuing the final message needs an assistant message last")
     if template is None and not getattr(tokenizer, "chat_template", None):
         text = "\n\n".join(m["content"] for m in msgs)
         return Rendered(encode_within(tokenizer, text, window, special=True), False)
@@ -275,13 +275,13 @@ def render_chat(
             text = _apply(tokenizer, msgs, template, continue_final, kwargs)
             break
         except TemplateRefused as e:
-            raise ApiError(400, str(e), param="chat_template") from None
+            raise PromptError(str(e), param="chat_template") from None
         except Exception as e:
             if i + 1 < len(efforts):
                 continue  # a template that knows other effort words: try the nearest next
-            raise ApiError(400, f"could not apply chat template: {e}") from None
+            raise PromptError(f"could not apply chat template: {e}") from None
     if lone_surrogate_at(text) is not None:  # a template can build one from escapes
-        raise ApiError(400, "the chat template produced text with a lone UTF-16 surrogate")
+        raise PromptError("the chat template produced text with a lone UTF-16 surrogate")
     tpl = template if template is not None else template_text(tokenizer)
     markers = markers_for(tpl)
     close = markers if thinking is False and not continue_final else None
@@ -290,7 +290,7 @@ def render_chat(
     opens = not continue_final and prompt_opens_thinking(text, markers)
     ids = encode_within(tokenizer, text, window)
     if not ids:
-        raise ApiError(400, "the chat template rendered an empty prompt")
+        raise PromptError("the chat template rendered an empty prompt")
     suffix = 0 if continue_final else generation_prompt_tokens(tokenizer, template, kwargs, close)
     boundary = len(ids) - suffix if 0 < suffix < len(ids) else 0
     return Rendered(ids, opens, boundary, system_end(tokenizer, template, msgs, kwargs, ids))
