@@ -563,6 +563,21 @@ def test_the_race_shows_two_identical_texts_and_a_speedup(server, browser, shots
     assert "accept" not in by_id(browser, "race-plain-stats").text
     assert not page_errors(browser)
 
+    # the speculative arm at a cap of its own, against the loaded pipeline drafting nothing
+    Select(by_id(browser, "race-against")).select_by_value("")
+    by_id(browser, "race-cap").send_keys("2")
+    by_id(browser, "race-run").click()
+    wait(
+        browser,
+        lambda d: by_id(d, "race-verdict").get_attribute("data-state") not in ("idle", "running"),
+        "the race at cap 2 never ended",
+    )
+    assert by_id(browser, "race-verdict").get_attribute("data-state") == "identical"
+    assert by_id(browser, "race-spec-note").text == "lookup · max_draft 2"
+    assert by_id(browser, "race-plain-note").text == "lookup · max_draft 0"
+    assert by_id(browser, "race-plain-title").text == "plain decoding"
+    assert not page_errors(browser)
+
 
 @pytest.mark.slow
 def test_the_model_picker_lists_models_and_switches(server, browser, shots):

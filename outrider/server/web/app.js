@@ -423,22 +423,30 @@ async function runRace() {
     };
     const thinking = $("race-thinking").value;
     if (thinking) body.enable_thinking = thinking === "on";
-    // another mode on the left: the two arms by mode (the loaded one on the right)
+    // another mode on the left, or the right arm at its own cap or confidence: the two arms
+    // by mode (the loaded one on the right)
     const against = $("race-against").value;
-    if (against && health && health.mode && against !== health.mode) {
-      body.arms = [against, health.mode];
+    const cap = $("race-cap").value.trim();
+    const confidence = $("race-confidence").value.trim();
+    if (health && health.mode && (cap || confidence || (against && against !== health.mode))) {
+      const right = { mode: health.mode };
+      if (cap) right.cap = cap === "auto" ? "auto" : Number(cap);
+      if (confidence) right.confidence = Number(confidence);
+      const other = against && against !== health.mode;
+      body.arms = [other ? against : { mode: health.mode, cap: 0 }, cap || confidence ? right : health.mode];
     }
     const response = await api("/admin/race", { method: "POST", body });
     for await (const ev of sse(response)) {
       const d = JSON.parse(ev.data);
       if (ev.event === "start") {
         left = d.arms[0];
-        const plainLeft = left === "plain" || left === "baseline";
+        const plainLeft = left === "plain" || left === "baseline" || left.endsWith(" cap 0");
         $("race-plain-title").textContent = plainLeft ? "plain decoding" : left;
         $("race-spec-note").textContent = `${d.mode} · max_draft ${d.max_draft}`;
         status.textContent = `${d.model} · ${d.prompt_tokens} prompt tokens · up to ${d.max_tokens} new`;
       } else if (ev.event === "arm_start") {
-        if (d.arm === left) $("race-plain-note").textContent = `${d.mode} · max_draft ${d.max_draft}`;
+        const note = d.arm === left ? "race-plain-note" : "race-spec-note";
+        $(note).textContent = `${d.mode} · max_draft ${d.max_draft}`;
         const what = d.arm !== left ? "speculative decoding" : left === "plain" ? "plain decoding" : left;
         status.textContent = `running ${what}…`;
       } else if (ev.event === "token" && d.arm === left) {
