@@ -115,6 +115,9 @@ class Pipeline:
         seconds."""
         t0 = time.perf_counter()
         ids = list(self.tokenizer.encode(WARM_UP_TEXT)) or [0]
+        window = self.target.context_window
+        if window is not None:  # a small model's window holds the prompt and the tokens
+            ids, tokens = ids[: max(1, window // 2)], min(tokens, max(0, window // 2 - 1))
         store, self.prefix_cache = self.prefix_cache, None  # nothing of it is worth keeping
         try:
             self.generate(ids, max_tokens=tokens, max_draft=self.max_draft, stop_tokens=set())

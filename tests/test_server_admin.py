@@ -655,10 +655,11 @@ def test_a_slow_round_is_logged_and_a_bad_threshold_is_one_line(scripted, monkey
     assert result.exit_code == 2 and f"{SLOW_ENV} must be a number" in result.output
 
 
-def test_a_load_warms_its_pipeline_up_where_asked(scripted, monkeypatch):
+def test_a_load_warms_its_pipeline_up_where_asked(scripted, monkeypatch, capfd):
     """`warmup` (serve --warmup, /admin/load's field): a throwaway generation before the
     model serves, by default only on a GPU (this CPU builds no kernels). It leaves nothing
-    behind: no prefix-cache entry, no cap policy, no queueing gate, and the same output."""
+    behind: no prefix-cache entry, no cap policy, no queueing gate, and the same output. One
+    that fails costs a warning line, not the load."""
     from live_server import wait_ready
 
     from outrider import load
@@ -683,5 +684,14 @@ def test_a_load_warms_its_pipeline_up_where_asked(scripted, monkeypatch):
         engine.load(LoadSpec(str(scripted), mode="lookup", warmup=True))
         wait_ready(engine)
         assert warmed == [engine.pipeline] and engine.state == "ready"
+
+        def broken(self):
+            raise RuntimeError("no kernels today")
+
+        monkeypatch.setattr(Pipeline, "warm_up", broken)
+        engine.load(LoadSpec(str(scripted), mode="lookup", warmup=True))
+        wait_ready(engine)
+        assert engine.state == "ready" and engine.pipeline.generate("hi", max_tokens=6).tokens
+        assert "up failed (no kernels today); serving anyway" in capfd.readouterr().err
     finally:
         engine.stop()

@@ -440,7 +440,7 @@ class Engine:
             if wants_warm_up(job.spec) and not job.cancel.is_set():
                 with self._lock:
                     self.phase = "warming_up"
-                pipe.warm_up()
+                self._warm_up(pipe)
         except Exception as e:
             pipe, spec, error = None, previous, f"could not load {job.spec.model}: {e}"
         if pipe is not None and job.cancel.is_set():  # cancelled while it loaded
@@ -473,6 +473,16 @@ class Engine:
             self._release()
         elif self.warning is None:
             self._check_fit(spec)
+
+    @staticmethod
+    def _warm_up(pipe: Pipeline) -> None:
+        """The throwaway generation, best effort: one that fails costs a warning line, not
+        the load (a request then says what is wrong, as it would have without it)."""
+        try:
+            pipe.warm_up()
+        except Exception as e:
+            print(f"warning: warming {pipe.target.name} up failed ({e}); serving anyway",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
     def _check_fit(self, spec: LoadSpec) -> None:
         """Warn (stderr and /health) when the loaded model's KV cache, filled to the context
