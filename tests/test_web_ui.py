@@ -518,6 +518,16 @@ def test_a_chat_answer_streams_with_folded_reasoning_telemetry_and_tool_calls(
     assert not page_errors(browser)
 
 
+def run_race(browser, never_ended: str) -> None:
+    """Press Race and wait until the verdict is in (`never_ended`: the failure's words)."""
+    by_id(browser, "race-run").click()
+    wait(
+        browser,
+        lambda d: by_id(d, "race-verdict").get_attribute("data-state") not in ("idle", "running"),
+        never_ended,
+    )
+
+
 @pytest.mark.slow
 def test_the_race_shows_two_identical_texts_and_a_speedup(server, browser, shots):
     url, _ = server
@@ -526,12 +536,7 @@ def test_the_race_shows_two_identical_texts_and_a_speedup(server, browser, shots
     prompt = by_id(browser, "race-prompt")
     prompt.clear()
     prompt.send_keys("Repeat after me: " + ANSWER)
-    by_id(browser, "race-run").click()
-    wait(
-        browser,
-        lambda d: by_id(d, "race-verdict").get_attribute("data-state") not in ("idle", "running"),
-        "the race never ended",
-    )
+    run_race(browser, "the race never ended")
     verdict = by_id(browser, "race-verdict")
     assert verdict.get_attribute("data-state") == "identical", verdict.text
     assert "identical" in verdict.text
@@ -549,12 +554,7 @@ def test_the_race_shows_two_identical_texts_and_a_speedup(server, browser, shots
     from selenium.webdriver.support.ui import Select
 
     Select(by_id(browser, "race-against")).select_by_value("baseline")
-    by_id(browser, "race-run").click()
-    wait(
-        browser,
-        lambda d: by_id(d, "race-verdict").get_attribute("data-state") not in ("idle", "running"),
-        "the race against baseline never ended",
-    )
+    run_race(browser, "the race against baseline never ended")
     assert by_id(browser, "race-verdict").get_attribute("data-state") == "identical"
     wait(browser, text_is("race-plain-text", expected), "the baseline arm's text never completed")
     assert by_id(browser, "race-plain-note").text == "baseline · max_draft 0"
@@ -566,12 +566,7 @@ def test_the_race_shows_two_identical_texts_and_a_speedup(server, browser, shots
     # the speculative arm at a cap of its own, against the loaded pipeline drafting nothing
     Select(by_id(browser, "race-against")).select_by_value("")
     by_id(browser, "race-cap").send_keys("2")
-    by_id(browser, "race-run").click()
-    wait(
-        browser,
-        lambda d: by_id(d, "race-verdict").get_attribute("data-state") not in ("idle", "running"),
-        "the race at cap 2 never ended",
-    )
+    run_race(browser, "the race at cap 2 never ended")
     assert by_id(browser, "race-verdict").get_attribute("data-state") == "identical"
     assert by_id(browser, "race-spec-note").text == "lookup · max_draft 2"
     assert by_id(browser, "race-plain-note").text == "lookup · max_draft 0"

@@ -101,16 +101,20 @@ def _refuse_code(path: Path, param: str) -> None:
         raise ApiError(400, f"{param} is refused: {runs}", param=param)
 
 
+def _drafting(pipe: Any) -> Any:
+    """The pipeline's own proposer, under a LookupAssist wrapper if there is one."""
+    return getattr(pipe.proposer, "inner", pipe.proposer) if pipe else None
+
+
 def confidence_threshold(pipe: Any) -> float | None:
-    proposer = getattr(pipe.proposer, "inner", pipe.proposer) if pipe else None
+    proposer = _drafting(pipe)
     if not getattr(getattr(proposer, "spec", None), "confidence_head", False):
         return None
     return getattr(proposer, "threshold", None)
 
 
 def drafter_window(pipe: Any) -> int | None:
-    proposer = getattr(pipe.proposer, "inner", pipe.proposer) if pipe else None
-    return getattr(proposer, "context_window", None)
+    return getattr(_drafting(pipe), "context_window", None)
 
 
 def health(state: Any) -> dict[str, Any]:
