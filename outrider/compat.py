@@ -289,6 +289,11 @@ def _run(
     )
 
 
+def _penalties(presence: float, frequency: float) -> Penalties | None:
+    """The reference's penalty keywords as outrider's processors (None when both are 0)."""
+    return Penalties(presence, frequency) if presence or frequency else None
+
+
 def _sampling(
     max_new_tokens: int,
     temperature: float,
@@ -337,9 +342,7 @@ def speculative_generate(
     _check_kwargs(reference_only)
     _check_parts(target, drafter, "dspark")
     pipe = drafter.at_threshold(confidence_threshold)
-    penalties = None
-    if presence_penalty or frequency_penalty:
-        penalties = Penalties(presence_penalty, frequency_penalty)
+    penalties = _penalties(presence_penalty, frequency_penalty)
     res = _run(
         pipe,
         prompt,
@@ -410,9 +413,7 @@ def greedy_generate(
 ) -> GenResult:
     """Plain decoding of the target, as mlx-dspark's `greedy_generate` (outrider's baseline)."""
     _check_kwargs(reference_only)
-    penalties = None
-    if presence_penalty or frequency_penalty:
-        penalties = Penalties(presence_penalty, frequency_penalty)
+    penalties = _penalties(presence_penalty, frequency_penalty)
     return _run(
         _over(target, "baseline"),
         prompt,
