@@ -54,6 +54,7 @@ class Tally:
     )
     # the same rounds' phases (core/round.py Step.phases): kind -> phase -> seconds
     phases: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    kind_kept: dict[str, list[int]] = field(default_factory=dict)  # kind -> tokens committed
 
     def add(self, pipe: Pipeline, prompt: list[int], cap: int | str, max_tokens: int) -> None:
         before = getattr(pipe.proposer, "lookup_rounds", 0)
@@ -70,6 +71,7 @@ class Tally:
                 kind = "ahead" if step.ahead else "after drop" if dropped else "serial"
                 kind = "after plain" if previous == "plain" else kind
                 self.kinds[kind].append(step.seconds)
+                self.kind_kept.setdefault(kind, []).append(step.accepted + 1)
                 for name, seconds in (step.phases or {}).items():
                     self.phases.setdefault(kind, {}).setdefault(name, []).append(seconds)
             elif step.source == "plain":
@@ -86,7 +88,11 @@ class Tally:
         med = lambda xs: f"{1e3 * statistics.median(xs):6.2f}" if xs else "     -"  # noqa: E731
         kept = statistics.mean(self.kept) if self.kept else 0.0
         steps = len(self.rounds) + len(self.plain)
-        kinds = "  ".join(f"{k} {len(v)} x {med(v).strip()}" for k, v in self.kinds.items() if v)
+        kinds = "  ".join(
+            f"{k} {len(v)} x {med(v).strip()} ({statistics.mean(self.kind_kept[k]):.2f} kept)"
+            for k, v in self.kinds.items()
+            if v
+        )
         split = "".join(
             f"\n{'':10}  {k}: "
             + ", ".join(f"{name} {med(xs).strip()}" for name, xs in self.phases[k].items())

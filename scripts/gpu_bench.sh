@@ -16,6 +16,11 @@
 #   demo      issue 13's demo-pair bar: every mode with `--max-draft auto`, three suites
 #   batch     issue 12's batching bar: 32 requests, 8 at a time, against one at a time
 #   turn5     issue 12's time to first token at turn 5 (Qwen3-32B shape, every shape new)
+#   turn5q    the same with the 32B shape quantized to 4 bits, cold turns and the exact repeat
+#   qprefill  quantized products of many rows: MLX's against dequantize + bf16 product
+#             (benchmarks/quantized_prefill.py)
+#   ttft      where turn 5's time to first token goes on the 32B shape: lookup, the suffix's
+#             prefill, against bare forwards (benchmarks/ttft_phases.py)
 #   steps     where the demo pair's rounds go: drafting rounds sorted ahead / serial / after
 #             plain steps, fixed caps against auto, chat and code (benchmarks/step_times.py)
 set -u
@@ -42,9 +47,9 @@ export PYTHONUNBUFFERED=1
 loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
-    warmup | bars | softmax | launches | demo | batch | turn5 | steps) ;;
+    warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, steps)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -90,5 +95,15 @@ for set in "$@"; do
     turn5)
       step turn5_32b 420 python3 benchmarks/prefix_cache.py --shape 32b --dtype bf16 \
         --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b.json" ;;
+    turn5q)
+      step turn5_32b_4bit 200 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
+        --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit.json"
+      step turn5_repeat_32b_4bit 150 python3 benchmarks/prefix_cache.py --shape 32b \
+        --dtype 4bit --system-tokens 4096 --turns 5 --json "$out/turn5_repeat_32b_4bit.json" ;;
+    qprefill)
+      step quantized_prefill 150 python3 benchmarks/quantized_prefill.py ;;
+    ttft)
+      step ttft_phases_32b 300 python3 benchmarks/ttft_phases.py --shape 32b --dtype bf16 \
+        --system-tokens 4096 --turns 5 --repeats 5 ;;
   esac
 done

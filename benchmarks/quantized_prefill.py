@@ -1,0 +1,123 @@
+"""Quantized products of many rows (a prefill's chunks): MLX's own quantized matmul against
+dequantizing the weight first and multiplying in half precision, per weight shape and row
+count, and a whole prefill of a random-weight target each way.
+
+MLX 0.32's CUDA backend computes a quantized product of hundreds of rows several times slower
+than the half-precision product of the same shape; a prefill chunk can instead dequantize each
+weight (reading it once, writing it once in bf16) and use the half-precision product. This
+measures whether that pays, where, and how far the results part.
+
+    python benchmarks/quantized_prefill.py                        # 8B and 32B shapes, 4-bit
+    python benchmarks/quantized_prefill.py --rows 64,512 --prefill 4096 --shape 8b
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from loop_efficiency import SHAPES  # noqa: E402
+
+
+def timeit(fn, reps: int, *args) -> float:
+    mx.eval(fn(*args))
+    out = []
+    for _ in range(reps):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        mx.eval(fn(*args))
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def quantized(x, qw, sc, bi, bits):
+    return mx.quantized_matmul(x, qw, sc, bi, True, 64, bits)
+
+
+def dequantized(x, qw, sc, bi, bits):
+    return x @ mx.dequantize(qw, sc, bi, 64, bits).astype(x.dtype).T
+
+
+def prefill(target, ids):
+    cache = target.make_cache()
+    logits, _ = target.prefill(ids, cache)
+    return logits
+
+
+class Dequantized(nn.Module):
+    """A quantized linear layer whose products of `from_rows` rows or more dequantize first."""
+
+    def __init__(self, linear: nn.QuantizedLinear, from_rows: int) -> None:
+        super().__init__()
+        self.linear = linear
+        self.from_rows = from_rows
+
+    def __call__(self, x: mx.array) -> mx.array:
+        lin = self.linear
+        if x.size // x.shape[-1] < self.from_rows:
+            return lin(x)
+        w = mx.dequantize(lin.weight, lin.scales, lin.biases, lin.group_size, lin.bits)
+        y = x @ w.astype(x.dtype).T
+        return y + lin.bias if "bias" in lin else y
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="8b,32b")
+    ap.add_argument("--rows", default="16,64,128,512,2048")
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--prefill", type=int, default=4096, help="tokens of the whole prefill")
+    args = ap.parse_args()
+    print(f"mlx {mx.__version__} {mx.default_device()}  {args.bits}-bit, group 64, bf16 rows")
+    rows = [int(r) for r in args.rows.split(",")]
+    for shape in args.shape.split(","):
+        s = SHAPES[shape]
+        h, i = s["hidden_size"], s["intermediate_size"]
+        mats = {"q/o": (h, h), "gate/up": (i, h), "down": (h, i)}
+        print(f"\n{shape}: ms per product (quantized | dequantize + bf16 | ratio | max rel diff)")
+        for name, (out_f, in_f) in mats.items():
+            w = (mx.random.normal((out_f, in_f)) * 0.02).astype(mx.bfloat16)
+            qw, sc, bi = mx.quantize(w, 64, args.bits)
+            for m in rows:
+                x = mx.random.normal((m, in_f)).astype(mx.bfloat16)
+                inputs = (x, qw, sc, bi, args.bits)
+                ta, tb = (
+                    timeit(quantized, args.reps, *inputs),
+                    timeit(dequantized, args.reps, *inputs),
+                )
+                ya = quantized(*inputs).astype(mx.float32)
+                yb = dequantized(*inputs).astype(mx.float32)
+                rel = (mx.abs(ya - yb).max() / mx.abs(ya).max()).item()
+                print(f"  {name:<8} {out_f:>6}x{in_f:<6} rows {m:>5}  {ta * 1e3:8.3f} | "
+                      f"{tb * 1e3:8.3f} | {ta / tb:5.2f}x | {rel:.1e}")  # fmt: skip
+    if args.prefill:
+        from loop_efficiency import make_target
+
+        for shape in args.shape.split(","):
+            target = make_target(shape, "4bit")
+            ids = list(range(10, 10 + args.prefill))
+            times = {}
+            for how in ("quantized", "dequantized"):
+                if how == "dequantized":
+                    swap = [(n, m) for n, m in target.model.named_modules()
+                            if type(m) is nn.QuantizedLinear]  # fmt: skip
+                    target.model.update_modules(
+                        nn.utils.tree_unflatten([(n, Dequantized(m, 128)) for n, m in swap])
+                    )
+                times[how] = timeit(prefill, 3, target, ids)
+            q, d = times["quantized"], times["dequantized"]
+            print(f"\n{shape} 4-bit prefill of {args.prefill} tokens: quantized {q * 1e3:.1f} ms,"
+                  f" dequantized from 128 rows {d * 1e3:.1f} ms ({q / d:.2f}x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
