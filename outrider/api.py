@@ -10,6 +10,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from .chat.reasoning import markers_for
+from .chat.render import template_text
 from .core import calibration, kernels, loop
 from .core.batch import Batch, fork
 from .core.calibration import Calibration
@@ -29,6 +31,7 @@ from .core.sampling import KeyStream, SamplingParams
 from .core.schedule import AheadGate, AutoCap, BatchScheduler
 from .core.stopping import Stopper
 from .core.target import Target
+from .core.think_budget import DEFAULT_MESSAGE, ThinkBudget, make_budget
 from .loaders import (
     auto_drafter,
     check_pair,
@@ -155,6 +158,8 @@ class Pipeline:
         cancelled: Callable[[], bool] | None = None,
         prefill_progress: Callable[[int, int], None] | None = None,
         snapshot_at: Sequence[int] = (),
+        reasoning_budget: int | None = None,
+        budget_message: str | None = None,
     ) -> Iterator[Chunk]:
         """Yield text as rounds land; the last chunk carries the full Result.
 
@@ -168,7 +173,10 @@ class Pipeline:
         with finish reason "cancelled"; `prefill_progress(done, total)` hears after each
         prefill chunk. `snapshot_at`: prompt positions where the prefix cache (when on) also
         snapshots what it cannot cut back, besides where a chat prompt's system message and
-        last message ended (which it marks by itself).
+        last message ended (which it marks by itself). `reasoning_budget`: after that many
+        thinking tokens the model's thinking is closed for it, with `budget_message` before the
+        closer (core/think_budget.py; `Result.budget_forced` says whether it was); a model
+        whose think markers are not single tokens is not budgeted.
         """
         if max_tokens < 0:
             raise OutriderError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -213,6 +221,7 @@ class Pipeline:
             long_copies=self._long_copies(max_draft),
             pipelined=self.pipelined_rounds,
             gate=self._ahead_gate(),
+            budget=self.think_budget(ids, reasoning_budget, budget_message),
         )
         failed = False
         try:
@@ -316,6 +325,8 @@ class Pipeline:
         cancelled: Callable[[], bool] | None = None,
         prefill_progress: Callable[[int, int], None] | None = None,
         snapshot_at: Sequence[int] = (),
+        reasoning_budget: int | None = None,
+        budget_message: str | None = None,
     ) -> RowStart:
         """Prefill one generation alone (its prompt ids; the keywords of `stream`) and make
         the row a `Batch` advances. The prompt's cache goes into the prefix cache (when on)
@@ -351,9 +362,10 @@ class Pipeline:
         except Cancelled:
             step = Step("prefill", [], 0, [], 0.0, "cancelled")
             return RowStart(None, [], collector, collector.add(step))
+        budget = self.think_budget(ids, reasoning_budget, budget_message)
         row, step = begin_row(
             started, proposer, ids, stopper, sampling, keys, cap, procs, window, logprobs,
-            record, cancelled,
+            record, cancelled, budget,
         )  # fmt: skip
         row.long_copies = self._long_copies(max_draft)
         if record is not None:
@@ -361,6 +373,19 @@ class Pipeline:
             row.record = None  # a batched row's cache is not one the prefix cache can keep
         first = collector.add(step)
         return RowStart(None if row.done else row, started.cache, collector, first)
+
+    def think_budget(
+        self, ids: list[int], limit: int | None, message: str | None = None
+    ) -> ThinkBudget | None:
+        """A reasoning budget of `limit` thinking tokens for the prompt `ids` (None: no limit,
+        or the model's think markers are not single tokens of its vocabulary)."""
+        if limit is None or self.tokenizer is None:
+            return None
+        if limit < 0:
+            raise OutriderError(f"the reasoning budget must be >= 0 tokens, got {limit}")
+        markers = markers_for(template_text(self.tokenizer))
+        text = DEFAULT_MESSAGE if message is None else message
+        return make_budget(self.tokenizer, limit, markers, ids, text)
 
     def _prefix(
         self, ids: list[int], proposer: Proposer, marks: Sequence[int] = ()

@@ -147,6 +147,12 @@ def generate(
     no_thinking: bool = Opt(
         False, "--no-thinking", metavar="", help="Turn the model's thinking off."
     ),
+    reasoning_budget: int | None = Opt(
+        None, "--reasoning-budget", min=0, help="Close the model's thinking after N tokens."
+    ),
+    budget_message: str | None = Opt(
+        None, "--budget-message", help="What closed thinking ends with ('I have to answer now.')."
+    ),
     drafter_bits: int = Opt(4, "--drafter-bits", help="Drafter weights: 16, 8 or 4 bits."),
     kv_bits: int | None = Opt(None, "--kv-bits", help="Quantize the KV cache: 8 or 4 bits."),
     stop: list[str] | None = Opt(None, "--stop", help="Stop string (repeatable)."),
@@ -232,6 +238,11 @@ def generate(
             seed=seed,
             stop=tuple(stop or ()),
         )
+        if reasoning_budget is not None:
+            if pipe.think_budget(ids, reasoning_budget) is None:
+                _warn("--reasoning-budget: this model's think markers are not single tokens; "
+                      "its thinking is not budgeted")  # fmt: skip
+            kwargs.update(reasoning_budget=reasoning_budget, budget_message=budget_message)
         # Ctrl-C stops at the next round and what was made is shown as usual (finish reason
         # "interrupted"), then exit 130; a second Ctrl-C stops at once.
         if as_json:

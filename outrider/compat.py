@@ -44,9 +44,9 @@ REFUSED = {
     "prefill_marks": "Pipeline.enable_prefix_cache",
     "on_prefill_progress": "Pipeline.stream(prefill_progress=...)",
     "on_round": "Pipeline.stream (each Chunk.step is one round)",
-    "think_budget": "Pipeline.stream(thinking=False)",
-    "budget_message": "Pipeline.stream(thinking=False)",
 }
+# The reference's reasoning-budget keywords, as Pipeline.stream's (core/think_budget.py).
+BUDGET = {"think_budget": "reasoning_budget", "budget_message": "budget_message"}
 
 
 class StopStreaming(Exception):
@@ -105,6 +105,7 @@ class GenResult:
     prefill_seconds: float = 0.0
     prompt_tokens: int = 0
     result: Result | None = field(default=None, repr=False)
+    budget_forced: bool = False  # a reasoning budget (think_budget=) closed the thinking
 
     @property
     def mean_accept_len(self) -> float:
@@ -220,13 +221,15 @@ def _check_parts(target: Any, drafter: Any, kind: str) -> Pipeline:
     return drafter.pipeline
 
 
-def _check_kwargs(extra: dict[str, Any]) -> None:
+def _check_kwargs(extra: dict[str, Any]) -> dict[str, Any]:
+    """Refuse what outrider cannot take; returns the reasoning-budget keywords, renamed."""
     for name in extra:
-        if name in SPEED_ONLY:
+        if name in SPEED_ONLY or name in BUDGET:
             continue
         if name in REFUSED:
             raise TypeError(f"{name}= has no outrider equivalent here; use {REFUSED[name]}")
         raise TypeError(f"unexpected keyword argument {name!r}")
+    return {BUDGET[k]: v for k, v in extra.items() if k in BUDGET and v is not None}
 
 
 def _run(
@@ -286,6 +289,7 @@ def _run(
         prefill_seconds=prefill_seconds,
         prompt_tokens=len(result.prompt_tokens) if result is not None else 0,
         result=result,
+        budget_forced=result is not None and result.budget_forced,
     )
 
 
@@ -339,7 +343,7 @@ def speculative_generate(
 ) -> GenResult:
     """DSpark generation, as mlx-dspark's `speculative_generate` (cap 2 by default, as there;
     `max_draft_tokens=None` or <= 0 drafts the full block). `verbose` prints one summary line."""
-    _check_kwargs(reference_only)
+    budget = _check_kwargs(reference_only)
     _check_parts(target, drafter, "dspark")
     pipe = drafter.at_threshold(confidence_threshold)
     penalties = _penalties(presence_penalty, frequency_penalty)
@@ -352,6 +356,7 @@ def speculative_generate(
         penalties=penalties,
         logprobs=logprobs,
         **_sampling(max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template, stop),
+        **budget,
     )
     if verbose:
         print(
@@ -380,7 +385,7 @@ def dflash_generate(
     **reference_only: Any,
 ) -> GenResult:
     """DFlash generation, as mlx-dspark's `dflash_generate` (full block by default)."""
-    _check_kwargs(reference_only)
+    budget = _check_kwargs(reference_only)
     pipe = _check_parts(target, drafter, "dflash")
     return _run(
         pipe,
@@ -389,6 +394,7 @@ def dflash_generate(
         max_draft_tokens,
         on_text,
         **_sampling(max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template, stop),
+        **budget,
     )
 
 
@@ -412,7 +418,7 @@ def greedy_generate(
     **reference_only: Any,
 ) -> GenResult:
     """Plain decoding of the target, as mlx-dspark's `greedy_generate` (outrider's baseline)."""
-    _check_kwargs(reference_only)
+    budget = _check_kwargs(reference_only)
     penalties = _penalties(presence_penalty, frequency_penalty)
     return _run(
         _over(target, "baseline"),
@@ -423,6 +429,7 @@ def greedy_generate(
         penalties=penalties,
         logprobs=logprobs,
         **_sampling(max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template, stop),
+        **budget,
     )
 
 
@@ -447,7 +454,7 @@ def lookup_generate(
     """Drafter-free n-gram lookup, as mlx-dspark's `lookup_generate`: `max_draft_tokens` a
     round, up to `long_draft_tokens` (`--lookup-long-draft`) the widest (`ngram_min` /
     `ngram_max` are accepted; outrider matches 1- to 4-grams)."""
-    _check_kwargs(reference_only)
+    budget = _check_kwargs(reference_only)
     pipe = _over(target, "lookup", lookup_long_draft=long_draft_tokens)
     return _run(
         pipe,
@@ -456,4 +463,5 @@ def lookup_generate(
         max_draft_tokens,
         on_text,
         **_sampling(max_new_tokens, temperature, top_p, top_k, seed, apply_chat_template, stop),
+        **budget,
     )

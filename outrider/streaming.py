@@ -95,6 +95,7 @@ class Collector:
         elif step.source == "plain" and step.committed:
             result.plain_steps += 1
         result.tokens.extend(step.committed)
+        result.budget_forced |= step.closed
         done = step.finish_reason is not None
         delta = self.text.add(step.committed, done)
         if not done:

@@ -115,6 +115,20 @@ def test_speed_knobs_accepted_state_knobs_refused(dspark):
         compat.speculative_generate(target, tok, drafter, PROMPT, nonsense=1)
 
 
+def test_think_budget_closes_the_thinking_as_pipeline_stream_does(dspark):
+    target, tok, drafter, _ = dspark
+    ids = compat.encode_prompt(tok, PROMPT) + [tok.get_vocab()["<think>"]]
+    res = compat.speculative_generate(
+        target, tok, drafter, prompt_ids=ids, max_new_tokens=40, think_budget=0,
+        budget_message="Enough.",
+    )  # fmt: skip
+    want = drafter.pipeline.generate(
+        ids, max_tokens=40, reasoning_budget=0, budget_message="Enough.", max_draft=2
+    )
+    assert res.budget_forced and res.token_ids == want.tokens
+    assert "Enough.\n</think>" in tok.decode(res.token_ids)
+
+
 def test_mismatched_parts_are_refused(dspark):
     target, tok, drafter, _ = dspark
     with pytest.raises(OutriderError, match="dspark pair; use speculative_generate"):

@@ -60,20 +60,22 @@ def test_no_model_then_load_unload_and_cancel(server, scripted):
                 {"model": "x", "max_draft": "fast"})  # fmt: skip
     bad_defaults = ({"model": "x", "reasoning_effort": "max"},
                     {"model": "x", "enable_thinking": "sometimes"},
-                    {"model": "x", "lookup_long_draft": 0})  # fmt: skip
+                    {"model": "x", "lookup_long_draft": 0},
+                    {"model": "x", "reasoning_budget": -1})  # fmt: skip
     for bad in ({}, {"model": ""}, *bad_caps, {"model": "x", "mode": "nope"}, *bad_defaults):
         assert requests.post(url + "/admin/load", json=bad, headers=H).status_code == 400
     assert requests.post(url + "/admin/load", json={"model": "x"}).status_code == 401
     assert requests.get(url + "/health", headers=H).json()["thinking_default"] == "template"
     # the thinking and effort defaults a load sets stay for the requests after it (sticky)
     body = {"model": str(scripted), "mode": "lookup", "max_draft": 3, "context_window": 300,
-            "enable_thinking": False, "reasoning_effort": "low"}  # fmt: skip
+            "enable_thinking": False, "reasoning_effort": "low", "reasoning_budget": 64}  # fmt: skip
     r = requests.post(url + "/admin/load", json=body, headers=H)
     assert r.status_code == 202
     h = wait_health(url, "ok")
     assert h["model"] == "scripted-admin" and h["mode"] == "lookup" and h["max_draft"] == 3
     assert h["context_window"] == 300
     assert h["thinking_default"] == "off" and h["reasoning_effort_default"] == "low"
+    assert h["reasoning_budget_default"] == 64
     assert h["capabilities"]["tools"] and h["capabilities"]["enable_thinking"]
     r = chat(url)
     assert r.status_code == 200 and r.json()["x_outrider"]["mode"] == "lookup"

@@ -380,3 +380,40 @@ def test_call_openings_follow_the_templates_syntax():
         call_opening("{{ '<atem:invoke' }}", "f") == '<atem:function_calls>\n<atem:invoke name="f">'
     )
     assert call_opening("{{ messages }}", None) is None
+
+
+def test_a_thinking_budget_closes_the_thinking(claude, oai, server):
+    # the script thinks one token ("Thinking it over.") then closes: a budget of one keeps
+    # the model's own closer, a budget of zero closes the block in the model's place
+    whole = claude.messages.create(
+        model="scripted", max_tokens=50, messages=ASK,
+        thinking={"type": "enabled", "budget_tokens": 1},
+    )  # fmt: skip
+    assert [b.type for b in whole.content] == ["thinking", "text"]
+    assert whole.content[0].thinking == "Thinking it over."
+    cut = claude.messages.create(
+        model="scripted", max_tokens=50, messages=ASK,
+        thinking={"type": "enabled", "budget_tokens": 0},
+    )  # fmt: skip
+    assert cut.content[0].type == "thinking"
+    assert cut.content[0].thinking.strip() == "I have to answer now."
+    raw = requests.post(
+        server[0] + "/v1/chat/completions",
+        json={"messages": ASK, "max_tokens": 50, "reasoning_budget": 0},
+        timeout=60,
+    ).json()
+    assert raw["x_outrider"]["budget_forced"] is True
+    assert raw["choices"][0]["message"]["reasoning_content"].strip() == "I have to answer now."
+    free = oai.chat.completions.create(model="scripted", max_tokens=50, messages=ASK)
+    assert free.model_extra["x_outrider"]["budget_forced"] is False
+    bad = requests.post(
+        server[0] + "/v1/messages",
+        json={
+            "model": "scripted",
+            "max_tokens": 50,
+            "messages": ASK,
+            "thinking": {"type": "enabled", "budget_tokens": -1},
+        },  # fmt: skip
+        timeout=60,
+    )
+    assert bad.status_code == 400 and "budget_tokens" in bad.text

@@ -31,6 +31,7 @@ class Result:
     auto_cap: bool = False  # the cap was chosen each round (max_draft is then its ceiling)
     calibration: dict | None = None  # the measured costs auto chose from (core/calibration.py)
     plain_steps: int = 0  # one-token target forwards (plain decoding, or auto's parked steps)
+    budget_forced: bool = False  # a reasoning budget closed the thinking (core/think_budget.py)
 
     @property
     def cap_label(self) -> str:
@@ -83,6 +84,7 @@ class Result:
             # rounds queued behind the one in flight and kept / dropped (0 when none)
             "rounds_ahead": self.pipelining[0],
             "rounds_dropped": self.pipelining[1],
+            "budget_forced": self.budget_forced,
             **({"calibration": self.calibration} if self.calibration else {}),
         }
 

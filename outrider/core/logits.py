@@ -94,6 +94,13 @@ def logprob_arrays(logits: mx.array, tokens: mx.array, top: int) -> tuple[mx.arr
     return chosen, ids, mx.take_along_axis(lp, ids, axis=-1)
 
 
+def token_logprob(logits: mx.array, token: int, top: int) -> TokenLogprob:
+    """One position's record for `token` from its processed logits row [V] (a token the
+    target did not choose there: a reasoning budget's closing)."""
+    arrays = logprob_arrays(logits[None], mx.array([token]), top)
+    return read_logprobs(arrays, [token])[0]
+
+
 def read_logprobs(arrays: tuple[mx.array, ...], tokens: list[int]) -> list[TokenLogprob]:
     """Host-side records for the first len(tokens) rows (after the round's sync)."""
     n = len(tokens)

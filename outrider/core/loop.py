@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .errors import Cancelled
-from .logits import Penalties, logprob_arrays, process_rows, read_logprobs
+from .logits import Penalties, logprob_arrays, process_rows, read_logprobs, token_logprob
 from .prefix_cache import PrefixHit, Record
 from .proposer import DraftContext, Proposal, Proposer
 from .round import Launched, Row, Step, choose, launch_round, settle, teach
@@ -26,6 +26,7 @@ from .sampling import KeyStream, SamplingParams
 from .schedule import AheadGate, AutoCap
 from .stopping import Stopper
 from .target import Target
+from .think_budget import ThinkBudget
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Started:
     first_logprobs: tuple | None
     taps: mx.array | None
     t0: float
+    logits: mx.array | None = None  # the processed row the first token was chosen from
 
 
 def prefill(
@@ -93,7 +95,7 @@ def prefill(
         lp = None if logprobs is None else logprob_arrays(last_logits[None], first, logprobs)
     if pending:
         mx.eval(first, lp, pending)  # with the first token: no sync of its own
-    return Started(cache, first, lp, taps, t0)
+    return Started(cache, first, lp, taps, t0, last_logits)
 
 
 def begin_row(
@@ -109,24 +111,33 @@ def begin_row(
     logprobs: int | None,
     record: Record | None = None,
     cancelled: Callable[[], bool] | None = None,
+    budget: ThinkBudget | None = None,
 ) -> tuple[Row, Step]:
     """Read the first token back, start the proposer on the prompt, and make the row that
-    speculative rounds advance; the step reports the first token."""
+    speculative rounds advance; the step reports the first token. A reasoning `budget` that
+    fires at once (no thinking allowed) puts its closing's first token in the first's place."""
     proposer.start(prompt, started.taps)
     mx.eval(started.first, started.first_logprobs)
     anchor = started.first.item()
+    closed = budget is not None and budget.cut([anchor]) == 0
+    if closed:
+        anchor = budget.take_first()
     history = list(prompt) + [anchor]
     if record is not None:  # the cache holds history but its last token (the anchor)
         record.track(started.cache, history, len(prompt), started.taps)
     row = Row(
         proposer, stopper, sampling, keys, history, anchor, cap_limit, procs, window, logprobs,
-        record, cancelled,
+        record, cancelled, budget=budget,
     )  # fmt: skip
     kept = stopper.feed([anchor])
     lp = started.first_logprobs
     step_lp = None if lp is None else read_logprobs(lp, kept)
+    if closed and step_lp:  # the closing's first token, not the one the target chose
+        step_lp[0] = token_logprob(started.logits, anchor, logprobs)
     seconds = time.perf_counter() - started.t0
-    return row, Step("prefill", [], 0, kept, seconds, stopper.finish_reason, step_lp)
+    step = Step("prefill", [], 0, kept, seconds, stopper.finish_reason, step_lp)
+    step.closed = closed
+    return row, step
 
 
 def decode(
@@ -146,6 +157,7 @@ def decode(
     long_copies: bool = True,
     pipelined: bool = True,
     gate: AheadGate | None = None,
+    budget: ThinkBudget | None = None,
 ) -> Iterator[Step]:
     """Generate from `prompt` until `stopper` says stop, yielding each step as it lands.
 
@@ -170,6 +182,8 @@ def decode(
     the sync. A round queued on a wrong guess
     is rolled back unread: the output is what unpipelined rounds give. Whether to queue is
     `gate`'s call (a pipeline keeps one across generations: what it timed carries over).
+
+    `budget` (core/think_budget.py) closes the model's thinking after that many tokens.
 
     This is a batch of one row: the rounds are `verify_round`'s, as for a `Batch` of many.
     """
@@ -197,7 +211,7 @@ def decode(
     except Cancelled:
         yield Step("prefill", [], 0, [], 0.0, "cancelled")
         return
-    if cap_limit <= 0 and not procs and logprobs is None:  # nothing will be drafted
+    if cap_limit <= 0 and not procs and logprobs is None and budget is None:  # no drafts
         fed = None  # what the cache holds, kept only for the prefix cache
         if record is not None:
             fed = list(prompt)
@@ -206,7 +220,7 @@ def decode(
         return
     row, step = begin_row(
         started, proposer, prompt, stopper, sampling, keys, cap_limit, procs, window, logprobs,
-        record, cancelled,
+        record, cancelled, budget,
     )  # fmt: skip
     row.policy, row.long_copies = policy, long_copies
     yield step
@@ -229,7 +243,14 @@ def decode(
                 launched, inflight = inflight, None
             else:
                 caps = None
-                if policy is not None:
+                closing = row.budget is not None and bool(row.budget.pending)
+                if cap_limit <= 0 and pipelinable and not closing:
+                    # nothing is drafted (a reasoning budget routed plain decoding here):
+                    # pipelined plain steps until the budget fires or the answer ends
+                    yield from _plain_run(target, row, cache, row.stopper.remaining)
+                    after_plain, dropped = True, False
+                    continue
+                if policy is not None and not closing:
                     policy.context = len(row.history)
                     k = policy.choose(max(0, min(cap_limit, stopper.remaining - 1)))
                     if k == 0 and pipelinable:
@@ -293,7 +314,7 @@ def _would_hold(row: Row, step: Step, current: Launched) -> bool | None:
     proposer's guess of the token after its drafts is what the round committed (None: no
     guess to check)."""
     proposal = current.proposals[0]
-    if row.done:
+    if row.done or step.closed or proposal.forced:
         return None
     if proposal.host is None:  # a drafter's block: it holds when every draft is kept
         return step.accepted == proposal.k if _drafts_unread(row.proposer) and proposal.k else None
@@ -325,7 +346,7 @@ def _launch_ahead(target: Target, row: Row, cache: list, current: Launched) -> L
     answer ends, no guess, no drafts)."""
     proposal = current.proposals[0]
     room = row.stopper.remaining - (proposal.k + 1)  # tokens left after a full accept
-    if room <= 0:
+    if room <= 0 or proposal.forced:
         return None
     drafter = proposal.host is None
     if drafter and not (_drafts_unread(row.proposer) and current.taps is not None and proposal.k):
@@ -358,7 +379,7 @@ def _ahead_holds(row: Row, step: Step, current: Launched, ahead: Launched) -> bo
     """Whether the round queued ahead ran on what `current` committed: every draft kept,
     the target's next token the guessed anchor (a drafter's round ahead starts from that
     token itself), and the answer not finished."""
-    if row.done or step.accepted != current.proposals[0].k:
+    if row.done or step.closed or step.accepted != current.proposals[0].k:
         return False
     anchor = ahead.anchors[0]
     return isinstance(anchor, mx.array) or row.anchor == anchor
@@ -400,6 +421,9 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
         if not last:
             following = step(cur)  # queued before cur is read
         token = cur.item()
+        closed = row.budget is not None and row.budget.cut([token]) == 0
+        if closed:  # the reasoning budget: its closing takes this token's place
+            token = row.budget.take_first()
         row.proposer.observe(0, cur_taps)
         if row.record is not None:
             row.record.grow(1, cur_taps)
@@ -409,14 +433,14 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
         row.anchor = token
         kept = row.stopper.feed([token])
         seconds = time.perf_counter() - t
-        if row.policy is not None:
+        if row.policy is not None and not closed:
             row.policy.observe(0, 0, seconds)
-        stop = row.done or (not last and _copy_ready(row))
+        stop = row.done or closed or (not last and _copy_ready(row))
         if stop and not last:
             target.rollback(cache, 1)  # the forward queued past where these steps end
-        yield from _handed(
-            Step("plain", [], 0, kept, seconds, row.stopper.finish_reason), row.policy
-        )
+        done = Step("plain", [], 0, kept, seconds, row.stopper.finish_reason)
+        done.closed = closed
+        yield from _handed(done, row.policy)
         if stop or last:
             return i + 1
         cur, cur_taps = following

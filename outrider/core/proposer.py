@@ -17,7 +17,9 @@ class Proposal:
     `probs` [k, V] is the distribution each draft was sampled from (None: chosen
     deterministically, i.e. one-hot); `confidence` [k] is the drafter's own per-slot estimate.
     `copied` marks a lookup copy standing in for the drafter's block: what it accepts says
-    nothing about the drafter, so the cap policies learn nothing from it.
+    nothing about the drafter, so the cap policies learn nothing from it. `forced` marks tokens
+    the engine commits whatever the target says (a reasoning budget's closing,
+    core/think_budget.py): the round forwards them and keeps them all.
     """
 
     tokens: mx.array
@@ -26,6 +28,7 @@ class Proposal:
     confidence: mx.array | None = None
     host: list[int] | None = None  # the same ids on the host, when the proposer made them there
     copied: bool = False
+    forced: bool = False
 
     @classmethod
     def empty(cls) -> Proposal:

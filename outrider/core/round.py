@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from .acceptance import accept_greedy, accept_sampled
-from .logits import TokenLogprob, logprob_arrays, process_rows, read_logprobs
+from .logits import TokenLogprob, logprob_arrays, process_rows, read_logprobs, token_logprob
 from .prefix_cache import Record
 from .proposer import DraftContext, Proposal, Proposer, propose_all
 from .sampling import KeyStream, SamplingParams, greedy, probabilities, sample
 from .schedule import AutoCap, BatchScheduler, learn_acceptance
 from .stopping import Stopper
 from .target import Target
+from .think_budget import ThinkBudget
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Step:
     cut: int = 0  # drafts the batch scheduler left unverified (core/schedule.py)
     ahead: bool = False  # a pipelined round: queued before the round before it was read
     dropped: int = 0  # positions of the round queued behind this one, dropped unread
+    closed: bool = False  # a reasoning budget cut this step and began its closing
     # where a single row's round spent its seconds (core/loop.py `decode`): launching its own
     # round, queueing the next, waiting for its result, and the host's work after it
     phases: dict[str, float] | None = None
@@ -74,6 +76,7 @@ class Row:
     policy: AutoCap | None = None  # --max-draft auto: the cap of each round
     long_copies: bool = True  # a lookup copy may run past the cap (false: the cap was given)
     accept: list[float] = field(default_factory=list)  # per position, for the batch scheduler
+    budget: ThinkBudget | None = None  # a reasoning budget (core/think_budget.py)
 
     @property
     def done(self) -> bool:
@@ -112,7 +115,9 @@ class Launched:
     asked: list[int]  # each row's cap this round
     cuts: list[int]  # drafts the batch scheduler left out, per row
     width: int  # the rows' common width: 1 + the most drafts of any row
-    per_row: list[tuple]  # (target tokens, sampled accept count, logprobs), lazy
+    # (target tokens, sampled accept count, logprobs, the logits where a reasoning budget may
+    # need another token's log-probability), lazy
+    per_row: list[tuple]
     taps: mx.array | None
     batched: bool
     pending: list[mx.array]  # everything `settle` reads back, queued by `launch_round`
@@ -145,6 +150,8 @@ def launch_round(
                 cap = max(0, min(row.cap_limit, row.stopper.remaining - 1))
                 if caps is not None:
                     cap = caps[len(ctxs)]
+                if _closing(row):
+                    cap = 0  # the closing drafts this round; the drafter only takes in context
                 key = row.keys.next() if row.keys is not None and cap > 0 else None
                 # drafts that could still count (a given cap bounds even a lookup copy)
                 room = max(0, row.stopper.remaining - 1) if row.long_copies else cap
@@ -155,6 +162,7 @@ def launch_round(
                 asked.append(cap)
             # rows sharing a drafter draft in one call (propose_all), every other row alone
             proposals = propose_all([row.proposer for row in rows], ctxs)
+            proposals = [_forced(row) if _closing(row) else p for row, p in zip(rows, proposals)]
             scheduled = _schedule(scheduler, rows, proposals, asked)
             cuts = [p.k - s.k for p, s in zip(proposals, scheduled)]
             proposals = scheduled
@@ -176,7 +184,11 @@ def launch_round(
                 shown = proposal.host if proposal.host is not None else row_drafts
                 logits = process_rows(row.procs, row.history, row.window, logits, shown)
             accepted = None
-            if row.sampling.greedy:
+            if proposal.forced:  # every draft kept, the target's token after them drawn
+                after = choose(logits[proposal.k], row.sampling, row.keys).reshape(1)
+                tokens = mx.concatenate([row_drafts, after.astype(row_drafts.dtype)])
+                accepted = mx.array(proposal.k)
+            elif row.sampling.greedy:
                 tokens = greedy(logits)
             elif proposal.k == 0:  # a plain step, drawn as plain decoding draws it
                 tokens = choose(logits[0], row.sampling, row.keys).reshape(1)
@@ -188,12 +200,26 @@ def launch_round(
             lp = None if row.logprobs is None else logprob_arrays(logits, tokens, row.logprobs)
             pending += [tokens] if proposal.host is not None else [tokens, row_drafts]
             pending += [x for x in (accepted, lp) if x is not None]
-            per_row.append((tokens, accepted, lp))
+            budgeted = lp is not None and row.budget is not None and not row.budget.fired
+            per_row.append((tokens, accepted, lp, logits if budgeted else None))
     mx.async_eval(*pending)
     return Launched(
         rows, proposals, drafts, asked, cuts, width, per_row, all_taps, batched, pending,
         anchors,
     )  # fmt: skip
+
+
+def _closing(row: Row) -> bool:
+    """Whether a reasoning budget has closing tokens for this row's next round."""
+    return row.budget is not None and bool(row.budget.pending)
+
+
+def _forced(row: Row) -> Proposal:
+    """The rest of a reasoning budget's closing, as drafts the round keeps unverified."""
+    ids, row.budget.pending = row.budget.pending, []
+    proposal = Proposal.from_list(ids)
+    proposal.forced = True
+    return proposal
 
 
 def settle(launched: Launched) -> tuple[list[Step], list[int]]:
@@ -203,16 +229,22 @@ def settle(launched: Launched) -> tuple[list[Step], list[int]]:
     rows, proposals, drafts = launched.rows, launched.proposals, launched.drafts
     mx.eval(*launched.pending)  # the round's one sync
     steps, rejected = [], []
-    for i, (row, proposal, (tokens, accepted, lp)) in enumerate(
+    for i, (row, proposal, (tokens, accepted, lp, logits)) in enumerate(
         zip(rows, proposals, launched.per_row)
     ):
         drafted = proposal.host if proposal.host is not None else drafts[i].tolist()
         target_tokens = tokens.tolist()
-        if row.sampling.greedy:
+        if row.sampling.greedy and not proposal.forced:
             a = accept_greedy(target_tokens, drafted)
         else:
             a = accepted.item()
         committed = target_tokens[: a + 1]
+        closed = False
+        if row.budget is not None:
+            kept = row.budget.cut(committed)
+            if kept is not None:  # the token after `kept` gives way to the closing
+                a, closed = kept, True
+                committed = committed[:kept] + [row.budget.take_first()]
         rejected.append(launched.width - 1 - a)
         row_taps = None if launched.taps is None else launched.taps[i, : a + 1]
         row.proposer.observe(a, row_taps)
@@ -222,12 +254,13 @@ def settle(launched: Launched) -> tuple[list[Step], list[int]]:
         row.anchor = committed[-1]
         kept = row.stopper.feed(committed)
         step_lp = None if lp is None else read_logprobs(lp, kept)
-        steps.append(
-            Step(
-                "draft", drafted, a, kept, 0.0, row.stopper.finish_reason, step_lp,
-                launched.cuts[i],
-            )
+        if closed and step_lp is not None and len(step_lp) > a:  # the closing's first token
+            step_lp[a] = token_logprob(logits[a], committed[a], row.logprobs)
+        step = Step(
+            "draft", drafted, a, kept, 0.0, row.stopper.finish_reason, step_lp, launched.cuts[i]
         )  # fmt: skip
+        step.closed = closed
+        steps.append(step)
     return steps, rejected
 
 
@@ -236,9 +269,11 @@ def teach(launched: Launched, steps: list[Step], seconds: float, scheduler: bool
     its running acceptance) what the round did."""
     for row, proposal, step, cap in zip(launched.rows, launched.proposals, steps, launched.asked):
         step.seconds = seconds
-        if scheduler and 0 < proposal.k <= cap and not proposal.copied:
+        if scheduler and 0 < proposal.k <= cap and not (proposal.copied or proposal.forced):
             learn_acceptance(row.accept, proposal.k, step.accepted)
-        if row.policy is None or proposal.copied:  # a lookup copy says nothing of the drafter
+        # a lookup copy says nothing of the drafter; nor does a round a reasoning budget cut
+        # or forced
+        if row.policy is None or proposal.copied or proposal.forced or step.closed:
             continue
         if step.cut:  # the scheduler chose this width, not the policy: acceptance only
             row.policy.observe_unverified(proposal.k, step.accepted)
@@ -300,7 +335,7 @@ def _schedule(
     context = max(len(row.history) for row in rows)
     copied = [p.copied for p in proposals]
     keep = scheduler.keep([p.k for p in proposals], asked, confidence, accept, context, copied)
-    return [p.first(n) for p, n in zip(proposals, keep)]
+    return [p if p.forced else p.first(n) for p, n in zip(proposals, keep)]
 
 
 def _own_keys(rows: list[Row]) -> list[bool]:

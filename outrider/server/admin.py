@@ -43,6 +43,7 @@ class LoadRequest(CheckedRequest):
     # `--reasoning-effort` set them); unset keeps the current ones
     enable_thinking: bool | None = None
     reasoning_effort: Literal[EFFORTS] | None = None  # type: ignore[valid-type]
+    reasoning_budget: int | None = Field(default=None, ge=0, le=1 << 30)
 
 
 class CancelRequest(CheckedRequest):
@@ -140,6 +141,7 @@ def health(state: Any) -> dict[str, Any]:
         "max_output_tokens": state.limits.max_tokens_cap,
         "thinking_default": {None: "template", True: "on", False: "off"}[state.limits.thinking],
         "reasoning_effort_default": state.limits.reasoning_effort,  # None: the template's
+        "reasoning_budget_default": state.limits.reasoning_budget,  # None: no budget
         # what fills a request's unset temperature / top_p / top_k ({}: greedy)
         "sampling_defaults": state.limits.sampling_for(engine).as_dict(),
         "queue_depth": engine.metrics.queue_depth(),
@@ -217,6 +219,8 @@ def router(state: Any) -> APIRouter:
             state.limits.thinking = body.enable_thinking
         if body.reasoning_effort is not None:
             state.limits.reasoning_effort = body.reasoning_effort
+        if body.reasoning_budget is not None:
+            state.limits.reasoning_budget = body.reasoning_budget
         return health(state)
 
     @r.post("/admin/load/cancel")

@@ -69,7 +69,8 @@ class ATool(_Open):
 
 class Thinking(_Open):
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = None
+    # after this many thinking tokens the engine closes the thinking (core/think_budget.py)
+    budget_tokens: int | None = Field(default=None, ge=0, le=1 << 30)
 
 
 class CountRequest(CheckedRequest):
@@ -203,6 +204,14 @@ def _tools(body: CountRequest) -> list[dict] | None:
     ]
 
 
+def _budget(body: CountRequest) -> int | None:
+    """The request's thinking budget (`thinking.budget_tokens` with thinking enabled)."""
+    thinking = body.thinking
+    if thinking is None or thinking.type != "enabled":
+        return None
+    return thinking.budget_tokens
+
+
 def _thinking(body: CountRequest, limits: Any) -> tuple[bool | None, str | None]:
     """(enable_thinking, reasoning_effort) for the template: the request's, else the
     server's defaults."""
@@ -281,6 +290,7 @@ def router(state: Any) -> APIRouter:
             top_p=body.top_p,
             top_k=body.top_k,
             stop=stops,
+            reasoning_budget=_budget(body),
         )
         opts = options(engine, limits, len(prompt), params, rendered.marks)
         markers = markers_for(template_text(pipe.tokenizer))

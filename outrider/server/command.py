@@ -69,6 +69,18 @@ def serve(
         "--reasoning-effort",
         help="Effort for templates that read one, unless a request says (none..xhigh).",
     ),
+    reasoning_budget: int | None = Opt(
+        None,
+        "--reasoning-budget",
+        min=0,
+        help="Close the model's thinking after this many tokens, unless a request sets a "
+        "budget (Anthropic thinking.budget_tokens, or reasoning_budget).",
+    ),
+    budget_message: str | None = Opt(
+        None,
+        "--budget-message",
+        help="What the closed thinking ends with (default: 'I have to answer now.').",
+    ),
     default_temperature: float | None = Opt(
         None,
         "--default-temperature",
@@ -206,6 +218,8 @@ def serve(
             max_body_bytes=int(max_request_mb * (1 << 20)),
             trust_request_chat_template=trust_request_chat_template,
             reasoning_effort=reasoning_effort,
+            reasoning_budget=reasoning_budget,
+            budget_message=budget_message,
             sampling=flags,
         )
         app = create_app(

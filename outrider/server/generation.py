@@ -36,6 +36,10 @@ class Limits:
     keepalive_s: float = 15.0
     thinking: bool | None = None  # server default for enable_thinking (None: the template's)
     reasoning_effort: str | None = None  # server default for templates that read one
+    # thinking tokens before the engine closes the model's thinking, where a request sets no
+    # budget (--reasoning-budget; None: no limit), and the message it writes before the closer
+    reasoning_budget: int | None = None
+    budget_message: str | None = None
     max_body_bytes: int = 4 << 20  # larger request bodies are refused with 413
     trust_request_chat_template: bool = False  # a request's own template (sandboxed) allowed
     # sampling where a request sets none (--default-temperature ...), over the model's own
@@ -60,6 +64,7 @@ class GenParams:
     penalties: Penalties | None = None
     logprobs: int | None = None
     ignore_eos: bool = False
+    reasoning_budget: int | None = None  # the request's thinking budget (None: the server's)
 
 
 def ready_pipeline(engine: Engine) -> Pipeline:
@@ -169,6 +174,11 @@ def options(
     )
     if p.ignore_eos:
         opts["stop_tokens"] = set()
+    budget = limits.reasoning_budget if p.reasoning_budget is None else p.reasoning_budget
+    if budget is not None:
+        opts["reasoning_budget"] = budget
+        if limits.budget_message is not None:
+            opts["budget_message"] = limits.budget_message
     if marks:
         opts["snapshot_at"] = tuple(marks)
     return opts
@@ -391,6 +401,8 @@ def x_outrider(pipe: Pipeline, result: Result | None) -> dict[str, Any]:
             # it took while speculation did not pay
             auto_cap=result.auto_cap,
             plain_steps=result.plain_steps,
+            # a reasoning budget closed the model's thinking (core/think_budget.py)
+            budget_forced=result.budget_forced,
         )
         if fresh >= 16 and result.prefill_seconds > 0:  # fewer say nothing of prefill speed
             out["prefill_tokens_per_sec"] = round(fresh / result.prefill_seconds, 1)

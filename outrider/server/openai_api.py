@@ -101,6 +101,8 @@ class Sampling(CheckedRequest):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    # outrider's own: thinking tokens before the engine closes the model's thinking
+    reasoning_budget: int | None = Field(default=None, ge=0, le=1 << 30)
 
     @property
     def choices(self) -> int:
@@ -126,6 +128,7 @@ class Sampling(CheckedRequest):
             penalties=pen,
             logprobs=logprobs,
             ignore_eos=self.ignore_eos,
+            reasoning_budget=self.reasoning_budget,
         )
 
 

@@ -66,6 +66,7 @@ class ResponsesRequest(CheckedRequest):
     background: bool | None = None
     parallel_tool_calls: bool | None = None
     ignore_eos: bool = False  # outrider's, as on the other routes
+    reasoning_budget: int | None = Field(default=None, ge=0, le=1 << 30)  # outrider's too
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -274,6 +275,7 @@ def router(state: Any) -> APIRouter:
             penalties=None,
             logprobs=None,
             ignore_eos=body.ignore_eos,
+            reasoning_budget=body.reasoning_budget,
         )
         opts = options(engine, limits, len(prompt), params, rendered.marks)
         parse = body.tool_choice != "none"
