@@ -25,6 +25,7 @@ from .core.device import (
     tf32_matmuls,
 )
 from .core.errors import OutriderError
+from .core.roofline import BANDWIDTH_ENV, peak_bandwidth
 
 Opt = typer.Option
 
@@ -135,6 +136,13 @@ def doctor_report() -> dict:
     except OutriderError as e:
         report["kv_bits"] = None
         problems.append(str(e))
+    # peak memory bandwidth: what bounds plain decoding (core/roofline.py, GET /machine)
+    gb_s, source = peak_bandwidth()
+    report["memory_bandwidth"] = (
+        f"{gb_s:g} GB/s ({source}: {'the vendor' if source == 'spec' else BANDWIDTH_ENV})"
+        if gb_s
+        else f"unknown for this device (set {BANDWIDTH_ENV} to give it)"
+    )
     report["cpu_blas"] = _blas_report()
     report["hf_cache"] = _place(Path(constants.HF_HUB_CACHE))
     report["lmstudio_dirs"] = [_place(p) for p in lmstudio_roots()]

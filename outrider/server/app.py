@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 
 from .. import __version__
 from ..core.errors import PromptError
-from . import admin, anthropic_api, openai_api, race, responses_api, web
+from . import admin, anthropic_api, machine, openai_api, race, responses_api, web
 from .engine import Engine
 from .errors import ApiError, error_response
 from .generation import Limits
@@ -93,6 +93,7 @@ def create_app(
         app.include_router(responses_api.router(state), prefix=prefix, include_in_schema=visible)
         app.include_router(anthropic_api.router(state), prefix=prefix, include_in_schema=visible)
     app.include_router(admin.router(state))
+    app.include_router(machine.router(state))
     app.include_router(race.router(state))
     app.include_router(web.router(state))  # the page at /, its files at /ui/
     describe_server(app)
