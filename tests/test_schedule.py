@@ -8,6 +8,7 @@ from conftest import PROMPTS, plain_greedy
 
 import outrider
 from outrider.core import loop
+from outrider.core.calibration import Calibration
 from outrider.core.schedule import AutoCap, admit
 from outrider.testing import OracleProposer
 
@@ -205,6 +206,8 @@ def test_a_parked_drafter_still_verifies_what_the_text_copies(qwen3_target, draf
     want = plain_greedy(qwen3_target, ids, 80)
     seen: list[int] = []
 
+    pays = [True]
+
     class Parked(AutoCap):  # the drafter never pays: every choice parks
         def choose(self, limit: int) -> int:
             return 0
@@ -212,6 +215,9 @@ def test_a_parked_drafter_still_verifies_what_the_text_copies(qwen3_target, draf
         def observe(self, k: int, accepted: int, seconds: float) -> None:
             seen.append(k)
             super().observe(k, accepted, seconds)
+
+        def copy_pays(self, drafts: int, kept: float) -> bool:  # the next test's concern
+            return pays[0]
 
     monkeypatch.setattr(loop, "AutoCap", Parked)
     copies = pipe.proposer.lookup_rounds
@@ -221,6 +227,30 @@ def test_a_parked_drafter_still_verifies_what_the_text_copies(qwen3_target, draf
     assert drafted and len(drafted) == pipe.proposer.lookup_rounds - copies
     assert sum(r.accepted for r in drafted) > len(drafted)  # the copies were worth verifying
     assert seen and set(seen) == {0}  # plain steps only: the copies taught it nothing
+    pays[0] = False  # copies that would not pay for their round: plain steps all the way
+    copies = pipe.proposer.lookup_rounds
+    got = pipe.generate(ids, max_tokens=80, stop_tokens=set())
+    assert got.tokens == want and not got.rounds
+    assert pipe.proposer.lookup_rounds == copies
+
+
+def test_a_copy_breaks_parked_plain_steps_only_where_it_pays():
+    """A copy round costs its verify and the drafter's intake, plus one plain step for the
+    broken pipeline; it must commit more than that many plain steps' worth of tokens. On a
+    launch-bound GPU (the demo pair on an H100: a round ~3x a plain step) a short copy of
+    chat text loses and a long one of code pays; where a verify costs about what a plain
+    step does, short copies pay too."""
+    gpu = Calibration({}, {128: [1.05, 1.06, 1.05, 1.30, 1.31, 1.36, 1.43, 1.58, 1.55]},
+                      draft_ms=0.99, plain_ms={128: 0.80})  # fmt: skip
+    policy = AutoCap(8, calibration=gpu)
+    policy.context = 128
+    assert not policy.copy_pays(3, 1 + 0.6 * 3)  # 2.8 tokens for ~3.1 ms: 3.9 plain steps
+    assert policy.copy_pays(16, 1 + 0.8 * 16)  # 13.8 tokens for ~3.4 ms
+    cheap = Calibration({}, {128: [0.9] * 9}, draft_ms=0.05, plain_ms={128: 0.85})
+    flat = AutoCap(8, calibration=cheap)
+    flat.context = 128
+    assert flat.copy_pays(3, 1 + 0.6 * 3)
+    assert AutoCap(8).copy_pays(3, 1.0)  # no calibration: every copy is taken
 
 
 def launch_bound(k: int) -> float:

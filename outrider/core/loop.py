@@ -387,11 +387,17 @@ def _ahead_holds(row: Row, step: Step, current: Launched, ahead: Launched) -> bo
 
 def _copy_ready(row: Row) -> bool:
     """Whether the row's proposer holds a lookup copy of the text worth a round now (asked
-    while `auto` has parked the drafter; see `Proposer`)."""
+    while `auto` has parked the drafter; see `Proposer`): one it would verify, and, under a
+    cap policy, one whose expected tokens (the proposer's `copy_rate` of its drafts) pay for
+    the round and for breaking the plain steps (`AutoCap.copy_pays`)."""
     ready = getattr(row.proposer, "copy_ready", None)
     if ready is None or not row.long_copies:
         return False
-    return ready(row.history, max(0, row.stopper.remaining - 1))
+    drafts = ready(row.history, max(0, row.stopper.remaining - 1))
+    if not drafts or row.policy is None:
+        return bool(drafts)
+    rate = getattr(row.proposer, "copy_rate", None)
+    return rate is None or row.policy.copy_pays(int(drafts), 1.0 + rate * drafts)
 
 
 def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:

@@ -76,9 +76,10 @@ class Proposer(Protocol):
     `drafts_on_host = True`: while `--max-draft auto` has parked speculation, the loop then asks
     it for drafts it does not verify and checks them against the tokens that follow, so the
     policy keeps learning acceptance for free (`core/schedule.py`). A proposer that can tell
-    cheaply whether it holds a lookup copy of the context may offer `copy_ready(tokens, room)`:
-    a parked `auto` then asks it after every plain step and verifies the copy when it says yes
-    (`plugins/strategies/lookup_assist.py`).
+    cheaply whether it holds a lookup copy of the context may offer `copy_ready(tokens, room)`
+    (the copy's drafts, 0 for none) and `copy_rate` (the share of a copy's drafts its rounds
+    keep): a parked `auto` then asks it after every plain step and verifies the copy when the
+    tokens it should commit pay for the round (`plugins/strategies/lookup_assist.py`).
 
     A proposer that drafts on the host may offer `propose_ahead(ctx) -> Proposal`: its guess,
     without changing its state, of the tokens after `ctx.tokens` (the history and a round's

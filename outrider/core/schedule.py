@@ -191,6 +191,19 @@ class AutoCap:
             cap -= 1
         return cap
 
+    def copy_pays(self, drafts: int, kept: float) -> bool:
+        """Whether a lookup copy of `drafts` tokens, whose round should commit `kept` tokens,
+        beats the plain steps it interrupts: its round plus one plain step (the forward queued
+        past the plain run is dropped, and the run after the round starts without one queued
+        ahead of it) against `kept` plain steps, by MARGIN. On a launch-bound GPU a short copy
+        of chat text loses there; a long one of code pays. Without a calibration every copy
+        is taken: timings of pipelined plain steps alone are too rough to turn one down."""
+        if self.calibration is None:
+            return True
+        width = min(drafts, self.ceiling) if self.ceiling else drafts
+        plain = self.cost(0)
+        return kept / (self.cost(width) + plain) > MARGIN / plain
+
     def plain_run(self, remaining: int) -> int:
         """How many plain steps to take now: up to the next probe (at least one)."""
         n = max(1, min(self.interval - self.parked, remaining))

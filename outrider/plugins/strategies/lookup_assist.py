@@ -25,6 +25,7 @@ import mlx.core as mx
 from ...core.proposer import DraftContext, Proposal, Proposer
 
 EMA = 0.25
+COPY_PRIOR = 0.7  # the share of a copy's drafts a round is expected to keep before any has run
 WIDE_COST = 2.0  # a lookup verify may cost at most this many one-row forwards
 SCAN = 512  # how far back a match is extended, at most
 
@@ -52,6 +53,8 @@ class LookupAssist:
         self._accepted = float(inner.max_draft) / 2  # running mean of the drafter's accepts
         self._looked = False
         self._bound: tuple[object, int] | None = None  # (calibration, widest copy it allows)
+        self._copied = 0  # drafts of the copy the last round verified (0: the drafter's)
+        self.copy_rate = COPY_PRIOR  # running share of a copy's drafts its rounds kept
 
     def __getattr__(self, name: str):
         if name == "inner":  # not set yet (a copy being built): no recursion
@@ -77,6 +80,9 @@ class LookupAssist:
         self.inner.observe(accepted, taps)
         if not self._looked:
             self._accepted += EMA * (accepted - self._accepted)
+        elif self._copied:
+            self.copy_rate += EMA * (min(accepted, self._copied) / self._copied - self.copy_rate)
+            self._copied = 0
 
     @property
     def rows_key(self):
@@ -102,10 +108,13 @@ class LookupAssist:
             ]
         return [d if c is None else Proposal.from_list(c, True) for c, d in zip(copies, drafted)]
 
-    def copy_ready(self, tokens: list[int], room: int) -> bool:
-        """Whether a round at cap 1 would verify a lookup copy of `tokens`' end (at most `room`
-        drafts): what a parked `auto` asks after each plain step (core/loop.py)."""
-        return self._wins(self._copy(tokens, room), 1, room)
+    def copy_ready(self, tokens: list[int], room: int) -> int:
+        """The drafts of the lookup copy a round at cap 1 would verify at `tokens`' end (at
+        most `room`), 0 when none would: what a parked `auto` asks after each plain step
+        (core/loop.py), which then weighs the copy's expected tokens (`copy_rate`) against
+        what breaking its plain steps costs."""
+        copy = self._copy(tokens, room)
+        return len(copy) if self._wins(copy, 1, room) else 0
 
     def _lookup(self, ctx: DraftContext) -> list[int] | None:
         """This round's lookup copy, or None when the drafter drafts it."""
@@ -115,6 +124,7 @@ class LookupAssist:
         if not self._looked:
             return None
         self.lookup_rounds += 1
+        self._copied = len(copy)
         return copy
 
     def _wins(self, copy: list[int], cap: int, room: int) -> bool:
