@@ -235,21 +235,20 @@ def test_a_parked_drafter_still_verifies_what_the_text_copies(qwen3_target, draf
 
 
 def test_a_copy_breaks_parked_plain_steps_only_where_it_pays():
-    """A copy round costs its verify and the drafter's intake, plus one plain step for the
-    broken pipeline; it must commit more than that many plain steps' worth of tokens. On a
-    launch-bound GPU (the demo pair on an H100: a round ~3x a plain step) a short copy of
-    chat text loses and a long one of code pays; where a verify costs about what a plain
-    step does, short copies pay too."""
+    """A copy round costs what copy rounds have been timed at here (its verify until one is
+    timed), plus one plain step for the broken pipeline; it must commit more than that many
+    plain steps' worth of tokens. On a launch-bound GPU (the demo pair on an H100, where a
+    copy round took 2.24 ms against a calibrated 4-row verify of 1.30) a short copy of chat
+    text loses once copies are timed, and a long one of code pays."""
     gpu = Calibration({}, {128: [1.05, 1.06, 1.05, 1.30, 1.31, 1.36, 1.43, 1.58, 1.55]},
                       draft_ms=0.99, plain_ms={128: 0.80})  # fmt: skip
     policy = AutoCap(8, calibration=gpu)
     policy.context = 128
-    assert not policy.copy_pays(3, 1 + 0.6 * 3)  # 2.8 tokens for ~3.1 ms: 3.9 plain steps
-    assert policy.copy_pays(16, 1 + 0.8 * 16)  # 13.8 tokens for ~3.4 ms
-    cheap = Calibration({}, {128: [0.9] * 9}, draft_ms=0.05, plain_ms={128: 0.85})
-    flat = AutoCap(8, calibration=cheap)
-    flat.context = 128
-    assert flat.copy_pays(3, 1 + 0.6 * 3)
+    assert policy.copy_pays(3, 1 + 0.6 * 3)  # untimed: 2.8 tokens for a 1.30 ms verify
+    policy.observe_copy(3, 0.00224)
+    assert policy.copy_scale == pytest.approx(2.24 / 1.30)
+    assert not policy.copy_pays(3, 1 + 0.6 * 3)  # 2.8 tokens for 2.24 + 0.8 ms
+    assert policy.copy_pays(16, 1 + 0.8 * 16)  # 13.8 tokens for ~3.5 ms
     assert AutoCap(8).copy_pays(3, 1.0)  # no calibration: every copy is taken
 
 

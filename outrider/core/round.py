@@ -273,6 +273,8 @@ def teach(launched: Launched, steps: list[Step], seconds: float, scheduler: bool
             learn_acceptance(row.accept, proposal.k, step.accepted)
         # a lookup copy says nothing of the drafter; nor does a round a reasoning budget cut
         # or forced
+        if row.policy is not None and proposal.copied and not step.closed:
+            row.policy.observe_copy(proposal.k, seconds)  # what a copy's round costs here
         if row.policy is None or proposal.copied or proposal.forced or step.closed:
             continue
         if step.cut:  # the scheduler chose this width, not the policy: acceptance only

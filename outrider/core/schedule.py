@@ -86,6 +86,9 @@ class AutoCap:
     # with a calibration: drafting round? -> live time over the calibrated curve at the context
     # it ran at (so what was measured short carries to long contexts), one scale for all caps
     scale: dict[bool, float] = field(default_factory=dict)
+    # a lookup copy's round: live time over the calibrated verify of its rows (None: none
+    # timed yet); a copy's verify carries the drafter's intake, not a drafted block
+    copy_scale: float | None = None
     rounds: dict[int, int] = field(default_factory=dict)  # k drafted -> rounds seen
     drafting: int = 0  # rounds that drafted something
     accept: list[float] = field(default_factory=list)  # per position: P(accept | reached)
@@ -200,9 +203,24 @@ class AutoCap:
         is taken: timings of pipelined plain steps alone are too rough to turn one down."""
         if self.calibration is None:
             return True
-        width = min(drafts, self.ceiling) if self.ceiling else drafts
         plain = self.cost(0)
-        return kept / (self.cost(width) + plain) > MARGIN / plain
+        return kept / (self.copy_cost(drafts) + plain) > MARGIN / plain
+
+    def copy_cost(self, drafts: int) -> float:
+        """Seconds of a lookup copy's round of `drafts` drafts (with a calibration): its
+        verify, times what copy rounds have cost against it here (`observe_copy`; until one
+        is timed, the verify alone), plus the time outside the loop."""
+        verify = self.calibration.verify_cost(drafts + 1, self.context)
+        return verify * (self.copy_scale or 1.0) + self.outside
+
+    def observe_copy(self, drafts: int, seconds: float) -> None:
+        """A lookup copy's round of `drafts` drafts took `seconds` (it teaches acceptance
+        nothing: the drafts were not the drafter's)."""
+        if self.calibration is None or drafts <= 0:
+            return
+        curve = self.calibration.verify_cost(drafts + 1, self.context)
+        if curve > 0:
+            self.copy_scale = self._moved(self.copy_scale, seconds / curve)
 
     def plain_run(self, remaining: int) -> int:
         """How many plain steps to take now: up to the next probe (at least one)."""
