@@ -517,6 +517,18 @@ def test_a_chat_answer_streams_with_folded_reasoning_telemetry_and_tool_calls(
     shots(browser, "web-chat")
     assert not page_errors(browser)
 
+    # a thinking budget of 0: the server closes the thinking in the model's place
+    browser.find_element(By.CSS_SELECTOR, "#chat-options summary").click()
+    by_id(browser, "opt-tools").clear()
+    by_id(browser, "opt-budget").send_keys("0")
+    cut = send_chat(browser, "Think it over.")
+    reasoning = cut.find_element(By.CSS_SELECTOR, "details.reasoning")
+    assert reasoning.get_attribute("textContent").strip().endswith("I have to answer now.")
+    assert "thinking closed by the budget" in cut.find_element(By.CSS_SELECTOR, ".stats").text
+    by_id(browser, "opt-budget").clear()
+    browser.find_element(By.CSS_SELECTOR, "#chat-options summary").click()
+    assert not page_errors(browser)
+
 
 def run_race(browser, never_ended: str) -> None:
     """Press Race and wait until the verdict is in (`never_ended`: the failure's words)."""

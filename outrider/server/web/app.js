@@ -213,6 +213,7 @@ class Telemetry {
       `${rounds} rounds`,
     ];
     if (f) parts.push(`${f.mode} · max_draft ${f.max_draft}`);
+    if (f && f.budget_forced) parts.push("thinking closed by the budget");
     this.stats.textContent = parts.join(" · ");
     this.stats.dataset.final = f ? "yes" : "no";
   }
@@ -274,6 +275,9 @@ function chatBody() {
   if (temperature !== "") body.temperature = Number(temperature);
   const thinking = $("opt-thinking").value;
   if (thinking) body.enable_thinking = thinking === "on";
+  // empty: the server's --reasoning-budget, if any
+  const budget = $("opt-budget").value.trim();
+  if (budget !== "") body.reasoning_budget = Number(budget);
   const tools = $("opt-tools").value.trim();
   if (tools) body.tools = JSON.parse(tools); // a SyntaxError is shown in the answer's place
   return body;
