@@ -240,8 +240,8 @@ def generate(
         )
         if reasoning_budget is not None:
             if pipe.think_budget(ids, reasoning_budget) is None:
-                _warn("--reasoning-budget: this model's think markers are not single tokens; "
-                      "its thinking is not budgeted")  # fmt: skip
+                _warn("--reasoning-budget: this model's thinking has no single-token "
+                      "markers to count between; it is not budgeted")  # fmt: skip
             kwargs.update(reasoning_budget=reasoning_budget, budget_message=budget_message)
         # Ctrl-C stops at the next round and what was made is shown as usual (finish reason
         # "interrupted"), then exit 130; a second Ctrl-C stops at once.

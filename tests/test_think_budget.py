@@ -76,6 +76,17 @@ def test_make_budget_reads_the_markers_and_whether_the_prompt_opened_a_block():
     closed = make_budget(Vocab(True), 5, ("<think>", "</think>"), [3, OPEN, 4, CLOSE])
     assert not closed.inside
     assert make_budget(Vocab(False), 5, ("<think>", "</think>"), [3]) is None
+    channels = ("<|message|>", "<|end|>")  # a channel transcript: no block to count in
+    assert make_budget(Vocab(True), 5, channels, [3]) is None
+
+
+def test_gemmas_thought_channel_is_budgeted_by_its_tokens():
+    class Gemma(Vocab):
+        def get_vocab(self) -> dict[str, int]:
+            return {"<|channel>": OPEN, "<channel|>": CLOSE}
+
+    made = make_budget(Gemma(True), 5, ("<|channel>thought", "<channel|>"), [3, OPEN, 50])
+    assert made.inside and made.closer == CLOSE and CLOSE in made.closing
     with pytest.raises(ValueError, match=">= 0"):
         make_budget(Vocab(True), -1, ("<think>", "</think>"), [3])
 

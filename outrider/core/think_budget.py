@@ -20,6 +20,14 @@ from typing import Any
 
 DEFAULT_MESSAGE = "I have to answer now."
 
+# The single tokens that open and close a block of each reasoning syntax (chat/reasoning.py's
+# markers): Gemma-4's thought channel opens with `<|channel>` then the word `thought`, which
+# count as two thinking tokens.
+BLOCK_TOKENS = {
+    ("<think>", "</think>"): ("<think>", "</think>"),
+    ("<|channel>thought", "<channel|>"): ("<|channel>", "<channel|>"),
+}
+
 
 @dataclass
 class ThinkBudget:
@@ -63,11 +71,15 @@ class ThinkBudget:
 
 
 def markers_of(tokenizer: Any, markers: tuple[str, str]) -> tuple[int, int] | None:
-    """The (opener, closer) ids of a think block's markers where each is one token of the
-    tokenizer's vocabulary; None otherwise (the budget cannot count there)."""
+    """The (opener, closer) ids of a think block's markers (`BLOCK_TOKENS`) where each is one
+    token of the tokenizer's vocabulary; None otherwise (the budget cannot count there: a
+    channel transcript, or a vocabulary without them)."""
+    tokens = BLOCK_TOKENS.get(tuple(markers))
+    if tokens is None:
+        return None
     vocab = getattr(tokenizer, "get_vocab", None)
     table = vocab() if callable(vocab) else {}
-    ids = [table.get(m) for m in markers]
+    ids = [table.get(m) for m in tokens]
     if any(i is None for i in ids):
         return None
     return int(ids[0]), int(ids[1])
