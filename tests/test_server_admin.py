@@ -443,6 +443,8 @@ def test_a_cancelled_download_stops_and_the_running_model_keeps_serving(
         assert download["repo"] == "someone/big" and download["bytes_total"] == 10**9
         assert 0 < download["bytes_done"] < 10**9 and 0 < download["fraction"] < 1
         assert h["load"]["warning"] == "someone/big: 300"  # the fit check saw the window
+        assert [w["code"] for w in h["warnings"]] == ["kv_may_not_fit"]
+        assert h["warnings"][0]["message"] == "someone/big: 300" and h["warnings"][0]["action"]
         assert engine.cancel_load(cleanup=cleanup) is True and engine.cancel_load() is False
         h = health(state)
         assert h["status"] == "ok" and h["model"] == "scripted-admin" and h["mode"] == "lookup"
@@ -695,5 +697,40 @@ def test_a_load_warms_its_pipeline_up_where_asked(scripted, monkeypatch, capfd):
         wait_ready(engine)
         assert engine.state == "ready" and engine.pipeline.generate("hi", max_tokens=6).tokens
         assert "up failed (no kernels today); serving anyway" in capfd.readouterr().err
+        from outrider.server.warnings import collect
+
+        (failed,) = [w for w in collect(engine) if w["code"] == "warm_up_failed"]
+        assert "no kernels today" in failed["message"] and failed["level"] == "info"
+        engine.load(LoadSpec(str(scripted), mode="lookup"))  # a new load forgets it
+        wait_ready(engine)
+        assert not [w for w in collect(engine) if w["code"] == "warm_up_failed"]
     finally:
         engine.stop()
+
+
+def test_health_warnings_say_what_to_do():
+    """Each condition /health warns about is one {code, level, message, action} entry."""
+    from types import SimpleNamespace
+
+    from outrider.core.prefix_cache import PrefixCache
+    from outrider.server.metrics import Metrics
+    from outrider.server.warnings import collect
+
+    store = PrefixCache.from_gb(0.1)
+    metrics = Metrics()
+    engine = SimpleNamespace(
+        warning=None, warm_up_error=None, pipeline=SimpleNamespace(notes=["fell back to lookup"]),
+        prefix_cache=store, metrics=metrics,
+    )  # fmt: skip
+    assert collect(engine) == [
+        {"code": "load_note", "level": "info", "message": "fell back to lookup", "action": None}
+    ]
+    store._disabled = "its recurrent state cannot be snapshotted"
+    metrics.memory_shed()
+    got = {w["code"]: w for w in collect(engine)}
+    assert set(got) == {"load_note", "prefix_cache_off", "memory_shed"}
+    assert "cannot be snapshotted" in got["prefix_cache_off"]["message"]
+    assert (
+        got["memory_shed"]["level"] == "warn"
+        and "--prefix-cache-gb" in got["memory_shed"]["action"]
+    )

@@ -193,6 +193,11 @@ class PrefixCache:
         return len(self._entries)
 
     @property
+    def disabled_reason(self) -> str | None:
+        """Why caching is off for the bound model (None: it is not)."""
+        return self._disabled
+
+    @property
     def enabled(self) -> bool:
         return self.max_bytes > 0 and self._disabled is None
 

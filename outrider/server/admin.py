@@ -20,6 +20,7 @@ from .checks import CheckedRequest
 from .engine import LoadSpec, model_id
 from .errors import ApiError
 from .rounds import KEEP, RoundLog
+from .warnings import collect as collect_warnings
 
 
 class LoadRequest(CheckedRequest):
@@ -148,6 +149,8 @@ def health(state: Any) -> dict[str, Any]:
         "kv_bits": pipe.target.kv_bits if pipe else None,
         "max_batch": engine.max_batch,
         "batching": engine.batching,  # max_batch > 1 and a target whose caches batch
+        # each condition worth a look: {code, level, message, action} (server/warnings.py)
+        "warnings": collect_warnings(engine),
     }
     if pipe is not None:
         caps = capabilities(pipe.tokenizer)

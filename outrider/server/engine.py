@@ -216,6 +216,7 @@ class Engine:
         self.load_started: float | None = None
         self.download: dict[str, Any] | None = None  # the running download (DownloadState)
         self.warning: str | None = None  # the fit check's warning for the running load
+        self.warm_up_error: str | None = None  # why the running load's warm-up failed
         self._pending_load: _Load | None = None
         self._serving: LoadSpec | None = None  # what the current pipeline was loaded from
         self.window_limit: int | None = None  # sticky across loads; 0 in a LoadSpec clears it
@@ -265,7 +266,7 @@ class Engine:
                 self._pending_load.cancel.set()
             self._pending_load = job
             self.state, self.phase, self.error = "loading", "queued", None
-            self.warning = None
+            self.warning = self.warm_up_error = None
             self.load_started = time.time()
             self.spec = spec
             if spec.context_window is not None:
@@ -474,15 +475,15 @@ class Engine:
         elif self.warning is None:
             self._check_fit(spec)
 
-    @staticmethod
-    def _warm_up(pipe: Pipeline) -> None:
-        """The throwaway generation, best effort: one that fails costs a warning line, not
-        the load (a request then says what is wrong, as it would have without it)."""
+    def _warm_up(self, pipe: Pipeline) -> None:
+        """The throwaway generation, best effort: one that fails costs a warning line (and
+        one in /health), not the load (a request then says what is wrong, as it would have
+        without it)."""
         try:
             pipe.warm_up()
         except Exception as e:
-            print(f"warning: warming {pipe.target.name} up failed ({e}); serving anyway",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            self.warm_up_error = f"warming {pipe.target.name} up failed ({e}); serving anyway"
+            print(f"warning: {self.warm_up_error}", file=sys.stderr, flush=True)
 
     def _check_fit(self, spec: LoadSpec) -> None:
         """Warn (stderr and /health) when the loaded model's KV cache, filled to the context
