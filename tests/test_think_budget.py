@@ -217,3 +217,22 @@ def test_a_round_queued_ahead_of_the_cut_is_dropped(pipes, monkeypatch):
     dspark = pipes["dspark"]
     dspark.pipelined_rounds = True
     assert dspark.generate(ids, max_draft=3, **kwargs).tokens == want.tokens
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "gemma3_text"])
+def test_hybrid_and_sliding_targets_close_where_plain_decoding_does(tmp_path, family):
+    """Gated-delta and Mamba-2 states cannot drop a forward queued past the cut: plain
+    decoding with a budget runs one-token rounds there, and every cut rolls back through
+    the families' own rollback (sliding windows too)."""
+    from outrider.testing import make_tiny_target
+
+    path = make_tiny_target(tmp_path / family, family=family)
+    base = outrider.load(str(path), mode="baseline")
+    look = outrider.load(str(path), mode="lookup")
+    ids = thinking_prompt(base, "repeat repeat repeat repeat")
+    for limit in (0, 5):
+        kwargs = dict(max_tokens=40, stop_tokens=set(), reasoning_budget=limit)
+        want = base.generate(ids, **kwargs)
+        assert want.budget_forced
+        for cap in (1, 4, "auto"):
+            assert look.generate(ids, max_draft=cap, **kwargs).tokens == want.tokens

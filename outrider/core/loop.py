@@ -244,9 +244,11 @@ def decode(
             else:
                 caps = None
                 closing = row.budget is not None and bool(row.budget.pending)
-                if cap_limit <= 0 and pipelinable and not closing:
+                if cap_limit <= 0 and pipelinable and not closing and target.trims:
                     # nothing is drafted (a reasoning budget routed plain decoding here):
-                    # pipelined plain steps until the budget fires or the answer ends
+                    # pipelined plain steps until the budget fires or the answer ends (where
+                    # the cache can drop the step queued past the cut; elsewhere one-token
+                    # rounds, which a cut never rolls back)
                     yield from _plain_run(target, row, cache, row.stopper.remaining)
                     after_plain, dropped = True, False
                     continue
