@@ -470,3 +470,12 @@ def test_memory_pressure_empties_the_prefix_cache_before_a_generation(server, mo
     monkeypatch.setattr(fit, "memory_in_use", lambda: (50, 100))
     assert ask("Name a colour.")[1] > 0  # cached again, from the last request's entry
     assert metric(url, "outrider_memory_sheds_total") == sheds + 1
+    guard = requests.get(url + "/health", timeout=30).json()["memory_guard"]
+    assert guard["enabled"] and guard["threshold"] == 0.9 and guard["in_use"] == 0.5
+    assert guard["sheds"] == sheds + 1 and guard["last_shed"] is not None
+    # serve --no-memory-guard: nothing is shed, however short memory runs
+    monkeypatch.setattr(fit, "memory_in_use", lambda: (99, 100))
+    monkeypatch.setattr(engine, "memory_guard", False)
+    assert ask("Name a colour.")[1] > 0
+    assert metric(url, "outrider_memory_sheds_total") == sheds + 1
+    assert requests.get(url + "/health", timeout=30).json()["memory_guard"]["enabled"] is False

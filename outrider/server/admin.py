@@ -19,6 +19,7 @@ from ..plugins.strategies.lookup_assist import LookupAssist
 from .checks import CheckedRequest
 from .engine import LoadSpec, model_id
 from .errors import ApiError
+from .memory import guard_report
 from .rounds import KEEP, RoundLog
 from .warnings import collect as collect_warnings
 
@@ -151,6 +152,8 @@ def health(state: Any) -> dict[str, Any]:
         "batching": engine.batching,  # max_batch > 1 and a target whose caches batch
         # each condition worth a look: {code, level, message, action} (server/warnings.py)
         "warnings": collect_warnings(engine),
+        # memory relief before a generation (serve --no-memory-guard turns it off)
+        "memory_guard": guard_report(engine.memory_guard, engine.metrics),
     }
     if pipe is not None:
         caps = capabilities(pipe.tokenizer)

@@ -128,6 +128,12 @@ def serve(
         help="Generate a few throwaway tokens at load, so the first request builds no kernels "
         "(default: on a GPU).",
     ),
+    memory_guard: bool = Opt(
+        True,
+        "--memory-guard/--no-memory-guard",
+        help="Past 90% of memory in use, give MLX's buffer cache and then the prefix cache "
+        "back before a generation.",
+    ),
     no_batch_scheduler: bool = Opt(
         False,
         "--no-batch-scheduler",
@@ -208,6 +214,7 @@ def serve(
             prefix_cache=store,
             max_batch=max_batch,
             batch_scheduler=not no_batch_scheduler,
+            memory_guard=memory_guard,
             load_settings=settings,
         ).start()
         limits = Limits(

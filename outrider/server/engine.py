@@ -176,6 +176,7 @@ class Engine:
         max_batch: int = 1,
         batch_scheduler: bool = True,
         load_settings: dict[str, Any] | None = None,
+        memory_guard: bool = True,
     ) -> None:
         """`prefix_cache` keeps target caches between requests (the worker thread owns it;
         it is emptied whenever the model changes). `prefetch` downloads what a load needs
@@ -185,7 +186,9 @@ class Engine:
         a time. `batch_scheduler` lets DSpark's prefix scheduler cut a batch's drafts where the
         model has a calibration (`core/schedule.py`); off, every row verifies its cap.
         `load_settings` (`SERVER_SETTINGS` keys: `serve`'s flags) fill what a hot swap's
-        `/admin/load` leaves unset (`with_settings`)."""
+        `/admin/load` leaves unset (`with_settings`). `memory_guard`: before a generation,
+        past MEMORY_PRESSURE of the memory in use, give MLX's buffer cache back and then the
+        prefix cache's memory tier (server/memory.py); off, nothing is shed."""
         unknown = set(load_settings or {}) - set(SERVER_SETTINGS)
         if unknown:
             raise ValueError(f"not server load settings: {sorted(unknown)}")
@@ -194,6 +197,7 @@ class Engine:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
         self.batch_scheduler = batch_scheduler
+        self.memory_guard = memory_guard
         self._deferred: list = []  # items taken from the queue while a batch ran
         self._running: dict[int, Running] = {}  # the batch's requests, by row
         self._loader = loader
@@ -374,7 +378,8 @@ class Engine:
                 if self._pending_load is None:
                     self.state, self.spec, self.phase = "no_model", None, None
         else:  # a generation
-            relieve_memory(self.prefix_cache, self.metrics)
+            if self.memory_guard:
+                relieve_memory(self.prefix_cache, self.metrics)
             if self.batching and item.pipeline is None:
                 self._generate_batched(item)
                 return

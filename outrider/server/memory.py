@@ -37,6 +37,22 @@ def _pressed() -> tuple[int, int] | None:
     return reading if reading and reading[0] > MEMORY_PRESSURE * reading[1] else None
 
 
+def guard_report(enabled: bool, metrics: Metrics) -> dict[str, Any]:
+    """/health's `memory_guard`: whether it is on, its threshold, the share of memory in use
+    now (None where it cannot be read), how often it emptied the prefix cache and when last."""
+    try:
+        reading = fit.memory_in_use()
+    except Exception:
+        reading = None
+    return {
+        "enabled": enabled,
+        "threshold": MEMORY_PRESSURE,
+        "in_use": round(reading[0] / reading[1], 4) if reading and reading[1] else None,
+        "sheds": metrics.memory_sheds,
+        "last_shed": metrics.last_memory_shed,
+    }
+
+
 def relieve_memory(prefix_cache: PrefixCache | None, metrics: Metrics) -> None:
     """Before a generation, on the engine's thread: past MEMORY_PRESSURE give MLX's buffer cache
     back, and if that is not enough, empty the prefix cache's memory tier (its disk tier

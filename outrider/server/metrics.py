@@ -4,6 +4,7 @@ for a handful of counters; one instance per app, no global registry)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 ACCEPT_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
@@ -37,6 +38,7 @@ class Metrics:
         self.batch_rows: Counter = Counter()  # rows in a batched round -> rounds
         self.batch_cut = 0  # drafts the batch scheduler left unverified
         self.memory_sheds = 0  # times memory pressure emptied the prefix cache (engine)
+        self.last_memory_shed: float | None = None  # when it last did (Unix time)
         self.prefix_cache = lambda: None  # the prefix cache's counters (engine), or None
 
     def request(self, route: str, status: int) -> None:
@@ -67,6 +69,7 @@ class Metrics:
     def memory_shed(self) -> None:
         with self._lock:
             self.memory_sheds += 1
+            self.last_memory_shed = time.time()
 
     def as_dict(self, labels: dict[str, str]) -> dict:
         """The same counters as `render`, as one JSON object (`GET /metrics?format=json`), for
