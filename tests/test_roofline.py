@@ -100,3 +100,20 @@ def test_machine_route_with_and_without_a_model(qwen3_target):
         loaded = requests.get(url + "/machine", timeout=30).json()
         assert loaded["model"]["target"] == qwen3_target.name
         assert loaded["model"]["kv_bytes_per_token"] > 0
+
+
+def test_health_warns_where_a_plain_step_is_far_below_the_ceiling(qwen3_target, monkeypatch):
+    from outrider.server.metrics import Metrics
+    from outrider.server.warnings import collect
+
+    pipe = outrider.load(str(qwen3_target), mode="baseline")
+    engine = SimpleNamespace(warning=None, warm_up_error=None, pipeline=pipe, prefix_cache=None,
+                             metrics=Metrics())  # fmt: skip
+    assert collect(engine) == []  # no calibration: nothing measured, nothing to say
+    pipe.calibration = Calibration(key={}, verify_ms={128: [2.0]}, plain_ms={128: 2.0})
+    step_gb_s = (pipe.target.weight_bytes + 128 * kv_bytes_per_token(pipe.target.config)) / 2e-3
+    monkeypatch.setenv(BANDWIDTH_ENV, str(step_gb_s / 1e9 * 10))  # MBU 0.1
+    (got,) = collect(engine)
+    assert got["code"] == "host_bound" and "MBU 0.10" in got["message"]
+    monkeypatch.setenv(BANDWIDTH_ENV, str(step_gb_s / 1e9 * 1.1))  # MBU 0.91: memory-bound
+    assert collect(engine) == []

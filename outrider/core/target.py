@@ -119,6 +119,7 @@ class Target:
         self.kv_bits: int | None = None  # quantize the KV cache (`quantize_kv`)
         self.kv_attention = "quantized"  # how attention reads it (core/kv_quant.py)
         self._windows: bool | None = None  # whether any layer keeps a sliding window
+        self._weight_bytes: int | None = None  # its parameters' bytes (`weight_bytes`)
         # rows of a prefix hit's final prefill forward; None: HIT_TAIL on a GPU, 1 on the CPU
         self.hit_tail: int | None = None
         # a verify forward of n rows runs as verify_widths[n] rows, padded (core/device.py's
@@ -564,6 +565,16 @@ class Target:
         if self.hit_tail is not None:
             return max(1, self.hit_tail)
         return HIT_TAIL if mx.default_device().type == mx.gpu else 1
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the model's parameters as they sit in memory (quantized ones packed): what
+        one plain step reads (core/roofline.py). Counted once."""
+        if self._weight_bytes is None:
+            from .roofline import weight_bytes
+
+            self._weight_bytes = weight_bytes(self.model)
+        return self._weight_bytes
 
     @property
     def windows(self) -> bool:

@@ -10,7 +10,7 @@ import mlx.core as mx
 from fastapi import APIRouter
 
 from ..core import fit
-from ..core.roofline import Roofline, device_name, kv_bytes_per_token, peak_bandwidth, weight_bytes
+from ..core.roofline import Roofline, device_name, kv_bytes_per_token, peak_bandwidth
 from .engine import model_id
 
 
@@ -37,9 +37,7 @@ def report(state: Any) -> dict[str, Any]:
     if pipe is None:
         return out
     target = pipe.target
-    roof = Roofline(
-        peak, source, weight_bytes(target.model), kv_bytes_per_token(target.config, target.kv_bits)
-    )
+    roof = roofline(target, peak, source)
     window = engine.context_window
     out["model"] = {
         "target": model_id(pipe),
@@ -64,6 +62,24 @@ def report(state: Any) -> dict[str, Any]:
         }
     out["verdict"] = roof.verdict(step_ms, context)
     return out
+
+
+def roofline(target: Any, peak: float | None, source: str) -> Roofline:
+    """The loaded target's roofline at peak bandwidth `peak` (GB/s)."""
+    return Roofline(
+        peak, source, target.weight_bytes, kv_bytes_per_token(target.config, target.kv_bits)
+    )
+
+
+def host_bound(pipe: Any) -> dict[str, Any] | None:
+    """The roofline's verdict where it is `structural` (a calibrated plain step far below
+    the bandwidth ceiling), else None: /health warns about it (server/warnings.py)."""
+    peak, source = peak_bandwidth()
+    step_ms, context = _plain_step(pipe)
+    if peak is None or step_ms is None:
+        return None
+    verdict = roofline(pipe.target, peak, source).verdict(step_ms, context)
+    return verdict if verdict["level"] == "structural" else None
 
 
 def _plain_step(pipe: Any) -> tuple[float | None, int]:

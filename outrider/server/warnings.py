@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .machine import host_bound
+
 
 def warning(code: str, level: str, message: str, action: str | None = None) -> dict[str, Any]:
     return {"code": code, "level": level, "message": message, "action": action}
@@ -12,7 +14,8 @@ def warning(code: str, level: str, message: str, action: str | None = None) -> d
 
 def collect(engine: Any) -> list[dict[str, Any]]:
     """The running server's warnings: the load's fit check, the load's notes (a fallback, a
-    kernel not used), a warm-up that failed, a prefix cache turned off for this model, and
+    kernel not used), a warm-up that failed, a prefix cache turned off for this model, a
+    plain step far below the bandwidth ceiling (the roofline's `structural` verdict), and
     memory pressure that emptied the prefix cache."""
     out = []
     if engine.warning:
@@ -35,6 +38,12 @@ def collect(engine: Any) -> list[dict[str, Any]]:
         out.append(warning(
             "prefix_cache_off", "warn", f"prefix cache off for this model: {off}",
             "none: every request prefills its whole prompt",
+        ))  # fmt: skip
+    verdict = host_bound(pipe) if pipe is not None else None
+    if verdict is not None:
+        out.append(warning(
+            "host_bound", "info", verdict["headline"],
+            "none needed: --max-draft auto parks drafting where it does not pay (GET /machine)",
         ))  # fmt: skip
     sheds = engine.metrics.memory_sheds
     if sheds:
