@@ -119,9 +119,9 @@ def begin_row(
     proposer.start(prompt, started.taps)
     mx.eval(started.first, started.first_logprobs)
     anchor = started.first.item()
-    closed = budget is not None and budget.cut([anchor]) == 0
-    if closed:
-        anchor = budget.take_first()
+    closed = False
+    if budget is not None:  # a budget of 0 inside the prompt's block fires at once
+        (anchor,), closed = budget.close([anchor])
     history = list(prompt) + [anchor]
     if record is not None:  # the cache holds history but its last token (the anchor)
         record.track(started.cache, history, len(prompt), started.taps)
@@ -135,9 +135,7 @@ def begin_row(
     if closed and step_lp:  # the closing's first token, not the one the target chose
         step_lp[0] = token_logprob(started.logits, anchor, logprobs)
     seconds = time.perf_counter() - started.t0
-    step = Step("prefill", [], 0, kept, seconds, stopper.finish_reason, step_lp)
-    step.closed = closed
-    return row, step
+    return row, Step("prefill", [], 0, kept, seconds, stopper.finish_reason, step_lp, closed=closed)
 
 
 def decode(
@@ -243,8 +241,7 @@ def decode(
                 launched, inflight = inflight, None
             else:
                 caps = None
-                closing = row.budget is not None and bool(row.budget.pending)
-                if cap_limit <= 0 and pipelinable and not closing and target.trims:
+                if cap_limit <= 0 and pipelinable and not row.closing and target.trims:
                     # nothing is drafted (a reasoning budget routed plain decoding here):
                     # pipelined plain steps until the budget fires or the answer ends (where
                     # the cache can drop the step queued past the cut; elsewhere one-token
@@ -252,7 +249,7 @@ def decode(
                     yield from _plain_run(target, row, cache, row.stopper.remaining)
                     after_plain, dropped = True, False
                     continue
-                if policy is not None and not closing:
+                if policy is not None and not row.closing:
                     policy.context = len(row.history)
                     k = policy.choose(max(0, min(cap_limit, stopper.remaining - 1)))
                     if k == 0 and pipelinable:
@@ -429,9 +426,9 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
         if not last:
             following = step(cur)  # queued before cur is read
         token = cur.item()
-        closed = row.budget is not None and row.budget.cut([token]) == 0
-        if closed:  # the reasoning budget: its closing takes this token's place
-            token = row.budget.take_first()
+        closed = False
+        if row.budget is not None:  # where it fires, its closing takes this token's place
+            (token,), closed = row.budget.close([token])
         row.proposer.observe(0, cur_taps)
         if row.record is not None:
             row.record.grow(1, cur_taps)
@@ -446,8 +443,7 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
         stop = row.done or closed or (not last and _copy_ready(row))
         if stop and not last:
             target.rollback(cache, 1)  # the forward queued past where these steps end
-        done = Step("plain", [], 0, kept, seconds, row.stopper.finish_reason)
-        done.closed = closed
+        done = Step("plain", [], 0, kept, seconds, row.stopper.finish_reason, closed=closed)
         yield from _handed(done, row.policy)
         if stop or last:
             return i + 1

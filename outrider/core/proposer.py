@@ -35,8 +35,9 @@ class Proposal:
         return cls(tokens=mx.zeros((0,), dtype=mx.uint32), k=0, host=[])
 
     @classmethod
-    def from_list(cls, ids: list[int], copied: bool = False) -> Proposal:
-        return cls(tokens=mx.array(ids, dtype=mx.uint32), k=len(ids), host=list(ids), copied=copied)
+    def from_list(cls, ids: list[int], copied: bool = False, forced: bool = False) -> Proposal:
+        tokens = mx.array(ids, dtype=mx.uint32)
+        return cls(tokens=tokens, k=len(ids), host=list(ids), copied=copied, forced=forced)
 
     def first(self, n: int) -> Proposal:
         """The first n drafts (all of them when n >= k), with their q rows and confidences:

@@ -82,6 +82,11 @@ class Row:
     def done(self) -> bool:
         return self.stopper.finish_reason is not None
 
+    @property
+    def closing(self) -> bool:
+        """Whether a reasoning budget has closing tokens for this row's next round."""
+        return self.budget is not None and bool(self.budget.pending)
+
     def wants_cancel(self) -> bool:
         return self.cancelled is not None and self.cancelled()
 
@@ -150,7 +155,7 @@ def launch_round(
                 cap = max(0, min(row.cap_limit, row.stopper.remaining - 1))
                 if caps is not None:
                     cap = caps[len(ctxs)]
-                if _closing(row):
+                if row.closing:
                     cap = 0  # the closing drafts this round; the drafter only takes in context
                 key = row.keys.next() if row.keys is not None and cap > 0 else None
                 # drafts that could still count (a given cap bounds even a lookup copy)
@@ -162,7 +167,7 @@ def launch_round(
                 asked.append(cap)
             # rows sharing a drafter draft in one call (propose_all), every other row alone
             proposals = propose_all([row.proposer for row in rows], ctxs)
-            proposals = [_forced(row) if _closing(row) else p for row, p in zip(rows, proposals)]
+            proposals = [_forced(row) if row.closing else p for row, p in zip(rows, proposals)]
             scheduled = _schedule(scheduler, rows, proposals, asked)
             cuts = [p.k - s.k for p, s in zip(proposals, scheduled)]
             proposals = scheduled
@@ -209,17 +214,10 @@ def launch_round(
     )  # fmt: skip
 
 
-def _closing(row: Row) -> bool:
-    """Whether a reasoning budget has closing tokens for this row's next round."""
-    return row.budget is not None and bool(row.budget.pending)
-
-
 def _forced(row: Row) -> Proposal:
     """The rest of a reasoning budget's closing, as drafts the round keeps unverified."""
     ids, row.budget.pending = row.budget.pending, []
-    proposal = Proposal.from_list(ids)
-    proposal.forced = True
-    return proposal
+    return Proposal.from_list(ids, forced=True)
 
 
 def settle(launched: Launched) -> tuple[list[Step], list[int]]:
@@ -240,11 +238,9 @@ def settle(launched: Launched) -> tuple[list[Step], list[int]]:
             a = accepted.item()
         committed = target_tokens[: a + 1]
         closed = False
-        if row.budget is not None:
-            kept = row.budget.cut(committed)
-            if kept is not None:  # the token after `kept` gives way to the closing
-                a, closed = kept, True
-                committed = committed[:kept] + [row.budget.take_first()]
+        if row.budget is not None:  # where it fires, the closing replaces the rest
+            committed, closed = row.budget.close(committed)
+            a = len(committed) - 1
         rejected.append(launched.width - 1 - a)
         row_taps = None if launched.taps is None else launched.taps[i, : a + 1]
         row.proposer.observe(a, row_taps)
@@ -256,11 +252,12 @@ def settle(launched: Launched) -> tuple[list[Step], list[int]]:
         step_lp = None if lp is None else read_logprobs(lp, kept)
         if closed and step_lp is not None and len(step_lp) > a:  # the closing's first token
             step_lp[a] = token_logprob(logits[a], committed[a], row.logprobs)
-        step = Step(
-            "draft", drafted, a, kept, 0.0, row.stopper.finish_reason, step_lp, launched.cuts[i]
+        steps.append(
+            Step(
+                "draft", drafted, a, kept, 0.0, row.stopper.finish_reason, step_lp,
+                launched.cuts[i], closed=closed,
+            )
         )  # fmt: skip
-        step.closed = closed
-        steps.append(step)
     return steps, rejected
 
 

@@ -69,6 +69,15 @@ class ThinkBudget:
         """The closing's first token, which takes the place of the token cut."""
         return self.pending.pop(0)
 
+    def close(self, tokens: list[int]) -> tuple[list[int], bool]:
+        """`tokens` as committed under the budget, and whether it fired within them: up to
+        the cut, then the closing's first token in place of the rest (the rest of the
+        closing stays `pending` for the next round)."""
+        kept = self.cut(tokens)
+        if kept is None:
+            return tokens, False
+        return tokens[:kept] + [self.take_first()], True
+
 
 def markers_of(tokenizer: Any, markers: tuple[str, str]) -> tuple[int, int] | None:
     """The (opener, closer) ids of a think block's markers (`BLOCK_TOKENS`) where each is one
