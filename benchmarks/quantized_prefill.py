@@ -1,6 +1,6 @@
 """Quantized products of many rows (a prefill's chunks): MLX's own quantized matmul against
 dequantizing the weight first and multiplying in half precision, per weight shape and row
-count, and a whole prefill of a random-weight target each way.
+count, and a whole prefill of a random-weight target each way (its peak memory too).
 
 MLX 0.32's CUDA backend computes a quantized product of hundreds of rows several times slower
 than the half-precision product of the same shape; a prefill chunk can instead dequantize each
@@ -52,21 +52,28 @@ def prefill(target, ids):
     return logits
 
 
-class Dequantized(nn.Module):
-    """A quantized linear layer whose products of `from_rows` rows or more dequantize first."""
+def dense_route(model: nn.Module, rows: int | None, queue_bytes: int | None = None) -> int:
+    """Send products of `rows` rows or more through the dequantized weight (None: never), as
+    `QuantizedRows.dense_from` does, waiting for the device every `queue_bytes` of dense
+    weights (None: never); layers without a wrapper get one. Returns the layers."""
+    from outrider.core.row_kernels import DenseQueue, QuantizedRows
 
-    def __init__(self, linear: nn.QuantizedLinear, from_rows: int) -> None:
-        super().__init__()
-        self.linear = linear
-        self.from_rows = from_rows
+    wrapped = [m for _, m in model.named_modules() if isinstance(m, QuantizedRows)]
+    if not wrapped:  # no rows kernel here: every quantized layer gets a wrapper
+        swap = [(n, QuantizedRows(m, NoKernel(), rows)) for n, m in model.named_modules()
+                if type(m) is nn.QuantizedLinear]  # fmt: skip
+        model.update_modules(nn.utils.tree_unflatten(swap))
+    wrapped = [m for _, m in model.named_modules() if isinstance(m, QuantizedRows)]
+    queue = None if queue_bytes is None else DenseQueue(queue_bytes)
+    for m in wrapped:
+        m.dense_from, m.queue = rows, queue
+    return len(wrapped)
 
-    def __call__(self, x: mx.array) -> mx.array:
-        lin = self.linear
-        if x.size // x.shape[-1] < self.from_rows:
-            return lin(x)
-        w = mx.dequantize(lin.weight, lin.scales, lin.biases, lin.group_size, lin.bits)
-        y = x @ w.astype(x.dtype).T
-        return y + lin.bias if "bias" in lin else y
+
+class NoKernel:
+    """A rows kernel that takes no products (so a wrapper only routes wide ones)."""
+
+    name, min_rows, max_rows = "none", 1, 0
 
 
 def main() -> None:
@@ -76,6 +83,8 @@ def main() -> None:
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--prefill", type=int, default=4096, help="tokens of the whole prefill")
+    ap.add_argument("--dense-from", type=int, default=512, help="rows the dense arm starts at")
+    ap.add_argument("--queue-gb", default="0,2,1", help="dense arms' queue bounds (0: none)")
     args = ap.parse_args()
     print(f"mlx {mx.__version__} {mx.default_device()}  {args.bits}-bit, group 64, bf16 rows")
     rows = [int(r) for r in args.rows.split(",")]
@@ -105,18 +114,21 @@ def main() -> None:
         for shape in args.shape.split(","):
             target = make_target(shape, "4bit")
             ids = list(range(10, 10 + args.prefill))
-            times = {}
-            for how in ("quantized", "dequantized"):
-                if how == "dequantized":
-                    swap = [(n, m) for n, m in target.model.named_modules()
-                            if type(m) is nn.QuantizedLinear]  # fmt: skip
-                    target.model.update_modules(
-                        nn.utils.tree_unflatten([(n, Dequantized(m, 128)) for n, m in swap])
-                    )
-                times[how] = timeit(prefill, 3, target, ids)
-            q, d = times["quantized"], times["dequantized"]
-            print(f"\n{shape} 4-bit prefill of {args.prefill} tokens: quantized {q * 1e3:.1f} ms,"
-                  f" dequantized from 128 rows {d * 1e3:.1f} ms ({q / d:.2f}x)")  # fmt: skip
+            print(f"\n{shape} 4-bit prefill of {args.prefill} tokens, dense from "
+                  f"{args.dense_from} rows: ms, peak GB")  # fmt: skip
+            arms = [("quantized", None, None)]
+            for gb in args.queue_gb.split(","):
+                limit = None if float(gb) <= 0 else int(float(gb) * (1 << 30))
+                arms.append((f"dense, queue {gb} GiB" if limit else "dense, unbounded", 1, limit))
+            base = None
+            for how, dense, limit in arms:
+                layers = dense_route(target.model, dense and args.dense_from, limit)
+                mx.clear_cache()
+                mx.reset_peak_memory()
+                took = timeit(prefill, 3, target, ids)
+                base = base or took
+                print(f"  {how:<24} {took * 1e3:9.1f} ms  peak {mx.get_peak_memory() / 1e9:6.2f}"
+                      f" GB  ({base / took:.2f}x; {layers} layers)")  # fmt: skip
 
 
 if __name__ == "__main__":

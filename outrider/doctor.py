@@ -119,6 +119,10 @@ def doctor_report() -> dict:
             used = f"{usable[0]}, siblings grouped"
         elif usable and choice == "auto":
             used = f"{usable[0]} where measured faster (siblings grouped), else mlx"
+        if usable and choice in ("rows", "auto"):  # the kernel's say on prefill chunks
+            first = next(k for k in plug.kernels.values() if k.available())
+            if callable(getattr(first, "dense_rows", None)):
+                used += "; prefill chunks of 4-bit weights dequantized where measured faster"
         here = ", ".join(usable) or "none"
         report["quantized_rows"] = (
             f"{used} (OUTRIDER_MATMUL={choice}; kernels that run here: {here})"

@@ -112,6 +112,84 @@ def test_a_wrapped_layer_sends_a_few_rows_to_the_kernel_and_more_to_mlx():
     assert kernel.calls == [1, 5, 8, 2]
 
 
+class DenseFrom(ReferenceRows):
+    """ReferenceRows that also says products of `rows` rows or more run dequantized."""
+
+    def __init__(self, rows: int | None) -> None:
+        super().__init__()
+        self.rows = rows
+
+    def dense_rows(self, width, bits, group_size, dtype):
+        return self.rows
+
+
+def test_products_of_many_rows_run_the_dequantized_weight_where_the_kernel_says(monkeypatch):
+    model = _quantized()
+    kernel = DenseFrom(12)
+    row_kernels.install(model, kernel, mx.float32)
+    layer = model.layers[0].mlp.down_proj
+    assert layer.dense_from == 12
+    dense_calls = []
+    real = row_kernels.dense
+    monkeypatch.setattr(
+        row_kernels, "dense", lambda lin, x: dense_calls.append(x.shape) or real(lin, x)
+    )
+    x = mx.random.normal((1, 40, row_kernels.width(layer.linear)), key=mx.random.key(3))
+    kernel.calls.clear()
+    for rows in (5, 11, 12, 40):
+        want = layer.linear(x[:, :rows])
+        got = layer(x[:, :rows])
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert mx.allclose(got, want, rtol=1e-4, atol=1e-5).item()
+    assert kernel.calls == [5]  # 11 rows: past the kernel's 8, MLX's own product
+    assert [shape[1] for shape in dense_calls] == [12, 40]
+    # the layers share one queue of dense bytes, which waits for the device past its bound
+    queue = layer.queue
+    assert queue is model.layers[1].self_attn.q_proj.queue
+    product = layer.linear.weight.shape[0] * row_kernels.width(layer.linear) * 4  # float32
+    waits, queue.limit = queue.waits, 2 * product
+    queue.queued = 0
+    layer(x[:, :12])
+    assert queue.waits == waits and queue.queued > 0
+    layer(x[:, :12])
+    assert queue.waits == waits + 1 and queue.queued == 0
+    # a kernel without the say (or saying None) leaves every wide product to MLX
+    for quiet in (ReferenceRows(), DenseFrom(None)):
+        row_kernels.install(model, quiet, mx.float32)
+        assert model.layers[0].mlp.down_proj.dense_from is None
+
+
+def test_the_cuda_kernel_dequantizes_prefill_chunks_only_at_its_measured_form():
+    cuda = cuda_rows.CudaRows()
+    assert cuda.dense_rows(4096, 4, 64, mx.bfloat16) == cuda_rows.DENSE_ROWS
+    assert cuda.dense_rows(4096, 8, 64, mx.bfloat16) is None  # 8 bits: not measured
+    assert cuda.dense_rows(4096, 4, 64, mx.float32) is None
+    assert cuda_rows.DENSE_ROWS <= outrider.core.target.PREFILL_CHUNK  # chunks reach it
+
+
+def test_a_long_prompts_dense_prefill_keeps_greedy_output(monkeypatch):
+    """Prefill chunks through the dequantized weight, verifies through the kernel: DSpark's
+    greedy output equals mlx-lm's greedy decoding of the unwrapped model."""
+    monkeypatch.setenv("OUTRIDER_MATMUL", "rows")  # the layers stay quantized on the CPU
+    pipe = outrider.load("outrider-demo/target", "outrider-demo/dspark", mode="dspark")
+    model = pipe.target.model
+    ids = pipe.encode(" ".join(PROMPTS[:3]))
+    assert len(ids) > 24
+    want = plain_greedy_of(model, ids, 24)
+    kernel = DenseFrom(16)
+    wrapped, _ = row_kernels.install(model, kernel, mx.float32)
+    assert wrapped
+    widths = []
+    real = row_kernels.dense
+    monkeypatch.setattr(
+        row_kernels, "dense", lambda lin, x: widths.append(x.size // x.shape[-1]) or real(lin, x)
+    )
+    got = pipe.generate(ids, max_tokens=24, stop_tokens=set())
+    assert widths and min(widths) >= 16, "the prefill's chunk ran dequantized"
+    assert any(1 < rows <= 5 for rows in kernel.calls), "verifies ran the kernel"
+    assert got.tokens == want
+
+
 def test_install_keeps_the_weights_and_uninstall_puts_the_layers_back():
     model = _quantized()
     before = dict(tree_flatten(model.parameters()))

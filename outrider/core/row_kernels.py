@@ -12,6 +12,14 @@ whose products take one launch, where the kernel has a grouped form.
 `install` puts it in front of every layer a kernel takes after `probe` has checked, per
 distinct shape, that the kernel computes what MLX's own product computes; a kernel that fails
 to build or to agree is not used (`OUTRIDER_MATMUL`, core/device.py, says whether to try).
+
+A kernel may also say from how many rows a product runs faster as the weight dequantized and
+multiplied in the activations' type (`dense_rows`): MLX 0.32's CUDA product of 4-bit weights
+by a prefill chunk's hundreds of rows is 2-3x slower than that (docs/performance.md,
+"Prefill of quantized targets"), so such products take the dense route. The host queues work
+far ahead of the device and every dense weight queued stays allocated until its product has
+run, so a model's dense products share a `DenseQueue` that waits for the device once a bound
+of dense bytes is queued.
 """
 
 from __future__ import annotations
@@ -50,6 +58,10 @@ class RowsKernel(Protocol):
     def preferred(self, width: int, bits: int, group_size: int, dtype: mx.Dtype) -> bool:
         """Whether it was measured faster than MLX's own product here, so `auto` uses it."""
 
+    # Optional: def dense_rows(width, bits, group_size, dtype) -> int | None, the rows from
+    # which the product runs faster dequantized (`dense`) than as MLX's quantized product
+    # (None or absent: never).
+
     def __call__(
         self,
         x: mx.array,
@@ -64,22 +76,35 @@ class RowsKernel(Protocol):
 
 class QuantizedRows(PassThrough):
     """A quantized linear layer whose products of `kernel.min_rows` to `kernel.max_rows` rows
-    run the kernel (with the rest of its `RowsGroup`, where it has one); others run the
-    layer's own."""
+    run the kernel (with the rest of its `RowsGroup`, where it has one), products of
+    `dense_from` rows or more the dequantized weight (`dense`), and others the layer's own."""
 
     wrapped = "linear"
     route = "rows"
 
-    def __init__(self, linear: nn.QuantizedLinear, kernel: RowsKernel) -> None:
+    def __init__(
+        self,
+        linear: nn.QuantizedLinear,
+        kernel: RowsKernel,
+        dense_from: int | None = None,
+        queue: DenseQueue | None = None,
+    ) -> None:
         super().__init__()
         self.linear = linear
         self._kernel = kernel
         self._group: RowsGroup | None = None  # set by `install`
         self._index = 0
+        self.dense_from = dense_from
+        self.queue = queue  # the model's, shared by its layers
 
     def __call__(self, x: mx.array) -> mx.array:
         lin, kernel = self.linear, self._kernel
         rows = x.size // x.shape[-1]
+        if self.dense_from is not None and rows >= self.dense_from:
+            y = dense(lin, x)
+            if self.queue is not None:
+                self.queue.add(lin.weight.shape[0] * width(lin) * x.dtype.size, y)
+            return y
         if rows > kernel.max_rows or rows < kernel.min_rows:
             return lin(x)
         if self._group is not None:
@@ -87,6 +112,48 @@ class QuantizedRows(PassThrough):
         else:
             y = kernel(x, lin.weight, lin.scales, lin.biases, lin.group_size, lin.bits)
         return y + lin.bias if "bias" in lin else y
+
+
+# Bytes of dense weights a model's products may queue before one waits for the device. Without
+# a bound a 4-bit 32B shape's prefill of 4,096 tokens held 12 GB more at its peak than through
+# MLX's own products (docs/performance.md, "Prefill of quantized targets").
+DENSE_QUEUE_BYTES = 2 << 30
+
+
+class DenseQueue:
+    """The dense weights a model's products have queued and not yet waited for: once
+    `limit` bytes are queued, the product that passed it is evaluated (its forward so far
+    runs) and the count starts again, so about `limit` bytes of dense weights are alive at
+    once, at the cost of one wait per `limit` bytes."""
+
+    def __init__(self, limit: int = DENSE_QUEUE_BYTES) -> None:
+        self.limit = limit
+        self.queued = 0
+        self.waits = 0
+
+    def add(self, nbytes: int, y: mx.array) -> None:
+        self.queued += nbytes
+        if self.queued >= self.limit:
+            mx.eval(y)
+            self.queued = 0
+            self.waits += 1
+
+
+def dense(lin: nn.QuantizedLinear, x: mx.array) -> mx.array:
+    """The layer's product of x through its weight dequantized to x's type: the same values as
+    its quantized product (each weight dequantized, then a dense product), in another order of
+    work. The dense weight lives only until its product has run."""
+    w = mx.dequantize(lin.weight, lin.scales, lin.biases, lin.group_size, lin.bits)
+    y = x @ w.astype(x.dtype).T
+    return y + lin.bias if "bias" in lin else y
+
+
+def dense_from(kernel: RowsKernel, layer: nn.QuantizedLinear, dtype: mx.Dtype) -> int | None:
+    """From how many rows the kernel says `layer`'s products run faster dequantized."""
+    rows = getattr(kernel, "dense_rows", None)
+    if not callable(rows):
+        return None
+    return rows(width(layer), layer.bits, layer.group_size, dtype)
 
 
 # Sibling layers a decoder layer calls one after another on the same input (mlx-lm's
@@ -249,7 +316,8 @@ def install(
     failed = probe((m for _, m in found), kernel, dtype)
     if failed:
         return 0, failed
-    wrappers = {n: QuantizedRows(m, kernel) for n, m in found}
+    queue = DenseQueue()
+    wrappers = {n: QuantizedRows(m, kernel, dense_from(kernel, m, dtype), queue) for n, m in found}
     named = groups(found, kernel, dtype) if group else []
     failed = probe_groups([[wrappers[n].linear for n in names] for names in named], kernel, dtype)
     for names in [] if failed else named:

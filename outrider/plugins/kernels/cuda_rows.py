@@ -32,6 +32,9 @@ from ...core.hookspecs import hookimpl
 # and one row runs MLX's own (CudaRows.min_rows says why).
 MIN_ROWS = 2
 MAX_ROWS = 8
+# Rows from which a 4-bit product dequantizes its weight instead (`CudaRows.dense_rows`): the
+# prefill's chunks (core/target.py PREFILL_CHUNK), not a verify or a prefix hit's short tail.
+DENSE_ROWS = 512
 BITS = (4, 8)
 THREADS = 128  # 4 warps a block
 # In the kernel's name, which MLX's CUDA backend keys its compiled-code cache by (on disk, with
@@ -376,6 +379,14 @@ class CudaRows:
         r = rows or rows_per_warp(n)
         template = [("T", dtype), ("M", m), ("R", r), ("BITS", bits), ("GS", group_size)]
         return self._kernel(form), template, (-(-n // r) * 32, 1, 1), (THREADS, 1, 1)
+
+    def dense_rows(self, width: int, bits: int, group_size: int, dtype: mx.Dtype) -> int | None:
+        """From how many rows a product of the tensor-core form's shapes runs faster as the
+        weight dequantized and multiplied in half precision than as MLX 0.32's quantized
+        product: from DENSE_ROWS (a prefill chunk), where every 8B and 32B projection did on
+        an H100, 1.7-3.1x; at 128 rows some did not (docs/performance.md, "Prefill of
+        quantized targets")."""
+        return DENSE_ROWS if self.preferred(width, bits, group_size, dtype) else None
 
     def groups(self, width: int, bits: int, group_size: int, dtype: mx.Dtype) -> bool:
         """Whether `grouped` computes several products of this shape in one launch: the
