@@ -21,6 +21,8 @@
 #             (benchmarks/quantized_prefill.py)
 #   ttft      where turn 5's time to first token goes on the 32B shape: lookup, the suffix's
 #             prefill, against bare forwards (benchmarks/ttft_phases.py)
+#   phases    where a batched round's time goes at 1 and 8 rows, demo pair, dspark and
+#             baseline (benchmarks/batch_round_phases.py)
 #   steps     where the demo pair's rounds go: drafting rounds sorted ahead / serial / after
 #             plain steps, fixed caps against auto, chat and code (benchmarks/step_times.py)
 set -u
@@ -47,9 +49,10 @@ export PYTHONUNBUFFERED=1
 loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
-    warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps) ;;
+    warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
+      | phases) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -100,8 +103,13 @@ for set in "$@"; do
         --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit.json"
       step turn5_repeat_32b_4bit 150 python3 benchmarks/prefix_cache.py --shape 32b \
         --dtype 4bit --system-tokens 4096 --turns 5 --json "$out/turn5_repeat_32b_4bit.json" ;;
+    phases)
+      step batch_phases_dspark 150 python3 benchmarks/batch_round_phases.py --batches 1,2,8 \
+        --max-tokens 128 --split
+      step batch_phases_baseline 90 python3 benchmarks/batch_round_phases.py --mode baseline \
+        --batches 1,8 --max-tokens 128 ;;
     qprefill)
-      step quantized_prefill 150 python3 benchmarks/quantized_prefill.py ;;
+      step quantized_prefill 150 python3 benchmarks/quantized_prefill.py --rows 512 --reps 5 ;;
     ttft)
       step ttft_phases_32b 300 python3 benchmarks/ttft_phases.py --shape 32b --dtype bf16 \
         --system-tokens 4096 --turns 5 --repeats 5 ;;

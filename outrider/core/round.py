@@ -127,6 +127,11 @@ class Launched:
     batched: bool
     pending: list[mx.array]  # everything `settle` reads back, queued by `launch_round`
     anchors: list  # the token each row's round starts from (an array: not read back yet)
+    inputs: mx.array  # [rows, width]: each row's verify input (anchor, drafts, padding)
+    # [rows, width]: the target's greedy token at every position of every row, one argmax for
+    # the round, where some row draws greedily with nothing to process its logits
+    table: mx.array | None = None
+    tabled: list[bool] = field(default_factory=list)  # the rows whose tokens `table` holds
 
 
 def launch_round(
@@ -179,17 +184,31 @@ def launch_round(
         width = 1 + max(p.k for p in proposals)
         inputs = [_row_inputs(a, p, d, width) for a, p, d in zip(anchors, proposals, drafts)]
         if batched:
-            all_logits, all_taps = target.forward_rows(mx.stack(inputs), cache, tap_ids)
+            stacked = mx.stack(inputs)
+            all_logits, all_taps = target.forward_rows(stacked, cache, tap_ids)
         else:
+            stacked = inputs[0][None]
             logits, taps = target.forward(inputs[0], cache, tap_ids)
             all_logits, all_taps = logits[None], None if taps is None else taps[None]
+        # rows drawing greedily from their raw logits take their tokens from one argmax of
+        # the whole round, not one each: launches cost on a GPU, and a batch has many rows
+        tabled = [
+            row.sampling.greedy and not row.procs and not p.forced
+            for row, p in zip(rows, proposals)
+        ]
+        table = greedy(all_logits) if any(tabled) else None
+        pending.append(stacked)  # the drafts `settle` reads, every row's at once
+        if table is not None:
+            pending.append(table)
         for i, (row, proposal, row_drafts) in enumerate(zip(rows, proposals, drafts)):
             logits = all_logits[i, : proposal.k + 1]
             if row.procs:
                 shown = proposal.host if proposal.host is not None else row_drafts
                 logits = process_rows(row.procs, row.history, row.window, logits, shown)
             accepted = None
-            if proposal.forced:  # every draft kept, the target's token after them drawn
+            if tabled[i]:
+                tokens = table[i, : proposal.k + 1]
+            elif proposal.forced:  # every draft kept, the target's token after them drawn
                 after = choose(logits[proposal.k], row.sampling, row.keys).reshape(1)
                 tokens = mx.concatenate([row_drafts, after.astype(row_drafts.dtype)])
                 accepted = mx.array(proposal.k)
@@ -203,14 +222,13 @@ def launch_round(
                     logits, row_drafts, proposal.probs, row.sampling, row.keys.next()
                 )
             lp = None if row.logprobs is None else logprob_arrays(logits, tokens, row.logprobs)
-            pending += [tokens] if proposal.host is not None else [tokens, row_drafts]
-            pending += [x for x in (accepted, lp) if x is not None]
+            pending += [x for x in (None if tabled[i] else tokens, accepted, lp) if x is not None]
             budgeted = lp is not None and row.budget is not None and not row.budget.fired
             per_row.append((tokens, accepted, lp, logits if budgeted else None))
     mx.async_eval(*pending)
     return Launched(
         rows, proposals, drafts, asked, cuts, width, per_row, all_taps, batched, pending,
-        anchors,
+        anchors, stacked, table, tabled,
     )  # fmt: skip
 
 
@@ -224,14 +242,17 @@ def settle(launched: Launched) -> tuple[list[Step], list[int]]:
     """Read a launched round back (its one sync) and accept each row's drafts: commit, feed
     the proposer, the record and the stopper. Returns the steps and how many positions each
     row's cache must drop (what it rejected); the caller rolls back."""
-    rows, proposals, drafts = launched.rows, launched.proposals, launched.drafts
+    rows, proposals = launched.rows, launched.proposals
     mx.eval(*launched.pending)  # the round's one sync
+    inputs = launched.inputs.tolist()
+    table = None if launched.table is None else launched.table.tolist()
     steps, rejected = [], []
     for i, (row, proposal, (tokens, accepted, lp, logits)) in enumerate(
         zip(rows, proposals, launched.per_row)
     ):
-        drafted = proposal.host if proposal.host is not None else drafts[i].tolist()
-        target_tokens = tokens.tolist()
+        k = proposal.k
+        drafted = proposal.host if proposal.host is not None else inputs[i][1 : k + 1]
+        target_tokens = table[i][: k + 1] if launched.tabled[i] else tokens.tolist()
         if row.sampling.greedy and not proposal.forced:
             a = accept_greedy(target_tokens, drafted)
         else:

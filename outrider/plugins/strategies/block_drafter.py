@@ -220,19 +220,27 @@ class ContextBackbone:
             given = [t for t, n in zip(taps, counts) if n]
             flat = given[0] if len(given) == 1 else mx.concatenate(given)
             rows = self.hidden_norm(self.fc(flat.astype(block.dtype)))  # [sum S_i, H]
-            widest, parts, at = max(counts), [], 0
-            for n in counts:
-                part = rows[at : at + n]
-                at += n
-                if n < widest:
-                    pad = mx.zeros((widest - n, rows.shape[-1]), dtype=rows.dtype)
-                    part = mx.concatenate([part, pad]) if n else pad
-                parts.append(part)
-            context = parts[0][None] if len(parts) == 1 else mx.stack(parts)
+            widest = max(counts)
+            if min(counts) == widest:  # no row is padded
+                context = rows.reshape(len(counts), widest, rows.shape[-1])
+            else:  # one gather of every row's rows and a zero row for its padding: a GPU
+                # pays per launch, and per-row slices, pads and a stack grow with the rows
+                rows = mx.concatenate([rows, mx.zeros((1, rows.shape[-1]), dtype=rows.dtype)])
+                context = rows[mx.array(padded_index(counts, widest))]
         h = block
         for layer, c in zip(self.layers, cache):
             h = layer(h, context, c)
         return self.norm(h)
+
+
+def padded_index(counts: list[int], widest: int) -> list[list[int]]:
+    """For rows of counts[i] context rows laid one after another (then one zero row), the
+    index of each row's `widest` slots: its own rows, then the zero row as padding."""
+    zero, at, out = sum(counts), 0, []
+    for n in counts:
+        out.append(list(range(at, at + n)) + [zero] * (widest - n))
+        at += n
+    return out
 
 
 class BlockDrafter(ContextBackbone, nn.Module):
