@@ -116,7 +116,6 @@ class Launched:
 
     rows: list[Row]
     proposals: list[Proposal]
-    drafts: list[mx.array]
     asked: list[int]  # each row's cap this round
     cuts: list[int]  # drafts the batch scheduler left out, per row
     width: int  # the rows' common width: 1 + the most drafts of any row
@@ -227,7 +226,7 @@ def launch_round(
             per_row.append((tokens, accepted, lp, logits if budgeted else None))
     mx.async_eval(*pending)
     return Launched(
-        rows, proposals, drafts, asked, cuts, width, per_row, all_taps, batched, pending,
+        rows, proposals, asked, cuts, width, per_row, all_taps, batched, pending,
         anchors, stacked, table, tabled,
     )  # fmt: skip
 
