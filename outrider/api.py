@@ -34,6 +34,7 @@ from .core.target import Target
 from .core.think_budget import DEFAULT_MESSAGE, ThinkBudget, make_budget
 from .loaders import (
     auto_drafter,
+    check_options,
     check_pair,
     draft_mode,
     load_drafter,
@@ -45,7 +46,6 @@ from .prompts import Prompt, encode_prompt, render_prompt
 from .registry import Pair
 from .streaming import Chunk, Collector, TextAssembler
 
-LONGEST_COPY = 256  # --lookup-long-draft at most: one verify of this many rows
 WARM_UP_TEXT = "def hello(name):\n    return 'Hello, ' + name\n\nprint(hello("
 WARM_UP_TOKENS = 16  # enough rounds for every cap the first requests will use
 
@@ -476,40 +476,20 @@ def load(
     drafter's rounds take copies, 16 in mode lookup); a copy drafts twice the length of its
     match, up to this, where the calibrated verify curve allows it.
     """
-    if drafter_bits not in (4, 8, 16):
-        raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
-    if num_draft_tokens is not None:
-        if max_draft not in (None, num_draft_tokens):
-            raise OutriderError("--num-draft-tokens and --max-draft disagree; pass one of them")
-        max_draft = num_draft_tokens
+    max_draft = check_options(
+        max_draft, num_draft_tokens, drafter_bits, lookup_long_draft, confidence_threshold,
+        drafter_window, kv_bits,
+    )  # fmt: skip
     requested_cap = max_draft
     auto_cap, full_block = max_draft == "auto", max_draft == "full"
     if auto_cap or full_block:
         max_draft = None
-    elif max_draft is not None and (not isinstance(max_draft, int) or max_draft < 0):
-        raise OutriderError(f"--max-draft must be >= 0, auto or full, got {max_draft!r}")
-    if lookup_long_draft is not None and not 1 <= lookup_long_draft <= LONGEST_COPY:
-        raise OutriderError(
-            f"--lookup-long-draft must be in 1..{LONGEST_COPY}, got {lookup_long_draft}"
-        )
-    if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
-        raise OutriderError(f"--confidence-threshold must be in [0, 1], got {confidence_threshold}")
-    if drafter_window is not None and (
-        isinstance(drafter_window, bool)
-        or not isinstance(drafter_window, int)
-        or drafter_window < 0
-    ):
-        raise OutriderError(
-            f"--drafter-window must be >= 0 (0: the whole context), got {drafter_window!r}"
-        )
     plugins = plugins or Plugins()
     mode = draft_mode(mode, drafter, draft_model)
     requested, explicit = mode, drafter
     mode, drafter, pair = resolve_mode(plugins, model, mode, drafter, registry)
     if drafter is not None and mode in ("lookup", "baseline") and requested != "auto":
         raise OutriderError(f"--mode {mode} uses no drafter; drop --drafter or pick a drafter mode")
-    if kv_bits not in (None, 4, 8):
-        raise OutriderError(f"--kv-bits must be 8 or 4, got {kv_bits}")
     notes: list[str] = []
     if target is None:
         target = load_target(plugins, model, download)

@@ -28,6 +28,8 @@ from .core.plugins import Plugins
 from .core.target import Target
 from .registry import Pair, find_pair
 
+LONGEST_COPY = 256  # --lookup-long-draft at most: one verify of this many rows
+
 
 def detect_format(plugins: Plugins, path: Path):
     if gguf_header.is_gguf(path):  # a DSpark GGUF: converted once into DeepSpec's layout (cached)
@@ -233,3 +235,43 @@ def auto_drafter(
         return mode, repo, spec
     notes.append(f"--mode auto runs lookup for {pair.id}: " + "; ".join(why))
     return "lookup", None, None
+
+
+def check_options(
+    max_draft: int | str | None,
+    num_draft_tokens: int | None,
+    drafter_bits: int,
+    lookup_long_draft: int | None,
+    confidence_threshold: float | None,
+    drafter_window: int | None,
+    kv_bits: int | None,
+) -> int | str | None:
+    """Refuse a loading option out of its range, each with a message naming its flag, before
+    anything loads; returns the cap asked for (`--num-draft-tokens` is mlx-lm's name for it)."""
+    if drafter_bits not in (4, 8, 16):
+        raise OutriderError(f"--drafter-bits must be 16, 8 or 4, got {drafter_bits}")
+    if num_draft_tokens is not None:
+        if max_draft not in (None, num_draft_tokens):
+            raise OutriderError("--num-draft-tokens and --max-draft disagree; pass one of them")
+        max_draft = num_draft_tokens
+    if max_draft not in (None, "auto", "full") and (
+        isinstance(max_draft, bool) or not isinstance(max_draft, int) or max_draft < 0
+    ):
+        raise OutriderError(f"--max-draft must be >= 0, auto or full, got {max_draft!r}")
+    if lookup_long_draft is not None and not 1 <= lookup_long_draft <= LONGEST_COPY:
+        raise OutriderError(
+            f"--lookup-long-draft must be in 1..{LONGEST_COPY}, got {lookup_long_draft}"
+        )
+    if confidence_threshold is not None and not 0.0 <= confidence_threshold <= 1.0:
+        raise OutriderError(f"--confidence-threshold must be in [0, 1], got {confidence_threshold}")
+    if drafter_window is not None and (
+        isinstance(drafter_window, bool)
+        or not isinstance(drafter_window, int)
+        or drafter_window < 0
+    ):
+        raise OutriderError(
+            f"--drafter-window must be >= 0 (0: the whole context), got {drafter_window!r}"
+        )
+    if kv_bits not in (None, 4, 8):
+        raise OutriderError(f"--kv-bits must be 8 or 4, got {kv_bits}")
+    return max_draft
