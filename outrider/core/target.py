@@ -1,15 +1,6 @@
-"""A loaded target model with hidden-state taps installed on this instance.
-
-Taps wrap entries of the instance's own layer list (never the model classes), so the model's
-forward runs unchanged and its logits are bit-identical to plain decoding; the wrappers only
-record the raw output of the tapped decoder layers (DeepSpec convention: id j = output of
-layer j, id -1 = the embedding output, i.e. the input of layer 0).
-
-A looped-depth model runs its layer list several times a forward (a family's `loops`); its
-tap ids index the unrolled stream, id j + k·n being layer j's output in loop k, and where the
-model norms the stream between loops (the family's `loop_boundary`), the last layer's tap in
-every loop but the last is taken after that norm: the state the next loop starts from.
-"""
+"""A loaded target model: its forwards (plain, verify, prefill, batched rows), cache
+operations and hidden-state taps (core/taps.py), over the family plugin that knows its
+architecture."""
 
 from __future__ import annotations
 
@@ -33,7 +24,7 @@ from .family import (
 from .generation_config import SamplingDefaults
 from .kv_quant import KV_GROUP_SIZE, quantized_kv
 from .stopping import opener_ids
-from .wrapper import PassThrough
+from .taps import TapSink, wrap
 
 # Rows per prefill forward. Small enough that a cancel (a client that went away, Ctrl-C) is
 # seen within one chunk of a long prompt; large enough that each chunk's matmuls stay
@@ -44,56 +35,6 @@ PREFILL_CHUNK = 512
 # the last token alone as mlx-lm does (`Target.hit_tail`). The bound keeps the work of the last
 # layer and the output head, computed for every row of that forward, small.
 HIT_TAIL = 128
-
-
-class _TapSink:
-    def __init__(self) -> None:
-        self.active = False
-        self.store: dict[int, mx.array] = {}
-        self.calls: dict[int, int] = {}  # per tapped layer: its calls so far in this forward
-
-    def clear(self) -> None:
-        self.store = {}
-        self.calls = {}
-
-
-class _TappedLayer(PassThrough):
-    """Pass-through wrapper around one decoder layer of one model instance."""
-
-    wrapped = "layer"
-
-    def __init__(
-        self,
-        layer: nn.Module,
-        sink: _TapSink,
-        index: int,
-        capture_input: bool,
-        stride: int = 0,
-        boundary: tuple[int, Callable[[mx.array], mx.array]] | None = None,
-    ) -> None:
-        super().__init__()
-        self.layer = layer
-        self._sink = sink
-        self._index = index
-        self._capture_input = capture_input
-        self._capture_output = False
-        self._stride = stride  # a looped model: call k of this layer is tap index + k·stride
-        self._boundary = boundary  # (loops, the norm between loops), on a loop's last layer
-
-    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> Any:
-        out = self.layer(x, *args, **kwargs)
-        sink = self._sink
-        if sink.active:
-            k = sink.calls.get(self._index, 0)
-            sink.calls[self._index] = k + 1
-            if self._capture_input and k == 0:
-                sink.store[-1] = x
-            if self._capture_output:
-                h = out[0] if isinstance(out, tuple) else out
-                if self._boundary is not None and k < self._boundary[0] - 1:
-                    h = self._boundary[1](h)
-                sink.store[self._index + k * self._stride] = h
-        return out
 
 
 class Target:
@@ -112,7 +53,7 @@ class Target:
         self.family = family
         self.config = config or {}
         self.name = name
-        self._sink = _TapSink()
+        self._sink = TapSink()
         self._local = threading.local()
         self._tapped: set[int] = set()
         self._probed: set[int] = set()
@@ -331,18 +272,8 @@ class Target:
                     + (f" ({n} run {loops} times)" if loops > 1 else "")
                     + " (is this drafter made for another model?)"
                 )
-        for j in sorted(set(layer_ids) - self._tapped):
-            idx = 0 if j == -1 else j % n
-            wrapper = layers[idx]
-            if not isinstance(wrapper, _TappedLayer):
-                edge = (loops, boundary) if boundary is not None and idx == n - 1 else None
-                wrapper = _TappedLayer(wrapper, self._sink, idx, False, n, edge)
-                layers[idx] = wrapper
-            if j == -1:
-                wrapper._capture_input = True
-            else:
-                wrapper._capture_output = True
-            self._tapped.add(j)
+        wrap(layers, self._sink, set(layer_ids) - self._tapped, loops, boundary)
+        self._tapped.update(layer_ids)
         missing = tuple(j for j in layer_ids if j not in self._probed)
         if missing:
             self._probe(tuple(layer_ids))
