@@ -5,7 +5,8 @@ count, and a whole prefill of a random-weight target each way (its peak memory t
 MLX 0.32's CUDA backend computes a quantized product of hundreds of rows several times slower
 than the half-precision product of the same shape; a prefill chunk can instead dequantize each
 weight (reading it once, writing it once in bf16) and use the half-precision product. This
-measures whether that pays, where, and how far the results part.
+measures whether that pays, where, and how far the results part. Where outrider's rows kernel
+runs (CUDA), products of as many rows as it takes are timed through it too (a third column).
 
     python benchmarks/quantized_prefill.py                        # 8B and 32B shapes, 4-bit
     python benchmarks/quantized_prefill.py --rows 64,512 --prefill 4096 --shape 8b
@@ -88,6 +89,9 @@ def main() -> None:
     args = ap.parse_args()
     print(f"mlx {mx.__version__} {mx.default_device()}  {args.bits}-bit, group 64, bf16 rows")
     rows = [int(r) for r in args.rows.split(",")]
+    from outrider.plugins.kernels.cuda_rows import CudaRows
+
+    kernel = CudaRows() if CudaRows().available() else None  # a third column where it runs
     for shape in args.shape.split(","):
         s = SHAPES[shape]
         h, i = s["hidden_size"], s["intermediate_size"]
@@ -106,8 +110,14 @@ def main() -> None:
                 ya = quantized(*inputs).astype(mx.float32)
                 yb = dequantized(*inputs).astype(mx.float32)
                 rel = (mx.abs(ya - yb).max() / mx.abs(ya).max()).item()
+                rows_ms = ""
+                if kernel is not None and m <= kernel.rows_up_to(
+                    in_f, out_f, args.bits, 64, x.dtype
+                ):
+                    tk = timeit(lambda *a: kernel(*a[:4], 64, args.bits), args.reps, *inputs)
+                    rows_ms = f" | rows kernel {tk * 1e3:8.3f} ({ta / tk:5.2f}x)"
                 print(f"  {name:<8} {out_f:>6}x{in_f:<6} rows {m:>5}  {ta * 1e3:8.3f} | "
-                      f"{tb * 1e3:8.3f} | {ta / tb:5.2f}x | {rel:.1e}")  # fmt: skip
+                      f"{tb * 1e3:8.3f} | {ta / tb:5.2f}x | {rel:.1e}{rows_ms}")  # fmt: skip
     if args.prefill:
         from loop_efficiency import make_target
 

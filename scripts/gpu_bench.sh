@@ -109,7 +109,8 @@ for set in "$@"; do
       step batch_phases_baseline 90 python3 benchmarks/batch_round_phases.py --mode baseline \
         --batches 1,8 --max-tokens 128 ;;
     qprefill)
-      step quantized_prefill 150 python3 benchmarks/quantized_prefill.py --rows 512 --reps 5 ;;
+      step quantized_prefill 200 python3 benchmarks/quantized_prefill.py --rows 16,64,512 \
+        --reps 5 ;;
     ttft)
       step ttft_phases_32b 300 python3 benchmarks/ttft_phases.py --shape 32b --dtype bf16 \
         --system-tokens 4096 --turns 5 --repeats 5 ;;

@@ -159,11 +159,79 @@ def test_products_of_many_rows_run_the_dequantized_weight_where_the_kernel_says(
         assert model.layers[0].mlp.down_proj.dense_from is None
 
 
+class WideRows(ReferenceRows):
+    """ReferenceRows that takes up to `top` rows at every shape."""
+
+    def __init__(self, top: int) -> None:
+        super().__init__()
+        self.top = top
+
+    def rows_up_to(self, width, outputs, bits, group_size, dtype):
+        return self.top
+
+
+def test_a_kernel_that_takes_more_rows_at_a_shape_gets_them_and_is_probed_there():
+    model = _quantized()
+    kernel = WideRows(12)
+    wrapped, failed = row_kernels.install(model, kernel, mx.float32)
+    assert wrapped and failed is None
+    assert max(kernel.calls) == 12  # the probe ran the widest product the kernel takes
+    layer = model.layers[0].mlp.down_proj
+    assert layer.max_rows == 12
+    x = mx.random.normal((1, 13, row_kernels.width(layer.linear)), key=mx.random.key(4))
+    kernel.calls.clear()
+    for rows in (9, 12, 13):
+        want = layer.linear(x[:, :rows])
+        assert mx.allclose(layer(x[:, :rows]), want, rtol=1e-4, atol=1e-5).item()
+    assert kernel.calls == [9, 12]  # 13: MLX's own
+
+    # a mistake past 8 rows, which only a probe at the widest product meets, is refused
+    class WrongPastEight(WideRows):
+        def __call__(self, x, *weights):
+            y = super().__call__(x, *weights)
+            return y * 1.5 if x.size // x.shape[-1] > 8 else y
+
+    count, failed = row_kernels.install(_quantized(), WrongPastEight(12), mx.float32)
+    assert count == 0 and "12 rows" in failed
+
+
+class WideGroups(GroupedReference):
+    """GroupedReference that takes 12 rows where a launch computes at most 128 weight rows,
+    10 where it computes more."""
+
+    def rows_up_to(self, width, outputs, bits, group_size, dtype):
+        return 12 if outputs <= 128 else 10
+
+
+def test_a_groups_rows_stop_where_its_whole_launch_says():
+    model = _quantized()  # q 64 + k 32 + v 32 rows in one launch; gate 128 + up 128 in another
+    kernel = WideGroups()
+    wrapped, failed = row_kernels.install(model, kernel, mx.float32)
+    assert wrapped and failed is None
+    layer = model.layers[0]
+    assert [layer.self_attn.q_proj.max_rows, layer.self_attn.v_proj.max_rows] == [12, 12]
+    assert [layer.mlp.gate_proj.max_rows, layer.mlp.up_proj.max_rows] == [10, 10]
+    assert layer.mlp.down_proj.max_rows == 12  # alone: its own 64 rows
+    assert (10, 2) in kernel.grouped_calls and (12, 2) not in kernel.grouped_calls  # probed there
+    kernel.grouped_calls.clear()
+    x = mx.random.normal((1, 11, 64), key=mx.random.key(5))
+    want = layer.mlp.gate_proj.linear(x)
+    assert mx.allclose(layer.mlp.gate_proj(x), want, rtol=1e-4, atol=1e-5).item()
+    assert kernel.grouped_calls == []  # 11 rows: past the group's 10, MLX's own
+
+
 def test_the_cuda_kernel_dequantizes_prefill_chunks_only_at_its_measured_form():
     cuda = cuda_rows.CudaRows()
     assert cuda.dense_rows(4096, 4, 64, mx.bfloat16) == cuda_rows.DENSE_ROWS
     assert cuda.dense_rows(4096, 8, 64, mx.bfloat16) is None  # 8 bits: not measured
     assert cuda.dense_rows(4096, 4, 64, mx.float32) is None
+    assert cuda.rows_up_to(4096, 4096, 4, 64, mx.bfloat16) == cuda_rows.MMA_ROWS  # tensor cores
+    assert cuda.rows_up_to(4096, 12288, 4, 64, mx.bfloat16) == cuda_rows.WIDE_ROWS  # an MLP's up
+    assert cuda.rows_up_to(4096, 4096, 8, 64, mx.bfloat16) == cuda_rows.MAX_ROWS
+    assert cuda_rows.MMA_ROWS <= cuda_rows.DENSE_ROWS
+    # the block scratch of the most rows fits MLX's static shared memory (48 KB)
+    for n in (256, 4096, 25600):
+        assert 512 * cuda_rows.warps(n) * (cuda_rows.MMA_ROWS // 8) <= 32 * 1024
     assert cuda_rows.DENSE_ROWS <= outrider.core.target.PREFILL_CHUNK  # chunks reach it
 
 
@@ -421,10 +489,12 @@ def test_the_cuda_kernel_computes_mlxs_product_and_each_row_as_alone(
     assert form == "fma" or kernel.form(k, bits, dtype) == "mma"
     w = mx.random.normal((n, k), key=mx.random.key(0)).astype(dtype) * 0.05
     wq, s, b = mx.quantize(w, group_size=group, bits=bits)
-    x = mx.random.normal((8, k), key=mx.random.key(1)).astype(dtype)
+    top = kernel.rows_up_to(k, n, bits, group, dtype) if form == "mma" else 8
+    x = mx.random.normal((top, k), key=mx.random.key(1)).astype(dtype)
     alone = kernel(x[:1], wq, s, b, group, bits, form=form)
     tolerance = row_kernels.PROBE_TOLERANCE[dtype]
-    for rows in (1, 2, 5, 8):
+    # the tensor-core form takes rows in groups of 8: one group, several, a part-filled last
+    for rows in sorted({1, 2, 5, 8, 9, 17, 40, top} & set(range(1, top + 1))):
         got = kernel(x[:rows], wq, s, b, group, bits, form=form).astype(mx.float32)
         want = mx.quantized_matmul(x[:rows], wq, s, b, True, group, bits).astype(mx.float32)
         assert (mx.abs(got - want).max() / mx.abs(want).max()).item() <= tolerance
@@ -461,10 +531,10 @@ def test_the_cuda_kernels_grouped_form_computes_each_members_product(dtype, grou
     for i, n in enumerate(ns):
         w = mx.random.normal((n, k), key=mx.random.key(10 + i)).astype(dtype) * 0.05
         weights.append(mx.quantize(w, group_size=group, bits=4))
-    x = mx.random.normal((8, k), key=mx.random.key(1)).astype(dtype)
+    x = mx.random.normal((cuda_rows.MMA_ROWS, k), key=mx.random.key(1)).astype(dtype)
     alone = kernel.grouped(x[:1], weights, group, 4)
     tolerance = row_kernels.PROBE_TOLERANCE[dtype]
-    for rows in (1, 2, 5, 8):
+    for rows in (1, 2, 5, 8, 13, cuda_rows.MMA_ROWS):
         got = kernel.grouped(x[:rows], weights, group, 4)
         for y, first, (w, s, b) in zip(got, alone, weights, strict=True):
             want = mx.quantized_matmul(x[:rows], w, s, b, True, group, 4).astype(mx.float32)

@@ -6,8 +6,8 @@ them once for all rows. Kernels come from plugins (`register_matmul_kernels`; th
 is CUDA's, plugins/kernels/cuda_rows.py), so a Metal one can plug in beside it.
 
 `QuantizedRows` stands in front of one of MLX's `QuantizedLinear` layers and sends products of
-`kernel.min_rows` to `kernel.max_rows` rows to the kernel, others (one row, a prefill) to the
-layer itself; sibling layers that read one input (q, k and v; gate and up) form a `RowsGroup`
+`kernel.min_rows` to `kernel.max_rows` rows (more where the kernel's `rows_up_to` says) to the
+kernel, others (one row, a prefill) to the layer itself; sibling layers that read one input (q, k and v; gate and up) form a `RowsGroup`
 whose products take one launch, where the kernel has a grouped form.
 `install` puts it in front of every layer a kernel takes after `probe` has checked, per
 distinct shape, that the kernel computes what MLX's own product computes; a kernel that fails
@@ -60,7 +60,9 @@ class RowsKernel(Protocol):
 
     # Optional: def dense_rows(width, bits, group_size, dtype) -> int | None, the rows from
     # which the product runs faster dequantized (`dense`) than as MLX's quantized product
-    # (None or absent: never).
+    # (None or absent: never); def rows_up_to(width, outputs, bits, group_size, dtype) -> int,
+    # the most rows it takes at that shape (outputs: the weight's rows, or a group's in all),
+    # where that is more than `max_rows`.
 
     def __call__(
         self,
@@ -96,6 +98,7 @@ class QuantizedRows(PassThrough):
         self._index = 0
         self.dense_from = dense_from
         self.queue = queue  # the model's, shared by its layers
+        self.max_rows = kernel.max_rows  # `install` widens it where the kernel says
 
     def __call__(self, x: mx.array) -> mx.array:
         lin, kernel = self.linear, self._kernel
@@ -105,7 +108,7 @@ class QuantizedRows(PassThrough):
             if self.queue is not None:
                 self.queue.add(lin.weight.shape[0] * width(lin) * x.dtype.size, y)
             return y
-        if rows > kernel.max_rows or rows < kernel.min_rows:
+        if rows > self.max_rows or rows < kernel.min_rows:
             return lin(x)
         if self._group is not None:
             y = self._group.output(x, self._index)
@@ -146,6 +149,19 @@ def dense(lin: nn.QuantizedLinear, x: mx.array) -> mx.array:
     w = mx.dequantize(lin.weight, lin.scales, lin.biases, lin.group_size, lin.bits)
     y = x @ w.astype(x.dtype).T
     return y + lin.bias if "bias" in lin else y
+
+
+def rows_limit(
+    kernel: RowsKernel, layer: nn.QuantizedLinear, dtype: mx.Dtype, outputs: int | None = None
+) -> int:
+    """The most rows the kernel takes for `layer`'s products (`outputs`: the weight rows of
+    the launch, where a group computes more than `layer`'s own)."""
+    up_to = getattr(kernel, "rows_up_to", None)
+    if not callable(up_to):
+        return kernel.max_rows
+    outputs = layer.weight.shape[0] if outputs is None else outputs
+    top = up_to(width(layer), outputs, layer.bits, layer.group_size, dtype)
+    return max(kernel.max_rows, top)
 
 
 def dense_from(kernel: RowsKernel, layer: nn.QuantizedLinear, dtype: mx.Dtype) -> int | None:
@@ -239,9 +255,9 @@ def _first_failure(
             continue
         seen.add(key)
         weights = [(m.weight, m.scales, m.biases) for m in members]
-        x = mx.random.normal((kernel.max_rows, width(first)), key=mx.random.key(seed))
-        x = x.astype(dtype)
-        for rows in sorted({kernel.min_rows, kernel.max_rows}):
+        top = rows_limit(kernel, first, dtype, sum(m.weight.shape[0] for m in members))
+        x = mx.random.normal((top, width(first)), key=mx.random.key(seed)).astype(dtype)
+        for rows in sorted({kernel.min_rows, kernel.max_rows, top}):
             try:
                 if grouped:
                     got = kernel.grouped(x[:rows], weights, first.group_size, first.bits)
@@ -318,12 +334,18 @@ def install(
         return 0, failed
     queue = DenseQueue()
     wrappers = {n: QuantizedRows(m, kernel, dense_from(kernel, m, dtype), queue) for n, m in found}
+    for m in wrappers.values():
+        m.max_rows = rows_limit(kernel, m.linear, dtype)
     named = groups(found, kernel, dtype) if group else []
     failed = probe_groups([[wrappers[n].linear for n in names] for names in named], kernel, dtype)
     for names in [] if failed else named:
-        joined = RowsGroup(kernel, [wrappers[n].linear for n in names])
+        members = [wrappers[n].linear for n in names]
+        joined = RowsGroup(kernel, members)
+        # one launch computes them all: its rows stop where the whole group's outputs say
+        top = rows_limit(kernel, members[0], dtype, sum(m.weight.shape[0] for m in members))
         for i, n in enumerate(names):
             wrappers[n]._group, wrappers[n]._index = joined, i
+            wrappers[n].max_rows = min(wrappers[n].max_rows, top)
     model.update_modules(tree_unflatten(list(wrappers.items())))
     return len(found), failed and f"{failed}; each layer runs alone"
 

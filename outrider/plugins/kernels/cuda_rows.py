@@ -32,6 +32,14 @@ from ...core.hookspecs import hookimpl
 # and one row runs MLX's own (CudaRows.min_rows says why).
 MIN_ROWS = 2
 MAX_ROWS = 8
+# The tensor-core form takes up to this many rows (groups of 8, each step's weights dequantized
+# once for all of them): a prefix hit's tail, a short prompt's prefill (`CudaRows.rows_up_to`).
+# Each 16-row tile of weights reads every input row again (from L2), so that traffic grows with
+# rows x outputs: products of more than WIDE_OUTPUTS weight rows (an MLP's gate and up) stop at
+# WIDE_ROWS, where on an H100 they still ran faster than MLX's (docs/performance.md).
+MMA_ROWS = 64
+WIDE_OUTPUTS = 8192
+WIDE_ROWS = 32
 # Rows from which a 4-bit product dequantizes its weight instead (`CudaRows.dense_rows`): the
 # prefill's chunks (core/target.py PREFILL_CHUNK), not a verify or a prefix hit's short tail.
 DENSE_ROWS = 512
@@ -39,7 +47,7 @@ BITS = (4, 8)
 THREADS = 128  # 4 warps a block
 # In the kernel's name, which MLX's CUDA backend keys its compiled-code cache by (on disk, with
 # the template arguments): a changed SOURCE must change it, or a machine would run the old code.
-VERSION = 4
+VERSION = 5
 
 HEADER = """
 template <typename T, int P>
@@ -179,12 +187,14 @@ __device__ __forceinline__ uint32_t pair_of(T v) {
   return b | (b << 16);
 }
 
-// One 16-row tile of y = x @ dequantize(w).T (x [M, K], M <= 8; w [N, K / 8] packed 4-bit;
-// scales, biases [N, K / GS]) by one block of KW warps; `part` is the block's shared scratch.
-template <typename T, int GS, int KW, typename S>
+// One 16-row tile of y = x @ dequantize(w).T (x [M, K], M <= 8 * NB; w [N, K / 8] packed
+// 4-bit; scales, biases [N, K / GS]) by one block of KW warps; `part` is the block's shared
+// scratch. Input rows go in NB groups of 8 (the mma's n): each step dequantizes its weights
+// once and multiplies them with every group.
+template <typename T, int GS, int KW, int NB, typename S>
 __device__ __forceinline__ void rows_mma(
     const T* x, int M, int K, const uint32_t* w, const S* scales, const S* biases, T* y, int N,
-    int tile, float (*part)[32][4]) {
+    int tile, float (*part)[32][4 * NB]) {
 const int W = K / 8;
 const int G = K / GS;
 const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -193,10 +203,12 @@ const int n0 = tile * 16;
 const int ra = min(n0 + g, N - 1), rb = min(n0 + g + 8, N - 1);
 const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * W);
 const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * W);
-const bool has_x = g < M;
-const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)min(g, M - 1) * K);
 const int steps = K / 128;
-float c[4] = {0.f, 0.f, 0.f, 0.f};
+float c[NB][4];
+#pragma unroll
+for (int nb = 0; nb < NB; ++nb) {
+  c[nb][0] = 0.f; c[nb][1] = 0.f; c[nb][2] = 0.f; c[nb][3] = 0.f;
+}
 const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 int st = warp;
 // the packed words, scales and biases of step s for this lane's two rows (zeros past the end)
@@ -220,69 +232,88 @@ while (st < steps) {
   uint4 na, nb;
   T nsa, nba, nsb, nbb;
   fetch(nx, na, nb, nsa, nba, nsb, nbb);  // the next step's weights load during this one's math
-  uint32_t xw[16];
-  if (has_x) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint4 v = xr[u * 4 + i];
-      xw[4 * i] = v.x; xw[4 * i + 1] = v.y; xw[4 * i + 2] = v.z; xw[4 * i + 3] = v.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) xw[i] = 0u;
-  }
   const uint32_t s2a = pair_of(sa), b2a = pair_of(ba), s2b = pair_of(sb), b2b = pair_of(bb);
   const uint32_t wordsa[4] = {qa.x, qa.y, qa.z, qa.w};
   const uint32_t wordsb[4] = {qb.x, qb.y, qb.z, qb.w};
+  uint32_t a[8][4];  // this step's weights, dequantized once for every group of input rows
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint32_t a[4];
-      a[0] = dequant_pair(wordsa[j] >> (8 * h), s2a, b2a, T());
-      a[1] = dequant_pair(wordsb[j] >> (8 * h), s2b, b2b, T());
-      a[2] = dequant_pair(wordsa[j] >> (8 * h + 4), s2a, b2a, T());
-      a[3] = dequant_pair(wordsb[j] >> (8 * h + 4), s2b, b2b, T());
-      const uint32_t lo = xw[4 * j + h], hi = xw[4 * j + h + 2];
-      mma16816(c, a, __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632), T());
+      a[2 * j + h][0] = dequant_pair(wordsa[j] >> (8 * h), s2a, b2a, T());
+      a[2 * j + h][1] = dequant_pair(wordsb[j] >> (8 * h), s2b, b2b, T());
+      a[2 * j + h][2] = dequant_pair(wordsa[j] >> (8 * h + 4), s2a, b2a, T());
+      a[2 * j + h][3] = dequant_pair(wordsb[j] >> (8 * h + 4), s2b, b2b, T());
+    }
+  }
+#pragma unroll
+  for (int grp = 0; grp < NB; ++grp) {
+    const int row = g + 8 * grp;
+    uint32_t xw[16];
+    if (row < M) {
+      const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)row * K);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint4 v = xr[u * 4 + i];
+        xw[4 * i] = v.x; xw[4 * i + 1] = v.y; xw[4 * i + 2] = v.z; xw[4 * i + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) xw[i] = 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t lo = xw[4 * j + h], hi = xw[4 * j + h + 2];
+        mma16816(c[grp], a[2 * j + h], __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632), T());
+      }
     }
   }
   qa = na; qb = nb; sa = nsa; ba = nba; sb = nsb; bb = nbb;
   st = nx;
 }
 #pragma unroll
-for (int i = 0; i < 4; ++i) part[warp][lane][i] = c[i];
+for (int grp = 0; grp < NB; ++grp) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) part[warp][lane][4 * grp + i] = c[grp][i];
+}
 __syncthreads();
 if (warp == 0) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float v = 0.f;
-#pragma unroll
-    for (int k = 0; k < KW; ++k) v += part[k][lane][i];
-    c[i] = v;
-  }
-  const int m0 = 2 * t, m1 = 2 * t + 1;
   const int na_ = n0 + g, nb_ = n0 + g + 8;
-  if (na_ < N) {
-    if (m0 < M) y[(size_t)m0 * N + na_] = static_cast<T>(c[0]);
-    if (m1 < M) y[(size_t)m1 * N + na_] = static_cast<T>(c[1]);
-  }
-  if (nb_ < N) {
-    if (m0 < M) y[(size_t)m0 * N + nb_] = static_cast<T>(c[2]);
-    if (m1 < M) y[(size_t)m1 * N + nb_] = static_cast<T>(c[3]);
+#pragma unroll
+  for (int grp = 0; grp < NB; ++grp) {
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float sum = 0.f;
+#pragma unroll
+      for (int k = 0; k < KW; ++k) sum += part[k][lane][4 * grp + i];
+      v[i] = sum;
+    }
+    const int m0 = 8 * grp + 2 * t, m1 = m0 + 1;
+    if (na_ < N) {
+      if (m0 < M) y[(size_t)m0 * N + na_] = static_cast<T>(v[0]);
+      if (m1 < M) y[(size_t)m1 * N + na_] = static_cast<T>(v[1]);
+    }
+    if (nb_ < N) {
+      if (m0 < M) y[(size_t)m0 * N + nb_] = static_cast<T>(v[2]);
+      if (m1 < M) y[(size_t)m1 * N + nb_] = static_cast<T>(v[3]);
+    }
   }
 }
 }
 """
 
-# x [..., K] (T, M <= 8 rows in all), w [N, K / 8] packed 4-bit, scales and biases
+# x [..., K] (T, M <= 8 * NB rows in all), w [N, K / 8] packed 4-bit, scales and biases
 # [N, K / GS]; y [..., N].
-# Template: T (bfloat16 or float16), GS, KW (warps a block, splitting K). K % 128 == 0.
+# Template: T (bfloat16 or float16), GS, KW (warps a block, splitting K), NB (groups of 8 input
+# rows). K % 128 == 0.
 MMA_SOURCE = r"""
 int M = 1;
 for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
-__shared__ float part[KW][32][4];
-rows_mma<T, GS, KW>(x, M, w_shape[1] * 8, w, scales, biases, y, w_shape[0], blockIdx.x, part);
+__shared__ float part[KW][32][4 * NB];
+rows_mma<T, GS, KW, NB>(x, M, w_shape[1] * 8, w, scales, biases, y, w_shape[0], blockIdx.x, part);
 """
 
 
@@ -295,12 +326,12 @@ def group_source(count: int) -> str:
         "int M = 1;",
         "for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];",
         "const int K = x_shape[x_ndim - 1];",
-        "__shared__ float part[KW][32][4];",
+        "__shared__ float part[KW][32][4 * NB];",
         "int tile = blockIdx.x;",
     ]
     for i in range(count):
         call = (
-            f"rows_mma<T, GS, KW>(x, M, K, w{i}, scales{i}, biases{i}, y{i}, w{i}_shape[0], "
+            f"rows_mma<T, GS, KW, NB>(x, M, K, w{i}, scales{i}, biases{i}, y{i}, w{i}_shape[0], "
             "tile, part);"
         )
         if i == count - 1:
@@ -317,10 +348,14 @@ def rows_per_warp(n: int) -> int:
     return 4 if n >= 4096 else 1
 
 
-def splits(n: int) -> int:
+def warps(n: int) -> int:
     """Warps of a block of the tensor-core form, splitting the input dimension: more where
-    the matrix has few 16-row tiles, so that enough reads are in flight at once."""
-    return 16 if n <= 1024 else 8 if n <= 4096 else 4
+    the matrix has few 16-row tiles, so that enough reads are in flight at once. The same at
+    every row count, so a row's sum runs in one order whatever the rows beside it; at most 8,
+    so the block's scratch (warps x 32 x 4 floats a group of 8 rows) fits 32 KB at MMA_ROWS.
+    (Up to 8 rows, matrices of at most 1,024 rows took 16 before: no 8B or 32B product has
+    so few, q, k and v running as one launch.)"""
+    return 8 if n <= 4096 else 4
 
 
 class CudaRows:
@@ -373,12 +408,25 @@ class CudaRows:
         calls of a forward repeat a few shapes, and each call's host time counts."""
         form = form or self.form(k, bits, dtype)
         if form == "mma":
-            kw = splits(n)
-            template = [("T", dtype), ("GS", group_size), ("KW", kw)]
+            nb = -(-m // 8)
+            kw = warps(n)
+            template = [("T", dtype), ("GS", group_size), ("KW", kw), ("NB", nb)]
             return self._kernel(form), template, (-(-n // 16) * kw * 32, 1, 1), (kw * 32, 1, 1)
         r = rows or rows_per_warp(n)
         template = [("T", dtype), ("M", m), ("R", r), ("BITS", bits), ("GS", group_size)]
         return self._kernel(form), template, (-(-n // r) * 32, 1, 1), (THREADS, 1, 1)
+
+    def rows_up_to(
+        self, width: int, outputs: int, bits: int, group_size: int, dtype: mx.Dtype
+    ) -> int:
+        """The tensor-core form takes up to MMA_ROWS rows (WIDE_ROWS for a product of more
+        than WIDE_OUTPUTS weight rows, or a group of them in one launch), the float32 form
+        MAX_ROWS. On an H100, 64 rows through it ran 1.4-2.1x faster than MLX's product
+        where the weight had 4,096-5,120 rows, and 0.7-1.0x where it had 12,288-25,600; 32
+        rows ran 1.05-3.1x faster at every 8B and 32B shape."""
+        if self.form(width, bits, dtype) != "mma":
+            return MAX_ROWS
+        return WIDE_ROWS if outputs > WIDE_OUTPUTS else MMA_ROWS
 
     def dense_rows(self, width: int, bits: int, group_size: int, dtype: mx.Dtype) -> int | None:
         """From how many rows a product of the tensor-core form's shapes runs faster as the
@@ -409,11 +457,12 @@ class CudaRows:
         key = ("group", lead, ns, x.shape[-1], group_size, x.dtype)
         launch = self._launches.get(key)
         if launch is None:
-            kw = splits(sum(ns))
+            nb = -(-math.prod(lead) // 8)
+            kw = warps(sum(ns))
             tiles = sum(-(-n // 16) for n in ns)
             launch = self._launches[key] = (
                 self._group_kernel(len(ns)),
-                [("T", x.dtype), ("GS", group_size), ("KW", kw)],
+                [("T", x.dtype), ("GS", group_size), ("KW", kw), ("NB", nb)],
                 (tiles * kw * 32, 1, 1),
                 (kw * 32, 1, 1),
                 [(*lead, n) for n in ns],
@@ -465,7 +514,7 @@ class CudaRows:
         form: str | None = None,
         rows: int | None = None,
     ) -> mx.array:
-        """x @ dequantize(w).T for x [..., K] of at most MAX_ROWS rows. `form` and `rows` (the
+        """x @ dequantize(w).T for x [..., K] of at most `rows_up_to` rows. `form` and `rows` (the
         float32 form's weight rows a warp) force a choice, for benchmarks."""
         lead, k = x.shape[:-1], x.shape[-1]
         m = math.prod(lead)
