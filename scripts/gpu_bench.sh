@@ -25,6 +25,13 @@
 #             baseline (benchmarks/batch_round_phases.py)
 #   steps     where the demo pair's rounds go: drafting rounds sorted ahead / serial / after
 #             plain steps, fixed caps against auto, chat and code (benchmarks/step_times.py)
+#   turn5ab   turn5q's cold turns with the rows kernel and dense prefill chunks (the default)
+#             and with OUTRIDER_MATMUL=native (MLX's products everywhere): what they buy
+#   qmid      where the dense route starts to pay (128-384 rows, for DENSE_ROWS), and the
+#             dense queue's bound (a 32B prefill unbounded, at 2 and at 1 GiB, with peaks)
+#   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
+#             against itself alone, 1-64 rows; a template compiles per group count). Needs
+#             pytest: carry .whl (docs/testing-on-gpu.md)
 set -u
 out=${OUT:-/tmp/gpu_bench}
 mkdir -p "$out"
@@ -42,7 +49,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   echo "== $name (limit ${limit}s, at ${SECONDS}s)"
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
-  grep -E "tok/s|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error" "$out/$name.txt"
+  grep -E "tok/s|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel" "$out/$name.txt"
 }
 
 export PYTHONUNBUFFERED=1
@@ -50,9 +57,9 @@ loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
-      | phases) ;;
+      | phases | turn5ab | qmid | rowtests) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -111,6 +118,24 @@ for set in "$@"; do
     qprefill)
       step quantized_prefill 200 python3 benchmarks/quantized_prefill.py --rows 16,64,512 \
         --reps 5 ;;
+    turn5ab)
+      step turn5_32b_4bit_rows 200 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
+        --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit_rows.json"
+      step turn5_32b_4bit_native 200 env OUTRIDER_MATMUL=native python3 \
+        benchmarks/prefix_cache.py --shape 32b --dtype 4bit --system-tokens 4096 --turns 5 \
+        --cold --json "$out/turn5_32b_4bit_native.json" ;;
+    qmid)
+      step quantized_prefill_mid 90 python3 benchmarks/quantized_prefill.py --shape 8b,32b \
+        --rows 128,256,384 --reps 5 --prefill 0
+      step dense_queue_32b 150 python3 benchmarks/quantized_prefill.py --shape 32b --rows 512 \
+        --reps 3 --queue-gb 0,2,1 ;;
+    rowtests)
+      if [ -d .whl ]; then
+        pip install -q --no-index --no-deps --target /tmp/testsite .whl/*.whl 2>/dev/null
+        export PYTHONPATH=/tmp/testsite:${PYTHONPATH:-}
+      fi
+      step row_kernel_tests 400 python3 -m pytest -o addopts="" -q -rs tests/test_row_kernels.py \
+        -k "computes_mlxs_product or grouped_form or builtin_plugin" ;;
     ttft)
       step ttft_phases_32b 300 python3 benchmarks/ttft_phases.py --shape 32b --dtype bf16 \
         --system-tokens 4096 --turns 5 --repeats 5 ;;
