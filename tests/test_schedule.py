@@ -139,6 +139,15 @@ def test_the_first_rounds_draft_at_the_start_cap_then_measure_plain_steps():
     assert first[:4] == [4] * 4 and 0 in first[4:]
 
 
+class PerStep(AutoCap):
+    """AutoCap whose parked runs reach `observe` step by step (the loop hands a run's steps
+    over at its end, `observe_plain`), so a test's own `observe` shapes plain steps too."""
+
+    def observe_plain(self, seconds: list[float]) -> None:
+        for s in seconds:
+            self.observe(0, 0, s)
+
+
 @pytest.mark.parametrize("accept_rate", [1.0, 0.6])
 def test_auto_output_equals_plain_greedy(qwen3_target, monkeypatch, accept_rate):
     """Whatever caps the policy picks round by round (here: parked, probing, then drafting,
@@ -150,7 +159,7 @@ def test_auto_output_equals_plain_greedy(qwen3_target, monkeypatch, accept_rate)
     oracle = OracleProposer(ids + want, accept_rate, vocab, max_draft=6, seed=1)
     seen: list[int] = []
 
-    class Flipping(AutoCap):
+    class Flipping(PerStep):
         def observe(self, k: int, accepted: int, seconds: float) -> None:
             seen.append(k)
             slow_verify = len(seen) < 30  # first parked, then drafting pays
@@ -180,7 +189,7 @@ def test_parked_steps_keep_the_drafter_and_the_prefix_cache_in_step(
     want = plain_greedy(qwen3_target, ids, 45)
     kinds: list[int] = []
 
-    class Alternating(AutoCap):
+    class Alternating(PerStep):
         def observe(self, k: int, accepted: int, seconds: float) -> None:
             kinds.append(k)
             slow_verify = (len(kinds) // 12) % 2 == 0  # park, draft, park, ...
@@ -208,7 +217,7 @@ def test_a_parked_drafter_still_verifies_what_the_text_copies(qwen3_target, draf
 
     pays = [True]
 
-    class Parked(AutoCap):  # the drafter never pays: every choice parks
+    class Parked(PerStep):  # the drafter never pays: every choice parks
         def choose(self, limit: int) -> int:
             return 0
 
@@ -362,7 +371,7 @@ def test_auto_lookup_output_equals_plain_greedy_and_learns_while_parked(qwen3_ta
     want = plain_greedy(qwen3_target, ids, 60)
     learnt: list[int] = []
 
-    class Slow(AutoCap):  # verify rows cost as much as plain steps: parked after learning
+    class Slow(PerStep):  # verify rows cost as much as plain steps: parked after learning
         def observe(self, k: int, accepted: int, seconds: float) -> None:
             super().observe(k, accepted, 1.0 + k)
 
@@ -527,3 +536,28 @@ def test_auto_tells_its_policy_how_long_the_caller_kept_each_step(qwen3_target, 
         steps += 1
     assert steps > 1
     assert pipe.cap_policy is not None and pipe.cap_policy.outside > 0
+
+
+@pytest.mark.parametrize("with_calibration", [False, True])
+def test_a_parked_run_told_at_its_end_leaves_the_policy_as_step_by_step_would(with_calibration):
+    """`observe_plain` (what the loop calls when a parked run ends) moves the plain-step cost
+    and the counts exactly as `observe(0, 0, s)` for each step would, warm-up steps included."""
+
+    def fresh() -> AutoCap:
+        if with_calibration:
+            return calibrated(plain_ms=2.0, per_row_ms=0.5, draft_ms=1.0)
+        return AutoCap(8)
+
+    seconds = [0.004, 0.0021, 0.0019, 0.05, 0.002, 0.0022, 0.0018]  # a hiccup among them
+    one_by_one, at_end = fresh(), fresh()
+    for policy in (one_by_one, at_end):
+        policy.context = 300
+        policy.observe(3, 2, 0.01)  # a drafting round before the run
+    for s in seconds:
+        one_by_one.observe(0, 0, s)
+    at_end.observe_plain(seconds)
+    assert at_end.rounds == one_by_one.rounds
+    assert at_end.costs == one_by_one.costs and at_end.scale == one_by_one.scale
+    assert at_end.cost(0) == one_by_one.cost(0)
+    assert at_end.accept == one_by_one.accept and at_end.drafting == one_by_one.drafting
+    assert (at_end.scale if with_calibration else at_end.costs) != fresh().costs  # it moved

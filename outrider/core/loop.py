@@ -416,39 +416,44 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
 
     shadow = Shadow(row) if getattr(row.proposer, "drafts_on_host", False) else None
     cur, cur_taps = step(mx.array([row.anchor], dtype=mx.uint32))
-    for i in range(n):
-        t = time.perf_counter()
-        last = i == n - 1
-        if i and row.wants_cancel():
-            row.stopper.finish_reason = "cancelled"
-            yield Step("plain", [], 0, [], 0.0, "cancelled")
-            return i
-        if not last:
-            following = step(cur)  # queued before cur is read
-        token = cur.item()
-        closed = False
-        if row.budget is not None:  # where it fires, its closing takes this token's place
-            (token,), closed = row.budget.close([token])
-        row.proposer.observe(0, cur_taps)
-        if row.record is not None:
-            row.record.grow(1, cur_taps)
-        if shadow is not None:
-            shadow.check(token)
-        row.history.append(token)
-        row.anchor = token
-        kept = row.stopper.feed([token])
-        seconds = time.perf_counter() - t
-        if row.policy is not None and not closed:
-            row.policy.observe(0, 0, seconds)
-        stop = row.done or closed or (not last and _copy_ready(row))
-        if stop and not last:
-            target.rollback(cache, 1)  # the forward queued past where these steps end
-        done = Step("plain", [], 0, kept, seconds, row.stopper.finish_reason, closed=closed)
-        yield from _handed(done, row.policy)
-        if stop or last:
-            return i + 1
-        cur, cur_taps = following
-    return n
+    timed: list[float] = []  # each step's seconds, told to the policy when the run ends
+    try:
+        for i in range(n):
+            t = time.perf_counter()
+            last = i == n - 1
+            if i and row.wants_cancel():
+                row.stopper.finish_reason = "cancelled"
+                yield Step("plain", [], 0, [], 0.0, "cancelled")
+                return i
+            if not last:
+                following = step(cur)  # queued before cur is read
+            token = cur.item()
+            closed = False
+            if row.budget is not None:  # where it fires, its closing takes this token's place
+                (token,), closed = row.budget.close([token])
+            row.proposer.observe(0, cur_taps)
+            if row.record is not None:
+                row.record.grow(1, cur_taps)
+            if shadow is not None:
+                shadow.check(token)
+            row.history.append(token)
+            row.anchor = token
+            kept = row.stopper.feed([token])
+            seconds = time.perf_counter() - t
+            if row.policy is not None and not closed:
+                timed.append(seconds)
+            stop = row.done or closed or (not last and _copy_ready(row))
+            if stop and not last:
+                target.rollback(cache, 1)  # the forward queued past where these steps end
+            done = Step("plain", [], 0, kept, seconds, row.stopper.finish_reason, closed=closed)
+            yield from _handed(done, row.policy)
+            if stop or last:
+                return i + 1
+            cur, cur_taps = following
+        return n
+    finally:
+        if timed:
+            row.policy.observe_plain(timed)
 
 
 def _handed(step: Step, policy: AutoCap | None) -> Iterator[Step]:

@@ -323,6 +323,25 @@ class AutoCap:
             self.costs[k] = self._moved(self.costs.get(k), seconds)
         learn_acceptance(self.accept, k, accepted, PROBE_EMA if probe else ACCEPT_EMA)
 
+    def observe_plain(self, seconds: list[float]) -> None:
+        """A run of plain steps, each step's seconds: what `observe(0, 0, s)` for each would
+        do, with the calibrated curve read once (the loop sets `context` once a run). The loop
+        reports a parked run when it ends, not step by step: on a launch-bound GPU each call
+        in the step's own loop costs it (about 20 us a step on the CI machine, of ~55 us of
+        bookkeeping)."""
+        curve = None if self.calibration is None else self.calibration.round_cost(0, self.context)
+        for step in seconds:
+            seen = self.rounds.get(0, 0)
+            self.rounds[0] = seen + 1
+            if seen < self.warmup:
+                continue
+            if curve is None:
+                self.costs[0] = self._moved(self.costs.get(0), step)
+            else:
+                self.scale[False] = self._moved(
+                    self.scale.get(False), step / curve if curve > 0 else 1.0
+                )
+
     def _moved(self, old: float | None, seconds: float) -> float:
         """The running cost estimate after one more timed round. One outlier (a kernel
         compile, a host hiccup) moves it a bounded step: a round counts as at most OUTLIER
