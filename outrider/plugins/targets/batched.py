@@ -379,12 +379,22 @@ class BatchedRows:
         return out
 
     def rollback_rows(self, cache: BatchedCache, n: list[int]) -> None:
-        """Drop the last n[i] positions of row i."""
+        """Drop the last n[i] positions of row i.
+
+        Every KV layer of a batch holds the same offsets and left padding (the same tokens
+        went into each), so their new values are computed once and every layer takes the
+        same arrays: a round's rollback costs two small ops, not three a layer. Sharing is
+        safe because mlx-lm rebinds these fields on update, trim, extend and filter (a new
+        array each time), never changing the array itself there."""
+        if not any(n):
+            return
         common = min(n)
         extra = [k - common for k in n]
-        shifts = mx.array(extra, dtype=mx.int32)[:, None] if any(extra) else None
+        drop = mx.array(extra, dtype=mx.int32) if any(extra) else None  # beyond `common`
+        shifts = None if drop is None else drop[:, None]
         columns = _columns(cache)
         source = None if columns is None else columns.rollback(common, extra)
+        shared: tuple[mx.array, mx.array] | None = None  # every KV layer's offset, padding
         for c in cache:
             if isinstance(c, RecordingArraysCache):
                 c.rollback_rows(n)
@@ -392,11 +402,14 @@ class BatchedRows:
             if isinstance(c, WindowRows):
                 c.rollback_rows(common, shifts)
                 continue
-            if common:
-                c.trim(common)
-            if shifts is None:
-                continue
+            if shared is None:
+                cut = common if drop is None else drop + common if common else drop
+                padding = c.left_padding if drop is None else c.left_padding + drop
+                shared = (c.offset - cut if common or drop is not None else c.offset, padding)
             for part in getattr(c, "parts", (c,)):  # a quantized layer: its three arrays alike
+                part._idx -= common  # mlx-lm's trim, less its offset op (shared above)
+                if shifts is None:
+                    continue
                 end = part._idx
                 if columns is None:  # no column map: roll each row's whole length
                     part.keys[..., :end, :] = dynamic_roll(part.keys[..., :end, :], shifts, axis=2)
@@ -405,5 +418,4 @@ class BatchedRows:
                     )
                 elif source is not None:
                     move_columns(part, source)
-            c.left_padding = c.left_padding + shifts[:, 0]
-            c.offset = c.offset - shifts[:, 0]
+            c.offset, c.left_padding = shared
