@@ -7,8 +7,9 @@ is CUDA's, plugins/kernels/cuda_rows.py), so a Metal one can plug in beside it.
 
 `QuantizedRows` stands in front of one of MLX's `QuantizedLinear` layers and sends products of
 `kernel.min_rows` to `kernel.max_rows` rows (more where the kernel's `rows_up_to` says) to the
-kernel, others (one row, a prefill) to the layer itself; sibling layers that read one input (q, k and v; gate and up) form a `RowsGroup`
-whose products take one launch, where the kernel has a grouped form.
+kernel, others (one row, a prefill) to the layer itself; sibling layers that read one input
+(q, k and v; gate and up) form a `RowsGroup` whose products take one launch, where the kernel
+has a grouped form.
 `install` puts it in front of every layer a kernel takes after `probe` has checked, per
 distinct shape, that the kernel computes what MLX's own product computes; a kernel that fails
 to build or to agree is not used (`OUTRIDER_MATMUL`, core/device.py, says whether to try).
