@@ -356,6 +356,13 @@ def test_parked_lookup_learns_acceptance_from_the_tokens_that_follow():
     assert policy.accept[0] > 0.5 and policy.accept[5] > 0.4  # from 0.1, in five drafts
     assert policy.choose(100) > 0  # unparked without a probe
 
+    # it asks for host ids only (`propose_host`), never for a round's device array
+    row, policy = parked_row([*earlier, 7, 100])
+    row.proposer.propose = None  # a call would raise
+    shadow = loop.Shadow(row)
+    shadow.check(earlier[1])
+    assert shadow.draft == earlier[1:9] and shadow.matched == 1
+
     row, policy = parked_row([*earlier, 7, 100])
     shadow = loop.Shadow(row)
     before = list(policy.accept)

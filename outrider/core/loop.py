@@ -477,7 +477,9 @@ class Shadow:
         """`token` follows the history: score the pending draft, or draft anew from here."""
         if not self.draft:  # draft what would follow the history's last token
             ctx = DraftContext(self.row.history, self.row.policy.ceiling, self.row.sampling)
-            self.draft, self.matched = list(self.row.proposer.propose(ctx).host or []), 0
+            host = getattr(self.row.proposer, "propose_host", None)
+            drafts = host(ctx) if host is not None else self.row.proposer.propose(ctx).host
+            self.draft, self.matched = list(drafts or []), 0
             if not self.draft:
                 return
         if token == self.draft[self.matched]:

@@ -76,7 +76,9 @@ class Proposer(Protocol):
     drafter-free strategies. A proposer that drafts on the host in microseconds may say
     `drafts_on_host = True`: while `--max-draft auto` has parked speculation, the loop then asks
     it for drafts it does not verify and checks them against the tokens that follow, so the
-    policy keeps learning acceptance for free (`core/schedule.py`). A proposer that can tell
+    policy keeps learning acceptance for free (`core/schedule.py`); it asks
+    `propose_host(ctx) -> list[int]` where the proposer has it (the same drafts as `propose`,
+    as host ids only: no device array made on every plain step), else `propose(ctx).host`. A proposer that can tell
     cheaply whether it holds a lookup copy of the context may offer `copy_ready(tokens, room)`
     (the copy's drafts, 0 for none) and `copy_rate` (the share of a copy's drafts its rounds
     keep): a parked `auto` then asks it after every plain step and verifies the copy when the

@@ -56,7 +56,12 @@ class LookupProposer:
         self._index = NGramIndex(self.min_n, self.max_n)
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        return Proposal.from_list(self._index.continuation(ctx.tokens, ctx.cap))
+        return Proposal.from_list(self.propose_host(ctx))
+
+    def propose_host(self, ctx: DraftContext) -> list[int]:
+        """`propose`'s drafts as host ids, without the device array a round needs (what a
+        parked `auto` checks after every plain step, core/loop.py `Shadow`)."""
+        return self._index.continuation(ctx.tokens, ctx.cap)
 
     def propose_ahead(self, ctx: DraftContext) -> Proposal:
         """What follows `ctx.tokens` (the history and a round's drafts, not yet verified) from
