@@ -216,6 +216,7 @@ def test_a_parked_drafter_still_verifies_what_the_text_copies(qwen3_target, draf
     seen: list[int] = []
 
     pays = [True]
+    restarts: list[float] = []  # each parked run's first step, as the loop told the policy
 
     class Parked(PerStep):  # the drafter never pays: every choice parks
         def choose(self, limit: int) -> int:
@@ -228,6 +229,10 @@ def test_a_parked_drafter_still_verifies_what_the_text_copies(qwen3_target, draf
         def copy_pays(self, drafts: int, kept: float) -> bool:  # the next test's concern
             return pays[0]
 
+        def observe_restart(self, seconds: float) -> None:
+            restarts.append(seconds)
+            super().observe_restart(seconds)
+
     monkeypatch.setattr(loop, "AutoCap", Parked)
     copies = pipe.proposer.lookup_rounds
     got = pipe.generate(ids, max_tokens=80, stop_tokens=set())
@@ -236,6 +241,9 @@ def test_a_parked_drafter_still_verifies_what_the_text_copies(qwen3_target, draf
     assert drafted and len(drafted) == pipe.proposer.lookup_rounds - copies
     assert sum(r.accepted for r in drafted) > len(drafted)  # the copies were worth verifying
     assert seen and set(seen) == {0}  # plain steps only: the copies taught it nothing
+    # every parked run told the policy its first step: a run before each copy, one after the
+    # last (and more where runs end at the policy's say, as this one's do)
+    assert len(restarts) >= len(drafted) + 1 and min(restarts) >= 0.0
     pays[0] = False  # copies that would not pay for their round: plain steps all the way
     copies = pipe.proposer.lookup_rounds
     got = pipe.generate(ids, max_tokens=80, stop_tokens=set())
@@ -259,6 +267,27 @@ def test_a_copy_breaks_parked_plain_steps_only_where_it_pays():
     assert not policy.copy_pays(3, 1 + 0.6 * 3)  # 2.8 tokens for 2.24 + 0.8 ms
     assert policy.copy_pays(16, 1 + 0.8 * 16)  # 13.8 tokens for ~3.5 ms
     assert AutoCap(8).copy_pays(3, 1.0)  # no calibration: every copy is taken
+
+
+def test_a_measured_restart_of_the_plain_run_after_a_copy_counts_toward_its_cost():
+    """A parked run's first plain step waits for a forward nothing queued ahead; what it costs
+    beyond a steady step (`observe_restart`) is added to every copy's cost. Untimed it is 0
+    (one plain step for the dropped forward, as before); a hiccup moves it a bounded step."""
+    gpu = Calibration({}, {128: [1.05, 1.06, 1.05, 1.30, 1.31, 1.36, 1.43, 1.58, 1.55]},
+                      draft_ms=0.99, plain_ms={128: 0.80})  # fmt: skip
+    policy = AutoCap(8, calibration=gpu)
+    policy.context = 128
+    policy.observe_copy(4, 0.0016)  # copy rounds measured at 1.6 ms
+    kept = 1 + 0.7 * 4  # 3.8 tokens for 1.6 + 0.8 ms: pays
+    assert policy.restart == 0.0 and policy.copy_pays(4, kept)
+    policy.observe_restart(0.0008 + 0.0006)  # the run after it waited 0.6 ms more
+    assert policy.restart == pytest.approx(0.0006) and policy.restarts == 1
+    assert not policy.copy_pays(4, kept)  # 3.8 tokens for 1.6 + 0.8 + 0.6 ms: 3.75 steps
+    policy.observe_restart(0.0001)  # faster than a steady step: no excess
+    assert policy.restart == pytest.approx(0.0006 * (1 - 0.25))
+    policy.observe_restart(1.0)  # a hiccup: at most OUTLIER plain steps
+    assert policy.restart <= 0.0006 + 0.25 * 2 * 0.0008
+    assert policy.snapshot()["restart_ms"] == pytest.approx(policy.restart * 1e3, abs=1e-3)
 
 
 def launch_bound(k: int) -> float:

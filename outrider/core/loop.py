@@ -417,6 +417,7 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
     shadow = Shadow(row) if getattr(row.proposer, "drafts_on_host", False) else None
     cur, cur_taps = step(mx.array([row.anchor], dtype=mx.uint32))
     timed: list[float] = []  # each step's seconds, told to the policy when the run ends
+    first: float | None = None  # the first step's, told apart (`AutoCap.observe_restart`)
     try:
         for i in range(n):
             t = time.perf_counter()
@@ -442,6 +443,8 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
             seconds = time.perf_counter() - t
             if row.policy is not None and not closed:
                 timed.append(seconds)
+                if i == 0:  # waited for a forward launched just now, not a step ago
+                    first = seconds
             stop = row.done or closed or (not last and _copy_ready(row))
             if stop and not last:
                 target.rollback(cache, 1)  # the forward queued past where these steps end
@@ -454,6 +457,8 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
     finally:
         if timed:
             row.policy.observe_plain(timed)
+        if first is not None:
+            row.policy.observe_restart(first)
 
 
 def _handed(step: Step, policy: AutoCap | None) -> Iterator[Step]:

@@ -99,6 +99,10 @@ class AutoCap:
     # seconds a step spends outside the loop (whoever consumes the generation: detokenising,
     # streaming, the benchmark's bookkeeping), once per step whatever it commits; running mean
     outside: float = 0.0
+    # seconds a parked run's first plain step costs beyond a steady one (it waits for a forward
+    # nothing queued ahead); running mean, what a copy breaking a run adds to its cost
+    restart: float = 0.0
+    restarts: int = 0  # parked runs' first steps timed
     # Costs measured up front on this machine (core/calibration.py), and the context length
     # the next round runs at: live measurements rescale the calibrated curve instead of a line.
     calibration: Any = None
@@ -147,6 +151,7 @@ class AutoCap:
             "accept": [round(a, 3) for a in self.accept],
             "round_ms": {str(k): round(self.cost(k) * 1e3, 3) for k in range(self.ceiling + 1)},
             "outside_ms": round(self.outside * 1e3, 3),
+            "restart_ms": round(self.restart * 1e3, 3),
             "rounds": {str(k): self.rounds[k] for k in caps},
             "probes": self.probes,
             "parked": self.best(self.ceiling) == 0,
@@ -196,15 +201,27 @@ class AutoCap:
 
     def copy_pays(self, drafts: int, kept: float) -> bool:
         """Whether a lookup copy of `drafts` tokens, whose round should commit `kept` tokens,
-        beats the plain steps it interrupts: its round plus one plain step (the forward queued
-        past the plain run is dropped, and the run after the round starts without one queued
-        ahead of it) against `kept` plain steps, by MARGIN. On a launch-bound GPU a short copy
-        of chat text loses there; a long one of code pays. Without a calibration every copy
-        is taken: timings of pipelined plain steps alone are too rough to turn one down."""
+        beats the plain steps it interrupts: its round, one plain step (the forward queued past
+        the plain run is built and dropped) and what the run after the round pays for starting
+        without a forward queued ahead of it (`restart`, measured) against `kept` plain steps,
+        by MARGIN. On a launch-bound GPU a short copy of chat text loses there; a long one of
+        code pays. Without a calibration every copy is taken: timings of pipelined plain steps
+        alone are too rough to turn one down."""
         if self.calibration is None:
             return True
         plain = self.cost(0)
-        return kept / (self.copy_cost(drafts) + plain) > MARGIN / plain
+        return kept / (self.copy_cost(drafts) + plain + self.restart) > MARGIN / plain
+
+    def observe_restart(self, seconds: float) -> None:
+        """A parked run's first plain step took `seconds`: it waited for a forward launched just
+        before it, where a steady step's forward was queued a step earlier and ran while the
+        host worked. What it cost beyond a steady step moves `restart` (the forward's own
+        launch is the token's work either way, so it is not counted). A hiccup moves it a
+        bounded step: at most OUTLIER plain steps."""
+        plain = self._loop_cost(0)
+        excess = min(max(0.0, seconds - plain), OUTLIER * plain)
+        self.restart += (EMA if self.restarts else 1.0) * (excess - self.restart)
+        self.restarts += 1
 
     def copy_cost(self, drafts: int) -> float:
         """Seconds of a lookup copy's round of `drafts` drafts (with a calibration): its
