@@ -332,12 +332,8 @@ class AutoCap:
             if self.probing and accepted >= k:  # a probe taken whole: look again soon
                 self.interval = self.probe_every
             self.probing = False
-        if timed and self.calibration is not None:
-            curve = self.calibration.round_cost(k, self.context)
-            ratio = seconds / curve if curve > 0 else 1.0
-            self.scale[k > 0] = self._moved(self.scale.get(k > 0), ratio)
-        elif timed:
-            self.costs[k] = self._moved(self.costs.get(k), seconds)
+        if timed:
+            self._timed(k, seconds, self._curve(k))
         learn_acceptance(self.accept, k, accepted, PROBE_EMA if probe else ACCEPT_EMA)
 
     def observe_plain(self, seconds: list[float]) -> None:
@@ -346,18 +342,25 @@ class AutoCap:
         reports a parked run when it ends, not step by step: on a launch-bound GPU each call
         in the step's own loop costs it (about 20 us a step on the CI machine, of ~55 us of
         bookkeeping)."""
-        curve = None if self.calibration is None else self.calibration.round_cost(0, self.context)
+        curve = self._curve(0)
         for step in seconds:
             seen = self.rounds.get(0, 0)
             self.rounds[0] = seen + 1
-            if seen < self.warmup:
-                continue
-            if curve is None:
-                self.costs[0] = self._moved(self.costs.get(0), step)
-            else:
-                self.scale[False] = self._moved(
-                    self.scale.get(False), step / curve if curve > 0 else 1.0
-                )
+            if seen >= self.warmup:
+                self._timed(0, step, curve)
+
+    def _curve(self, k: int) -> float | None:
+        """The calibrated seconds of a round at cap k at this context (None: no calibration)."""
+        return None if self.calibration is None else self.calibration.round_cost(k, self.context)
+
+    def _timed(self, k: int, seconds: float, curve: float | None) -> None:
+        """A timed round at cap k moves its cost: the live scale of drafting rounds or of plain
+        steps against `curve`, or without a calibration the measured cost at k."""
+        if curve is None:
+            self.costs[k] = self._moved(self.costs.get(k), seconds)
+        else:
+            ratio = seconds / curve if curve > 0 else 1.0
+            self.scale[k > 0] = self._moved(self.scale.get(k > 0), ratio)
 
     def _moved(self, old: float | None, seconds: float) -> float:
         """The running cost estimate after one more timed round. One outlier (a kernel
