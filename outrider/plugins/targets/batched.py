@@ -402,10 +402,10 @@ class BatchedRows:
             if isinstance(c, WindowRows):
                 c.rollback_rows(common, shifts)
                 continue
-            if shared is None:
+            if shared is None:  # something is dropped (n is not all zeros)
                 cut = common if drop is None else drop + common if common else drop
                 padding = c.left_padding if drop is None else c.left_padding + drop
-                shared = (c.offset - cut if common or drop is not None else c.offset, padding)
+                shared = (c.offset - cut, padding)
             for part in getattr(c, "parts", (c,)):  # a quantized layer: its three arrays alike
                 part._idx -= common  # mlx-lm's trim, less its offset op (shared above)
                 if shifts is None:
