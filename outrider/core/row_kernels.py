@@ -78,9 +78,10 @@ class RowsKernel(Protocol):
 
 
 class QuantizedRows(PassThrough):
-    """A quantized linear layer whose products of `kernel.min_rows` to `kernel.max_rows` rows
-    run the kernel (with the rest of its `RowsGroup`, where it has one), products of
-    `dense_from` rows or more the dequantized weight (`dense`), and others the layer's own."""
+    """A quantized linear layer whose products of `kernel.min_rows` to `max_rows` rows (the
+    kernel's `max_rows` unless `rows_limit` says more) run the kernel (with the rest of its
+    `RowsGroup`, where it has one), products of `dense_from` rows or more the dequantized
+    weight (`dense`), and others the layer's own."""
 
     wrapped = "linear"
     route = "rows"
@@ -91,6 +92,7 @@ class QuantizedRows(PassThrough):
         kernel: RowsKernel,
         dense_from: int | None = None,
         queue: DenseQueue | None = None,
+        max_rows: int | None = None,
     ) -> None:
         super().__init__()
         self.linear = linear
@@ -99,7 +101,7 @@ class QuantizedRows(PassThrough):
         self._index = 0
         self.dense_from = dense_from
         self.queue = queue  # the model's, shared by its layers
-        self.max_rows = kernel.max_rows  # `install` widens it where the kernel says
+        self.max_rows = kernel.max_rows if max_rows is None else max_rows
 
     def __call__(self, x: mx.array) -> mx.array:
         lin, kernel = self.linear, self._kernel
@@ -152,17 +154,16 @@ def dense(lin: nn.QuantizedLinear, x: mx.array) -> mx.array:
     return y + lin.bias if "bias" in lin else y
 
 
-def rows_limit(
-    kernel: RowsKernel, layer: nn.QuantizedLinear, dtype: mx.Dtype, outputs: int | None = None
-) -> int:
-    """The most rows the kernel takes for `layer`'s products (`outputs`: the weight rows of
-    the launch, where a group computes more than `layer`'s own)."""
+def rows_limit(kernel: RowsKernel, members: list[nn.QuantizedLinear], dtype: mx.Dtype) -> int:
+    """The most rows the kernel takes in one launch computing `members` (one layer, or a
+    group's layers of one input): its `rows_up_to` at their weight rows in all, where it says
+    more than `max_rows`."""
     up_to = getattr(kernel, "rows_up_to", None)
     if not callable(up_to):
         return kernel.max_rows
-    outputs = layer.weight.shape[0] if outputs is None else outputs
-    top = up_to(width(layer), outputs, layer.bits, layer.group_size, dtype)
-    return max(kernel.max_rows, top)
+    first = members[0]
+    outputs = sum(m.weight.shape[0] for m in members)
+    return max(kernel.max_rows, up_to(width(first), outputs, first.bits, first.group_size, dtype))
 
 
 def dense_from(kernel: RowsKernel, layer: nn.QuantizedLinear, dtype: mx.Dtype) -> int | None:
@@ -227,8 +228,8 @@ def probe(
     found: Iterable[nn.Module], kernel: RowsKernel, dtype: mx.Dtype, seed: int = 0
 ) -> str | None:
     """Check the kernel against MLX's own product once per distinct shape of `found`, at
-    `kernel.min_rows` and `kernel.max_rows` rows (which also builds the kernels a generation
-    will run). Returns None when it agrees everywhere, else what failed."""
+    `kernel.min_rows`, `kernel.max_rows` and `rows_limit` rows (which also builds the kernels
+    a generation will run). Returns None when it agrees everywhere, else what failed."""
     return _first_failure([[layer] for layer in found], kernel, dtype, seed, grouped=False)
 
 
@@ -236,7 +237,8 @@ def probe_groups(
     grouped: list[list[nn.Module]], kernel: RowsKernel, dtype: mx.Dtype, seed: int = 0
 ) -> str | None:
     """Check `kernel.grouped` against MLX's own products once per distinct group shape, at
-    `kernel.min_rows` and `kernel.max_rows` rows. None when it agrees, else what failed."""
+    `kernel.min_rows`, `kernel.max_rows` and `rows_limit` rows. None when it agrees, else what
+    failed."""
     return _first_failure(grouped, kernel, dtype, seed, grouped=True)
 
 
@@ -245,8 +247,8 @@ def _first_failure(
 ) -> str | None:
     """What failed first of `cases` (each the layers one call computes: one layer, or a
     group's members through `kernel.grouped`), each distinct shape run once at
-    `kernel.min_rows` and `kernel.max_rows` rows of one random input against MLX's own
-    products; None when every output is within PROBE_TOLERANCE of MLX's."""
+    `kernel.min_rows`, `kernel.max_rows` and `rows_limit` rows of one random input against
+    MLX's own products; None when every output is within PROBE_TOLERANCE of MLX's."""
     limit = PROBE_TOLERANCE.get(dtype, 2e-2)
     seen = set()
     for members in cases:
@@ -256,7 +258,7 @@ def _first_failure(
             continue
         seen.add(key)
         weights = [(m.weight, m.scales, m.biases) for m in members]
-        top = rows_limit(kernel, first, dtype, sum(m.weight.shape[0] for m in members))
+        top = rows_limit(kernel, members, dtype)
         x = mx.random.normal((top, width(first)), key=mx.random.key(seed)).astype(dtype)
         for rows in sorted({kernel.min_rows, kernel.max_rows, top}):
             try:
@@ -334,16 +336,18 @@ def install(
     if failed:
         return 0, failed
     queue = DenseQueue()
-    wrappers = {n: QuantizedRows(m, kernel, dense_from(kernel, m, dtype), queue) for n, m in found}
-    for m in wrappers.values():
-        m.max_rows = rows_limit(kernel, m.linear, dtype)
+    wrappers = {
+        n: QuantizedRows(
+            m, kernel, dense_from(kernel, m, dtype), queue, rows_limit(kernel, [m], dtype)
+        )
+        for n, m in found
+    }
     named = groups(found, kernel, dtype) if group else []
     failed = probe_groups([[wrappers[n].linear for n in names] for names in named], kernel, dtype)
     for names in [] if failed else named:
         members = [wrappers[n].linear for n in names]
         joined = RowsGroup(kernel, members)
-        # one launch computes them all: its rows stop where the whole group's outputs say
-        top = rows_limit(kernel, members[0], dtype, sum(m.weight.shape[0] for m in members))
+        top = rows_limit(kernel, members, dtype)  # one launch computes them all
         for i, n in enumerate(names):
             wrappers[n]._group, wrappers[n]._index = joined, i
             wrappers[n].max_rows = min(wrappers[n].max_rows, top)
