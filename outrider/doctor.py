@@ -113,17 +113,16 @@ def doctor_report() -> dict:
         problems.append(str(e))
     try:  # quantized products of a few rows (core/row_kernels.py): whose, and where they run
         choice = matmul_choice()
-        usable = [k.name for k in plug.kernels.values() if k.available()]
+        usable = [k for k in plug.kernels.values() if k.available()]
         used = "mlx"
         if usable and choice == "rows":
-            used = f"{usable[0]}, siblings grouped"
+            used = f"{usable[0].name}, siblings grouped"
         elif usable and choice == "auto":
-            used = f"{usable[0]} where measured faster (siblings grouped), else mlx"
+            used = f"{usable[0].name} where measured faster (siblings grouped), else mlx"
         if usable and choice in ("rows", "auto"):  # the kernel's say on prefill chunks
-            first = next(k for k in plug.kernels.values() if k.available())
-            if callable(getattr(first, "dense_rows", None)):
+            if callable(getattr(usable[0], "dense_rows", None)):
                 used += "; prefill chunks of 4-bit weights dequantized where measured faster"
-        here = ", ".join(usable) or "none"
+        here = ", ".join(k.name for k in usable) or "none"
         report["quantized_rows"] = (
             f"{used} (OUTRIDER_MATMUL={choice}; kernels that run here: {here})"
         )
