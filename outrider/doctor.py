@@ -104,7 +104,7 @@ def doctor_report() -> dict:
     except OutriderError as e:
         report["attention"] = None
         problems.append(str(e))
-    try:  # greedy rounds queued behind the one in flight (core/schedule.py, AheadGate)
+    try:  # greedy rounds queued behind the one in flight (core/ahead_gate.py)
         report["pipelined_rounds"] = {"gated": "on (while guesses hold)", "on": "on"}.get(
             pipelined_rounds(), "off"
         )

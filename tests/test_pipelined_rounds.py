@@ -11,13 +11,13 @@ import pytest
 from conftest import PROMPTS, plain_greedy
 
 import outrider
-from outrider.core import schedule
+from outrider.core import ahead_gate
+from outrider.core.ahead_gate import PRIOR_NEED, AheadGate
 from outrider.core.device import PIPELINE_ENV
 from outrider.core.errors import OutriderError
 from outrider.core.loop import decode
 from outrider.core.proposer import DraftContext, Proposal
 from outrider.core.sampling import SamplingParams
-from outrider.core.schedule import PRIOR_NEED, AheadGate
 from outrider.core.stopping import Stopper
 from outrider.plugins.strategies.lookup import LookupProposer
 from outrider.plugins.strategies.lookup_assist import LookupAssist
@@ -132,7 +132,7 @@ def test_auto_queues_rounds_whose_guesses_hold(target, qwen3_target, monkeypatch
     ids = target.tokenizer.encode("The quick brown fox")
     want = plain_greedy(qwen3_target, ids, 100)
     monkeypatch.setenv(PIPELINE_ENV, "auto")
-    monkeypatch.setattr(schedule, "computes_on_host", lambda: False)
+    monkeypatch.setattr(ahead_gate, "computes_on_host", lambda: False)
     oracle = OracleProposer(ids + want, 1.0, vocab_size=262, max_draft=2)
     got = run(target, oracle, ids, 100, 2, pipelined=True)
     assert got.tokens == want
@@ -402,10 +402,10 @@ def test_guesses_that_hold_are_queued_again_now_and_then():
     for kind, seconds in (("alone", 1.0), ("held", 1.05), ("dropped", 2.0)):
         gate.timed(kind, seconds)
     gate.hold = 0.95
-    queued = [gate.wanted() for _ in range(3 * schedule.RECHECK_EVERY + 3)]
-    assert sum(queued) == 3 and not queued[0] and queued[schedule.RECHECK_EVERY]
+    queued = [gate.wanted() for _ in range(3 * ahead_gate.RECHECK_EVERY + 3)]
+    assert sum(queued) == 3 and not queued[0] and queued[ahead_gate.RECHECK_EVERY]
     gate.hold = 0.5
-    assert not any(gate.wanted() for _ in range(3 * schedule.RECHECK_EVERY))
+    assert not any(gate.wanted() for _ in range(3 * ahead_gate.RECHECK_EVERY))
 
 
 def test_each_round_says_where_its_time_went(target, qwen3_target, monkeypatch):

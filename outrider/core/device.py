@@ -113,7 +113,7 @@ PIPELINE_ENV = "OUTRIDER_PIPELINED_ROUNDS"
 def pipelined_rounds() -> str:
     """OUTRIDER_PIPELINED_ROUNDS: `auto` (the default) queues a greedy round behind the one
     in flight where that pays, from the share of guesses that hold and what a round's host
-    and device parts cost here (core/schedule.py `AheadGate`); `on` whenever the proposer can
+    and device parts cost here (core/ahead_gate.py `AheadGate`); `on` whenever the proposer can
     guess ahead; `off` never."""
     choice = os.environ.get(PIPELINE_ENV, "auto").strip().lower()
     if choice not in ("auto", "on", "off"):

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .ahead_gate import AheadGate
 from .errors import Cancelled
 from .logits import Penalties, logprob_arrays, process_rows, read_logprobs, token_logprob
 from .prefix_cache import PrefixHit, Record
 from .proposer import DraftContext, Proposal, Proposer
 from .round import Launched, Row, Step, choose, launch_round, settle, teach
 from .sampling import KeyStream, SamplingParams
-from .schedule import AheadGate, AutoCap
+from .schedule import AutoCap
 from .stopping import Stopper
 from .target import Target
 from .think_budget import ThinkBudget
