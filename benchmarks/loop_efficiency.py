@@ -223,6 +223,13 @@ def oracle_reference(target, prompt, reference, k, n, ties: list) -> list[int]:
     return ref
 
 
+# A run whose output left the oracle's path at an fp tie (checked) measured a lower acceptance,
+# not the 100% this table is about: MLX's CUDA backend breaks a one-ulp tie either way from one
+# run to the next, even in the prefill (mlx-lm against its own first run, printed above). Such a
+# run is timed again, up to this many times; the table counts the reruns.
+TIE_RERUNS = 3
+
+
 def median(xs):
     return statistics.median(xs)
 
@@ -295,25 +302,32 @@ def run(
         ties: list = []
         ref_k = oracle_reference(target, prompt, reference, k, n, ties)
         t_draft = draft_seconds(ref_k, prompt, k)
-        cells = {p: {"tps": [], "eff": [], "tv": [], "ties": list(ties), "steady": [], "s_eff": []}
+        cells = {p: {"tps": [], "eff": [], "tv": [], "ties": list(ties), "steady": [], "s_eff": [],
+                    "acceptance": [], "reruns": 0}
                  for p in arms}  # fmt: skip
         for _ in range(trials):  # the arms take turns trial by trial, so noise hits both
             for pipelined in arms:
                 cell = cells[pipelined]
-                # t_verify measured right before each timed run
-                t_verify = verify_times(target, prompt, [k + 1], reps=15)[k + 1]
-                oracle = OracleProposer(prompt + ref_k, 1.0, 151936, max_draft=k)
-                timed = outrider_timed(target, oracle, prompt, n, k, pipelined)
-                res = timed.result
-                compare_or_tie(target, prompt, res.tokens, ref_k, f"oracle cap {k}", cell["ties"])
+                for attempt in range(TIE_RERUNS + 1):
+                    # t_verify measured right before each timed run
+                    t_verify = verify_times(target, prompt, [k + 1], reps=15)[k + 1]
+                    oracle = OracleProposer(prompt + ref_k, 1.0, 151936, max_draft=k)
+                    timed = outrider_timed(target, oracle, prompt, n, k, pipelined)
+                    res = timed.result
+                    what = f"oracle cap {k}"
+                    compare_or_tie(target, prompt, res.tokens, ref_k, what, cell["ties"])
+                    if res.tokens == ref_k or attempt == TIE_RERUNS:
+                        break
+                    cell["reruns"] += 1  # a tie moved this run off the oracle's path
                 ideal = (k + 1) / (t_draft + t_verify)
                 cell["tps"].append(timed.tps)
                 cell["eff"].append(timed.tps / ideal)
                 cell["steady"].append(timed.steady_tps)
                 cell["s_eff"].append(timed.steady_tps / ideal)
                 cell["tv"].append(t_verify)
-                cell["acceptance"] = sum(r.accepted for r in res.rounds) / max(
-                    sum(len(r.drafted) for r in res.rounds), 1
+                cell["acceptance"].append(
+                    sum(r.accepted for r in res.rounds)
+                    / max(sum(len(r.drafted) for r in res.rounds), 1)
                 )
         for pipelined in arms:
             cell = cells[pipelined]
@@ -328,7 +342,8 @@ def run(
                     "steady_efficiency": median(cell["s_eff"]),
                     "t_verify_ms": median(cell["tv"]) * 1e3,
                     "t_draft_ms": t_draft * 1e3,
-                    "acceptance": cell["acceptance"],
+                    "acceptance": median(cell["acceptance"]),
+                    "reruns": cell["reruns"],
                     "fp_ties": cell["ties"],
                     "trials_tps": cell["tps"],
                 }
@@ -386,7 +401,7 @@ def main() -> None:
                 f"own first run diverges at: {row['mlx_lm_self_divergence']}"
             )
             print(
-                f"{'cap':>4} {'pipe':>4} {'tok/s':>9} {'x plain':>7} {'ideal':>9} {'eff':>6} {'t_verify ms':>11} {'t_draft ms':>10} {'accept':>7} {'steady':>8} {'s-eff':>6} ties"
+                f"{'cap':>4} {'pipe':>4} {'tok/s':>9} {'x plain':>7} {'ideal':>9} {'eff':>6} {'t_verify ms':>11} {'t_draft ms':>10} {'accept':>7} {'steady':>8} {'s-eff':>6} ties reruns"
             )
             for o in row["oracle"]:
                 print(
@@ -395,7 +410,7 @@ def main() -> None:
                     f"{o['ideal_tps']:>9.1f} "
                     f"{o['efficiency']:>6.3f} {o['t_verify_ms']:>11.2f} {o['t_draft_ms']:>10.3f} "
                     f"{o['acceptance']:>7.3f} {o['steady_tps']:>8.1f} "
-                    f"{o['steady_efficiency']:>6.3f} {len(o['fp_ties'])}"
+                    f"{o['steady_efficiency']:>6.3f} {len(o['fp_ties']):>4} {o['reruns']:>6}"
                 )
             sys.stdout.flush()
     if args.json:
