@@ -46,6 +46,8 @@ class Tally:
     copies: int = 0  # rounds that verified a lookup copy
     plain: list[float] = field(default_factory=list)  # plain steps' seconds (parked auto)
     between: float = 0.0  # seconds between steps, outside the loop
+    between_runs: float = 0.0  # the part of it before a plain step that followed another
+    run_steps: int = 0  # such plain steps
     # drafting rounds by how they ran: queued behind the round before (pipelined), launched
     # after it was read, launched after the round before dropped the one it had queued, and
     # the first after plain steps (a model drafter catches up there)
@@ -63,7 +65,11 @@ class Tally:
             now = time.perf_counter()
             step = chunk.step
             if last is not None:
-                self.between += max(0.0, now - last - step.seconds)
+                gap = max(0.0, now - last - step.seconds)
+                self.between += gap
+                if step.source == "plain" and previous == "plain":
+                    self.between_runs += gap
+                    self.run_steps += 1
             last = now
             if step.source == "draft" and step.drafted:
                 self.rounds.append(step.seconds)
@@ -104,6 +110,11 @@ class Tally:
             f"{label:<10}{tps:8.1f} tok/s {ratio}  rounds {len(self.rounds):5d} x {med(self.rounds)}"
             f" ms, {kept:4.2f} kept (copies {self.copies:4d})  plain steps {len(self.plain):5d}"
             f" x {med(self.plain)} ms  outside {1e3 * self.between / max(1, steps):5.2f} ms/step"
+            + (
+                f" ({1e3 * self.between_runs / self.run_steps:4.2f} inside plain runs)"
+                if self.run_steps and self.rounds
+                else ""
+            )
             + (f"\n{'':10}rounds: {kinds} ms" if kinds else "")
             + split
         )
