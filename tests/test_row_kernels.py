@@ -258,6 +258,32 @@ def test_a_long_prompts_dense_prefill_keeps_greedy_output(monkeypatch):
     assert got.tokens == want
 
 
+def test_a_short_remainder_joins_the_last_prefill_chunk_where_products_run_dense(monkeypatch):
+    """Past a prompt's last full chunk, a remainder shorter than the dense route's rows would
+    run MLX's quantized product (slow on CUDA at hundreds of rows): it goes in with the chunk
+    before it. Without a dense route the chunks are as before; greedy output is unchanged."""
+    monkeypatch.setenv("OUTRIDER_MATMUL", "rows")  # the layers stay quantized on the CPU
+    monkeypatch.setattr(outrider.core.target, "PREFILL_CHUNK", 16)
+    pipe = outrider.load("outrider-demo/target", mode="baseline")
+    target, model = pipe.target, pipe.target.model
+    ids = pipe.encode(" ".join(PROMPTS))[:38]  # 16 + 16 + 5, then the last token alone
+    assert len(ids) == 38
+    want = plain_greedy_of(model, ids, 8)
+    chunks = []
+    run = target._run
+    monkeypatch.setattr(
+        target, "_run", lambda x, *args, **kw: chunks.append(x.shape[0]) or run(x, *args, **kw)
+    )
+    target.prefill(ids, target.make_cache())
+    assert target.chunk_floor() == 0 and chunks == [16, 16, 5, 1]
+    row_kernels.install(model, DenseFrom(16), mx.float32)
+    assert target.chunk_floor() == 16
+    chunks.clear()
+    got = pipe.generate(ids, max_tokens=8, stop_tokens=set())
+    assert chunks[:3] == [16, 21, 1]
+    assert got.tokens == want
+
+
 def test_install_keeps_the_weights_and_uninstall_puts_the_layers_back():
     model = _quantized()
     before = dict(tree_flatten(model.parameters()))

@@ -370,6 +370,18 @@ def installed(model: nn.Module) -> bool:
     return any(isinstance(m, QuantizedRows) for _, m in model.named_modules())
 
 
+def dense_rows(model: nn.Module) -> int | None:
+    """From how many rows every layer of `model` that can run its products dequantized does
+    (the largest `dense_from`); None where none can. A prefill chunk shorter than this runs
+    some products the slow way (`Target.prefill` keeps its chunks at least this long)."""
+    rows = [
+        m.dense_from
+        for _, m in model.named_modules()
+        if isinstance(m, QuantizedRows) and m.dense_from is not None
+    ]
+    return max(rows, default=None)
+
+
 def apply(model: nn.Module, kernels: Iterable[RowsKernel], choice: str) -> str | None:
     """At load: put the first available kernel in front of `model`'s quantized layers, sibling
     layers grouped where the kernel can, where `choice` (OUTRIDER_MATMUL) is `rows`, or where

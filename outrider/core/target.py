@@ -23,6 +23,7 @@ from .family import (
 )
 from .generation_config import SamplingDefaults
 from .kv_quant import KV_GROUP_SIZE, quantized_kv
+from .row_kernels import dense_rows
 from .stopping import opener_ids
 from .taps import TapSink, wrap
 
@@ -404,6 +405,7 @@ class Target:
         taps: list[mx.array] = []
         done = 0
         tail = self.final_rows(hit)  # tokens the final forward takes at most
+        floor: int | None = None  # `chunk_floor`, asked once a prompt needs two chunks
         while True:
             rest = len(prompt) - done
             later = [p - done for p in stops if done < p < len(prompt)]
@@ -412,6 +414,10 @@ class Target:
             if cancelled is not None and cancelled():
                 raise Cancelled(f"cancelled after {done} of {len(prompt)} prompt tokens")
             n = min(PREFILL_CHUNK, rest - tail) if rest > tail else rest - 1
+            if rest - tail > n:  # a remainder too short for the fast route joins this chunk
+                floor = self.chunk_floor() if floor is None else floor
+                if rest - tail - n < floor:
+                    n = rest - tail
             n = min([n, *later])
             self._run(ids[done : done + n], cache, tap_ids)
             chunk_taps = self._collect(tap_ids)
@@ -479,6 +485,14 @@ class Target:
             self.family.filter_rows(cache, back)
             firsts = mx.concatenate(last, axis=0)[mx.array(back, dtype=mx.int32)]
         return firsts, cache
+
+    def chunk_floor(self) -> int:
+        """The fewest rows a prefill chunk should have: where some products run dequantized
+        from a row count (`row_kernels.dense_rows`, a 4-bit target on CUDA), a shorter chunk
+        runs them through MLX's quantized product, which is slow there at hundreds of rows,
+        so a prompt's remainder past its last full chunk goes in with that chunk instead of
+        alone (at most 2 x PREFILL_CHUNK - 1 rows). 0 elsewhere: the chunks are as before."""
+        return dense_rows(self.model) or 0
 
     def final_rows(self, hit: bool) -> int:
         """How many of a prefill's last tokens its final forward takes (at most).
