@@ -5,6 +5,8 @@
 #
 #   bash scripts/gpu_bench.sh SET [SET...]      # BUDGET=580 by default (seconds for all steps)
 #
+# More than 8 files (a device call's limit) come back as $OUT/bench.tar.
+#
 # Sets:
 #   warmup    one short oracle run of the 8B 4-bit shape: a cold machine spends minutes
 #             compiling MLX's kernels and outrider's; run it first, in the same call or the one
@@ -141,3 +143,9 @@ for set in "$@"; do
         --system-tokens 4096 --turns 5 --repeats 5 ;;
   esac
 done
+# A device call hands back at most 8 files: past that, everything goes back as one tar
+# (`tar -xf bench.tar` where it lands)
+if [ "$(find "$out" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  (cd "$out" && tar -cf bench.tar --remove-files -- *.txt *.json 2>/dev/null)
+  echo "== $(tar -tf "$out/bench.tar" | wc -l) files in $out/bench.tar"
+fi
