@@ -5,7 +5,8 @@
 (b) the oracle proposer at 100% acceptance: decode tokens/s at cap k against the cost-model
     ideal (k+1) / (t_draft + t_verify(k+1)), with t_verify(w) measured in the same run
     (one target forward of width w at the same context, evaluated, then rolled back) and t_draft
-    the oracle's own time per round.
+    the oracle's own time per round. `w/1` is t_verify(k+1) over the same forward at one row,
+    timed alike (issue 13's bar: at most 1.25 for the 8B 4-bit shape at cap 4).
 
 Every outrider run is checked token for token against the baseline (lossless); a mismatch
 fails the run. Prints a table; --json writes the numbers.
@@ -303,14 +304,15 @@ def run(
         ref_k = oracle_reference(target, prompt, reference, k, n, ties)
         t_draft = draft_seconds(ref_k, prompt, k)
         cells = {p: {"tps": [], "eff": [], "tv": [], "ties": list(ties), "steady": [], "s_eff": [],
-                    "acceptance": [], "reruns": 0}
+                    "acceptance": [], "reruns": 0, "tv1": []}
                  for p in arms}  # fmt: skip
         for _ in range(trials):  # the arms take turns trial by trial, so noise hits both
             for pipelined in arms:
                 cell = cells[pipelined]
                 for attempt in range(TIE_RERUNS + 1):
-                    # t_verify measured right before each timed run
-                    t_verify = verify_times(target, prompt, [k + 1], reps=15)[k + 1]
+                    # t_verify measured right before each timed run, with one row's beside it
+                    tv = verify_times(target, prompt, [1, k + 1], reps=15)
+                    t_verify, t_one = tv[k + 1], tv[1]
                     oracle = OracleProposer(prompt + ref_k, 1.0, 151936, max_draft=k)
                     timed = outrider_timed(target, oracle, prompt, n, k, pipelined)
                     res = timed.result
@@ -325,6 +327,7 @@ def run(
                 cell["steady"].append(timed.steady_tps)
                 cell["s_eff"].append(timed.steady_tps / ideal)
                 cell["tv"].append(t_verify)
+                cell["tv1"].append(t_one)
                 cell["acceptance"].append(
                     sum(r.accepted for r in res.rounds)
                     / max(sum(len(r.drafted) for r in res.rounds), 1)
@@ -341,6 +344,8 @@ def run(
                     "steady_tps": median(cell["steady"]),
                     "steady_efficiency": median(cell["s_eff"]),
                     "t_verify_ms": median(cell["tv"]) * 1e3,
+                    # the same forward at one row: issue 13's bar is t_verify(5) / t_verify(1)
+                    "t_verify_1_ms": median(cell["tv1"]) * 1e3,
                     "t_draft_ms": t_draft * 1e3,
                     "acceptance": median(cell["acceptance"]),
                     "reruns": cell["reruns"],
@@ -401,14 +406,15 @@ def main() -> None:
                 f"own first run diverges at: {row['mlx_lm_self_divergence']}"
             )
             print(
-                f"{'cap':>4} {'pipe':>4} {'tok/s':>9} {'x plain':>7} {'ideal':>9} {'eff':>6} {'t_verify ms':>11} {'t_draft ms':>10} {'accept':>7} {'steady':>8} {'s-eff':>6} ties reruns"
+                f"{'cap':>4} {'pipe':>4} {'tok/s':>9} {'x plain':>7} {'ideal':>9} {'eff':>6} {'t_verify ms':>11} {'w/1':>5} {'t_draft ms':>10} {'accept':>7} {'steady':>8} {'s-eff':>6} ties reruns"
             )
             for o in row["oracle"]:
                 print(
                     f"{o['cap']:>4} {'on' if o['pipelined'] else 'off':>4} "
                     f"{o['decode_tps']:>9.1f} {o['decode_tps'] / row['baseline_tps']:>7.2f} "
                     f"{o['ideal_tps']:>9.1f} "
-                    f"{o['efficiency']:>6.3f} {o['t_verify_ms']:>11.2f} {o['t_draft_ms']:>10.3f} "
+                    f"{o['efficiency']:>6.3f} {o['t_verify_ms']:>11.2f} "
+                    f"{o['t_verify_ms'] / o['t_verify_1_ms']:>5.2f} {o['t_draft_ms']:>10.3f} "
                     f"{o['acceptance']:>7.3f} {o['steady_tps']:>8.1f} "
                     f"{o['steady_efficiency']:>6.3f} {len(o['fp_ties']):>4} {o['reruns']:>6}"
                 )
