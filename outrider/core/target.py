@@ -24,6 +24,7 @@ from .family import (
 from .generation_config import SamplingDefaults
 from .kv_quant import KV_GROUP_SIZE, quantized_kv
 from .row_kernels import dense_rows
+from .row_kernels import installed as rows_installed
 from .stopping import opener_ids
 from .taps import TapSink, wrap
 
@@ -491,7 +492,13 @@ class Target:
         from a row count (`row_kernels.dense_rows`, a 4-bit target on CUDA), a shorter chunk
         runs them through MLX's quantized product, which is slow there at hundreds of rows,
         so a prompt's remainder past its last full chunk goes in with that chunk instead of
-        alone (at most 2 x PREFILL_CHUNK - 1 rows). 0 elsewhere: the chunks are as before."""
+        alone (at most 2 x PREFILL_CHUNK - 1 rows). 0 elsewhere: the chunks are as before.
+
+        Only a target whose first decoder layer runs a rows kernel is searched whole (a walk
+        of every module, milliseconds on a deep model): the others answer at once."""
+        layers = self.family.layers(self.model)
+        if not layers or not rows_installed(layers[0]):
+            return 0
         return dense_rows(self.model) or 0
 
     def final_rows(self, hit: bool) -> int:
