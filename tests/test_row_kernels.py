@@ -261,7 +261,9 @@ def test_a_long_prompts_dense_prefill_keeps_greedy_output(monkeypatch):
 def test_a_short_remainder_joins_the_last_prefill_chunk_where_products_run_dense(monkeypatch):
     """Past a prompt's last full chunk, a remainder shorter than the dense route's rows would
     run MLX's quantized product (slow on CUDA at hundreds of rows): it goes in with the chunk
-    before it. Without a dense route the chunks are as before; greedy output is unchanged."""
+    before it, and that chunk with the last token, in one forward. Where a stop (a prefix-cache
+    snapshot) ends a chunk, the last token goes alone. Without a dense route the chunks are as
+    before; greedy output is unchanged."""
     monkeypatch.setenv("OUTRIDER_MATMUL", "rows")  # the layers stay quantized on the CPU
     monkeypatch.setattr(outrider.core.target, "PREFILL_CHUNK", 16)
     pipe = outrider.load("outrider-demo/target", mode="baseline")
@@ -280,8 +282,20 @@ def test_a_short_remainder_joins_the_last_prefill_chunk_where_products_run_dense
     assert target.chunk_floor() == 16
     chunks.clear()
     got = pipe.generate(ids, max_tokens=8, stop_tokens=set())
-    assert chunks[:3] == [16, 21, 1]
+    assert chunks[:2] == [16, 22] and chunks[2:] == [1] * (len(chunks) - 2)
     assert got.tokens == want
+    for prompt, stops, want_chunks in (
+        (ids[:33], (), [16, 17]),  # a remainder of 16 with the last token: just within
+        (ids[:34], (), [16, 18]),
+        (ids[:20], (), [20]),  # one forward: at least the dense route's rows
+        (ids[:15], (), [14, 1]),  # shorter: chunked as before
+        (ids, (30,), [16, 14, 7, 1]),  # a stop at 30: the cache is snapshotted there
+    ):
+        chunks.clear()
+        logits, _ = target.prefill(prompt, target.make_cache(), stops=stops)
+        assert chunks == want_chunks, (len(prompt), stops)
+        alone = model(mx.array(prompt)[None])
+        assert mx.argmax(logits).item() == mx.argmax(alone[0, -1]).item()
 
 
 def test_install_keeps_the_weights_and_uninstall_puts_the_layers_back():

@@ -401,12 +401,16 @@ class Target:
         `at_stop(done)` hears with the cache evaluated: the prefix cache snapshots it there.
         `cache` may already hold earlier positions (a prefix-cache hit): `prompt` is the rest,
         and with `hit` its last `final_rows(hit)` tokens go through one forward with the last.
+        Where products run dequantized from `chunk_floor()` rows (a 4-bit target on CUDA), no
+        chunk is shorter than that where it can be helped: a remainder joins the chunk before
+        it, and a rest of `chunk_floor()` rows up to about two chunks goes in one forward with
+        the last token.
         """
         ids = mx.array(prompt, dtype=mx.uint32)
         taps: list[mx.array] = []
         done = 0
         tail = self.final_rows(hit)  # tokens the final forward takes at most
-        floor: int | None = None  # `chunk_floor`, asked once a prompt needs two chunks
+        floor: int | None = None  # `chunk_floor`, asked once
         while True:
             rest = len(prompt) - done
             later = [p - done for p in stops if done < p < len(prompt)]
@@ -414,11 +418,18 @@ class Target:
                 break
             if cancelled is not None and cancelled():
                 raise Cancelled(f"cancelled after {done} of {len(prompt)} prompt tokens")
+            floor = self.chunk_floor() if floor is None else floor
+            if floor and not later and floor <= rest < PREFILL_CHUNK + floor + tail:
+                # long enough for the fast route: one forward, the last token with it, not a
+                # chunk and then a final forward of up to `tail` rows through the slow one
+                logits = self._run(ids[done:], cache, tap_ids)
+                last_taps = self._collect(tap_ids)
+                if last_taps is not None:
+                    taps.append(last_taps)
+                return logits[0, -1], mx.concatenate(taps, axis=0) if taps else None
             n = min(PREFILL_CHUNK, rest - tail) if rest > tail else rest - 1
-            if rest - tail > n:  # a remainder too short for the fast route joins this chunk
-                floor = self.chunk_floor() if floor is None else floor
-                if rest - tail - n < floor:
-                    n = rest - tail
+            if rest - tail > n and rest - tail - n < floor:
+                n = rest - tail  # a remainder too short for the fast route joins this chunk
             n = min([n, *later])
             self._run(ids[done : done + n], cache, tap_ids)
             chunk_taps = self._collect(tap_ids)
@@ -492,7 +503,8 @@ class Target:
         from a row count (`row_kernels.dense_rows`, a 4-bit target on CUDA), a shorter chunk
         runs them through MLX's quantized product, which is slow there at hundreds of rows,
         so a prompt's remainder past its last full chunk goes in with that chunk instead of
-        alone (at most 2 x PREFILL_CHUNK - 1 rows). 0 elsewhere: the chunks are as before.
+        alone, and with the last token where nothing stops the prefill before it (`prefill`).
+        0 elsewhere: the chunks are as before.
 
         Only a target whose first decoder layer runs a rows kernel is searched whole (a walk
         of every module, milliseconds on a deep model): the others answer at once."""
