@@ -507,9 +507,13 @@ class Target:
         0 elsewhere: the chunks are as before.
 
         Only a target whose first decoder layer runs a rows kernel is searched whole (a walk
-        of every module, milliseconds on a deep model): the others answer at once."""
-        layers = self.family.layers(self.model)
-        if not layers or not rows_installed(layers[0]):
+        of every module, milliseconds on a deep model): the others answer at once. A family
+        that does not say its layers (the fallback's) is searched whole."""
+        try:
+            layers = self.family.layers(self.model)
+        except OutriderError:
+            layers = None
+        if layers is not None and (not layers or not rows_installed(layers[0])):
             return 0
         return dense_rows(self.model) or 0
 
