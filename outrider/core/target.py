@@ -420,13 +420,9 @@ class Target:
                 raise Cancelled(f"cancelled after {done} of {len(prompt)} prompt tokens")
             floor = self.chunk_floor() if floor is None else floor
             if floor and not later and floor <= rest < PREFILL_CHUNK + floor + tail:
-                # long enough for the fast route: one forward, the last token with it, not a
-                # chunk and then a final forward of up to `tail` rows through the slow one
-                logits = self._run(ids[done:], cache, tap_ids)
-                last_taps = self._collect(tap_ids)
-                if last_taps is not None:
-                    taps.append(last_taps)
-                return logits[0, -1], mx.concatenate(taps, axis=0) if taps else None
+                # long enough for the fast route: the final forward takes it all, not a chunk
+                # and then a final forward of up to `tail` rows through the slow one
+                break
             n = min(PREFILL_CHUNK, rest - tail) if rest > tail else rest - 1
             if rest - tail > n and rest - tail - n < floor:
                 n = rest - tail  # a remainder too short for the fast route joins this chunk
@@ -442,7 +438,11 @@ class Target:
                 progress(done, len(prompt))
             if at_stop is not None and done in stops:
                 at_stop(done)
-        logits, last_taps = self.forward(ids[done:], cache, tap_ids)
+        final = ids[done:]
+        if final.shape[0] > tail:  # the rest of a dense-route prefill: a chunk, never rolled back
+            logits, last_taps = self._run(final, cache, tap_ids)[0], self._collect(tap_ids)
+        else:
+            logits, last_taps = self.forward(final, cache, tap_ids)
         if last_taps is not None:
             taps.append(last_taps)
         all_taps = mx.concatenate(taps, axis=0) if taps else None
