@@ -91,7 +91,9 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     from outrider.plugins.kernels.cuda_rows import CudaRows
 
-    kernel = CudaRows() if CudaRows().available() else None  # a third column where it runs
+    kernel: CudaRows | None = CudaRows()
+    if not kernel.available():
+        kernel = None  # the third column only where it runs
     for shape in args.shape.split(","):
         s = SHAPES[shape]
         h, i = s["hidden_size"], s["intermediate_size"]
