@@ -338,8 +338,11 @@ class Pipeline:
             raise OutriderError("the prompt is empty")
         sampling = SamplingParams(temperature, top_p, top_k, seed)
         stopper = self._stopper(max_tokens, stop, stop_tokens)
-        if max_draft is None or max_draft == "auto":  # a batch's rounds share one width
-            cap = self.max_draft
+        if max_draft is None or max_draft == "auto":
+            # with the batch scheduler choosing each round's widths from measured costs, a row
+            # drafts what its proposer can and the scheduler cuts; else the default cap
+            scheduled = self._long_copies(max_draft) and self.batch_scheduler() is not None
+            cap = self.proposer.max_draft if scheduled else self.max_draft
         else:
             cap = min(max_draft, self.proposer.max_draft)
         result = Result(text="", prompt_tokens=ids, tokens=[], mode=self.mode, max_draft=cap)

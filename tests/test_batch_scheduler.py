@@ -80,6 +80,55 @@ def test_costly_width_verifies_fewer_drafts():
     assert dear.cut == 6
 
 
+def test_a_column_every_row_shares_is_weighed_with_every_rows_draft_in_it():
+    """Eight rows, each one draft at survival 0.5, and a column that costs about half a
+    one-row forward: one row's draft alone would not pay for widening all eight (8.5 tokens
+    in 2.5 ms against 8 in 1.7), the column's eight together do (12 in 2.5). The drafts inside
+    a width are verified for nothing, so the choice is the width."""
+    sched = BatchScheduler(curve(0.1))
+    assert sched.keep([1] * 8, [4] * 8, [[0.5]] * 8, [[]] * 8) == [1] * 8
+    assert sched.cut == 0
+    # a row whose drafts are estimated at zero verifies none, even inside the width
+    assert sched.keep([2, 2], [4, 4], [[0.9, 0.9], [0.0, 0.0]], [[], []]) == [2, 0]
+
+
+def test_the_rounds_drafter_call_counts_in_its_cost():
+    """A round pays its drafter call whatever it verifies, so the dearer that call, the more a
+    wider verify is worth: at a verify cost where no draft pays alone, a 10 ms drafter call
+    makes two columns pay."""
+    conf = [[0.95, 0.9], [0.3, 0.2, 0.1, 0.1]]
+    assert BatchScheduler(DEAR).keep([2, 4], [4, 4], conf, [[], []]) == [0, 0]
+    dear_draft = Calibration({}, DEAR.verify_ms, draft_ms=10.0)
+    assert BatchScheduler(dear_draft).keep([2, 4], [4, 4], conf, [[], []]) == [2, 2]
+
+
+def test_a_batch_wider_than_the_curve_reads_the_line_of_its_upper_half():
+    """Past the widest measured width a batch's verify cost is extrapolated. The last two
+    points alone may differ by a kernel's tile boundary (here a 1 ms step), which a batch of
+    eight would read eight times over; the line through the curve's upper half does not."""
+    cal = Calibration({}, {128: [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 2.6]})
+    assert cal.batch_verify_cost(1, 8) == pytest.approx(2.6e-3)  # measured
+    slope = (2.6 - 1.3) / 4  # from width 4 to width 8
+    assert cal.batch_verify_cost(2, 8) == pytest.approx((2.6 + 8 * slope) / 1000)
+
+
+def test_rows_of_a_scheduled_batch_draft_their_drafters_whole_cap(pipes):
+    """Under the default cap (auto), the scheduler picks each round's width, so a batched row
+    drafts all its proposer can and the scheduler cuts; with the scheduler off, a row drafts
+    the pipeline's cap, and a cap given is kept."""
+    pipe = scheduled(pipes["dspark"], FLAT)
+    assert pipe.max_draft < pipe.proposer.max_draft  # otherwise this shows nothing
+    ids = prompts(pipe)[0]
+
+    def cap(**kwargs) -> int:
+        return pipe.start_row(ids, max_tokens=4, stop_tokens=set(), **kwargs).row.cap_limit
+
+    assert cap() == cap(max_draft="auto") == pipe.proposer.max_draft
+    assert cap(max_draft=2) == 2
+    pipe.schedule_batches = False
+    assert cap() == pipe.max_draft
+
+
 def test_without_confidence_the_rows_running_acceptance_decides():
     """No confidence: each row's running acceptance gives its survivals. A row whose first
     draft keeps failing is cut where a row that keeps every draft is not."""
@@ -106,7 +155,9 @@ def test_a_lookup_copy_stays_whole_and_its_width_is_free():
     # under a given cap a copy may be no wider than it: still whole, and still free
     low = [[0.1] * 4, conf[1]]  # as a draft, the first row would be cut on these
     assert sched.keep([4, 4], [4, 4], low, [[], []], copied=[True, False]) == [4, 4]
-    assert sched.keep([4, 4], [4, 4], low, [[], []])[0] == 0  # a draft: cut
+    # as drafts, the batch verifies one column: the first row's first rides in it, its
+    # other three are cut
+    assert sched.keep([4, 4], [4, 4], low, [[], []]) == [1, 1]
 
 
 def test_a_cut_proposal_keeps_its_q_rows_confidences_and_host_ids():
@@ -197,7 +248,7 @@ def test_sampled_rows_follow_the_target_distribution_with_the_scheduler(pipes):
     verify cost that cuts row 0's drafts in some rounds and not in others, depending on the
     drafts so far) decides how many of them are verified. Chi-square of row 0's first three
     tokens against the target's own joint distribution."""
-    pipe = scheduled(pipes["dspark"], curve(0.03))
+    pipe = scheduled(pipes["dspark"], curve(0.1))
     rows = prompts(pipe)
     prompt, depth, n = rows[1], 3, 500
     expected = exact_joint(pipe.target, prompt, PARAMS, depth)

@@ -125,14 +125,17 @@ class Calibration:
     def batch_verify_cost(self, rows: int, width: int, context: int | None = None) -> float:
         """Seconds of a batched verify of `rows` rows padded to `width`, read off the one-row
         curve at rows x width tokens (the forward's work is its token count; past the widest
-        measured width, on the line through the last two points)."""
+        measured width, on the line through the upper half of the curve: the last two points
+        alone differ by noise, or by a kernel's tile boundary, and a batch of eight reads the
+        line up to eight times past them)."""
         tokens = rows * width
         ctxs = sorted(self.verify_ms)
         widest = len(self.verify_ms[ctxs[0]])
         if tokens <= widest:  # a batch's forward is not padded: the curve as measured
             return self._cost(tokens, context)
         last = self._cost(widest, context)
-        slope = last - self._cost(widest - 1, context) if widest > 1 else last
+        half = max(1, widest // 2)
+        slope = (last - self._cost(half, context)) / (widest - half) if widest > 1 else last
         return last + max(slope, 0.0) * (tokens - widest)
 
     def round_cost(self, k: int, context: int | None = None) -> float:

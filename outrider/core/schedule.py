@@ -395,35 +395,34 @@ def admit(survival: list[list[float]], cost: Callable[[int, int], float]) -> lis
 
     `survival[r][j-1]` is the chance that row r's first j drafts are all accepted (non-increasing
     in j: the confidence head's cumulative product, or the row's running acceptance);
-    `cost(rows, width)` the seconds of a verify forward of `rows` rows padded to `width`. Every
-    row verifies its anchor; candidates (r, j) are admitted in order of survival, each adding
-    survival[r][j-1] expected tokens, while expected tokens per second keeps growing. The first
-    candidate that does not raise it ends the search: whether draft j of a row is verified then
-    depends only on survivals up to j, never on one computed from draft j itself, which keeps
+    `cost(rows, width)` the seconds of a round whose verify forward has `rows` rows padded to
+    `width`. The rows pad to the widest, so a forward's cost is set by its width alone, and a
+    draft inside the width costs nothing: the choice is the width. Column j (every row's draft
+    j) is taken while it raises the expected tokens per second, each row's draft adding
+    survival[r][j-1] expected tokens, and the first column that does not ends the search; each
+    row then verifies its drafts up to that width (those it estimates at zero left out).
+
+    The paper's algorithm admits single drafts in order of survival; on a padded forward that
+    stopped a batch at the first draft that would widen it, which alone rarely pays for a column
+    every row pays for, and left the other rows' drafts inside the width unverified though
+    they were free. Whether draft j of a row is verified depends only on survivals up to j
+    (that row's and the others'), never on one computed from draft j itself, which keeps
     sampled output exact (the paper's Appendix A shows the distribution shifting without it).
     """
     rows = len(survival)
     if rows == 0:
         return []
-    order = sorted(
-        ((s, j, r) for r, row in enumerate(survival) for j, s in enumerate(row, 1) if s > 0),
-        key=lambda c: (-c[0], c[1], c[2]),
-    )
-    admitted = [0] * rows
-    best_rate = rows / cost(rows, 1)
-    best = list(admitted)
     expected, width = float(rows), 1
-    for s, j, r in order:
-        if j != admitted[r] + 1:  # a row's drafts enter in order (ties keep j ascending)
+    rate = expected / cost(rows, 1)
+    for j in range(1, 1 + max(map(len, survival))):
+        gain = sum(row[j - 1] for row in survival if len(row) >= j)
+        if gain <= 0:
             break
-        admitted[r] = j
-        expected += s
-        width = max(width, j + 1)
-        rate = expected / cost(rows, width)
-        if rate <= best_rate:
+        wider = (expected + gain) / cost(rows, j + 1)
+        if wider <= rate:
             break
-        best_rate, best = rate, list(admitted)
-    return best
+        expected, rate, width = expected + gain, wider, j + 1
+    return [sum(1 for s in row[: width - 1] if s > 0) for row in survival]
 
 
 def survival(conditional: list[float]) -> list[float]:
@@ -439,8 +438,10 @@ def survival(conditional: list[float]) -> list[float]:
 @dataclass
 class BatchScheduler:
     """DSpark's prefix scheduler on a batch's rounds (`admit`): once every row has drafted,
-    each row verifies only the drafts that raise the batch's expected tokens per second at
-    this machine's measured verify cost (`calibration.batch_verify_cost`).
+    the batch verifies only as wide as raises its expected tokens per second at this
+    machine's measured costs: the round's drafter call (`calibration.draft_cost`, paid
+    whatever is verified, so a round that verifies little pays it for little) and its verify
+    forward (`calibration.batch_verify_cost`).
 
     Rows pad to the widest, so a batch's forward costs its rows times its widest row: drafts
     that are unlikely to survive widen it for little. A drafter that estimates acceptance per
@@ -481,8 +482,12 @@ class BatchScheduler:
         ]
         floor = 1 + max((k for k, f in zip(drafted, fixed) if f), default=0)
 
+        drafting = self.calibration.draft_cost(  # this round's call, paid already
+            max((k for k, f in zip(drafted, fixed) if not f and k), default=1)
+        )
+
         def cost(rows: int, width: int) -> float:
-            return self.calibration.batch_verify_cost(rows, max(width, floor), context)
+            return drafting + self.calibration.batch_verify_cost(rows, max(width, floor), context)
 
         admitted = admit(survivals, cost)
         keep = [k if f else min(k, n) for k, f, n in zip(drafted, fixed, admitted)]
