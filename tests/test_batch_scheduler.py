@@ -150,8 +150,10 @@ def test_a_lookup_copy_stays_whole_and_its_width_is_free():
     sched = BatchScheduler(curve(0.1))
     conf = [None, [0.6, 0.5, 0.5, 0.5]]
     assert sched.keep([12, 4], [4, 4], conf, [[], []]) == [12, 4]
-    assert sched.keep([0, 4], [4, 4], conf, [[], []]) == [0, 4]  # one drafting row: no cut
-    assert sched.rounds == 1
+    # one drafting row is weighed too (a batch of one in the server), against both rows' cost
+    assert sched.keep([0, 4], [4, 4], conf, [[], []]) == [0, 1]
+    assert sched.keep([0, 0], [4, 4], conf, [[], []]) == [0, 0]  # nothing drafted: no round
+    assert sched.rounds == 2
     # under a given cap a copy may be no wider than it: still whole, and still free
     low = [[0.1] * 4, conf[1]]  # as a draft, the first row would be cut on these
     assert sched.keep([4, 4], [4, 4], low, [[], []], copied=[True, False]) == [4, 4]

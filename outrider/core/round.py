@@ -316,7 +316,7 @@ def verify_round(
     Rows draft different numbers of tokens; shorter rows are padded to the widest, and the
     padding is rejected like any draft. On the greedy path a round costs one host-device sync
     whatever the batch width. `caps` (one per row) overrides the rows' own caps this round.
-    `scheduler` (a batch's) cuts the proposals of two or more drafting rows to what DSpark's
+    `scheduler` (a batch's) cuts the proposals of the drafting rows to what DSpark's
     prefix scheduler admits before the forward (`_schedule`).
     """
     t = time.perf_counter()
@@ -333,14 +333,14 @@ def verify_round(
 def _schedule(
     scheduler: BatchScheduler | None, rows: list[Row], proposals: list[Proposal], asked: list[int]
 ) -> list[Proposal]:
-    """Each row's proposal cut to the drafts DSpark's prefix scheduler admits, when two or more
-    rows draft. Survivals come from the drafter's confidences (read back in one wait) or the
+    """Each row's proposal cut to the drafts DSpark's prefix scheduler admits, when any row
+    drafts. Survivals come from the drafter's confidences (read back in one wait) or the
     rows' running acceptance, never from a draft they would admit: sampling stays exact.
 
     Sampled rows with one seed draw their drafts from the same keys, so one row's drafts say
     something about the other's: their confidences (which read their drafts) would let one
     row's cut depend on the other's draft it admits. They use running acceptance instead."""
-    if scheduler is None or sum(1 for p in proposals if p.k > 0) < 2:
+    if scheduler is None or not any(p.k > 0 for p in proposals):
         return proposals
     own = _own_keys(rows)
     estimates = [p.confidence for p, o in zip(proposals, own) if o and p.confidence is not None]

@@ -451,7 +451,7 @@ class BatchScheduler:
     counters say what it cut."""
 
     calibration: Any
-    rounds: int = 0  # rounds it scheduled (two or more rows drafted)
+    rounds: int = 0  # rounds it scheduled (some row drafted)
     proposed: int = 0  # drafts the scheduled rows of those rounds proposed
     cut: int = 0  # of them, left unverified
 
@@ -472,7 +472,7 @@ class BatchScheduler:
         draft past its row's cap); `confidence[r]`: the drafter's per-slot acceptance
         estimates, or None; `accept[r]`: the row's running per-position acceptance
         (`learn_acceptance`); `context`: the longest row's context length."""
-        if sum(1 for k in drafted if k > 0) < 2:
+        if not any(k > 0 for k in drafted):
             return list(drafted)
         copied = copied or [False] * len(drafted)
         fixed = [k > cap or c for k, cap, c in zip(drafted, asked, copied, strict=True)]
