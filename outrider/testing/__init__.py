@@ -9,7 +9,8 @@ answer with a chosen per-token acceptance rate.
 One module per job: `configs` (toy configs per model_type), `tokenizer`, `targets` (random and
 learnable targets), `gguf` (a tiny target written as llama.cpp's converter writes one),
 `drafters`, `proposers`, `scripted` (a target whose answers are a script, for the server's
-tool-call and reasoning tests).
+tool-call and reasoning tests), `cuda_compile` (a CUDA kernel body compiled with nvcc, without
+a GPU: its errors, registers and spills).
 """
 
 from .configs import FAMILIES, SLIDING_WINDOW, text_config, tiny_config

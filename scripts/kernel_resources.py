@@ -1,0 +1,63 @@
+"""Registers, spills and shared memory of the rows kernel's CUDA forms at every template it
+launches, compiled with the CUDA toolkit's nvcc on this machine (no GPU needed): run it after
+changing a kernel and before spending device time on it. A template that spills registers runs
+at a fraction of its speed; MLX's static shared memory is 48 KB.
+
+    python scripts/kernel_resources.py [--arch sm_90]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from outrider.plugins.kernels import cuda_rows  # noqa: E402
+from outrider.testing import cuda_compile  # noqa: E402
+
+QUANTIZED = [("x", "T"), ("w", "uint32"), ("scales", "T"), ("biases", "T")]
+
+
+def units() -> list[tuple[str, str]]:
+    """(what, translation unit) of each form at each template it launches."""
+    out = []
+    for t in ("bfloat16", "float32"):
+        for bits in cuda_rows.BITS:
+            for r in (1, 4):
+                for m in range(cuda_rows.MIN_ROWS, cuda_rows.MAX_ROWS + 1):
+                    template = [("T", t), ("M", m), ("R", r), ("BITS", bits), ("GS", 64)]
+                    unit = cuda_compile.instantiate(
+                        "rows_fma", cuda_rows.HEADER, cuda_rows.SOURCE, QUANTIZED, [("y", "T")],
+                        template,
+                    )  # fmt: skip
+                    out.append((f"fma {t} {bits}-bit, {r} weight rows a warp, {m} rows", unit))
+    for kw in (4, 8):
+        for nb in range(1, cuda_rows.MMA_ROWS // 8 + 1):
+            template = [("T", "bfloat16"), ("GS", 64), ("KW", kw), ("NB", nb)]
+            unit = cuda_compile.instantiate(
+                "rows_mma", cuda_rows.MMA_HEADER, cuda_rows.MMA_SOURCE, QUANTIZED, [("y", "T")],
+                template,
+            )  # fmt: skip
+            out.append((f"mma bf16, {kw} warps, {8 * nb} rows", unit))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="sm_90")
+    args = ap.parse_args()
+    if cuda_compile.nvcc() is None:
+        sys.exit("kernel_resources.py: no nvcc on this machine (install the CUDA toolkit)")
+    made = units()
+    report = cuda_compile.compile_report([u for _, u in made], args.arch)
+    print(f"{'template':<52} {'registers':>9} {'spilled B':>9} {'shared B':>9}")
+    for (what, _), kernel in zip(made, report):
+        flag = "  SPILLS" if kernel.spill_bytes else ""
+        print(f"{what:<52} {kernel.registers:>9} {kernel.spill_bytes:>9} "
+              f"{kernel.shared_bytes:>9}{flag}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
