@@ -17,8 +17,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from outrider.plugins.kernels import cuda_rows  # noqa: E402
 from outrider.testing import cuda_compile  # noqa: E402
 
-QUANTIZED = [("x", "T"), ("w", "uint32"), ("scales", "T"), ("biases", "T")]
-
 
 def units() -> list[tuple[str, str]]:
     """(what, translation unit) of each form at each template it launches."""
@@ -29,17 +27,13 @@ def units() -> list[tuple[str, str]]:
                 for m in range(cuda_rows.MIN_ROWS, cuda_rows.MAX_ROWS + 1):
                     template = [("T", t), ("M", m), ("R", r), ("BITS", bits), ("GS", 64)]
                     unit = cuda_compile.instantiate(
-                        "rows_fma", cuda_rows.HEADER, cuda_rows.SOURCE, QUANTIZED, [("y", "T")],
-                        template,
-                    )  # fmt: skip
+                        "rows_fma", *cuda_rows.kernel_body("fma"), template
+                    )
                     out.append((f"fma {t} {bits}-bit, {r} weight rows a warp, {m} rows", unit))
     for kw in (4, 8):
         for nb in range(1, cuda_rows.MMA_ROWS // 8 + 1):
             template = [("T", "bfloat16"), ("GS", 64), ("KW", kw), ("NB", nb)]
-            unit = cuda_compile.instantiate(
-                "rows_mma", cuda_rows.MMA_HEADER, cuda_rows.MMA_SOURCE, QUANTIZED, [("y", "T")],
-                template,
-            )  # fmt: skip
+            unit = cuda_compile.instantiate("rows_mma", *cuda_rows.kernel_body("mma"), template)
             out.append((f"mma bf16, {kw} warps, {8 * nb} rows", unit))
     return out
 

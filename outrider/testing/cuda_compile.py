@@ -46,7 +46,7 @@ def instantiate(
     """The translation unit of one kernel at one template: `inputs` and `outputs` are (name,
     type) pairs, a type being a key of TYPES or a template parameter's name; `template` gives
     each template parameter (a type name as in TYPES, or an integer)."""
-    concrete = {p: TYPES.get(v, v) for p, v in template if isinstance(v, str)}
+    concrete = {p: _type(v) for p, v in template if isinstance(v, str)}
 
     def actual(kind: str) -> str:
         return concrete.get(kind, _type(kind))
@@ -60,7 +60,7 @@ def instantiate(
         ]
     params += [(f"{_type(kind)}*", f"{actual(kind)}*", arg) for arg, kind in outputs]
     heads = [f"typename {p}" if isinstance(v, str) else f"int {p}" for p, v in template]
-    args = [TYPES.get(v, v) if isinstance(v, str) else str(v) for _, v in template]
+    args = [_type(v) if isinstance(v, str) else str(v) for _, v in template]
     declared = ", ".join(f"{generic} {arg}" for generic, _, arg in params)
     body = f"template <{', '.join(heads)}>\n__global__ void {name}({declared}) {{\n{source}\n}}\n"
     signature = ", ".join(at for _, at, _ in params)
@@ -86,7 +86,7 @@ def compile_report(units: list[str], arch: str = "sm_90") -> list[Resources]:
             )  # fmt: skip
             if run.returncode:
                 raise RuntimeError(f"nvcc failed on unit {i}:\n{run.stderr[-4000:]}")
-            out += _parse(run.stdout + run.stderr)
+            out += parse_report(run.stdout + run.stderr)
     return out
 
 
@@ -94,7 +94,8 @@ def _type(kind: str) -> str:
     return TYPES.get(kind, kind)
 
 
-def _parse(text: str) -> list[Resources]:
+def parse_report(text: str) -> list[Resources]:
+    """Each entry function's resources, as ptxas's --resource-usage report prints them."""
     found: list[Resources] = []
     name = ""
     spills = 0

@@ -342,6 +342,25 @@ def group_source(count: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kernel_body(form: str, count: int = 0) -> tuple[str, str, list, list]:
+    """(header, source, inputs, outputs) of a form's kernel ("fma" or "mma"; the grouped
+    tensor-core form for `count` matrices), each input and output as (name, type), the type
+    "T" (the activations' and scales') or "uint32" (packed weights): what `mx.fast.cuda_kernel`
+    is given, and what `outrider.testing.cuda_compile` compiles it from."""
+    if count:
+        triples = [(f"{a}{i}", "uint32" if a == "w" else "T") for i in range(count)
+                   for a in ("w", "scales", "biases")]  # fmt: skip
+        outputs = [(f"y{i}", "T") for i in range(count)]
+        return MMA_HEADER, group_source(count), [("x", "T"), *triples], outputs
+    header, source = (MMA_HEADER, MMA_SOURCE) if form == "mma" else (HEADER, SOURCE)
+    return (
+        header,
+        source,
+        [("x", "T"), ("w", "uint32"), ("scales", "T"), ("biases", "T")],
+        [("y", "T")],
+    )
+
+
 def rows_per_warp(n: int) -> int:
     """Weight rows a warp takes: more rows share each read of the input across them, fewer
     keep enough warps in flight for a narrow matrix."""
@@ -479,29 +498,22 @@ class CudaRows:
         )
 
     def _group_kernel(self, count: int):
-        name = f"group{count}"
-        if name not in self._kernels:
-            inputs = ["x"] + [f"{a}{i}" for i in range(count) for a in ("w", "scales", "biases")]
-            self._kernels[name] = mx.fast.cuda_kernel(
-                f"outrider_quantized_rows_{name}_v{VERSION}",
-                input_names=inputs,
-                output_names=[f"y{i}" for i in range(count)],
-                source=group_source(count),
-                header=MMA_HEADER,
-            )
-        return self._kernels[name]
+        return self._compiled(f"group{count}", *kernel_body("mma", count))
 
     def _kernel(self, form: str):
-        if form not in self._kernels:
-            source, header = (MMA_SOURCE, MMA_HEADER) if form == "mma" else (SOURCE, HEADER)
-            self._kernels[form] = mx.fast.cuda_kernel(
-                f"outrider_quantized_rows_{form}_v{VERSION}",
-                input_names=["x", "w", "scales", "biases"],
-                output_names=["y"],
+        return self._compiled(form, *kernel_body(form))
+
+    def _compiled(self, name: str, header: str, source: str, inputs: list, outputs: list):
+        """The kernel `name` of this body, built once (MLX compiles it on first use)."""
+        if name not in self._kernels:
+            self._kernels[name] = mx.fast.cuda_kernel(
+                f"outrider_quantized_rows_{name}_v{VERSION}",
+                input_names=[arg for arg, _ in inputs],
+                output_names=[arg for arg, _ in outputs],
                 source=source,
                 header=header,
             )
-        return self._kernels[form]
+        return self._kernels[name]
 
     def __call__(
         self,
