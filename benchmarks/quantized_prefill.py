@@ -6,7 +6,10 @@ MLX 0.32's CUDA backend computes a quantized product of hundreds of rows several
 than the half-precision product of the same shape; a prefill chunk can instead dequantize each
 weight (reading it once, writing it once in bf16) and use the half-precision product. This
 measures whether that pays, where, and how far the results part. Where outrider's rows kernel
-runs (CUDA), products of as many rows as it takes are timed through it too (a third column).
+runs (CUDA), products of up to 64 rows are timed through its tensor-core form too, and past 16
+rows through its gemm form at the configurations `--gemm` names (whatever its own choice for the
+shape), with the gemm form's error against MLX's product and whether its first row equals that
+row computed alone.
 
     python benchmarks/quantized_prefill.py                        # 8B and 32B shapes, 4-bit
     python benchmarks/quantized_prefill.py --rows 64,512 --prefill 4096 --shape 8b
@@ -85,11 +88,19 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--prefill", type=int, default=4096, help="tokens of the whole prefill")
     ap.add_argument("--dense-from", type=int, default=512, help="rows the dense arm starts at")
+    ap.add_argument(
+        "--gemm",
+        default="2x8x1,2x8,4x8",
+        help="gemm form configurations: (8-row weight fragments a warp)x(warps)[x(shares of "
+        "the input width); without it, the shares `cuda_rows.shares` picks for the shape]",
+    )
     ap.add_argument("--queue-gb", default="0,2,1", help="dense arms' queue bounds (0: none)")
     args = ap.parse_args()
     print(f"mlx {mx.__version__} {mx.default_device()}  {args.bits}-bit, group 64, bf16 rows")
     rows = [int(r) for r in args.rows.split(",")]
-    from outrider.plugins.kernels.cuda_rows import CudaRows
+    from outrider.plugins.kernels.cuda_rows import MMA_ROWS, CudaRows, shares
+
+    GEMM_CONFIGS = [tuple(int(v) for v in c.split("x")) for c in args.gemm.split(",") if c]
 
     kernel: CudaRows | None = CudaRows()
     if not kernel.available():
@@ -113,11 +124,21 @@ def main() -> None:
                 yb = dequantized(*inputs).astype(mx.float32)
                 rel = (mx.abs(ya - yb).max() / mx.abs(ya).max()).item()
                 rows_ms = ""
-                if kernel is not None and m <= kernel.rows_up_to(
-                    in_f, out_f, args.bits, 64, x.dtype
-                ):
-                    tk = timeit(lambda *a: kernel(*a[:4], 64, args.bits), args.reps, *inputs)
-                    rows_ms = f" | rows kernel {tk * 1e3:8.3f} ({ta / tk:5.2f}x)"
+                mma = kernel is not None and kernel.form(in_f, args.bits, x.dtype) == "mma"
+                if mma and m <= MMA_ROWS:  # the tensor-core form, whatever `rows_up_to` says
+                    tk = timeit(lambda *a: kernel(*a[:4], 64, args.bits, "mma", 1), args.reps,
+                                *inputs)  # fmt: skip
+                    rows_ms += f" | mma {tk * 1e3:7.3f} ({ta / tk:5.2f}x)"
+                # the gemm form, as (8-row weight fragments a warp, warps a block, shares)
+                for nt, kw, *ks in GEMM_CONFIGS if mma and 16 < m <= MMA_ROWS else ():
+                    ks = ks[0] if ks else shares(out_f, in_f)
+                    run = lambda *a, c=(nt, kw, ks): kernel(*a[:4], 64, args.bits, "gemm", c)  # noqa: E731
+                    tk = timeit(run, args.reps, *inputs)
+                    yt = run(*inputs).astype(mx.float32)
+                    err = (mx.abs(yt - ya).max() / mx.abs(ya).max()).item()
+                    same = mx.array_equal(run(x[:1], qw, sc, bi).astype(mx.float32), yt[:1]).item()
+                    rows_ms += (f" | gemm {nt}x{kw}x{ks} {tk * 1e3:7.3f} ({ta / tk:5.2f}x, "
+                                f"{err:.0e}{'' if same else ' ROW0 DIFFERS'})")  # fmt: skip
                 print(f"  {name:<8} {out_f:>6}x{in_f:<6} rows {m:>5}  {ta * 1e3:8.3f} | "
                       f"{tb * 1e3:8.3f} | {ta / tb:5.2f}x | {rel:.1e}{rows_ms}")  # fmt: skip
     if args.prefill:

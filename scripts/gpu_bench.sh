@@ -31,9 +31,13 @@
 #             and with OUTRIDER_MATMUL=native (MLX's products everywhere): what they buy
 #   qmid      where the dense route starts to pay (128-384 rows, for DENSE_ROWS), and the
 #             dense queue's bound (a 32B prefill unbounded, at 2 and at 1 GiB, with peaks)
+#   gemm      the rows kernel's gemm form at 24-64 rows (whole, in 2 shares, in the shares it
+#             picks, 4 fragments a warp) against MLX's product and the tensor-core form, with
+#             each one's error and row-alone check
+#   turn5cold turn5q's cold turns alone
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
-#             pytest: carry .whl (docs/testing-on-gpu.md)
+#             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
 set -u
 out=${OUT:-/tmp/gpu_bench}
 mkdir -p "$out"
@@ -59,9 +63,9 @@ loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
-      | phases | turn5ab | qmid | rowtests) ;;
+      | phases | turn5ab | qmid | rowtests | gemm | turn5cold) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -137,7 +141,13 @@ for set in "$@"; do
         export PYTHONPATH=/tmp/testsite:${PYTHONPATH:-}
       fi
       step row_kernel_tests 400 python3 -m pytest -o addopts="" -q -rs tests/test_row_kernels.py \
-        -k "computes_mlxs_product or grouped_form or builtin_plugin" ;;
+        -k "${ROWTESTS:-computes_mlxs_product or grouped_form or builtin_plugin}" ;;
+    gemm)
+      step quantized_gemm 240 python3 benchmarks/quantized_prefill.py --shape 32b,8b \
+        --rows 24,40,64 --reps 7 --prefill 0 --gemm 2x8x1,2x8x2,2x8,4x8 ;;
+    turn5cold)
+      step turn5_32b_4bit 260 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
+        --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit.json" ;;
     ttft)
       step ttft_phases_32b 300 python3 benchmarks/ttft_phases.py --shape 32b --dtype bf16 \
         --system-tokens 4096 --turns 5 --repeats 5 ;;

@@ -32,9 +32,25 @@ def units() -> list[tuple[str, str]]:
                     out.append((f"fma {t} {bits}-bit, {r} weight rows a warp, {m} rows", unit))
     for kw in (4, 8):
         for nb in range(1, cuda_rows.MMA_ROWS // 8 + 1):
-            template = [("T", "bfloat16"), ("GS", 64), ("KW", kw), ("NB", nb)]
+            template = [("T", "bfloat16"), ("GS", 64), ("KW", kw), ("NB", nb), ("TW", 1)]
             unit = cuda_compile.instantiate("rows_mma", *cuda_rows.kernel_body("mma"), template)
             out.append((f"mma bf16, {kw} warps, {8 * nb} rows", unit))
+    for mb in range(3, cuda_rows.MMA_ROWS // 16 + 1):
+        for ks in (1, 8):
+            form = "gemm" if ks == 1 else "gemm_split"
+            template = [("T", "bfloat16"), ("GS", 64), ("KW", cuda_rows.GEMM_WARPS), ("MB", mb),
+                        ("NT", cuda_rows.GEMM_NT), ("KS", ks)]  # fmt: skip
+            unit = cuda_compile.instantiate("rows_gemm", *cuda_rows.kernel_body(form), template)
+            out.append((f"gemm bf16, {cuda_rows.GEMM_NT} fragments a warp, {16 * mb} rows, "
+                        f"{ks} shares", unit))  # fmt: skip
+    template = [("T", "bfloat16"), ("GS", 64), ("KW", cuda_rows.GEMM_WARPS), ("MB", 4),
+                ("NT", cuda_rows.GEMM_NT)]  # fmt: skip
+    unit = cuda_compile.instantiate("rows_gemm2", *cuda_rows.kernel_body("gemm", 2), template)
+    out.append(("gemm bf16, two matrices in one launch, 64 rows", unit))
+    unit = cuda_compile.instantiate(
+        "rows_sum", *cuda_rows.kernel_body("sum"), [("T", "bfloat16"), ("KS", 8)]
+    )
+    out.append(("sum of 8 shares", unit))
     return out
 
 

@@ -34,7 +34,7 @@ def test_the_rows_kernels_compile_without_spilling_registers():
         cuda_compile.instantiate(
             "rows_mma",
             *cuda_rows.kernel_body("mma"),
-            [("T", t), ("GS", 64), ("KW", cuda_rows.warps(n)), ("NB", nb)],
+            [("T", t), ("GS", 64), ("KW", cuda_rows.warps(n)), ("NB", nb), ("TW", 1)],
         )  # fmt: skip
         for t, n, nb in (
             ("bfloat16", 25600, widest),
@@ -46,8 +46,32 @@ def test_the_rows_kernels_compile_without_spilling_registers():
         cuda_compile.instantiate(
             "rows_group3",
             *cuda_rows.kernel_body("mma", 3),
-            [("T", "bfloat16"), ("GS", 64), ("KW", cuda_rows.warps(6144)), ("NB", widest)],
+            [
+                ("T", "bfloat16"),
+                ("GS", 64),
+                ("KW", cuda_rows.warps(6144)),
+                ("NB", widest),
+                ("TW", 1),
+            ],
         )  # fmt: skip
+    )
+    # past WIDE_ROWS: the gemm form over the whole input width, in shares, and grouped
+    gemm = [("KW", cuda_rows.GEMM_WARPS), ("MB", cuda_rows.MMA_ROWS // 16),
+            ("NT", cuda_rows.GEMM_NT)]  # fmt: skip
+    units += [
+        cuda_compile.instantiate(
+            name, *cuda_rows.kernel_body(form, count), [("T", "bfloat16"), ("GS", 64), *shape]
+        )  # fmt: skip
+        for name, form, count, shape in (
+            ("rows_gemm", "gemm", 0, [*gemm, ("KS", 1)]),
+            ("rows_gemm_split", "gemm_split", 0, [*gemm, ("KS", 8)]),
+            ("rows_gemm2", "gemm", 2, gemm),
+        )
+    ]
+    units.append(
+        cuda_compile.instantiate(
+            "rows_sum", *cuda_rows.kernel_body("sum"), [("T", "bfloat16"), ("KS", 8)]
+        )
     )
     report = cuda_compile.compile_report(units)
     assert len(report) == len(units)

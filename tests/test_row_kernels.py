@@ -226,13 +226,66 @@ def test_the_cuda_kernel_dequantizes_prefill_chunks_only_at_its_measured_form():
     assert cuda.dense_rows(4096, 8, 64, mx.bfloat16) is None  # 8 bits: not measured
     assert cuda.dense_rows(4096, 4, 64, mx.float32) is None
     assert cuda.rows_up_to(4096, 4096, 4, 64, mx.bfloat16) == cuda_rows.MMA_ROWS  # tensor cores
-    assert cuda.rows_up_to(4096, 12288, 4, 64, mx.bfloat16) == cuda_rows.WIDE_ROWS  # an MLP's up
+    assert cuda.rows_up_to(4096, 12288, 4, 64, mx.bfloat16) == cuda_rows.MMA_ROWS  # gemm form
     assert cuda.rows_up_to(4096, 4096, 8, 64, mx.bfloat16) == cuda_rows.MAX_ROWS
     assert cuda_rows.MMA_ROWS <= cuda_rows.DENSE_ROWS
     # the block scratch of the most rows fits MLX's static shared memory (48 KB)
     for n in (256, 4096, 25600):
         assert 512 * cuda_rows.warps(n) * (cuda_rows.MMA_ROWS // 8) <= 32 * 1024
     assert cuda_rows.DENSE_ROWS <= outrider.core.target.PREFILL_CHUNK  # chunks reach it
+    # the gemm form's two buffers of staged inputs (64 rows x 128 columns, bf16) fit too, and
+    # groups run it past WIDE_ROWS only where their weight rows fill the GPU
+    assert 2 * cuda_rows.MMA_ROWS * 128 * 2 <= 48 * 1024
+    assert cuda_rows.wide(cuda_rows.WIDE_ROWS + 1, cuda_rows.WIDE_OUTPUTS + 1)
+    assert not cuda_rows.wide(cuda_rows.WIDE_ROWS, 25600)
+    assert not cuda_rows.wide(64, cuda_rows.WIDE_OUTPUTS)
+
+
+class RecordedKernels:
+    """`mx.fast.cuda_kernel` as a recorder: each call's kernel name, template, grid and output
+    shapes, answered with zeros (no GPU here)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, name, **_):
+        def launch(*, inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+            self.calls.append((name, dict(template), grid[0], output_shapes, output_dtypes))
+            return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes, strict=True)]
+
+        return launch
+
+
+def test_products_past_wide_rows_run_the_gemm_form_in_shares_of_the_input_width(monkeypatch):
+    """Up to WIDE_ROWS rows the tensor-core form; past it the gemm form, whose input width goes
+    in shares (added in order by a second launch) where the weight has too few rows to fill
+    the GPU: the shares depend on the weight's shape only, so a row's sum runs in one order at
+    every row count."""
+    recorded = RecordedKernels()
+    monkeypatch.setattr(mx.fast, "cuda_kernel", recorded, raising=False)
+    kernel = cuda_rows.CudaRows()
+    n, k = 1024, 8192  # 8 blocks of 128 weight rows, 64 steps of 128 inputs
+    w = mx.zeros((n, k // 8), mx.uint32)
+    s = b = mx.zeros((n, k // 64), mx.bfloat16)
+    ks = cuda_rows.shares(n, k)
+    assert ks == 8  # 64 blocks; 8 steps a share
+    for rows in (cuda_rows.WIDE_ROWS, cuda_rows.WIDE_ROWS + 1, 1, cuda_rows.MMA_ROWS):
+        recorded.calls.clear()
+        y = kernel(mx.zeros((rows, k), mx.bfloat16), w, s, b, 64, 4, form=None)
+        assert y.shape == (rows, n) and y.dtype == mx.bfloat16
+        names = [call[0].split("_v")[0] for call in recorded.calls]
+        if rows <= cuda_rows.WIDE_ROWS:
+            assert names == ["outrider_quantized_rows_mma"]
+            continue
+        assert names == ["outrider_quantized_rows_gemm_split", "outrider_quantized_rows_sum"]
+        (_, gemm, grid, shapes, dtypes), (_, summed, _, out, _) = recorded.calls
+        assert gemm["KS"] == summed["KS"] == ks and gemm["MB"] == -(-rows // 16)
+        assert grid == 8 * ks * cuda_rows.GEMM_WARPS * 32  # a block a share of 128 weight rows
+        assert shapes == [(ks, rows, n)] and dtypes == [mx.float32] and out == [(rows, n)]
+    # a weight with rows enough takes its input width whole, in one launch
+    assert cuda_rows.shares(25600, 5120) == 1
+    assert cuda_rows.shares(1024, 1024) == 1  # 8 steps: too few to split
+    assert cuda_rows.shares(5120, 25600) == 8
 
 
 def test_a_long_prompts_dense_prefill_keeps_greedy_output(monkeypatch):
@@ -518,6 +571,8 @@ def plain_greedy_of(model: nn.Module, ids: list[int], n: int) -> list[int]:
         ("mma", mx.bfloat16, 4, 64, 1000, 1024),
         ("mma", mx.bfloat16, 4, 32, 300, 2560),
         ("mma", mx.float16, 4, 128, 4096, 1024),
+        ("gemm", mx.bfloat16, 4, 64, 1000, 1024),
+        ("gemm", mx.bfloat16, 4, 64, 1000, 4096),  # in 4 shares of the input width, summed
         ("fma", mx.bfloat16, 4, 64, 1000, 1024),
         ("fma", mx.float32, 8, 64, 257, 2048),
     ],
@@ -529,7 +584,7 @@ def test_the_cuda_kernel_computes_mlxs_product_and_each_row_as_alone(
     assert form == "fma" or kernel.form(k, bits, dtype) == "mma"
     w = mx.random.normal((n, k), key=mx.random.key(0)).astype(dtype) * 0.05
     wq, s, b = mx.quantize(w, group_size=group, bits=bits)
-    top = kernel.rows_up_to(k, n, bits, group, dtype) if form == "mma" else 8
+    top = kernel.rows_up_to(k, n, bits, group, dtype) if form != "fma" else 8
     x = mx.random.normal((top, k), key=mx.random.key(1)).astype(dtype)
     alone = kernel(x[:1], wq, s, b, group, bits, form=form)
     tolerance = row_kernels.PROBE_TOLERANCE[dtype]
@@ -537,6 +592,8 @@ def test_the_cuda_kernel_computes_mlxs_product_and_each_row_as_alone(
     # Each count of groups compiles its own template (tens of seconds on a GPU), so the first
     # case alone runs a second group part-filled (9 rows)
     counts = {1, 2, 5, 8, 9, top} if (n, k) == (1000, 1024) else {1, 5, 8, top}
+    if form == "gemm":  # rows past WIDE_ROWS, and one row to hold them to
+        counts = {1, 33, top}
     for rows in sorted(counts & set(range(1, top + 1))):
         got = kernel(x[:rows], wq, s, b, group, bits, form=form).astype(mx.float32)
         want = mx.quantized_matmul(x[:rows], wq, s, b, True, group, bits).astype(mx.float32)

@@ -32,14 +32,26 @@ from ...core.hookspecs import hookimpl
 # and one row runs MLX's own (CudaRows.min_rows says why).
 MIN_ROWS = 2
 MAX_ROWS = 8
-# The tensor-core form takes up to this many rows (groups of 8, each step's weights dequantized
-# once for all of them): a prefix hit's tail, a short prompt's prefill (`CudaRows.rows_up_to`).
-# Each 16-row tile of weights reads every input row again (from L2), so that traffic grows with
-# rows x outputs: products of more than WIDE_OUTPUTS weight rows (an MLP's gate and up) stop at
-# WIDE_ROWS, where on an H100 they still ran faster than MLX's (docs/performance.md).
+# The rows kernel takes up to MMA_ROWS rows (`CudaRows.rows_up_to`): a verify, a prefix hit's
+# tail, a short prompt's prefill. The tensor-core form (`rows_mma`, rows in groups of 8, each
+# step's weights dequantized once for all of them) runs up to WIDE_ROWS; it reads every input
+# row again (from L2) for each 16-row tile of weights, traffic that grows with rows x outputs.
+# Past WIDE_ROWS the gemm form (`rows_gemm`) runs: each step's inputs staged once a block in
+# shared memory and read with ldmatrix, 8-row weight fragments a warp (GEMM_NT), warps a block
+# (GEMM_WARPS); a product with few weight rows splits its input width into shares (`shares`)
+# until its blocks reach about GEMM_BLOCKS, each share at least GEMM_MIN_STEPS steps of 128
+# inputs. On an H100 at 40-64 rows it ran 1.2-2.9x MLX's product at every 8B and 32B shape
+# (docs/performance.md, "The gemm form"). Siblings in one launch (q, k and v; gate and up) run
+# it past WIDE_ROWS where their weight rows sum past WIDE_OUTPUTS (a group's gemm blocks take
+# the whole input width, so fewer rows would leave the GPU half empty), the tensor-core form
+# otherwise.
 MMA_ROWS = 64
-WIDE_OUTPUTS = 8192
 WIDE_ROWS = 32
+WIDE_OUTPUTS = 8192
+GEMM_NT = 2
+GEMM_WARPS = 8
+GEMM_BLOCKS = 320
+GEMM_MIN_STEPS = 8
 # Rows from which a 4-bit product dequantizes its weight instead (`CudaRows.dense_rows`): the
 # prefill's chunks (core/target.py PREFILL_CHUNK), not a verify or a prefix hit's short tail.
 DENSE_ROWS = 512
@@ -47,7 +59,7 @@ BITS = (4, 8)
 THREADS = 128  # 4 warps a block
 # In the kernel's name, which MLX's CUDA backend keys its compiled-code cache by (on disk, with
 # the template arguments): a changed SOURCE must change it, or a machine would run the old code.
-VERSION = 5
+VERSION = 8
 
 HEADER = """
 template <typename T, int P>
@@ -187,63 +199,84 @@ __device__ __forceinline__ uint32_t pair_of(T v) {
   return b | (b << 16);
 }
 
-// One 16-row tile of y = x @ dequantize(w).T (x [M, K], M <= 8 * NB; w [N, K / 8] packed
-// 4-bit; scales, biases [N, K / GS]) by one block of KW warps; `part` is the block's shared
-// scratch. Input rows go in NB groups of 8 (the mma's n): each step dequantizes its weights
-// once and multiplies them with every group.
-template <typename T, int GS, int KW, int NB, typename S>
+// TW consecutive 16-row tiles of y = x @ dequantize(w).T (x [M, K], M <= 8 * NB; w [N, K / 8]
+// packed 4-bit; scales, biases [N, K / GS]) by one block of KW warps; `part` is the block's
+// shared scratch. Input rows go in NB groups of 8 (the mma's n): each step dequantizes its
+// weights once and multiplies them with every group, and each group's inputs, read once a
+// step, go to all TW tiles (with many input rows, those reads are what the warp waits for).
+template <typename T, int GS, int KW, int NB, int TW, typename S>
 __device__ __forceinline__ void rows_mma(
     const T* x, int M, int K, const uint32_t* w, const S* scales, const S* biases, T* y, int N,
-    int tile, float (*part)[32][4 * NB]) {
+    int tile, float (*part)[32][4 * NB * TW]) {
 const int W = K / 8;
 const int G = K / GS;
 const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 const int g = lane >> 2, t = lane & 3;
-const int n0 = tile * 16;
-const int ra = min(n0 + g, N - 1), rb = min(n0 + g + 8, N - 1);
-const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * W);
-const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * W);
-const int steps = K / 128;
-float c[NB][4];
+const int n0 = tile * 16 * TW;
+int ra[TW], rb[TW];
+const uint4* wa[TW];
+const uint4* wb[TW];
 #pragma unroll
-for (int nb = 0; nb < NB; ++nb) {
-  c[nb][0] = 0.f; c[nb][1] = 0.f; c[nb][2] = 0.f; c[nb][3] = 0.f;
+for (int tw = 0; tw < TW; ++tw) {
+  ra[tw] = min(n0 + 16 * tw + g, N - 1);
+  rb[tw] = min(n0 + 16 * tw + g + 8, N - 1);
+  wa[tw] = reinterpret_cast<const uint4*>(w + (size_t)ra[tw] * W);
+  wb[tw] = reinterpret_cast<const uint4*>(w + (size_t)rb[tw] * W);
+}
+const int steps = K / 128;
+float c[TW][NB][4];
+#pragma unroll
+for (int tw = 0; tw < TW; ++tw) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+    c[tw][nb][0] = 0.f; c[tw][nb][1] = 0.f; c[tw][nb][2] = 0.f; c[tw][nb][3] = 0.f;
+  }
 }
 const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 int st = warp;
-// the packed words, scales and biases of step s for this lane's two rows (zeros past the end)
-auto fetch = [&](int s, uint4& qa_, uint4& qb_, T& sa_, T& ba_, T& sb_, T& bb_) {
-  qa_ = zero; qb_ = zero;
-  sa_ = T(0.f); ba_ = T(0.f); sb_ = T(0.f); bb_ = T(0.f);
+// the packed words, scales and biases of step s for this lane's rows (zeros past the end)
+auto fetch = [&](int s, uint4* qa_, uint4* qb_, T* sa_, T* ba_, T* sb_, T* bb_) {
+#pragma unroll
+  for (int tw = 0; tw < TW; ++tw) {
+    qa_[tw] = zero; qb_[tw] = zero;
+    sa_[tw] = T(0.f); ba_[tw] = T(0.f); sb_[tw] = T(0.f); bb_[tw] = T(0.f);
+  }
   if (s >= steps) return;
   const int v = s * 4 + t, grp = (v * 32) / GS;
-  qa_ = wa[v]; qb_ = wb[v];
-  sa_ = static_cast<T>(static_cast<float>(scales[(size_t)ra * G + grp]));
-  ba_ = static_cast<T>(static_cast<float>(biases[(size_t)ra * G + grp]));
-  sb_ = static_cast<T>(static_cast<float>(scales[(size_t)rb * G + grp]));
-  bb_ = static_cast<T>(static_cast<float>(biases[(size_t)rb * G + grp]));
+#pragma unroll
+  for (int tw = 0; tw < TW; ++tw) {
+    qa_[tw] = wa[tw][v]; qb_[tw] = wb[tw][v];
+    sa_[tw] = static_cast<T>(static_cast<float>(scales[(size_t)ra[tw] * G + grp]));
+    ba_[tw] = static_cast<T>(static_cast<float>(biases[(size_t)ra[tw] * G + grp]));
+    sb_[tw] = static_cast<T>(static_cast<float>(scales[(size_t)rb[tw] * G + grp]));
+    bb_[tw] = static_cast<T>(static_cast<float>(biases[(size_t)rb[tw] * G + grp]));
+  }
 };
-uint4 qa, qb;
-T sa, ba, sb, bb;
+uint4 qa[TW], qb[TW];
+T sa[TW], ba[TW], sb[TW], bb[TW];
 fetch(st, qa, qb, sa, ba, sb, bb);
 while (st < steps) {
   const int u = st * 4 + t;
   const int nx = st + KW;
-  uint4 na, nb;
-  T nsa, nba, nsb, nbb;
+  uint4 na[TW], nb[TW];
+  T nsa[TW], nba[TW], nsb[TW], nbb[TW];
   fetch(nx, na, nb, nsa, nba, nsb, nbb);  // the next step's weights load during this one's math
-  const uint32_t s2a = pair_of(sa), b2a = pair_of(ba), s2b = pair_of(sb), b2b = pair_of(bb);
-  const uint32_t wordsa[4] = {qa.x, qa.y, qa.z, qa.w};
-  const uint32_t wordsb[4] = {qb.x, qb.y, qb.z, qb.w};
-  uint32_t a[8][4];  // this step's weights, dequantized once for every group of input rows
+  uint32_t a[TW][8][4];  // this step's weights, dequantized once for every group of input rows
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int tw = 0; tw < TW; ++tw) {
+    const uint32_t s2a = pair_of(sa[tw]), b2a = pair_of(ba[tw]);
+    const uint32_t s2b = pair_of(sb[tw]), b2b = pair_of(bb[tw]);
+    const uint32_t wordsa[4] = {qa[tw].x, qa[tw].y, qa[tw].z, qa[tw].w};
+    const uint32_t wordsb[4] = {qb[tw].x, qb[tw].y, qb[tw].z, qb[tw].w};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      a[2 * j + h][0] = dequant_pair(wordsa[j] >> (8 * h), s2a, b2a, T());
-      a[2 * j + h][1] = dequant_pair(wordsb[j] >> (8 * h), s2b, b2b, T());
-      a[2 * j + h][2] = dequant_pair(wordsa[j] >> (8 * h + 4), s2a, b2a, T());
-      a[2 * j + h][3] = dequant_pair(wordsb[j] >> (8 * h + 4), s2b, b2b, T());
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        a[tw][2 * j + h][0] = dequant_pair(wordsa[j] >> (8 * h), s2a, b2a, T());
+        a[tw][2 * j + h][1] = dequant_pair(wordsb[j] >> (8 * h), s2b, b2b, T());
+        a[tw][2 * j + h][2] = dequant_pair(wordsa[j] >> (8 * h + 4), s2a, b2a, T());
+        a[tw][2 * j + h][3] = dequant_pair(wordsb[j] >> (8 * h + 4), s2b, b2b, T());
+      }
     }
   }
 #pragma unroll
@@ -266,39 +299,211 @@ while (st < steps) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t lo = xw[4 * j + h], hi = xw[4 * j + h + 2];
-        mma16816(c[grp], a[2 * j + h], __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632), T());
+        const uint32_t b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
+#pragma unroll
+        for (int tw = 0; tw < TW; ++tw) mma16816(c[tw][grp], a[tw][2 * j + h], b0, b1, T());
       }
     }
   }
-  qa = na; qb = nb; sa = nsa; ba = nba; sb = nsb; bb = nbb;
+#pragma unroll
+  for (int tw = 0; tw < TW; ++tw) {
+    qa[tw] = na[tw]; qb[tw] = nb[tw];
+    sa[tw] = nsa[tw]; ba[tw] = nba[tw]; sb[tw] = nsb[tw]; bb[tw] = nbb[tw];
+  }
   st = nx;
 }
 #pragma unroll
-for (int grp = 0; grp < NB; ++grp) {
+for (int tw = 0; tw < TW; ++tw) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) part[warp][lane][4 * grp + i] = c[grp][i];
+  for (int grp = 0; grp < NB; ++grp) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[warp][lane][4 * (tw * NB + grp) + i] = c[tw][grp][i];
+  }
 }
 __syncthreads();
 if (warp == 0) {
-  const int na_ = n0 + g, nb_ = n0 + g + 8;
 #pragma unroll
-  for (int grp = 0; grp < NB; ++grp) {
-    float v[4];
+  for (int tw = 0; tw < TW; ++tw) {
+    const int na_ = n0 + 16 * tw + g, nb_ = na_ + 8;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float sum = 0.f;
+    for (int grp = 0; grp < NB; ++grp) {
+      float v[4];
 #pragma unroll
-      for (int k = 0; k < KW; ++k) sum += part[k][lane][4 * grp + i];
-      v[i] = sum;
+      for (int i = 0; i < 4; ++i) {
+        float sum = 0.f;
+#pragma unroll
+        for (int k = 0; k < KW; ++k) sum += part[k][lane][4 * (tw * NB + grp) + i];
+        v[i] = sum;
+      }
+      const int m0 = 8 * grp + 2 * t, m1 = m0 + 1;
+      if (na_ < N) {
+        if (m0 < M) y[(size_t)m0 * N + na_] = static_cast<T>(v[0]);
+        if (m1 < M) y[(size_t)m1 * N + na_] = static_cast<T>(v[1]);
+      }
+      if (nb_ < N) {
+        if (m0 < M) y[(size_t)m0 * N + nb_] = static_cast<T>(v[2]);
+        if (m1 < M) y[(size_t)m1 * N + nb_] = static_cast<T>(v[3]);
+      }
     }
-    const int m0 = 8 * grp + 2 * t, m1 = m0 + 1;
-    if (na_ < N) {
-      if (m0 < M) y[(size_t)m0 * N + na_] = static_cast<T>(v[0]);
-      if (m1 < M) y[(size_t)m1 * N + na_] = static_cast<T>(v[1]);
+  }
+}
+}
+
+// The gemm form: the inputs are the mma's A operand (16 rows a fragment, read from shared
+// memory with ldmatrix) and the dequantized weights its B operand (8 weight rows a fragment),
+// so each warp computes MB x NT fragments of the output (16 MB input rows by 8 NT weight rows)
+// from MB ldmatrix and NT weight fragments a k16 step: the inputs staged once a block, and
+// each staged input read once a warp for NT weight fragments, not once a fragment. A block of
+// KW warps computes 8 * NT * KW weight rows over the whole input width (no sum across warps),
+// or, with KS > 1, over its share `split` of KS: then y is float32 [KS, M, N], the shares'
+// partial sums, which SUM_SOURCE adds in order (a product with few weight rows, such as a 32B
+// down projection's 5,120, has too few blocks to fill the GPU otherwise). The shares depend on
+// K and KS only, so a row's sum runs in one order whatever the rows beside it.
+//
+// The k order inside each mma is the tensor-core form's (nibbles i and i + 4 of a packed word
+// are one dequantized pair): each 16-byte input chunk is permuted into that order as it is
+// staged (four byte_perms), so a weight's pairs need no shuffling. Shared memory holds a step's
+// 128 input columns of each row as 16 segments of 16 bytes (combo c = 2j + h of the tensor-core
+// form, then its low or high half of the mma's k), segment s of row r stored at s ^ (r & 7) so
+// that an 8-row ldmatrix reads eight distinct bank groups.
+template <typename T, int GS, int KW, int MB, int NT, int KS, typename S, typename O>
+__device__ __forceinline__ void rows_gemm(
+    const T* x, int M, int K, const uint32_t* w, const S* scales, const S* biases, O* y, int N,
+    int block, int split, uint4* xs) {
+constexpr int R = 16 * MB;                          // staged rows (zeros past M)
+constexpr int CH = R * 16;                          // 16-byte chunks of a step's inputs
+constexpr int PER = (CH + 32 * KW - 1) / (32 * KW);  // of them, a thread stages
+const int W = K / 8;
+const int G = K / GS;
+const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+const int g = lane >> 2, t = lane & 3;
+const int n0 = (block * KW + warp) * 8 * NT;
+int rn[NT];
+const uint4* wr[NT];
+#pragma unroll
+for (int nt = 0; nt < NT; ++nt) {
+  rn[nt] = min(n0 + 8 * nt + g, N - 1);
+  wr[nt] = reinterpret_cast<const uint4*>(w + (size_t)rn[nt] * W);
+}
+const int steps = K / 128;
+// this block's share of the input width: steps s0 .. s1 - 1 (all of them unless KS > 1)
+const int s0 = split * steps / KS, s1 = (split + 1) * steps / KS;
+float c[MB][NT][4];
+#pragma unroll
+for (int mb = 0; mb < MB; ++mb) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    c[mb][nt][0] = 0.f; c[mb][nt][1] = 0.f; c[mb][nt][2] = 0.f; c[mb][nt][3] = 0.f;
+  }
+}
+const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+// a step's inputs, read into registers (the next step's, while this one's products run)
+auto load_x = [&](int s, uint4* r) {
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int q = threadIdx.x + i * 32 * KW, row = q >> 4, cc = q & 15;
+    r[i] = (q < CH && row < M)
+        ? reinterpret_cast<const uint4*>(x + (size_t)row * K + (size_t)s * 128)[cc] : zero;
+  }
+};
+// ...and into shared memory, permuted: chunk cc = 4 t' + j' of a row holds inputs
+// 32 t' + 8 j' + o (o = 0..7); its pairs (o, o + 4) go to combo (j', o & 1 ? .. ) as below
+auto store_x = [&](uint4* buf, const uint4* r) {
+  uint32_t* b32 = reinterpret_cast<uint32_t*>(buf);
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int q = threadIdx.x + i * 32 * KW, row = q >> 4, cc = q & 15;
+    if (q >= CH) continue;
+    const int tp = cc >> 2, jp = cc & 3, sw = row & 7;
+    const uint4 v = r[i];
+    const uint32_t pair[4] = {
+        __byte_perm(v.x, v.z, 0x5410),  // (o0, o4): combo (j', 0), low half
+        __byte_perm(v.x, v.z, 0x7632),  // (o1, o5): combo (j', 0), high half
+        __byte_perm(v.y, v.w, 0x5410),  // (o2, o6): combo (j', 1), low half
+        __byte_perm(v.y, v.w, 0x7632),  // (o3, o7): combo (j', 1), high half
+    };
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int seg = 2 * (2 * jp + (p >> 1)) + (p & 1);
+      b32[row * 64 + ((seg ^ sw) << 2) + tp] = pair[p];
     }
-    if (nb_ < N) {
-      if (m0 < M) y[(size_t)m0 * N + nb_] = static_cast<T>(v[2]);
-      if (m1 < M) y[(size_t)m1 * N + nb_] = static_cast<T>(v[3]);
+  }
+};
+auto fetch = [&](int s, uint4* q_, T* sc_, T* bi_) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) { q_[nt] = zero; sc_[nt] = T(0.f); bi_[nt] = T(0.f); }
+  if (s >= s1) return;
+  const int v = s * 4 + t, grp = (v * 32) / GS;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    q_[nt] = wr[nt][v];
+    sc_[nt] = static_cast<T>(static_cast<float>(scales[(size_t)rn[nt] * G + grp]));
+    bi_[nt] = static_cast<T>(static_cast<float>(biases[(size_t)rn[nt] * G + grp]));
+  }
+};
+uint4 xr[PER];
+load_x(s0, xr);
+store_x(xs, xr);
+uint4 wq[NT];
+T sc[NT], bi[NT];
+fetch(s0, wq, sc, bi);
+__syncthreads();
+// this lane's ldmatrix row: matrix i / 8 of the four, row i % 8 of it
+const int lq = lane >> 3, lr = lane & 7;
+for (int st = s0; st < s1; ++st) {
+  uint4* cur = xs + ((st - s0) & 1) * R * 16;
+  uint4* nxt = xs + ((st - s0 + 1) & 1) * R * 16;
+  if (st + 1 < s1) load_x(st + 1, xr);
+  uint4 nq[NT];
+  T nsc[NT], nbi[NT];
+  fetch(st + 1, nq, nsc, nbi);
+  uint32_t s2[NT], b2[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) { s2[nt] = pair_of(sc[nt]); b2[nt] = pair_of(bi[nt]); }
+  const uint32_t base = (uint32_t)__cvta_generic_to_shared(cur);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int combo = 2 * j + h;
+      uint32_t b[NT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t word = j == 0 ? wq[nt].x : j == 1 ? wq[nt].y : j == 2 ? wq[nt].z : wq[nt].w;
+        b[nt][0] = dequant_pair(word >> (8 * h), s2[nt], b2[nt], T());
+        b[nt][1] = dequant_pair(word >> (8 * h + 4), s2[nt], b2[nt], T());
+      }
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb) {
+        const int row = 16 * mb + lr + 8 * (lq & 1);
+        const int seg = 2 * combo + (lq >> 1);
+        const uint32_t addr = base + row * 256 + ((seg ^ lr) << 4);
+        uint32_t a[4];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma16816(c[mb][nt], a, b[nt][0], b[nt][1], T());
+      }
+    }
+  }
+  if (st + 1 < s1) store_x(nxt, xr);
+  __syncthreads();  // the next step's inputs are staged; this step's buffer is free again
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) { wq[nt] = nq[nt]; sc[nt] = nsc[nt]; bi[nt] = nbi[nt]; }
+}
+#pragma unroll
+for (int mb = 0; mb < MB; ++mb) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int n = n0 + 8 * nt + 2 * t, m0 = 16 * mb + g, m1 = m0 + 8;
+    O* ys = y + (size_t)split * M * N;  // KS > 1: this share's partial sums, [KS, M, N]
+    if (n < N) {
+      if (m0 < M) ys[(size_t)m0 * N + n] = static_cast<O>(c[mb][nt][0]);
+      if (m1 < M) ys[(size_t)m1 * N + n] = static_cast<O>(c[mb][nt][2]);
+    }
+    if (n + 1 < N) {
+      if (m0 < M) ys[(size_t)m0 * N + n + 1] = static_cast<O>(c[mb][nt][1]);
+      if (m1 < M) ys[(size_t)m1 * N + n + 1] = static_cast<O>(c[mb][nt][3]);
     }
   }
 }
@@ -312,52 +517,90 @@ if (warp == 0) {
 MMA_SOURCE = r"""
 int M = 1;
 for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
-__shared__ float part[KW][32][4 * NB];
-rows_mma<T, GS, KW, NB>(x, M, w_shape[1] * 8, w, scales, biases, y, w_shape[0], blockIdx.x, part);
+__shared__ float part[KW][32][4 * NB * TW];
+rows_mma<T, GS, KW, NB, TW>(x, M, w_shape[1] * 8, w, scales, biases, y, w_shape[0], blockIdx.x,
+                            part);
+"""
+
+# The gemm form's body. Template: T, GS, KW (warps a block), MB (16-row fragments of inputs),
+# NT (8-row fragments of weights a warp), KS (shares of the input width); a block computes
+# 8 * NT * KW weight rows over one share.
+GEMM_SOURCE = r"""
+int M = 1;
+for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
+__shared__ uint4 xs[2 * 16 * 16 * MB];
+rows_gemm<T, GS, KW, MB, NT, KS>(x, M, w_shape[1] * 8, w, scales, biases, y, w_shape[0],
+                                 blockIdx.x / KS, blockIdx.x % KS, xs);
+"""
+
+# The sum of the gemm form's KS partial sums (part [KS, ...] float32), in order of share, as y
+# [...] of type T.
+SUM_SOURCE = r"""
+int total = 1;
+for (int d = 1; d < part_ndim; ++d) total *= part_shape[d];
+const int i = blockIdx.x * blockDim.x + threadIdx.x;
+if (i < total) {
+  float s = part[i];
+  for (int k = 1; k < KS; ++k) s += part[(size_t)k * total + i];
+  y[i] = static_cast<T>(s);
+}
 """
 
 
-def group_source(count: int) -> str:
-    """The grouped tensor-core form's body for `count` matrices of one input width (inputs x,
-    then w<i>, scales<i>, biases<i>; outputs y<i>): the launch's blocks run over the matrices'
-    16-row tiles laid end to end, each block computing one tile of one matrix, so a layer's
-    q, k and v (or gate and up) take one launch where they took three (or two)."""
+def group_source(count: int, form: str = "mma") -> str:
+    """The grouped body of the tensor-core or gemm form for `count` matrices of one input width
+    (inputs x, then w<i>, scales<i>, biases<i>; outputs y<i>): the launch's blocks run over
+    the matrices' blocks of weight rows laid end to end, each block computing rows of one
+    matrix, so a layer's q, k and v (or gate and up) take one launch where they took three
+    (or two)."""
+    scratch, span, call, params, smem = {
+        "mma": ("float part[KW][32][4 * NB * TW]", "16 * TW", "rows_mma", "NB, TW", "part"),
+        # a group's gemm blocks take the whole input width (one share: KS 1, share 0)
+        "gemm": ("uint4 xs[2 * 16 * 16 * MB]", "8 * NT * KW", "rows_gemm", "MB, NT, 1", "0, xs"),
+    }[form]
     lines = [
         "int M = 1;",
         "for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];",
         "const int K = x_shape[x_ndim - 1];",
-        "__shared__ float part[KW][32][4 * NB];",
+        f"__shared__ {scratch};",
         "int tile = blockIdx.x;",
     ]
     for i in range(count):
-        call = (
-            f"rows_mma<T, GS, KW, NB>(x, M, K, w{i}, scales{i}, biases{i}, y{i}, w{i}_shape[0], "
-            "tile, part);"
+        body = (
+            f"{call}<T, GS, KW, {params}>(x, M, K, w{i}, scales{i}, biases{i}, y{i}, "
+            f"w{i}_shape[0], tile, {smem});"
         )
         if i == count - 1:
-            lines.append(call)
+            lines.append(body)
         else:
-            lines.append(f"if (tile < (w{i}_shape[0] + 15) / 16) {{ {call} return; }}")
-            lines.append(f"tile -= (w{i}_shape[0] + 15) / 16;")
+            blocks = f"(w{i}_shape[0] + {span} - 1) / ({span})"  # its blocks
+            lines.append(f"if (tile < {blocks}) {{ {body} return; }}")
+            lines.append(f"tile -= {blocks};")
     return "\n".join(lines) + "\n"
 
 
 def kernel_body(form: str, count: int = 0) -> tuple[str, str, list, list]:
-    """(header, source, inputs, outputs) of a form's kernel ("fma" or "mma"; the grouped
-    tensor-core form for `count` matrices), each input and output as (name, type), the type
+    """(header, source, inputs, outputs) of a form's kernel ("fma", "mma", "gemm",
+    "gemm_split" and its "sum"; the grouped form for `count` matrices), each input and output as (name, type), the type
     "T" (the activations' and scales') or "uint32" (packed weights): what `mx.fast.cuda_kernel`
     is given, and what `outrider.testing.cuda_compile` compiles it from."""
     if count:
         triples = [(f"{a}{i}", "uint32" if a == "w" else "T") for i in range(count)
                    for a in ("w", "scales", "biases")]  # fmt: skip
         outputs = [(f"y{i}", "T") for i in range(count)]
-        return MMA_HEADER, group_source(count), [("x", "T"), *triples], outputs
-    header, source = (MMA_HEADER, MMA_SOURCE) if form == "mma" else (HEADER, SOURCE)
+        return MMA_HEADER, group_source(count, form), [("x", "T"), *triples], outputs
+    if form == "sum":
+        return "", SUM_SOURCE, [("part", "float32")], [("y", "T")]
+    header, source = {
+        "mma": (MMA_HEADER, MMA_SOURCE),
+        "gemm": (MMA_HEADER, GEMM_SOURCE),
+        "gemm_split": (MMA_HEADER, GEMM_SOURCE),  # y: the shares' float32 partial sums
+    }.get(form, (HEADER, SOURCE))
     return (
         header,
         source,
         [("x", "T"), ("w", "uint32"), ("scales", "T"), ("biases", "T")],
-        [("y", "T")],
+        [("y", "float32" if form == "gemm_split" else "T")],
     )
 
 
@@ -375,6 +618,25 @@ def warps(n: int) -> int:
     (Up to 8 rows, matrices of at most 1,024 rows took 16 before: no 8B or 32B product has
     so few, q, k and v running as one launch.)"""
     return 8 if n <= 4096 else 4
+
+
+def shares(n: int, k: int) -> int:
+    """Shares of the input width the gemm form splits a product of `n` weight rows and `k`
+    inputs into (KS): enough blocks to fill an H100's 132 SMs about twice over, each share at
+    least GEMM_MIN_STEPS steps of 128 inputs. Depends on the shape only, so a row's sum runs in
+    one order whatever the rows beside it."""
+    blocks, steps, ks = -(-n // (8 * GEMM_NT * GEMM_WARPS)), k // 128, 1
+    while blocks * ks * 2 <= GEMM_BLOCKS and steps // (ks * 2) >= GEMM_MIN_STEPS:
+        ks *= 2
+    return ks
+
+
+def wide(m: int, n: int) -> bool:
+    """Whether a group of siblings in one launch, `m` input rows and `n` weight rows in all,
+    runs the gemm form: past WIDE_ROWS rows, where the tensor-core form's rereads of the inputs
+    lost to MLX's product on an H100, and past WIDE_OUTPUTS weight rows, enough blocks for a
+    form that takes the whole input width."""
+    return m > WIDE_ROWS and n > WIDE_OUTPUTS
 
 
 class CudaRows:
@@ -423,29 +685,44 @@ class CudaRows:
         return "mma" if bits == 4 and half and width % 128 == 0 else "fma"
 
     def _launch(self, form, m, n, k, bits, group_size, dtype, rows) -> tuple:
-        """(kernel, template, grid, threadgroup) of one product's shape, worked out once: the
-        calls of a forward repeat a few shapes, and each call's host time counts."""
-        form = form or self.form(k, bits, dtype)
+        """(kernel, template, grid, threadgroup, shares) of one product's shape, worked out
+        once: the calls of a forward repeat a few shapes, and each call's host time counts."""
+        if form is None:
+            form = self.form(k, bits, dtype)
+            if form == "mma" and m > WIDE_ROWS:
+                form = "gemm"
+        if form == "gemm":  # `rows` forces (weight fragments a warp, warps a block, shares)
+            nt, kw, ks = rows or (GEMM_NT, GEMM_WARPS, shares(n, k))
+            template = [
+                ("T", dtype),
+                ("GS", group_size),
+                ("KW", kw),
+                ("MB", -(-m // 16)),
+                ("NT", nt),
+                ("KS", ks),
+            ]
+            grid = -(-n // (8 * nt * kw)) * ks * kw * 32
+            kernel = self._kernel("gemm" if ks == 1 else "gemm_split")
+            return kernel, template, (grid, 1, 1), (kw * 32, 1, 1), ks
         if form == "mma":
             nb = -(-m // 8)
             kw = warps(n)
-            template = [("T", dtype), ("GS", group_size), ("KW", kw), ("NB", nb)]
-            return self._kernel(form), template, (-(-n // 16) * kw * 32, 1, 1), (kw * 32, 1, 1)
+            tw = 1  # one 16-row tile of weights a warp (two spilled registers at 64 rows)
+            template = [("T", dtype), ("GS", group_size), ("KW", kw), ("NB", nb), ("TW", tw)]
+            grid = -(-n // (16 * tw)) * kw * 32
+            return self._kernel(form), template, (grid, 1, 1), (kw * 32, 1, 1), 1
         r = rows or rows_per_warp(n)
         template = [("T", dtype), ("M", m), ("R", r), ("BITS", bits), ("GS", group_size)]
-        return self._kernel(form), template, (-(-n // r) * 32, 1, 1), (THREADS, 1, 1)
+        return self._kernel(form), template, (-(-n // r) * 32, 1, 1), (THREADS, 1, 1), 1
 
     def rows_up_to(
         self, width: int, outputs: int, bits: int, group_size: int, dtype: mx.Dtype
     ) -> int:
-        """The tensor-core form takes up to MMA_ROWS rows (WIDE_ROWS for a product of more
-        than WIDE_OUTPUTS weight rows, or a group of them in one launch), the float32 form
-        MAX_ROWS. On an H100, 64 rows through it ran 1.4-2.1x faster than MLX's product
-        where the weight had 4,096-5,120 rows, and 0.7-1.0x where it had 12,288-25,600; 32
-        rows ran 1.05-3.1x faster at every 8B and 32B shape."""
+        """The half-precision forms take up to MMA_ROWS rows (the tensor-core form up to
+        WIDE_ROWS, the gemm form past it), the float32 form MAX_ROWS."""
         if self.form(width, bits, dtype) != "mma":
             return MAX_ROWS
-        return WIDE_ROWS if outputs > WIDE_OUTPUTS else MMA_ROWS
+        return MMA_ROWS
 
     def dense_rows(self, width: int, bits: int, group_size: int, dtype: mx.Dtype) -> int | None:
         """From how many rows a product of the tensor-core form's shapes runs faster as the
@@ -476,13 +753,19 @@ class CudaRows:
         key = ("group", lead, ns, x.shape[-1], group_size, x.dtype)
         launch = self._launches.get(key)
         if launch is None:
-            nb = -(-math.prod(lead) // 8)
-            kw = warps(sum(ns))
-            tiles = sum(-(-n // 16) for n in ns)
+            m = math.prod(lead)
+            nb = -(-m // 8)
+            if wide(m, sum(ns)):
+                form, kw, span = "gemm", GEMM_WARPS, 8 * GEMM_NT * GEMM_WARPS
+                shape = [("MB", -(-m // 16)), ("NT", GEMM_NT)]
+            else:
+                form, kw, span = "mma", warps(sum(ns)), 16
+                shape = [("NB", nb), ("TW", 1)]
+            blocks = sum(-(-n // span) for n in ns)
             launch = self._launches[key] = (
-                self._group_kernel(len(ns)),
-                [("T", x.dtype), ("GS", group_size), ("KW", kw), ("NB", nb)],
-                (tiles * kw * 32, 1, 1),
+                self._group_kernel(len(ns), form),
+                [("T", x.dtype), ("GS", group_size), ("KW", kw), *shape],
+                (blocks * kw * 32, 1, 1),
                 (kw * 32, 1, 1),
                 [(*lead, n) for n in ns],
                 [x.dtype] * len(ns),
@@ -497,8 +780,9 @@ class CudaRows:
             output_dtypes=dtypes,
         )
 
-    def _group_kernel(self, count: int):
-        return self._compiled(f"group{count}", *kernel_body("mma", count))
+    def _group_kernel(self, count: int, form: str = "mma"):
+        name = f"group{count}" if form == "mma" else f"{form}_group{count}"
+        return self._compiled(name, *kernel_body(form, count))
 
     def _kernel(self, form: str):
         return self._compiled(form, *kernel_body(form))
@@ -527,7 +811,8 @@ class CudaRows:
         rows: int | None = None,
     ) -> mx.array:
         """x @ dequantize(w).T for x [..., K] of at most `rows_up_to` rows. `form` and `rows` (the
-        float32 form's weight rows a warp) force a choice, for benchmarks."""
+        float32 form's weight rows a warp; the gemm form's (weight fragments a warp, warps a
+        block, shares)) force a choice, for benchmarks and tests."""
         lead, k = x.shape[:-1], x.shape[-1]
         m = math.prod(lead)
         n = w.shape[0]
@@ -535,12 +820,22 @@ class CudaRows:
         launch = self._launches.get(key)
         if launch is None:
             launch = self._launches[key] = self._launch(*key)
-        kernel, template, grid, block = launch
-        return kernel(  # x as it comes (contiguous): no reshape ops around the call
+        kernel, template, grid, block, ks = launch
+        y = kernel(  # x as it comes (contiguous): no reshape ops around the call
             inputs=[x, w, scales, biases],
             template=template,
             grid=grid,
             threadgroup=block,
+            output_shapes=[(*lead, n) if ks == 1 else (ks, *lead, n)],
+            output_dtypes=[x.dtype if ks == 1 else mx.float32],
+        )[0]
+        if ks == 1:
+            return y
+        return self._kernel("sum")(  # the shares' partial sums, added in order
+            inputs=[y],
+            template=[("T", x.dtype), ("KS", ks)],
+            grid=(-(-m * n // THREADS) * THREADS, 1, 1),
+            threadgroup=(THREADS, 1, 1),
             output_shapes=[(*lead, n)],
             output_dtypes=[x.dtype],
         )[0]
