@@ -35,6 +35,8 @@
 #             picks, 4 fragments a warp) against MLX's product and the tensor-core form, with
 #             each one's error and row-alone check
 #   turn5cold turn5q's cold turns alone
+#   timeline  where a continuous batch's time goes (prefills, joins, rounds by width) against
+#             one at a time, demo pair, dspark and baseline (benchmarks/batch_timeline.py)
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -55,7 +57,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   echo "== $name (limit ${limit}s, at ${SECONDS}s)"
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
-  grep -E "tok/s|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel" "$out/$name.txt"
+  grep -E "tok/s|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel" "$out/$name.txt"
 }
 
 export PYTHONUNBUFFERED=1
@@ -63,9 +65,9 @@ loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
-      | phases | turn5ab | qmid | rowtests | gemm | turn5cold) ;;
+      | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -145,6 +147,9 @@ for set in "$@"; do
     gemm)
       step quantized_gemm 240 python3 benchmarks/quantized_prefill.py --shape 32b,8b \
         --rows 24,40,64 --reps 7 --prefill 0 --gemm 2x8x1,2x8x2,2x8,4x8 ;;
+    timeline)
+      step timeline_dspark 260 python3 benchmarks/batch_timeline.py --mode dspark
+      step timeline_baseline 120 python3 benchmarks/batch_timeline.py --mode baseline ;;
     turn5cold)
       step turn5_32b_4bit 260 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
         --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit.json" ;;

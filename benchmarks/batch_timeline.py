@@ -1,0 +1,148 @@
+"""Where continuous batching's wall time goes: the same requests decoded B at a time (as
+`Pipeline.generate_batch(max_batch=B)` and the server do) and one at a time, each pass split
+into its prefills (`start_row`), joins, leaves and rounds (by the batch's width at that round).
+
+`benchmarks/batch_throughput.py` says how much faster batching is; this says why it is not
+faster still: whether the rounds at full width cost what `batch_round_phases.py` measures, or
+the time goes to prefills, narrow rounds at the tail, or joining and leaving.
+
+    python benchmarks/batch_timeline.py                              # demo pair, dspark, B = 8
+    python benchmarks/batch_timeline.py --mode baseline --requests 32 --batch 8
+
+A first batched pass (untimed) compiles every shape both passes meet, unless `--cold`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+import outrider  # noqa: F401 - first: it picks MLX's CPU BLAS (core/blas.py)
+
+# isort: split
+import mlx.core as mx
+
+from outrider.benchmark.suites import load_suite, parse_suites
+
+
+def suite_ids(pipe, suites: str, n: int) -> list[list[int]]:
+    """`n` prompts of the named suites in turn, encoded with the chat template."""
+    lists = [[p.text for p in load_suite(name)] for name in parse_suites(suites)]
+    merged = [t for group in zip(*lists) for t in group]
+    merged += [t for lst in lists for t in lst[len(merged) // len(lists) :]]
+    return [pipe.encode(merged[i % len(merged)]) for i in range(n)]
+
+
+def synced(fn, *args, **kwargs):
+    """fn(*args, **kwargs)'s value and its wall time, the device drained on both sides."""
+    mx.synchronize()
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    mx.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def batched_pass(pipe, prompts: list[list[int]], width: int, max_tokens: int) -> dict:
+    """generate_batch's loop (at most `width` rows; the next prompt joins the round a row
+    leaves), each part timed: prefills, joins, rounds by width (the leaves inside a round,
+    filtering the batched cache, count with it), and the text of each step."""
+    batch = pipe.make_batch()
+    waiting = list(prompts)[::-1]
+    spent: dict[str, list[float]] = defaultdict(list)
+    collectors = {}
+    tokens = 0
+    t0 = time.perf_counter()
+
+    def admit() -> None:
+        nonlocal tokens
+        while waiting and len(batch) < width:
+            ids = waiting.pop()
+            start, s = synced(pipe.start_row, ids, max_tokens=max_tokens, stop_tokens=set())
+            spent["prefill"].append(s)
+            tokens += len(start.first.step.committed)
+            if start.row is not None:
+                collectors[id(start.row)] = start.collector
+                _, s = synced(batch.join, start.row, start.cache)
+                spent["join"].append(s)
+
+    admit()
+    while len(batch):
+        rows = len(batch)
+        steps, s = synced(batch.round)
+        spent[f"round x{rows}"].append(s)
+        t = time.perf_counter()
+        for row, step in steps:  # the text of each step, as generate_batch does
+            collectors[id(row)].add(step)
+            tokens += len(step.committed)
+        spent["text"].append(time.perf_counter() - t)
+        admit()
+    spent["total"] = [time.perf_counter() - t0]
+    return {"spent": spent, "tokens": tokens}
+
+
+def single_pass(pipe, prompts: list[list[int]], max_tokens: int) -> dict:
+    """The same requests one at a time (`generate`): prefills, rounds, plain steps."""
+    spent: dict[str, list[float]] = defaultdict(list)
+    tokens = plain = 0
+    t0 = time.perf_counter()
+    for ids in prompts:
+        result, _ = synced(pipe.generate, ids, max_tokens=max_tokens, stop_tokens=set())
+        spent["prefill"].append(result.prefill_seconds)
+        spent["round x1"] += [r.seconds for r in result.rounds]
+        # plain steps (auto's parked ones), one entry a request: decoding outside the rounds
+        spent["plain (a request)"].append(
+            result.decode_seconds - sum(r.seconds for r in result.rounds)
+        )
+        plain += result.plain_steps
+        tokens += len(result.tokens)
+    spent["total"] = [time.perf_counter() - t0]
+    return {"spent": spent, "tokens": tokens, "plain steps": plain}
+
+
+def table(name: str, run: dict) -> None:
+    spent, total = run["spent"], run["spent"]["total"][0]
+    print(f"\n{name}: {run['tokens']} tokens in {total:.3f} s = {run['tokens'] / total:.1f} tok/s"
+          + (f", {run['plain steps']} plain steps" if "plain steps" in run else ""))  # fmt: skip
+    print(f"  {'part':<18} {'count':>6} {'sum s':>8} {'share':>6} {'median ms':>10}")
+    parts = sorted((k for k in spent if k != "total"), key=lambda k: (k[:5], len(k), k))
+    accounted = 0.0
+    for part in parts:
+        values = spent[part]
+        accounted += sum(values)
+        print(f"  {part:<18} {len(values):>6} {sum(values):>8.3f} {sum(values) / total:>6.1%} "
+              f"{statistics.median(values) * 1e3:>10.2f}")  # fmt: skip
+    print(f"  {'elsewhere':<18} {'':>6} {total - accounted:>8.3f} {1 - accounted / total:>6.1%}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="target (default: the embedded demo target)")
+    ap.add_argument("--drafter")
+    ap.add_argument("--mode", default="dspark")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--suite", default="code,math,chat")
+    ap.add_argument("--cold", action="store_true", help="no untimed first pass")
+    args = ap.parse_args()
+    from outrider.demo import demo_target
+
+    pipe = outrider.load(args.model or demo_target(), args.drafter, mode=args.mode)
+    prompts = suite_ids(pipe, args.suite, args.requests)
+    print(f"{args.model or 'demo pair'} · {args.mode} · B = {args.batch} · {len(prompts)} requests"
+          f" · {args.max_tokens} tokens · mlx {mx.__version__} {mx.default_device()}")  # fmt: skip
+    if not args.cold:
+        batched_pass(pipe, prompts, args.batch, args.max_tokens)
+        single_pass(pipe, prompts[:4], args.max_tokens)
+    batched = batched_pass(pipe, prompts, args.batch, args.max_tokens)
+    single = single_pass(pipe, prompts, args.max_tokens)
+    table(f"batched, at most {args.batch} rows", batched)
+    table("one at a time", single)
+    b, s = batched["spent"]["total"][0], single["spent"]["total"][0]
+    print(f"\nbatched / one at a time: {s / b:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
