@@ -106,7 +106,9 @@ def table(name: str, run: dict) -> None:
     print(f"\n{name}: {run['tokens']} tokens in {total:.3f} s = {run['tokens'] / total:.1f} tok/s"
           + (f", {run['plain steps']} plain steps" if "plain steps" in run else ""))  # fmt: skip
     print(f"  {'part':<18} {'count':>6} {'sum s':>8} {'share':>6} {'median ms':>10}")
-    parts = sorted((k for k in spent if k != "total"), key=lambda k: (k[:5], len(k), k))
+    parts = sorted(
+        (k for k in spent if k != "total" and spent[k]), key=lambda k: (k[:5], len(k), k)
+    )
     accounted = 0.0
     for part in parts:
         values = spent[part]
