@@ -1,6 +1,6 @@
 """Emulates the index arithmetic of cuda_rows.py's gemm form (the staging permutation, the swizzle,
-ldmatrix's rows, the mma fragments, the output pairs) in float64 on the CPU, and checks that it
-computes x @ dequantize(w).T. It re-states the kernel's formulas, so it checks the layout, not the
+ldmatrix's rows, the mma fragments, the output pairs, the shares of the input width and their sum
+in order) in float64 on the CPU, and checks that it computes x @ dequantize(w).T. It re-states the kernel's formulas, so it checks the layout, not the
 CUDA source: a change to one must be made to the other.
 
     python scripts/emulate_rows_gemm.py
@@ -11,6 +11,7 @@ import numpy as np
 
 M, N, K, GS = 37, 72, 384, 64
 KW, MB, NT = 2, 3, 2
+KS = 2  # shares of the input width (3 steps: shares of 1 and 2)
 rng = np.random.default_rng(0)
 x = rng.standard_normal((M, K))
 w = mx.array(rng.standard_normal((N, K)).astype(np.float32) * 0.05)
@@ -30,7 +31,7 @@ R = 16 * MB
 W = K // 8
 G = K // GS
 steps = K // 128
-y = np.zeros((M, N))
+part = np.zeros((KS, M, N))  # each share's partial sums (float32 in the kernel)
 nblocks = -(-N // (8 * NT * KW))
 
 
@@ -42,12 +43,14 @@ def dequant_pair(word, shift, scale, bias):  # nibbles at bits shift..+3 and shi
     return (nib(word, shift) * scale + bias, nib(word, shift + 16) * scale + bias)
 
 
-for block in range(nblocks):
+for block, split in ((b, k) for b in range(nblocks) for k in range(KS)):
+    s0, s1 = split * steps // KS, (split + 1) * steps // KS
+    y = part[split]
     # staging: smem[row][seg_stored][word t'] = (lo, hi)
     for warp in range(KW):
         n0 = (block * KW + warp) * 8 * NT
         c = np.zeros((MB, NT, 32, 4))  # per lane
-        for st in range(steps):
+        for st in range(s0, s1):
             smem = np.zeros((R, 16, 4, 2))
             for row in range(R):
                 for cc in range(16):
@@ -124,5 +127,8 @@ for block in range(nblocks):
                             y[m0, n + 1] = cc4[1]
                         if m1 < M:
                             y[m1, n + 1] = cc4[3]
+y = part[0].copy()
+for k in range(1, KS):  # SUM_SOURCE: the shares added in order
+    y += part[k]
 want = x @ wd.T
 print("max abs err", np.abs(y - want).max(), "scale", np.abs(want).max())
