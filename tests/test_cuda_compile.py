@@ -60,12 +60,13 @@ def test_the_rows_kernels_compile_without_spilling_registers():
             ("NT", cuda_rows.GEMM_NT)]  # fmt: skip
     units += [
         cuda_compile.instantiate(
-            name, *cuda_rows.kernel_body(form, count), [("T", "bfloat16"), ("GS", 64), *shape]
+            name, *cuda_rows.kernel_body(form, count), [("T", t), ("GS", 64), *shape]
         )  # fmt: skip
-        for name, form, count, shape in (
-            ("rows_gemm", "gemm", 0, [*gemm, ("KS", 1)]),
-            ("rows_gemm_split", "gemm_split", 0, [*gemm, ("KS", 8)]),
-            ("rows_gemm2", "gemm", 2, gemm),
+        for name, form, count, t, shape in (
+            ("rows_gemm", "gemm", 0, "bfloat16", [*gemm, ("KS", 1)]),
+            ("rows_gemm_split", "gemm_split", 0, "bfloat16", [*gemm, ("KS", 8)]),
+            ("rows_gemm_half", "gemm_split", 0, "float16", [*gemm, ("KS", 4)]),
+            ("rows_gemm2", "gemm", 2, "bfloat16", gemm),
         )
     ]
     units.append(

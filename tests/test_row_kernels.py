@@ -573,6 +573,7 @@ def plain_greedy_of(model: nn.Module, ids: list[int], n: int) -> list[int]:
         ("mma", mx.float16, 4, 128, 4096, 1024),
         ("gemm", mx.bfloat16, 4, 64, 1000, 1024),
         ("gemm", mx.bfloat16, 4, 64, 1000, 4096),  # in 4 shares of the input width, summed
+        ("gemm", mx.float16, 4, 128, 4096, 1024),  # half, groups of 128: what auto gives past 32
         ("fma", mx.bfloat16, 4, 64, 1000, 1024),
         ("fma", mx.float32, 8, 64, 257, 2048),
     ],
