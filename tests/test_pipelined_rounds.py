@@ -426,3 +426,30 @@ def test_each_round_says_where_its_time_went(target, qwen3_target, monkeypatch):
         launches[s.ahead].append(s.phases["launch"])
     assert launches[True] and launches[False]
     assert statistics.median(launches[True]) < statistics.median(launches[False]) / 10
+
+
+def test_a_round_starts_the_device_on_its_drafts_before_building_the_verify(
+    target, qwen3_target, monkeypatch
+):
+    """Unpipelined too, a drafted round hands its drafts to the device (`mx.async_eval`) before
+    it builds the verify forward, so the drafter's work runs while the host builds; the
+    round's reads follow. The output stays plain greedy."""
+    ids = target.tokenizer.encode("The quick brown fox")
+    want = plain_greedy(qwen3_target, ids, 30)
+    calls = []
+    real = mx.async_eval
+
+    def recording(*arrays):
+        calls.append(arrays)
+        return real(*arrays)
+
+    monkeypatch.setattr(mx, "async_eval", recording)
+    got = run(target, OracleProposer(ids + want, 0.8, 262, 4, seed=3), ids, 30, 4, False)
+    assert got.tokens == want and got.pipelining == (0, 0)
+    drafted = [r for r in got.rounds if r.drafted]
+    drafts_only = [
+        i for i, call in enumerate(calls)
+        if len(call) == 1 and call[0].ndim == 1 and call[0].dtype == mx.uint32
+    ]  # fmt: skip
+    assert len(drafts_only) == len(drafted) > 0
+    assert all(i + 1 < len(calls) and len(calls[i + 1]) > 1 for i in drafts_only)  # then reads

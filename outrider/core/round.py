@@ -180,6 +180,9 @@ def launch_round(
         for proposal in proposals:
             tokens = proposal.tokens
             drafts.append(tokens if tokens.dtype == mx.uint32 else tokens.astype(mx.uint32))
+        if given is None and any(p.k for p in proposals):
+            # the device starts on the drafter's work while the host builds the verify
+            mx.async_eval(*[d for d, p in zip(drafts, proposals) if p.k])
         width = 1 + max(p.k for p in proposals)
         inputs = [_row_inputs(a, p, d, width) for a, p, d in zip(anchors, proposals, drafts)]
         if batched:
