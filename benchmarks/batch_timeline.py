@@ -133,8 +133,10 @@ def main() -> None:
 
     pipe = outrider.load(args.model or demo_target(), args.drafter, mode=args.mode)
     prompts = suite_ids(pipe, args.suite, args.requests)
+    scheduler = "on" if pipe.batch_scheduler() is not None else "off"
     print(f"{args.model or 'demo pair'} · {args.mode} · B = {args.batch} · {len(prompts)} requests"
-          f" · {args.max_tokens} tokens · mlx {mx.__version__} {mx.default_device()}")  # fmt: skip
+          f" · {args.max_tokens} tokens · batch scheduler {scheduler} · mlx {mx.__version__} "
+          f"{mx.default_device()}")  # fmt: skip
     if not args.cold:
         batched_pass(pipe, prompts, args.batch, args.max_tokens)
         single_pass(pipe, prompts[:4], args.max_tokens)
