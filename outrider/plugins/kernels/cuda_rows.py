@@ -40,7 +40,7 @@ MAX_ROWS = 8
 # shared memory and read with ldmatrix, 8-row weight fragments a warp (GEMM_NT), warps a block
 # (GEMM_WARPS); a product with few weight rows splits its input width into shares (`shares`)
 # until its blocks reach about GEMM_BLOCKS, each share at least GEMM_MIN_STEPS steps of 128
-# inputs. On an H100 at 40-64 rows it ran 1.2-2.9x MLX's product at every 8B and 32B shape
+# inputs. On an H100 at 40-64 rows it ran 1.2-3.2x MLX's product at every 8B and 32B shape
 # (docs/performance.md, "The gemm form"). Siblings in one launch (q, k and v; gate and up) run
 # it past WIDE_ROWS where their weight rows sum past WIDE_OUTPUTS (a group's gemm blocks take
 # the whole input width, so fewer rows would leave the GPU half empty), the tensor-core form
