@@ -37,6 +37,8 @@
 #   turn5cold turn5q's cold turns alone
 #   timeline  where a continuous batch's time goes (prefills, joins, rounds by width) against
 #             one at a time, demo pair, dspark and baseline (benchmarks/batch_timeline.py)
+#   abtimeline  the dspark timeline of this tree, then of each ab/<hash> tree (an older commit,
+#             scripts/ab_tree.sh; carry "ab"), then of this tree again
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -65,9 +67,9 @@ loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
-      | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline) ;;
+      | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -150,6 +152,17 @@ for set in "$@"; do
     timeline)
       step timeline_dspark 260 python3 benchmarks/batch_timeline.py --mode dspark
       step timeline_baseline 120 python3 benchmarks/batch_timeline.py --mode baseline ;;
+    abtimeline)
+      # this tree against each ab/<hash> (scripts/ab_tree.sh; carry "ab"), new, old, new
+      bash scripts/ab_tree.sh --weights
+      step timeline_new 240 python3 benchmarks/batch_timeline.py --mode dspark
+      for tree in ab/*/; do
+        [ -d "$tree" ] || continue
+        name=$(basename "$tree")
+        step "timeline_$name" 120 env -C "$tree" PYTHONPATH="/root/mlx-site:$PWD/$tree" \
+          python3 benchmarks/batch_timeline.py --mode dspark
+      done
+      step timeline_new_again 120 python3 benchmarks/batch_timeline.py --mode dspark ;;
     turn5cold)
       step turn5_32b_4bit 260 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
         --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit.json" ;;
