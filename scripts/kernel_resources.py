@@ -32,7 +32,7 @@ def units() -> list[tuple[str, str]]:
                     out.append((f"fma {t} {bits}-bit, {r} weight rows a warp, {m} rows", unit))
     for kw in (4, 8):
         for nb in range(1, cuda_rows.MMA_ROWS // 8 + 1):
-            template = [("T", "bfloat16"), ("GS", 64), ("KW", kw), ("NB", nb), ("TW", 1)]
+            template = [("T", "bfloat16"), ("GS", 64), ("KW", kw), ("NB", nb)]
             unit = cuda_compile.instantiate("rows_mma", *cuda_rows.kernel_body("mma"), template)
             out.append((f"mma bf16, {kw} warps, {8 * nb} rows", unit))
     for mb in range(3, cuda_rows.MMA_ROWS // 16 + 1):

@@ -34,7 +34,7 @@ def test_the_rows_kernels_compile_without_spilling_registers():
         cuda_compile.instantiate(
             "rows_mma",
             *cuda_rows.kernel_body("mma"),
-            [("T", t), ("GS", 64), ("KW", cuda_rows.warps(n)), ("NB", nb), ("TW", 1)],
+            [("T", t), ("GS", 64), ("KW", cuda_rows.warps(n)), ("NB", nb)],
         )  # fmt: skip
         for t, n, nb in (
             ("bfloat16", 25600, widest),
@@ -46,13 +46,7 @@ def test_the_rows_kernels_compile_without_spilling_registers():
         cuda_compile.instantiate(
             "rows_group3",
             *cuda_rows.kernel_body("mma", 3),
-            [
-                ("T", "bfloat16"),
-                ("GS", 64),
-                ("KW", cuda_rows.warps(6144)),
-                ("NB", widest),
-                ("TW", 1),
-            ],
+            [("T", "bfloat16"), ("GS", 64), ("KW", cuda_rows.warps(6144)), ("NB", widest)],
         )  # fmt: skip
     )
     # past WIDE_ROWS: the gemm form over the whole input width, in shares, and grouped

@@ -199,84 +199,63 @@ __device__ __forceinline__ uint32_t pair_of(T v) {
   return b | (b << 16);
 }
 
-// TW consecutive 16-row tiles of y = x @ dequantize(w).T (x [M, K], M <= 8 * NB; w [N, K / 8]
-// packed 4-bit; scales, biases [N, K / GS]) by one block of KW warps; `part` is the block's
-// shared scratch. Input rows go in NB groups of 8 (the mma's n): each step dequantizes its
-// weights once and multiplies them with every group, and each group's inputs, read once a
-// step, go to all TW tiles (with many input rows, those reads are what the warp waits for).
-template <typename T, int GS, int KW, int NB, int TW, typename S>
+// One 16-row tile of y = x @ dequantize(w).T (x [M, K], M <= 8 * NB; w [N, K / 8] packed
+// 4-bit; scales, biases [N, K / GS]) by one block of KW warps; `part` is the block's shared
+// scratch. Input rows go in NB groups of 8 (the mma's n): each step dequantizes its weights
+// once and multiplies them with every group.
+template <typename T, int GS, int KW, int NB, typename S>
 __device__ __forceinline__ void rows_mma(
     const T* x, int M, int K, const uint32_t* w, const S* scales, const S* biases, T* y, int N,
-    int tile, float (*part)[32][4 * NB * TW]) {
+    int tile, float (*part)[32][4 * NB]) {
 const int W = K / 8;
 const int G = K / GS;
 const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 const int g = lane >> 2, t = lane & 3;
-const int n0 = tile * 16 * TW;
-int ra[TW], rb[TW];
-const uint4* wa[TW];
-const uint4* wb[TW];
-#pragma unroll
-for (int tw = 0; tw < TW; ++tw) {
-  ra[tw] = min(n0 + 16 * tw + g, N - 1);
-  rb[tw] = min(n0 + 16 * tw + g + 8, N - 1);
-  wa[tw] = reinterpret_cast<const uint4*>(w + (size_t)ra[tw] * W);
-  wb[tw] = reinterpret_cast<const uint4*>(w + (size_t)rb[tw] * W);
-}
+const int n0 = tile * 16;
+const int ra = min(n0 + g, N - 1), rb = min(n0 + g + 8, N - 1);
+const uint4* wa = reinterpret_cast<const uint4*>(w + (size_t)ra * W);
+const uint4* wb = reinterpret_cast<const uint4*>(w + (size_t)rb * W);
 const int steps = K / 128;
-float c[TW][NB][4];
+float c[NB][4];
 #pragma unroll
-for (int tw = 0; tw < TW; ++tw) {
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb) {
-    c[tw][nb][0] = 0.f; c[tw][nb][1] = 0.f; c[tw][nb][2] = 0.f; c[tw][nb][3] = 0.f;
-  }
+for (int nb = 0; nb < NB; ++nb) {
+  c[nb][0] = 0.f; c[nb][1] = 0.f; c[nb][2] = 0.f; c[nb][3] = 0.f;
 }
 const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 int st = warp;
-// the packed words, scales and biases of step s for this lane's rows (zeros past the end)
-auto fetch = [&](int s, uint4* qa_, uint4* qb_, T* sa_, T* ba_, T* sb_, T* bb_) {
-#pragma unroll
-  for (int tw = 0; tw < TW; ++tw) {
-    qa_[tw] = zero; qb_[tw] = zero;
-    sa_[tw] = T(0.f); ba_[tw] = T(0.f); sb_[tw] = T(0.f); bb_[tw] = T(0.f);
-  }
+// the packed words, scales and biases of step s for this lane's two rows (zeros past the end)
+auto fetch = [&](int s, uint4& qa_, uint4& qb_, T& sa_, T& ba_, T& sb_, T& bb_) {
+  qa_ = zero; qb_ = zero;
+  sa_ = T(0.f); ba_ = T(0.f); sb_ = T(0.f); bb_ = T(0.f);
   if (s >= steps) return;
   const int v = s * 4 + t, grp = (v * 32) / GS;
-#pragma unroll
-  for (int tw = 0; tw < TW; ++tw) {
-    qa_[tw] = wa[tw][v]; qb_[tw] = wb[tw][v];
-    sa_[tw] = static_cast<T>(static_cast<float>(scales[(size_t)ra[tw] * G + grp]));
-    ba_[tw] = static_cast<T>(static_cast<float>(biases[(size_t)ra[tw] * G + grp]));
-    sb_[tw] = static_cast<T>(static_cast<float>(scales[(size_t)rb[tw] * G + grp]));
-    bb_[tw] = static_cast<T>(static_cast<float>(biases[(size_t)rb[tw] * G + grp]));
-  }
+  qa_ = wa[v]; qb_ = wb[v];
+  sa_ = static_cast<T>(static_cast<float>(scales[(size_t)ra * G + grp]));
+  ba_ = static_cast<T>(static_cast<float>(biases[(size_t)ra * G + grp]));
+  sb_ = static_cast<T>(static_cast<float>(scales[(size_t)rb * G + grp]));
+  bb_ = static_cast<T>(static_cast<float>(biases[(size_t)rb * G + grp]));
 };
-uint4 qa[TW], qb[TW];
-T sa[TW], ba[TW], sb[TW], bb[TW];
+uint4 qa, qb;
+T sa, ba, sb, bb;
 fetch(st, qa, qb, sa, ba, sb, bb);
 while (st < steps) {
   const int u = st * 4 + t;
   const int nx = st + KW;
-  uint4 na[TW], nb[TW];
-  T nsa[TW], nba[TW], nsb[TW], nbb[TW];
+  uint4 na, nb;
+  T nsa, nba, nsb, nbb;
   fetch(nx, na, nb, nsa, nba, nsb, nbb);  // the next step's weights load during this one's math
-  uint32_t a[TW][8][4];  // this step's weights, dequantized once for every group of input rows
+  const uint32_t s2a = pair_of(sa), b2a = pair_of(ba), s2b = pair_of(sb), b2b = pair_of(bb);
+  const uint32_t wordsa[4] = {qa.x, qa.y, qa.z, qa.w};
+  const uint32_t wordsb[4] = {qb.x, qb.y, qb.z, qb.w};
+  uint32_t a[8][4];  // this step's weights, dequantized once for every group of input rows
 #pragma unroll
-  for (int tw = 0; tw < TW; ++tw) {
-    const uint32_t s2a = pair_of(sa[tw]), b2a = pair_of(ba[tw]);
-    const uint32_t s2b = pair_of(sb[tw]), b2b = pair_of(bb[tw]);
-    const uint32_t wordsa[4] = {qa[tw].x, qa[tw].y, qa[tw].z, qa[tw].w};
-    const uint32_t wordsb[4] = {qb[tw].x, qb[tw].y, qb[tw].z, qb[tw].w};
+  for (int j = 0; j < 4; ++j) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        a[tw][2 * j + h][0] = dequant_pair(wordsa[j] >> (8 * h), s2a, b2a, T());
-        a[tw][2 * j + h][1] = dequant_pair(wordsb[j] >> (8 * h), s2b, b2b, T());
-        a[tw][2 * j + h][2] = dequant_pair(wordsa[j] >> (8 * h + 4), s2a, b2a, T());
-        a[tw][2 * j + h][3] = dequant_pair(wordsb[j] >> (8 * h + 4), s2b, b2b, T());
-      }
+    for (int h = 0; h < 2; ++h) {
+      a[2 * j + h][0] = dequant_pair(wordsa[j] >> (8 * h), s2a, b2a, T());
+      a[2 * j + h][1] = dequant_pair(wordsb[j] >> (8 * h), s2b, b2b, T());
+      a[2 * j + h][2] = dequant_pair(wordsa[j] >> (8 * h + 4), s2a, b2a, T());
+      a[2 * j + h][3] = dequant_pair(wordsb[j] >> (8 * h + 4), s2b, b2b, T());
     }
   }
 #pragma unroll
@@ -299,51 +278,39 @@ while (st < steps) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t lo = xw[4 * j + h], hi = xw[4 * j + h + 2];
-        const uint32_t b0 = __byte_perm(lo, hi, 0x5410), b1 = __byte_perm(lo, hi, 0x7632);
-#pragma unroll
-        for (int tw = 0; tw < TW; ++tw) mma16816(c[tw][grp], a[tw][2 * j + h], b0, b1, T());
+        mma16816(c[grp], a[2 * j + h], __byte_perm(lo, hi, 0x5410), __byte_perm(lo, hi, 0x7632), T());
       }
     }
   }
-#pragma unroll
-  for (int tw = 0; tw < TW; ++tw) {
-    qa[tw] = na[tw]; qb[tw] = nb[tw];
-    sa[tw] = nsa[tw]; ba[tw] = nba[tw]; sb[tw] = nsb[tw]; bb[tw] = nbb[tw];
-  }
+  qa = na; qb = nb; sa = nsa; ba = nba; sb = nsb; bb = nbb;
   st = nx;
 }
 #pragma unroll
-for (int tw = 0; tw < TW; ++tw) {
+for (int grp = 0; grp < NB; ++grp) {
 #pragma unroll
-  for (int grp = 0; grp < NB; ++grp) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) part[warp][lane][4 * (tw * NB + grp) + i] = c[tw][grp][i];
-  }
+  for (int i = 0; i < 4; ++i) part[warp][lane][4 * grp + i] = c[grp][i];
 }
 __syncthreads();
 if (warp == 0) {
+  const int na_ = n0 + g, nb_ = n0 + g + 8;
 #pragma unroll
-  for (int tw = 0; tw < TW; ++tw) {
-    const int na_ = n0 + 16 * tw + g, nb_ = na_ + 8;
+  for (int grp = 0; grp < NB; ++grp) {
+    float v[4];
 #pragma unroll
-    for (int grp = 0; grp < NB; ++grp) {
-      float v[4];
+    for (int i = 0; i < 4; ++i) {
+      float sum = 0.f;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float sum = 0.f;
-#pragma unroll
-        for (int k = 0; k < KW; ++k) sum += part[k][lane][4 * (tw * NB + grp) + i];
-        v[i] = sum;
-      }
-      const int m0 = 8 * grp + 2 * t, m1 = m0 + 1;
-      if (na_ < N) {
-        if (m0 < M) y[(size_t)m0 * N + na_] = static_cast<T>(v[0]);
-        if (m1 < M) y[(size_t)m1 * N + na_] = static_cast<T>(v[1]);
-      }
-      if (nb_ < N) {
-        if (m0 < M) y[(size_t)m0 * N + nb_] = static_cast<T>(v[2]);
-        if (m1 < M) y[(size_t)m1 * N + nb_] = static_cast<T>(v[3]);
-      }
+      for (int k = 0; k < KW; ++k) sum += part[k][lane][4 * grp + i];
+      v[i] = sum;
+    }
+    const int m0 = 8 * grp + 2 * t, m1 = m0 + 1;
+    if (na_ < N) {
+      if (m0 < M) y[(size_t)m0 * N + na_] = static_cast<T>(v[0]);
+      if (m1 < M) y[(size_t)m1 * N + na_] = static_cast<T>(v[1]);
+    }
+    if (nb_ < N) {
+      if (m0 < M) y[(size_t)m0 * N + nb_] = static_cast<T>(v[2]);
+      if (m1 < M) y[(size_t)m1 * N + nb_] = static_cast<T>(v[3]);
     }
   }
 }
@@ -517,9 +484,8 @@ for (int mb = 0; mb < MB; ++mb) {
 MMA_SOURCE = r"""
 int M = 1;
 for (int i = 0; i < x_ndim - 1; ++i) M *= x_shape[i];
-__shared__ float part[KW][32][4 * NB * TW];
-rows_mma<T, GS, KW, NB, TW>(x, M, w_shape[1] * 8, w, scales, biases, y, w_shape[0], blockIdx.x,
-                            part);
+__shared__ float part[KW][32][4 * NB];
+rows_mma<T, GS, KW, NB>(x, M, w_shape[1] * 8, w, scales, biases, y, w_shape[0], blockIdx.x, part);
 """
 
 # The gemm form's body. Template: T, GS, KW (warps a block), MB (16-row fragments of inputs),
@@ -554,7 +520,7 @@ def group_source(count: int, form: str = "mma") -> str:
     matrix, so a layer's q, k and v (or gate and up) take one launch where they took three
     (or two)."""
     scratch, span, call, params, smem = {
-        "mma": ("float part[KW][32][4 * NB * TW]", "16 * TW", "rows_mma", "NB, TW", "part"),
+        "mma": ("float part[KW][32][4 * NB]", "16", "rows_mma", "NB", "part"),
         # a group's gemm blocks take the whole input width (one share: KS 1, share 0)
         "gemm": ("uint4 xs[2 * 16 * 16 * MB]", "8 * NT * KW", "rows_gemm", "MB, NT, 1", "0, xs"),
     }[form]
@@ -707,9 +673,8 @@ class CudaRows:
         if form == "mma":
             nb = -(-m // 8)
             kw = warps(n)
-            tw = 1  # one 16-row tile of weights a warp (two spilled registers at 64 rows)
-            template = [("T", dtype), ("GS", group_size), ("KW", kw), ("NB", nb), ("TW", tw)]
-            grid = -(-n // (16 * tw)) * kw * 32
+            template = [("T", dtype), ("GS", group_size), ("KW", kw), ("NB", nb)]
+            grid = -(-n // 16) * kw * 32
             return self._kernel(form), template, (grid, 1, 1), (kw * 32, 1, 1), 1
         r = rows or rows_per_warp(n)
         template = [("T", dtype), ("M", m), ("R", r), ("BITS", bits), ("GS", group_size)]
@@ -760,7 +725,7 @@ class CudaRows:
                 shape = [("MB", -(-m // 16)), ("NT", GEMM_NT)]
             else:
                 form, kw, span = "mma", warps(sum(ns)), 16
-                shape = [("NB", nb), ("TW", 1)]
+                shape = [("NB", nb)]
             blocks = sum(-(-n // span) for n in ns)
             launch = self._launches[key] = (
                 self._group_kernel(len(ns), form),
