@@ -51,6 +51,7 @@ def batched_pass(pipe, prompts: list[list[int]], width: int, max_tokens: int) ->
     batch = pipe.make_batch()
     waiting = list(prompts)[::-1]
     spent: dict[str, list[float]] = defaultdict(list)
+    phases: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     collectors = {}
     tokens = 0
     t0 = time.perf_counter()
@@ -72,6 +73,8 @@ def batched_pass(pipe, prompts: list[list[int]], width: int, max_tokens: int) ->
         rows = len(batch)
         steps, s = synced(batch.round)
         spent[f"round x{rows}"].append(s)
+        for name, seconds in (steps[0][1].phases or {}).items() if steps else ():
+            phases[rows][name].append(seconds)
         t = time.perf_counter()
         for row, step in steps:  # the text of each step, as generate_batch does
             collectors[id(row)].add(step)
@@ -79,7 +82,7 @@ def batched_pass(pipe, prompts: list[list[int]], width: int, max_tokens: int) ->
         spent["text"].append(time.perf_counter() - t)
         admit()
     spent["total"] = [time.perf_counter() - t0]
-    return {"spent": spent, "tokens": tokens}
+    return {"spent": spent, "tokens": tokens, "phases": phases}
 
 
 def single_pass(pipe, prompts: list[list[int]], max_tokens: int) -> dict:
@@ -116,6 +119,12 @@ def table(name: str, run: dict) -> None:
         print(f"  {part:<18} {len(values):>6} {sum(values):>8.3f} {sum(values) / total:>6.1%} "
               f"{statistics.median(values) * 1e3:>10.2f}")  # fmt: skip
     print(f"  {'elsewhere':<18} {'':>6} {total - accounted:>8.3f} {1 - accounted / total:>6.1%}")
+    if run.get("phases"):  # inside each batched round (core/round.py verify_round), medians
+        print("  rounds by width, median ms: launch (drafter + verify built and queued) | wait "
+              "(the device) | after (accepting, rollback built, teaching)")  # fmt: skip
+        for rows, parts in sorted(run["phases"].items()):
+            cells = " | ".join(f"{k} {statistics.median(v) * 1e3:6.2f}" for k, v in parts.items())
+            print(f"    x{rows:<3} {cells}")
 
 
 def main() -> None:

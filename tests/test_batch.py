@@ -115,6 +115,22 @@ def test_rows_finish_at_different_rounds(pipes):
     assert batch[0].finish_reason == "stop" and len(batch[0].tokens) < 30
 
 
+def test_a_batched_rounds_steps_say_where_its_seconds_went(pipes):
+    """Each step of a batched round carries the round's phases (launch, wait, after), which
+    add up to its seconds: what benchmarks/batch_timeline.py reads inside the real loop."""
+    pipe = pipes["dspark"]
+    batch = Batch(pipe.target)
+    for ids in prompts(pipe)[:3]:
+        row, cache, _ = _row(pipe, ids, 12)
+        batch.join(row, cache)
+    steps = batch.round()
+    assert len(steps) == 3
+    for _, step in steps:
+        assert set(step.phases) == {"launch", "wait", "after"}
+        assert all(v >= 0 for v in step.phases.values())
+        assert sum(step.phases.values()) == pytest.approx(step.seconds, abs=1e-6)
+
+
 def test_rows_join_as_others_finish_under_a_width_limit(pipes):
     """With `max_batch`, the waiting prompts join the rounds a row leaves (continuous
     batching, as the server runs it): every row still gets what it gets alone, and no round

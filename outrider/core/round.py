@@ -43,7 +43,8 @@ class Step:
     dropped: int = 0  # positions of the round queued behind this one, dropped unread
     closed: bool = False  # a reasoning budget cut this step and began its closing
     # where a single row's round spent its seconds (core/loop.py `decode`): launching its own
-    # round, queueing the next, waiting for its result, and the host's work after it
+    # round, queueing the next, waiting for its result, and the host's work after it; a
+    # batched round's (`verify_round`, one dict for all its rows): launch, wait, after
     phases: dict[str, float] | None = None
 
 
@@ -131,6 +132,7 @@ class Launched:
     # the round, where some row draws greedily with nothing to process its logits
     table: mx.array | None = None
     tabled: list[bool] = field(default_factory=list)  # the rows whose tokens `table` holds
+    waited: float = 0.0  # seconds `settle` waited for the device (its one sync)
 
 
 def launch_round(
@@ -245,7 +247,9 @@ def settle(launched: Launched) -> tuple[list[Step], list[int]]:
     the proposer, the record and the stopper. Returns the steps and how many positions each
     row's cache must drop (what it rejected); the caller rolls back."""
     rows, proposals = launched.rows, launched.proposals
+    t = time.perf_counter()
     mx.eval(*launched.pending)  # the round's one sync
+    launched.waited = time.perf_counter() - t
     inputs = launched.inputs.tolist()
     table = None if launched.table is None else launched.table.tolist()
     steps, rejected = [], []
@@ -324,12 +328,21 @@ def verify_round(
     """
     t = time.perf_counter()
     launched = launch_round(target, rows, cache, caps, scheduler)
+    t_launched = time.perf_counter()
     steps, rejected = settle(launched)
     if launched.batched:
         target.rollback_rows(cache, rejected)
     else:
         target.rollback(cache, rejected[0])
-    teach(launched, steps, time.perf_counter() - t, scheduler is not None)
+    seconds = time.perf_counter() - t
+    phases = {  # as a single row's (core/loop.py), one dict for every row of the round
+        "launch": t_launched - t,
+        "wait": launched.waited,
+        "after": seconds - (t_launched - t) - launched.waited,
+    }
+    for step in steps:
+        step.phases = phases
+    teach(launched, steps, seconds, scheduler is not None)
     return steps
 
 
