@@ -23,16 +23,7 @@ import outrider  # noqa: F401 - first: it picks MLX's CPU BLAS (core/blas.py)
 
 # isort: split
 import mlx.core as mx
-
-from outrider.benchmark.suites import load_suite, parse_suites
-
-
-def suite_ids(pipe, suites: str, n: int) -> list[list[int]]:
-    """`n` prompts of the named suites in turn, encoded with the chat template."""
-    lists = [[p.text for p in load_suite(name)] for name in parse_suites(suites)]
-    merged = [t for group in zip(*lists) for t in group]
-    merged += [t for lst in lists for t in lst[len(merged) // len(lists) :]]
-    return [pipe.encode(merged[i % len(merged)]) for i in range(n)]
+from batch_throughput import suite_texts  # this folder: the same prompts as its requests
 
 
 def synced(fn, *args, **kwargs):
@@ -141,7 +132,7 @@ def main() -> None:
     from outrider.demo import demo_target
 
     pipe = outrider.load(args.model or demo_target(), args.drafter, mode=args.mode)
-    prompts = suite_ids(pipe, args.suite, args.requests)
+    prompts = [pipe.encode(text) for text in suite_texts(args.suite, args.requests)]
     scheduler = "on" if pipe.batch_scheduler() is not None else "off"
     print(f"{args.model or 'demo pair'} · {args.mode} · B = {args.batch} · {len(prompts)} requests"
           f" · {args.max_tokens} tokens · batch scheduler {scheduler} · mlx {mx.__version__} "
