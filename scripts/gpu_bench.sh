@@ -144,7 +144,7 @@ for set in "$@"; do
         pip install -q --no-index --no-deps --target /tmp/testsite .whl/*.whl 2>/dev/null
         export PYTHONPATH=/tmp/testsite:${PYTHONPATH:-}
       fi
-      step row_kernel_tests 400 python3 -m pytest -o addopts="" -q -rs tests/test_row_kernels.py \
+      step row_kernel_tests 400 python3 -m pytest -o addopts="" -q -rs tests/test_cuda_rows.py \
         -k "${ROWTESTS:-computes_mlxs_product or grouped_form or builtin_plugin}" ;;
     gemm)
       step quantized_gemm 240 python3 benchmarks/quantized_prefill.py --shape 32b,8b \

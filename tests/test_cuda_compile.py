@@ -2,7 +2,7 @@
 GPU (`outrider.testing.cuda_compile`): a source error shows here, not in a device call, and so
 does a template that spills registers (a kernel that then runs at a fraction of its speed) or
 outgrows MLX's static shared memory (48 KB). MLX's own NVRTC build on a GPU is the one that
-runs: this checks the source and its resources, not its results (tests/test_row_kernels.py
+runs: this checks the source and its resources, not its results (tests/test_cuda_rows.py
 does, on a GPU)."""
 
 from __future__ import annotations
