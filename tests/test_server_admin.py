@@ -13,6 +13,8 @@ from live_server import live_server, wait_ready
 from typer.testing import CliRunner
 
 from outrider.cli import app
+from outrider.core import cuda_graphs
+from outrider.core.device import on_cuda_gpu
 from outrider.server.claude import claude_env, shell_exports
 from outrider.server.generation import Limits
 from outrider.testing import make_scripted_target
@@ -346,6 +348,8 @@ def test_health_names_the_registry_drafter_in_use():
         assert h["confidence_threshold"] == 0.0  # DSpark's head, its stop off
         assert h["lookup_drafts"] is True and h["lookup_long_draft"] == 32
         assert requests.get(url + "/admin/status").json()["drafter"] == "outrider-demo/dspark"
+        # MLX's CUDA graphs as this process runs them; nothing reads them off a CUDA GPU
+        assert h["cuda_graphs"] == (cuda_graphs.state() if on_cuda_gpu() else None)
     spec = LoadSpec(demo_target(), confidence_threshold=0.3, lookup_long_draft=12)
     with live_server(spec) as (url, engine):
         h = requests.get(url + "/health").json()

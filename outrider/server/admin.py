@@ -14,6 +14,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import ConfigDict, Field
 
 from ..chat.render import EFFORTS, capabilities
+from ..core import cuda_graphs
+from ..core.device import on_cuda_gpu
 from ..core.hub import looks_like_repo_id
 from ..plugins.strategies.lookup_assist import LookupAssist
 from .checks import CheckedRequest
@@ -149,6 +151,9 @@ def health(state: Any) -> dict[str, Any]:
         "queue_depth": engine.metrics.queue_depth(),
         "kv_bits": pipe.target.kv_bits if pipe else None,
         "max_batch": engine.max_batch,
+        # whether MLX's CUDA backend records kernels into graphs (serve --cuda-graphs); None
+        # off a CUDA GPU, where nothing reads it
+        "cuda_graphs": cuda_graphs.state() if on_cuda_gpu() else None,
         "batching": engine.batching,  # max_batch > 1 and a target whose caches batch
         # each condition worth a look: {code, level, message, action} (server/warnings.py)
         "warnings": collect_warnings(engine),

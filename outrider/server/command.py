@@ -122,6 +122,13 @@ def serve(
     max_batch: int = Opt(
         1, "--max-batch", help="Decode up to this many requests together (not with --kv-bits)."
     ),
+    cuda_graphs: str = Opt(
+        "auto",
+        "--cuda-graphs",
+        metavar="auto|on|off",
+        help="MLX's CUDA graphs, on a CUDA GPU: auto turns them off at --max-batch above 1 "
+        "(batched rounds run faster without), else leaves MLX's default.",
+    ),
     warmup: bool | None = Opt(
         None,
         "--warmup/--no-warmup",
@@ -145,7 +152,9 @@ def serve(
     """Serve OpenAI- and Anthropic-compatible APIs; speculation is invisible to clients."""
     from ..chat.render import EFFORTS
     from ..cli_common import check_options, one_model, parse_max_draft, plugins, user_errors
+    from ..core import cuda_graphs as graphs
     from ..core import generation_config
+    from ..core.device import on_cuda_gpu
     from ..core.errors import OutriderError
 
     with user_errors():
@@ -162,6 +171,7 @@ def serve(
             raise OutriderError(f"--keepalive must be > 0, got {keepalive}")
         if max_batch < 1:
             raise OutriderError(f"--max-batch must be >= 1, got {max_batch}")
+        graphs.choose(cuda_graphs, max_batch)  # a wrong value is one line before anything runs
         if kv_bits not in (None, 4, 8):
             raise OutriderError(f"--kv-bits must be 8 or 4, got {kv_bits}")
         if prefix_cache_gb < 0:
@@ -193,6 +203,11 @@ def serve(
                     f"--cors-origin takes an origin such as http://localhost:3000, got {origin!r}"
                 )
         _configure_logging(level)
+        # before the first GPU kernel, which is when MLX reads it (core/cuda_graphs.py)
+        chose = graphs.apply(cuda_graphs, max_batch)
+        if chose == "off" and cuda_graphs.strip().lower() == "auto" and on_cuda_gpu():
+            typer.echo(f"note: --max-batch {max_batch}: MLX's CUDA graphs are off, which batched "
+                       "rounds run faster without (--cuda-graphs on keeps them)", err=True)  # fmt: skip
         import uvicorn
 
         from .app import create_app
