@@ -34,6 +34,16 @@ calibration (`outrider calibrate`), else one measured now (kept nowhere).
 
     python benchmarks/batch_throughput.py --modes dspark --batch 8 --scheduler both
 
+`--as-served` runs each arm with MLX's CUDA graphs as `outrider serve` would
+(`--cuda-graphs auto`, core/cuda_graphs.py): this process turns them off for the batched arm
+(`--max-batch` above 1), and a child process times the one-at-a-time arm again with MLX's
+default (on), which a `--max-batch 1` server keeps; the ratio `as served` is the batched time
+against the faster of the two one-at-a-time times. Graphs are read once a process, so the
+two settings cannot share one. Off a CUDA GPU both processes run alike.
+
+    python benchmarks/batch_throughput.py --modes baseline,dspark --batch 8 --requests 32 \
+        --suite code,math,chat --as-served
+
 `--kv-bits 8|4` keeps the target's KV cache quantized in both arms (batched rows in
 `QuantizedRows`, plugins/targets/batched.py).
 
@@ -44,9 +54,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
+import subprocess
 import sys
+import tempfile
 import time
 
 import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.py)
@@ -56,7 +69,7 @@ import mlx.core as mx
 
 from outrider.benchmark.runner import check_lossless
 from outrider.benchmark.suites import load_suite, parse_suites
-from outrider.core import calibration
+from outrider.core import calibration, cuda_graphs
 
 
 def timed(fn):
@@ -74,6 +87,18 @@ def run_mode(
     scheduler off and/or on (`arms`; the first is reported under the receipts' names, a second
     as `scheduled_*`)."""
     kwargs = dict(max_tokens=max_tokens, stop_tokens=set())
+    if not arms:  # the one-at-a-time arm alone (--as-served's child process)
+        pipe.generate(prompts[0], max_tokens=8, stop_tokens=set())  # warm-up (compiles)
+        seq_times = []
+        for _ in range(repeats):
+            singles, s = timed(lambda: [pipe.generate(p, **kwargs) for p in prompts])
+            seq_times.append(s)
+        tokens = sum(len(r.tokens) for r in singles)
+        return {
+            "mode": pipe.mode,
+            "tokens": tokens,
+            "sequential_s": sorted(seq_times)[repeats // 2],
+        }
     for on in arms:  # warm-up (compiles)
         pipe.schedule_batches = on
         pipe.generate_batch(prompts[:2], max_tokens=8, stop_tokens=set())
@@ -235,7 +260,15 @@ def main() -> None:
     )
     ap.add_argument("--kv-bits", type=int, choices=(8, 4), help="quantize the KV cache")
     ap.add_argument("--json", help="also write the numbers here")
+    ap.add_argument(
+        "--as-served",
+        action="store_true",
+        help="each arm with MLX's CUDA graphs as `outrider serve` runs it (see above)",
+    )
+    ap.add_argument("--singles-only", action="store_true", help=argparse.SUPPRESS)  # its child
     args = ap.parse_args()
+    if args.as_served:  # before the first GPU kernel, when MLX reads it
+        os.environ[cuda_graphs.ENV] = "0"
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.requests = args.requests or args.batch
     if args.requests < args.batch:
@@ -252,12 +285,24 @@ def main() -> None:
         first = next(iter(pipes.values()))
         prompts = [first.encode(t) for t in suite_texts(args.suite, args.requests)]
     arms = {"off": [False], "on": [True], "both": [False, True]}[args.scheduler]
+    if args.singles_only:
+        arms = []
     if True in arms:
         for pipe in pipes.values():
             attach_calibration(pipe)
     rows = [
         run_mode(pipes[m], prompts, args.batch, args.max_tokens, args.repeats, arms) for m in modes
     ]
+    if args.singles_only:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "cuda_graphs": cuda_graphs.state()}, f)
+        return
+    if args.as_served:
+        served = singles_as_served()
+        for r in rows:
+            other = served[r["mode"]]
+            r["sequential_default_graphs_s"] = other
+            r["served_ratio"] = min(r["sequential_s"], other) / r["batched_s"]
 
     print(f"{name} · B = {args.batch} · {len(prompts)} requests · {args.max_tokens} tokens each · {platform.machine()}"
           f" · mlx {mx.__version__} · {mx.default_device()}")  # fmt: skip
@@ -278,15 +323,42 @@ def main() -> None:
         elif arms[0]:
             line += f"  (cut {r['drafts_cut']} of {r['drafts_proposed']} drafts)"
         print(line)
+    if args.as_served:
+        print("\nas served (batched: CUDA graphs off; one at a time: MLX's default, a child "
+              "process)")  # fmt: skip
+        for r in rows:
+            tps = r["tokens"] / r["sequential_default_graphs_s"]
+            print(f"{r['mode']:<10} one at a time {tps:>8.1f} t/s with graphs "
+                  f"(without: {r['sequential_tps']:.1f}); batched / the faster: "
+                  f"{r['served_ratio']:.2f}x")  # fmt: skip
     if args.json:
         meta = {"model": name, "batch": args.batch, "requests": len(prompts),
                 "suite": None if args.shape else args.suite, "max_tokens": args.max_tokens,
                 "command": " ".join(sys.argv),
-                "device": str(mx.default_device()), "mlx": mx.__version__}  # fmt: skip
+                "device": str(mx.default_device()), "mlx": mx.__version__,
+                "cuda_graphs": cuda_graphs.state()}  # fmt: skip
         with open(args.json, "w") as f:
             json.dump({**meta, "rows": rows}, f, indent=2)
     if args.strict and any(r["rows_differing"] or r.get("scheduled_rows_differing") for r in rows):
         raise SystemExit("batched rows differ from single requests")
+
+
+def singles_as_served() -> dict[str, float]:
+    """The one-at-a-time arm again, in a child process that leaves MLX's CUDA graphs at their
+    default (as a `--max-batch 1` server does): each mode's median seconds."""
+    argv = [a for a in sys.argv[1:] if a != "--as-served"]
+    if "--json" in argv:  # the child writes its own
+        i = argv.index("--json")
+        del argv[i : i + 2]
+    argv = [a for a in argv if not a.startswith("--json=")]
+    env = {k: v for k, v in os.environ.items() if k != cuda_graphs.ENV}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "singles.json")
+        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--singles-only", "--json", out]
+        subprocess.run(cmd, env=env, check=True)
+        with open(out) as f:
+            child = json.load(f)
+    return {r["mode"]: r["sequential_s"] for r in child["rows"]}
 
 
 if __name__ == "__main__":

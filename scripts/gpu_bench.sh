@@ -39,6 +39,9 @@
 #             one at a time, demo pair, dspark and baseline (benchmarks/batch_timeline.py)
 #   abtimeline  the dspark timeline of this tree, then of each ab/<hash> tree (an older commit,
 #             scripts/ab_tree.sh; carry "ab"), then of this tree again
+#   served    issue 12's batching bar as servers run it: the batched arm with MLX's CUDA graphs
+#             off (serve --cuda-graphs auto at --max-batch 8), one at a time with them on (a
+#             child process), baseline and dspark (batch_throughput.py --as-served)
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -59,7 +62,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   echo "== $name (limit ${limit}s, at ${SECONDS}s)"
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
-  grep -E "tok/s|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel" "$out/$name.txt"
+  grep -E "tok/s|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster" "$out/$name.txt"
 }
 
 export PYTHONUNBUFFERED=1
@@ -67,9 +70,9 @@ loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
-      | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline) ;;
+      | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -163,6 +166,10 @@ for set in "$@"; do
           python3 benchmarks/batch_timeline.py --mode dspark
       done
       step timeline_new_again 120 python3 benchmarks/batch_timeline.py --mode dspark ;;
+    served)
+      step batch_served 420 python3 benchmarks/batch_throughput.py --modes baseline,dspark \
+        --batch 8 --requests 32 --suite code,math,chat --max-tokens 128 --repeats 3 \
+        --as-served --json "$out/batch_served.json" ;;
     turn5cold)
       step turn5_32b_4bit 260 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
         --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit.json" ;;
