@@ -14,43 +14,41 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import mlx.core as mx  # noqa: E402
+
 from outrider.plugins.kernels import cuda_rows  # noqa: E402
 from outrider.testing import cuda_compile  # noqa: E402
 
 
 def units() -> list[tuple[str, str]]:
-    """(what, translation unit) of each form at each template it launches."""
+    """(what, translation unit) of each form at each template it launches, as `cuda_rows.plan`
+    works the launches out."""
     out = []
-    for t in ("bfloat16", "float32"):
+    for dtype in (mx.bfloat16, mx.float32):
         for bits in cuda_rows.BITS:
-            for r in (1, 4):
+            for n, r in ((1024, 1), (4096, 4)):  # weight rows a warp, as rows_per_warp picks
                 for m in range(cuda_rows.MIN_ROWS, cuda_rows.MAX_ROWS + 1):
-                    template = [("T", t), ("M", m), ("R", r), ("BITS", bits), ("GS", 64)]
-                    unit = cuda_compile.instantiate(
-                        "rows_fma", *cuda_rows.kernel_body("fma"), template
-                    )
-                    out.append((f"fma {t} {bits}-bit, {r} weight rows a warp, {m} rows", unit))
-    for kw in (4, 8):
+                    launch = cuda_rows.plan(m, n, n, bits, 64, dtype, "fma")
+                    short = str(dtype).rsplit(".", 1)[-1]
+                    out.append((f"fma {short} {bits}-bit, {r} weight rows a warp, {m} rows",
+                                cuda_compile.launch_unit(launch)))  # fmt: skip
+    for n, kw in ((4096, 8), (25600, 4)):  # warps a block, as warps() picks
         for nb in range(1, cuda_rows.MMA_ROWS // 8 + 1):
-            template = [("T", "bfloat16"), ("GS", 64), ("KW", kw), ("NB", nb)]
-            unit = cuda_compile.instantiate("rows_mma", *cuda_rows.kernel_body("mma"), template)
-            out.append((f"mma bf16, {kw} warps, {8 * nb} rows", unit))
+            launch = cuda_rows.plan(8 * nb, n, 5120, 4, 64, mx.bfloat16, "mma")
+            out.append((f"mma bf16, {kw} warps, {8 * nb} rows", cuda_compile.launch_unit(launch)))
     for mb in range(3, cuda_rows.MMA_ROWS // 16 + 1):
-        for ks in (1, 8):
-            form = "gemm" if ks == 1 else "gemm_split"
-            template = [("T", "bfloat16"), ("GS", 64), ("KW", cuda_rows.GEMM_WARPS), ("MB", mb),
-                        ("NT", cuda_rows.GEMM_NT), ("KS", ks)]  # fmt: skip
-            unit = cuda_compile.instantiate("rows_gemm", *cuda_rows.kernel_body(form), template)
+        for n, k in ((25600, 5120), (5120, 25600)):  # whole width; in shares
+            launch = cuda_rows.plan(16 * mb, n, k, 4, 64, mx.bfloat16)
             out.append((f"gemm bf16, {cuda_rows.GEMM_NT} fragments a warp, {16 * mb} rows, "
-                        f"{ks} shares", unit))  # fmt: skip
-    template = [("T", "bfloat16"), ("GS", 64), ("KW", cuda_rows.GEMM_WARPS), ("MB", 4),
-                ("NT", cuda_rows.GEMM_NT)]  # fmt: skip
-    unit = cuda_compile.instantiate("rows_gemm2", *cuda_rows.kernel_body("gemm", 2), template)
-    out.append(("gemm bf16, two matrices in one launch, 64 rows", unit))
-    unit = cuda_compile.instantiate(
-        "rows_sum", *cuda_rows.kernel_body("sum"), [("T", "bfloat16"), ("KS", 8)]
+                        f"{launch.shares} shares", cuda_compile.launch_unit(launch)))  # fmt: skip
+    launch = cuda_rows.group_plan(cuda_rows.MMA_ROWS, (25600, 25600), 64, mx.bfloat16)
+    out.append(("gemm bf16, two matrices in one launch, 64 rows", cuda_compile.launch_unit(launch)))
+    launch = cuda_rows.group_plan(cuda_rows.WIDE_ROWS, (4096, 1024, 1024), 64, mx.bfloat16)
+    out.append(
+        ("mma bf16, three matrices in one launch, 32 rows", cuda_compile.launch_unit(launch))
     )
-    out.append(("sum of 8 shares", unit))
+    launch = cuda_rows.sum_plan(cuda_rows.MMA_ROWS, 5120, 8, mx.bfloat16)
+    out.append(("sum of 8 shares", cuda_compile.launch_unit(launch)))
     return out
 
 

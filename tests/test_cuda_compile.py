@@ -7,74 +7,61 @@ does, on a GPU)."""
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 
-from outrider.plugins.kernels import cuda_rows
+from outrider.plugins.kernels.cuda_rows import MAX_ROWS, MMA_ROWS, group_plan, plan, sum_plan
 from outrider.testing import cuda_compile
 
-pytestmark = pytest.mark.skipif(
+needs_nvcc = pytest.mark.skipif(
     cuda_compile.nvcc() is None, reason="no CUDA toolkit (nvcc) on this machine"
 )
 
+# Launches as the rows kernel plans them (cuda_rows.plan), at the most rows each form takes:
+# (m rows, n weight rows, k inputs, bits, group size, dtype, forced form)
+SINGLE = [
+    (MAX_ROWS, 4096, 4096, 4, 64, mx.bfloat16, "fma"),  # 4 weight rows a warp
+    (MAX_ROWS, 4096, 4096, 8, 64, mx.float32, None),  # float32: the fma form
+    (MAX_ROWS, 1024, 1024, 4, 64, mx.float16, "fma"),  # 1 weight row a warp
+    (8, 1024, 1024, 4, 64, mx.bfloat16, None),  # tensor cores, 8 warps, one group of 8 rows
+    (MMA_ROWS, 25600, 5120, 4, 64, mx.bfloat16, "mma"),  # as benchmarks force it at 64 rows
+    (MMA_ROWS, 4096, 4096, 4, 64, mx.float16, "mma"),
+    (MMA_ROWS, 25600, 5120, 4, 64, mx.bfloat16, None),  # 32B gate/up: gemm, whole width
+    (MMA_ROWS, 5120, 25600, 4, 64, mx.bfloat16, None),  # 32B down: gemm in 8 shares
+    (MMA_ROWS, 5120, 5120, 4, 128, mx.float16, None),  # 32B q/o in half: 4 shares, groups of 128
+]
 
+
+def launches() -> list:
+    out = [plan(m, n, k, bits, gs, dtype, form) for m, n, k, bits, gs, dtype, form in SINGLE]
+    out.append(group_plan(MMA_ROWS, (4096, 1024, 1024), 64, mx.bfloat16))  # 8B q/k/v: mma
+    out.append(group_plan(MMA_ROWS, (25600, 25600), 64, mx.bfloat16))  # 32B gate/up: gemm
+    out.append(sum_plan(MMA_ROWS, 5120, 8, mx.bfloat16))
+    return out
+
+
+def test_the_planned_launches_cover_every_form():
+    """The list above reaches each body the kernel has (no GPU or nvcc needed for this)."""
+    names = {launch.name for launch in launches()}
+    assert names == {"fma", "mma", "gemm", "gemm_split", "group3", "gemm_group2", "sum"}
+    assert [p.shares for p in launches()[6:9]] == [1, 8, 4]
+
+
+@needs_nvcc
 @pytest.mark.slow  # one nvcc build a template, a few seconds each
 def test_the_rows_kernels_compile_without_spilling_registers():
-    """The rows kernel's forms at templates it launches with the most rows, for an H100 / H200
-    (sm_90)."""
-    widest = cuda_rows.MMA_ROWS // 8
-    units = [
-        cuda_compile.instantiate(
-            "rows_fma",
-            *cuda_rows.kernel_body("fma"),
-            [("T", t), ("M", cuda_rows.MAX_ROWS), ("R", r), ("BITS", bits), ("GS", 64)],
-        )  # fmt: skip
-        for t, r, bits in (("bfloat16", 4, 4), ("float32", 4, 8), ("float16", 1, 4))
-    ]
-    units += [
-        cuda_compile.instantiate(
-            "rows_mma",
-            *cuda_rows.kernel_body("mma"),
-            [("T", t), ("GS", 64), ("KW", cuda_rows.warps(n)), ("NB", nb)],
-        )  # fmt: skip
-        for t, n, nb in (
-            ("bfloat16", 25600, widest),
-            ("float16", 4096, widest),
-            ("bfloat16", 1024, 1),
-        )
-    ]
-    units.append(
-        cuda_compile.instantiate(
-            "rows_group3",
-            *cuda_rows.kernel_body("mma", 3),
-            [("T", "bfloat16"), ("GS", 64), ("KW", cuda_rows.warps(6144)), ("NB", widest)],
-        )  # fmt: skip
-    )
-    # past WIDE_ROWS: the gemm form over the whole input width, in shares, and grouped
-    gemm = [("KW", cuda_rows.GEMM_WARPS), ("MB", cuda_rows.MMA_ROWS // 16),
-            ("NT", cuda_rows.GEMM_NT)]  # fmt: skip
-    units += [
-        cuda_compile.instantiate(
-            name, *cuda_rows.kernel_body(form, count), [("T", t), ("GS", 64), *shape]
-        )  # fmt: skip
-        for name, form, count, t, shape in (
-            ("rows_gemm", "gemm", 0, "bfloat16", [*gemm, ("KS", 1)]),
-            ("rows_gemm_split", "gemm_split", 0, "bfloat16", [*gemm, ("KS", 8)]),
-            ("rows_gemm_half", "gemm_split", 0, "float16", [*gemm, ("KS", 4)]),
-            ("rows_gemm2", "gemm", 2, "bfloat16", gemm),
-        )
-    ]
-    units.append(
-        cuda_compile.instantiate(
-            "rows_sum", *cuda_rows.kernel_body("sum"), [("T", "bfloat16"), ("KS", 8)]
-        )
-    )
+    """Each planned launch's template compiles for an H100 / H200 (sm_90) without spilling,
+    within MLX's static shared memory."""
+    made = launches()
+    units = [cuda_compile.launch_unit(launch, f"rows_{i}") for i, launch in enumerate(made)]
     report = cuda_compile.compile_report(units)
     assert len(report) == len(units)
-    for kernel in report:
-        assert kernel.spill_bytes == 0, kernel
-        assert kernel.shared_bytes <= 48 * 1024, kernel
+    for launch, kernel in zip(made, report):
+        assert kernel.spill_bytes == 0, (launch, kernel)
+        assert kernel.shared_bytes <= 48 * 1024, (launch, kernel)
 
 
+@needs_nvcc
 def test_a_source_error_is_nvccs_message_and_a_spill_is_counted():
     """The helper itself: a body that does not compile raises with the compiler's words, and
     ptxas's report of a spilling kernel reads as spilled (the text as ptxas prints it)."""

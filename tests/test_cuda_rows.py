@@ -85,6 +85,41 @@ def test_products_past_wide_rows_run_the_gemm_form_in_shares_of_the_input_width(
     assert cuda_rows.shares(5120, 25600) == 8
 
 
+def test_siblings_run_in_one_launch_the_gemm_form_only_past_wide_rows_and_outputs(monkeypatch):
+    """q, k and v (or gate and up) in one launch: the tensor-core form, or past WIDE_ROWS rows
+    where their weight rows sum past WIDE_OUTPUTS the gemm form (its blocks take the whole
+    input width); the grid is each matrix's blocks laid end to end, and each member gets its
+    own output."""
+    recorded = RecordedKernels()
+    monkeypatch.setattr(mx.fast, "cuda_kernel", recorded, raising=False)
+    kernel = cuda_rows.CudaRows()
+    k = 1024
+
+    def weights(ns):
+        return [(mx.zeros((n, k // 8), mx.uint32), *[mx.zeros((n, k // 64), mx.bfloat16)] * 2)
+                for n in ns]  # fmt: skip
+
+    cases = [  # rows, weight rows of each member, the kernel, blocks a member
+        (cuda_rows.WIDE_ROWS, (8192, 1024), "group2", lambda n: -(-n // 16)),
+        (cuda_rows.WIDE_ROWS + 1, (8192, 1024), "gemm_group2", lambda n: -(-n // 128)),
+        (cuda_rows.MMA_ROWS, (4096, 2048, 2048), "group3", lambda n: -(-n // 16)),  # 8,192
+    ]
+    for rows, ns, name, blocks in cases:
+        recorded.calls.clear()
+        out = kernel.grouped(mx.zeros((rows, k), mx.bfloat16), weights(ns), 64, 4)
+        assert [y.shape for y in out] == [(rows, n) for n in ns]
+        ((called, template, grid, shapes, _),) = recorded.calls
+        assert called.split("_v")[0] == f"outrider_quantized_rows_{name}"
+        warps = template["KW"]
+        assert grid == sum(blocks(n) for n in ns) * warps * 32
+        if name.startswith("gemm"):
+            assert template["MB"] == -(-rows // 16) and warps == cuda_rows.GEMM_WARPS
+        else:
+            assert template["NB"] == -(-rows // 8) and warps == cuda_rows.warps(sum(ns))
+        plan = cuda_rows.group_plan(rows, ns, 64, mx.bfloat16)  # what the nvcc checks compile
+        assert (plan.name, dict(plan.template), plan.grid[0]) == (name, template, grid)
+
+
 def test_the_cuda_kernel_is_a_builtin_plugin_that_says_where_it_runs():
     kernels = Plugins(load_entrypoints=False).kernels
     assert isinstance(kernels["cuda-rows"], cuda_rows.CudaRows)

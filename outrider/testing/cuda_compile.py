@@ -90,6 +90,19 @@ def compile_report(units: list[str], arch: str = "sm_90") -> list[Resources]:
     return out
 
 
+def launch_unit(launch, name: str | None = None) -> str:
+    """The translation unit of one rows-kernel launch as `cuda_rows.plan` (or `group_plan`,
+    `sum_plan`) works it out: its body at its template, so what compiles here is what the
+    kernel launches."""
+    from ..plugins.kernels.cuda_rows_code import kernel_body
+
+    template = [
+        (p, v if isinstance(v, int) else str(v).rsplit(".", 1)[-1]) for p, v in launch.template
+    ]
+    body = kernel_body(launch.form, launch.count)
+    return instantiate(name or f"rows_{launch.name}", *body, template)
+
+
 def _type(kind: str) -> str:
     return TYPES.get(kind, kind)
 

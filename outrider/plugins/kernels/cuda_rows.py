@@ -25,6 +25,8 @@ a launch for each product's shape.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 
@@ -98,6 +100,83 @@ def wide(m: int, n: int) -> bool:
     return m > WIDE_ROWS and n > WIDE_OUTPUTS
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One product's launch, from its shape alone (no GPU needed): which body
+    (`kernel_body(form, count)`, compiled once under `name`), at which template, over which
+    grid. `CudaRows` launches these; the nvcc checks (tests/test_cuda_compile.py,
+    scripts/kernel_resources.py) compile exactly these templates."""
+
+    name: str
+    form: str
+    count: int  # matrices in one launch (0: one)
+    template: tuple[tuple[str, Any], ...]
+    grid: tuple[int, int, int]
+    threadgroup: tuple[int, int, int]
+    shares: int = 1  # the gemm form's shares of the input width: a `sum_plan` launch adds them
+
+
+def form_of(width: int, bits: int, dtype: mx.Dtype) -> str:
+    """Which form computes a product: mma (tensor cores) or fma (float32, CUDA cores)."""
+    half = dtype in (mx.float16, mx.bfloat16)
+    return "mma" if bits == 4 and half and width % 128 == 0 else "fma"
+
+
+def plan(
+    m: int,
+    n: int,
+    k: int,
+    bits: int,
+    group_size: int,
+    dtype: mx.Dtype,
+    form: str | None = None,
+    rows: Any = None,
+) -> Launch:
+    """The launch of x [m, k] @ dequantize(w [n, k]).T. `form` and `rows` (the float32 form's
+    weight rows a warp; the gemm form's (weight fragments a warp, warps a block, shares))
+    force a choice, for benchmarks and tests."""
+    if form is None:
+        form = form_of(k, bits, dtype)
+        if form == "mma" and m > WIDE_ROWS:
+            form = "gemm"
+    if form == "gemm":
+        nt, kw, ks = rows or (GEMM_NT, GEMM_WARPS, shares(n, k))
+        template = (("T", dtype), ("GS", group_size), ("KW", kw), ("MB", -(-m // 16)),
+                    ("NT", nt), ("KS", ks))  # fmt: skip
+        grid = -(-n // (8 * nt * kw)) * ks * kw * 32
+        name = "gemm" if ks == 1 else "gemm_split"
+        return Launch(name, name, 0, template, (grid, 1, 1), (kw * 32, 1, 1), ks)
+    if form == "mma":
+        kw = warps(n)
+        template = (("T", dtype), ("GS", group_size), ("KW", kw), ("NB", -(-m // 8)))
+        return Launch("mma", "mma", 0, template, (-(-n // 16) * kw * 32, 1, 1), (kw * 32, 1, 1))
+    r = rows or rows_per_warp(n)
+    template = (("T", dtype), ("M", m), ("R", r), ("BITS", bits), ("GS", group_size))
+    return Launch(form, form, 0, template, (-(-n // r) * 32, 1, 1), (THREADS, 1, 1))
+
+
+def group_plan(m: int, ns: tuple[int, ...], group_size: int, dtype: mx.Dtype) -> Launch:
+    """The one launch of x [m, k] by each of several weights of `ns` rows (q, k and v; gate
+    and up): the gemm form where `wide`, the tensor-core form otherwise."""
+    if wide(m, sum(ns)):
+        form, kw, span = "gemm", GEMM_WARPS, 8 * GEMM_NT * GEMM_WARPS
+        shape = (("MB", -(-m // 16)), ("NT", GEMM_NT))
+    else:
+        form, kw, span = "mma", warps(sum(ns)), 16
+        shape = (("NB", -(-m // 8)),)
+    blocks = sum(-(-n // span) for n in ns)
+    name = f"group{len(ns)}" if form == "mma" else f"{form}_group{len(ns)}"
+    template = (("T", dtype), ("GS", group_size), ("KW", kw), *shape)
+    return Launch(name, form, len(ns), template, (blocks * kw * 32, 1, 1), (kw * 32, 1, 1))
+
+
+def sum_plan(m: int, n: int, ks: int, dtype: mx.Dtype) -> Launch:
+    """The second launch of a product in `ks` shares: their float32 partial sums added in
+    order, cast to `dtype`."""
+    grid = -(-m * n // THREADS) * THREADS
+    return Launch("sum", "sum", 0, (("T", dtype), ("KS", ks)), (grid, 1, 1), (THREADS, 1, 1))
+
+
 class CudaRows:
     """The kernels as a `core.row_kernels.RowsKernel`: the tensor-core form for 4-bit weights
     and half-precision activations at input widths of whole 128s, the float32 form otherwise.
@@ -140,38 +219,7 @@ class CudaRows:
     @staticmethod
     def form(width: int, bits: int, dtype: mx.Dtype) -> str:
         """Which form computes this product: mma (tensor cores) or fma (float32, CUDA cores)."""
-        half = dtype in (mx.float16, mx.bfloat16)
-        return "mma" if bits == 4 and half and width % 128 == 0 else "fma"
-
-    def _launch(self, form, m, n, k, bits, group_size, dtype, rows) -> tuple:
-        """(kernel, template, grid, threadgroup, shares) of one product's shape, worked out
-        once: the calls of a forward repeat a few shapes, and each call's host time counts."""
-        if form is None:
-            form = self.form(k, bits, dtype)
-            if form == "mma" and m > WIDE_ROWS:
-                form = "gemm"
-        if form == "gemm":  # `rows` forces (weight fragments a warp, warps a block, shares)
-            nt, kw, ks = rows or (GEMM_NT, GEMM_WARPS, shares(n, k))
-            template = [
-                ("T", dtype),
-                ("GS", group_size),
-                ("KW", kw),
-                ("MB", -(-m // 16)),
-                ("NT", nt),
-                ("KS", ks),
-            ]
-            grid = -(-n // (8 * nt * kw)) * ks * kw * 32
-            kernel = self._kernel("gemm" if ks == 1 else "gemm_split")
-            return kernel, template, (grid, 1, 1), (kw * 32, 1, 1), ks
-        if form == "mma":
-            nb = -(-m // 8)
-            kw = warps(n)
-            template = [("T", dtype), ("GS", group_size), ("KW", kw), ("NB", nb)]
-            grid = -(-n // 16) * kw * 32
-            return self._kernel(form), template, (grid, 1, 1), (kw * 32, 1, 1), 1
-        r = rows or rows_per_warp(n)
-        template = [("T", dtype), ("M", m), ("R", r), ("BITS", bits), ("GS", group_size)]
-        return self._kernel(form), template, (-(-n // r) * 32, 1, 1), (THREADS, 1, 1), 1
+        return form_of(width, bits, dtype)
 
     def rows_up_to(
         self, width: int, outputs: int, bits: int, group_size: int, dtype: mx.Dtype
@@ -211,51 +259,28 @@ class CudaRows:
         key = ("group", lead, ns, x.shape[-1], group_size, x.dtype)
         launch = self._launches.get(key)
         if launch is None:
-            m = math.prod(lead)
-            nb = -(-m // 8)
-            if wide(m, sum(ns)):
-                form, kw, span = "gemm", GEMM_WARPS, 8 * GEMM_NT * GEMM_WARPS
-                shape = [("MB", -(-m // 16)), ("NT", GEMM_NT)]
-            else:
-                form, kw, span = "mma", warps(sum(ns)), 16
-                shape = [("NB", nb)]
-            blocks = sum(-(-n // span) for n in ns)
-            launch = self._launches[key] = (
-                self._group_kernel(len(ns), form),
-                [("T", x.dtype), ("GS", group_size), ("KW", kw), *shape],
-                (blocks * kw * 32, 1, 1),
-                (kw * 32, 1, 1),
-                [(*lead, n) for n in ns],
-                [x.dtype] * len(ns),
-            )
-        kernel, template, grid, block, shapes, dtypes = launch
-        return kernel(
+            launch = self._launches[key] = group_plan(math.prod(lead), ns, group_size, x.dtype)
+        return self._compiled(launch)(
             inputs=[x, *(a for triple in weights for a in triple)],
-            template=template,
-            grid=grid,
-            threadgroup=block,
-            output_shapes=shapes,
-            output_dtypes=dtypes,
+            template=list(launch.template),
+            grid=launch.grid,
+            threadgroup=launch.threadgroup,
+            output_shapes=[(*lead, n) for n in ns],
+            output_dtypes=[x.dtype] * len(ns),
         )
 
-    def _group_kernel(self, count: int, form: str = "mma"):
-        name = f"group{count}" if form == "mma" else f"{form}_group{count}"
-        return self._compiled(name, *kernel_body(form, count))
-
-    def _kernel(self, form: str):
-        return self._compiled(form, *kernel_body(form))
-
-    def _compiled(self, name: str, header: str, source: str, inputs: list, outputs: list):
-        """The kernel `name` of this body, built once (MLX compiles it on first use)."""
-        if name not in self._kernels:
-            self._kernels[name] = mx.fast.cuda_kernel(
-                f"outrider_quantized_rows_{name}_v{VERSION}",
+    def _compiled(self, launch: Launch):
+        """The kernel of `launch`'s body, built once (MLX compiles it on first use)."""
+        if launch.name not in self._kernels:
+            header, source, inputs, outputs = kernel_body(launch.form, launch.count)
+            self._kernels[launch.name] = mx.fast.cuda_kernel(
+                f"outrider_quantized_rows_{launch.name}_v{VERSION}",
                 input_names=[arg for arg, _ in inputs],
                 output_names=[arg for arg, _ in outputs],
                 source=source,
                 header=header,
             )
-        return self._kernels[name]
+        return self._kernels[launch.name]
 
     def __call__(
         self,
@@ -277,23 +302,24 @@ class CudaRows:
         key = (form, m, n, k, bits, group_size, x.dtype, rows)
         launch = self._launches.get(key)
         if launch is None:
-            launch = self._launches[key] = self._launch(*key)
-        kernel, template, grid, block, ks = launch
-        y = kernel(  # x as it comes (contiguous): no reshape ops around the call
+            launch = self._launches[key] = plan(m, n, k, bits, group_size, x.dtype, form, rows)
+        ks = launch.shares
+        y = self._compiled(launch)(  # x as it comes (contiguous): no reshape ops around the call
             inputs=[x, w, scales, biases],
-            template=template,
-            grid=grid,
-            threadgroup=block,
+            template=list(launch.template),
+            grid=launch.grid,
+            threadgroup=launch.threadgroup,
             output_shapes=[(*lead, n) if ks == 1 else (ks, *lead, n)],
             output_dtypes=[x.dtype if ks == 1 else mx.float32],
         )[0]
         if ks == 1:
             return y
-        return self._kernel("sum")(  # the shares' partial sums, added in order
+        total = sum_plan(m, n, ks, x.dtype)
+        return self._compiled(total)(  # the shares' partial sums, added in order
             inputs=[y],
-            template=[("T", x.dtype), ("KS", ks)],
-            grid=(-(-m * n // THREADS) * THREADS, 1, 1),
-            threadgroup=(THREADS, 1, 1),
+            template=list(total.template),
+            grid=total.grid,
+            threadgroup=total.threadgroup,
             output_shapes=[(*lead, n)],
             output_dtypes=[x.dtype],
         )[0]
