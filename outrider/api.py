@@ -219,7 +219,7 @@ class Pipeline:
             start=hit,
             record=record,
             policy=self._cap_policy() if max_draft == "auto" else None,
-            long_copies=self._long_copies(max_draft),
+            long_copies=not self._cap_given(max_draft),
             pipelined=self.pipelined_rounds,
             gate=self._ahead_gate(),
             budget=self.think_budget(ids, reasoning_budget, budget_message),
@@ -341,7 +341,7 @@ class Pipeline:
         if max_draft is None or max_draft == "auto":
             # with the batch scheduler choosing each round's widths from measured costs, a row
             # drafts what its proposer can and the scheduler cuts; else the default cap
-            scheduled = self._long_copies(max_draft) and self.batch_scheduler() is not None
+            scheduled = not self._cap_given(max_draft) and self.batch_scheduler() is not None
             cap = self.proposer.max_draft if scheduled else self.max_draft
         else:
             cap = min(max_draft, self.proposer.max_draft)
@@ -371,7 +371,7 @@ class Pipeline:
             started, proposer, ids, stopper, sampling, keys, cap, procs, window, logprobs,
             record, cancelled, budget,
         )  # fmt: skip
-        row.long_copies = self._long_copies(max_draft)
+        row.long_copies = not self._cap_given(max_draft)
         if record is not None:
             self.prefix_cache.put(self.target, record)
             row.record = None  # a batched row's cache is not one the prefix cache can keep
@@ -406,10 +406,11 @@ class Pipeline:
         hit = None if record is None else self.prefix_cache.lookup(self.target, ids, tap_ids)
         return record, hit
 
-    def _long_copies(self, max_draft: int | str | None) -> bool:
-        """Whether lookup copies may run past the cap: yes unless a cap was given (here, or
-        to `load`)."""
-        return max_draft == "auto" or (max_draft is None and not self.cap_given)
+    def _cap_given(self, max_draft: int | str | None) -> bool:
+        """Whether a number bounds this generation's drafts: given here, or to `load` when
+        nothing is given here. Without one, lookup copies may run past the cap, and a batch
+        scheduler chooses each round's widths."""
+        return max_draft != "auto" and (max_draft is not None or self.cap_given)
 
     def _ahead_gate(self) -> AheadGate:
         """The gate pipelined rounds are queued by (decode sets it as the environment says)."""

@@ -14,6 +14,7 @@ from . import __version__
 from .cli_common import cache_root, plugins
 from .cli_common import console as _console
 from .cli_common import print_json as _print_json
+from .core import cuda_graphs
 from .core.device import (
     attention_buckets,
     fused_attention,
@@ -129,6 +130,14 @@ def doctor_report() -> dict:
     except OutriderError as e:
         report["quantized_rows"] = None
         problems.append(str(e))
+    # MLX's CUDA graphs, as this environment sets them (core/cuda_graphs.py): serve turns them
+    # off where rows batch; only a CUDA GPU reads the variable
+    graphs = cuda_graphs.state()
+    report["cuda_graphs"] = (
+        f"{graphs} ({cuda_graphs.ENV}; serve --max-batch above 1 turns them off)"
+        if on_cuda_gpu()
+        else f"none here ({graphs} on CUDA; serve --max-batch above 1 turns them off)"
+    )
     # MLX's CUDA backend (and Apple's M5) multiply float32 in TF32 unless told not to: greedy
     # float32 output may then part from a one-row run at near-ties (docs/benchmarks.md)
     report["float32_matmuls"] = (

@@ -85,3 +85,18 @@ def test_a_wrong_value_is_one_line_before_anything_runs(monkeypatch):
     assert out.exit_code == 2
     assert "--cuda-graphs must be auto, on or off, got 'maybe'" in out.output
     assert ENV not in os.environ
+
+
+def test_doctor_says_what_the_environment_sets(monkeypatch):
+    import json
+
+    from outrider import doctor
+
+    monkeypatch.setenv(ENV, "0")
+    monkeypatch.setattr(doctor, "on_cuda_gpu", lambda: True)
+    out = CliRunner().invoke(app, ["doctor", "--json"])
+    assert json.loads(out.stdout)["cuda_graphs"].startswith(f"off ({ENV};")
+    monkeypatch.delenv(ENV)
+    monkeypatch.setattr(doctor, "on_cuda_gpu", lambda: False)
+    out = CliRunner().invoke(app, ["doctor", "--json"])
+    assert json.loads(out.stdout)["cuda_graphs"].startswith("none here (on on CUDA;")
