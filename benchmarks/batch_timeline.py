@@ -10,6 +10,9 @@ the time goes to prefills, narrow rounds at the tail, or joining and leaving.
     python benchmarks/batch_timeline.py --mode baseline --requests 32 --batch 8
 
 A first batched pass (untimed) compiles every shape both passes meet, unless `--cold`.
+A join's time includes computing the merged cache; a round right after a join is its own part
+(the new row's prompt enters the drafter then). On a CUDA GPU, MLX_USE_CUDA_GRAPHS=0 runs both
+passes without MLX's CUDA graphs (docs/performance.md, "MLX's CUDA graphs and batched rounds").
 """
 
 from __future__ import annotations
@@ -35,10 +38,30 @@ def synced(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
+def arrays_of(cache, depth: int = 3) -> list[mx.array]:
+    """Every array a batched cache holds (its layers' keys, values, offsets, states...)."""
+    out: list[mx.array] = []
+
+    def walk(value, left: int) -> None:
+        if isinstance(value, mx.array):
+            out.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item, left)
+        elif left and hasattr(value, "__dict__"):
+            for item in vars(value).values():
+                walk(item, left - 1)
+
+    walk(list(cache), depth)
+    return out
+
+
 def batched_pass(pipe, prompts: list[list[int]], width: int, max_tokens: int) -> dict:
     """generate_batch's loop (at most `width` rows; the next prompt joins the round a row
-    leaves), each part timed: prefills, joins, rounds by width (the leaves inside a round,
-    filtering the batched cache, count with it), and the text of each step."""
+    leaves), each part timed: prefills, joins (the merged cache computed, not left for the
+    next round), rounds by width (the leaves inside a round, filtering the batched cache,
+    count with it; a round right after a join apart, since the drafter takes the new row in
+    then), and the text of each step."""
     batch = pipe.make_batch()
     waiting = list(prompts)[::-1]
     spent: dict[str, list[float]] = defaultdict(list)
@@ -56,14 +79,21 @@ def batched_pass(pipe, prompts: list[list[int]], width: int, max_tokens: int) ->
             tokens += len(start.first.step.committed)
             if start.row is not None:
                 collectors[id(start.row)] = start.collector
-                _, s = synced(batch.join, start.row, start.cache)
+                _, s = synced(join, start.row, start.cache)
                 spent["join"].append(s)
+                joined.append(True)
 
+    def join(row, cache) -> None:
+        batch.join(row, cache)
+        mx.eval(arrays_of(batch.cache))
+
+    joined: list[bool] = []
     admit()
     while len(batch):
         rows = len(batch)
         steps, s = synced(batch.round)
-        spent[f"round x{rows}"].append(s)
+        spent[f"round x{rows}" + (", after a join" if joined else "")].append(s)
+        joined.clear()
         for name, seconds in (steps[0][1].phases or {}).items() if steps else ():
             phases[rows][name].append(seconds)
         t = time.perf_counter()
@@ -99,7 +129,7 @@ def table(name: str, run: dict) -> None:
     spent, total = run["spent"], run["spent"]["total"][0]
     print(f"\n{name}: {run['tokens']} tokens in {total:.3f} s = {run['tokens'] / total:.1f} tok/s"
           + (f", {run['plain steps']} plain steps" if "plain steps" in run else ""))  # fmt: skip
-    print(f"  {'part':<18} {'count':>6} {'sum s':>8} {'share':>6} {'median ms':>10}")
+    print(f"  {'part':<24} {'count':>6} {'sum s':>8} {'share':>6} {'median ms':>10}")
     parts = sorted(
         (k for k in spent if k != "total" and spent[k]), key=lambda k: (k[:5], len(k), k)
     )
@@ -107,9 +137,9 @@ def table(name: str, run: dict) -> None:
     for part in parts:
         values = spent[part]
         accounted += sum(values)
-        print(f"  {part:<18} {len(values):>6} {sum(values):>8.3f} {sum(values) / total:>6.1%} "
+        print(f"  {part:<24} {len(values):>6} {sum(values):>8.3f} {sum(values) / total:>6.1%} "
               f"{statistics.median(values) * 1e3:>10.2f}")  # fmt: skip
-    print(f"  {'elsewhere':<18} {'':>6} {total - accounted:>8.3f} {1 - accounted / total:>6.1%}")
+    print(f"  {'elsewhere':<24} {'':>6} {total - accounted:>8.3f} {1 - accounted / total:>6.1%}")
     if run.get("phases"):  # inside each batched round (core/round.py verify_round), medians
         print("  rounds by width, median ms: launch (drafter + verify built and queued) | wait "
               "(the device) | after (accepting, rollback built, teaching)")  # fmt: skip
