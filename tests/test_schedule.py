@@ -211,6 +211,10 @@ def test_a_parked_drafter_still_verifies_what_the_text_copies(qwen3_target, draf
     pipe = outrider.load(
         str(qwen3_target), str(drafters["dspark"]), mode="dspark", max_draft="auto"
     )
+    # copies as long as their matches make likely: the bound a calibration puts on them
+    # (`_widest`) comes from what this machine measured at load, and a busy machine measured
+    # it short enough to leave copies of 2 that kept nothing (a CI run, 2026-12-06)
+    pipe.proposer.calibration = None
     ids = pipe.encode(PROMPTS[1])
     want = plain_greedy(qwen3_target, ids, 80)
     seen: list[int] = []
