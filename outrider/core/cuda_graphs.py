@@ -1,13 +1,14 @@
 """Whether MLX's CUDA backend records its kernels into CUDA graphs (`MLX_USE_CUDA_GRAPHS`).
 
-MLX's CUDA backend (0.32) records every 20 kernels (`MLX_MAX_OPS_PER_BUFFER`) into a CUDA
-graph, keyed by the graph's shape; it updates a cached executable graph where the key was seen
-before and instantiates one where not, and it drops every cached graph once it holds more than
-`MLX_CUDA_GRAPH_CACHE_SIZE` (100). A one-row plain step sends the same shapes every step and
-gains from it. Batched speculative rounds send a different mix every round (the widths, the
-rows joining and leaving), and the graphs cost more than they save: on an H100 the demo
-pair's continuous batching ran at about 1.45x the tokens/s with graphs off, and one-row
-plain decoding at 0.75x (docs/performance.md, "MLX's CUDA graphs and batched rounds").
+MLX's CUDA backend (its `CommandEncoder`, mlx/backend/cuda/device.cpp) records every 20 kernels
+(`MLX_MAX_OPS_PER_BUFFER`) into a CUDA graph, keyed by the graph's shape; it updates a cached
+executable graph where the key was seen before and instantiates one where not, and it drops
+every cached graph once it holds more than `MLX_CUDA_GRAPH_CACHE_SIZE` (100). A one-row plain
+step sends the same shapes every step and gains from it. Batched speculative rounds send a
+different mix every round (the widths, the rows joining and leaving), and the graphs cost more
+than they save: on an H100 the demo pair's continuous batching ran at about 1.45x the tokens/s
+with graphs off, and one-row plain decoding at 0.75x (docs/performance.md, "MLX's CUDA graphs
+and batched rounds").
 
 MLX reads the switch once, when the process runs its first GPU kernel (a function-local
 static in its CUDA backend), so it is chosen before a model loads: `outrider serve` turns the
