@@ -41,7 +41,8 @@
 #             scripts/ab_tree.sh; carry "ab"), then of this tree again
 #   served    issue 12's batching bar as servers run it: the batched arm with MLX's CUDA graphs
 #             off (serve --cuda-graphs auto at --max-batch 8), one at a time with them on (a
-#             child process), baseline and dspark (batch_throughput.py --as-served)
+#             child process), baseline and dspark on the demo pair, baseline and the oracle on
+#             a random-weight 0.6B shape (batch_throughput.py --as-served)
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -169,7 +170,10 @@ for set in "$@"; do
     served)
       step batch_served 420 python3 benchmarks/batch_throughput.py --modes baseline,dspark \
         --batch 8 --requests 32 --suite code,math,chat --max-tokens 128 --repeats 3 \
-        --as-served --json "$out/batch_served.json" ;;
+        --as-served --json "$out/batch_served.json"
+      step batch_served_06b 300 python3 benchmarks/batch_throughput.py --shape 0.6b --dtype bf16 \
+        --modes baseline,oracle --batch 8 --requests 32 --max-tokens 128 --repeats 1 \
+        --as-served --json "$out/batch_served_06b.json" ;;
     turn5cold)
       step turn5_32b_4bit 260 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
         --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit.json" ;;
