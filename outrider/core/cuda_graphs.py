@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 
 from .errors import OutriderError
 
@@ -27,7 +28,7 @@ ENV = "MLX_USE_CUDA_GRAPHS"
 SETTINGS = ("auto", "on", "off")
 
 
-def choose(setting: str, max_batch: int, environ: dict[str, str] | None = None) -> str | None:
+def choose(setting: str, max_batch: int, environ: Mapping[str, str] | None = None) -> str | None:
     """What `setting` (auto, on, off) asks of MLX's graphs for a server batching up to
     `max_batch` rows: "on", "off", or None to leave MLX as it is (its default, on, or what the
     user put in the environment, which `auto` never overrides)."""
@@ -51,7 +52,7 @@ def apply(setting: str, max_batch: int) -> str | None:
     return choice
 
 
-def state(environ: dict[str, str] | None = None) -> str:
+def state(environ: Mapping[str, str] | None = None) -> str:
     """ "on" or "off": what MLX's CUDA backend does with graphs in this process, as it reads the
     environment (C's `atoi` of the value, nonzero for on; on when unset). So "false" and "off"
     turn them off, and so does "on": use 1 and 0."""
