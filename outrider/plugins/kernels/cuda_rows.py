@@ -192,7 +192,8 @@ class CudaRows:
 
     def __init__(self) -> None:
         self._kernels: dict[str, object] = {}
-        self._launches: dict[tuple, tuple] = {}  # a product's shape and type: its launch
+        # a product's shape and type: its launch, and the launch adding its shares (if any)
+        self._launches: dict[tuple, tuple[Launch, Launch | None]] = {}
 
     def available(self) -> bool:
         return on_cuda_gpu() and hasattr(mx.fast, "cuda_kernel")
@@ -216,10 +217,7 @@ class CudaRows:
             self.supports(width, bits, group_size, dtype) and self.form(width, bits, dtype) == "mma"
         )
 
-    @staticmethod
-    def form(width: int, bits: int, dtype: mx.Dtype) -> str:
-        """Which form computes this product: mma (tensor cores) or fma (float32, CUDA cores)."""
-        return form_of(width, bits, dtype)
+    form = staticmethod(form_of)
 
     def rows_up_to(
         self, width: int, outputs: int, bits: int, group_size: int, dtype: mx.Dtype
@@ -257,9 +255,9 @@ class CudaRows:
         lead = x.shape[:-1]
         ns = tuple(w.shape[0] for w, _, _ in weights)
         key = ("group", lead, ns, x.shape[-1], group_size, x.dtype)
-        launch = self._launches.get(key)
-        if launch is None:
-            launch = self._launches[key] = group_plan(math.prod(lead), ns, group_size, x.dtype)
+        if key not in self._launches:
+            self._launches[key] = (group_plan(math.prod(lead), ns, group_size, x.dtype), None)
+        launch, _ = self._launches[key]
         return self._compiled(launch)(
             inputs=[x, *(a for triple in weights for a in triple)],
             template=list(launch.template),
@@ -300,9 +298,11 @@ class CudaRows:
         m = math.prod(lead)
         n = w.shape[0]
         key = (form, m, n, k, bits, group_size, x.dtype, rows)
-        launch = self._launches.get(key)
-        if launch is None:
-            launch = self._launches[key] = plan(m, n, k, bits, group_size, x.dtype, form, rows)
+        if key not in self._launches:  # its launch, and the sum of its shares where it has any
+            launch = plan(m, n, k, bits, group_size, x.dtype, form, rows)
+            total = sum_plan(m, n, launch.shares, x.dtype) if launch.shares > 1 else None
+            self._launches[key] = (launch, total)
+        launch, total = self._launches[key]
         ks = launch.shares
         y = self._compiled(launch)(  # x as it comes (contiguous): no reshape ops around the call
             inputs=[x, w, scales, biases],
@@ -312,9 +312,8 @@ class CudaRows:
             output_shapes=[(*lead, n) if ks == 1 else (ks, *lead, n)],
             output_dtypes=[x.dtype if ks == 1 else mx.float32],
         )[0]
-        if ks == 1:
+        if total is None:
             return y
-        total = sum_plan(m, n, ks, x.dtype)
         return self._compiled(total)(  # the shares' partial sums, added in order
             inputs=[y],
             template=list(total.template),
