@@ -21,21 +21,13 @@ import argparse
 import statistics
 import time
 from collections import defaultdict
+from functools import partial
 
 import outrider  # noqa: F401 - first: it picks MLX's CPU BLAS (core/blas.py)
 
 # isort: split
 import mlx.core as mx
-from batch_throughput import suite_texts  # this folder: the same prompts as its requests
-
-
-def synced(fn, *args, **kwargs):
-    """fn(*args, **kwargs)'s value and its wall time, the device drained on both sides."""
-    mx.synchronize()
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    mx.synchronize()
-    return out, time.perf_counter() - t0
+from batch_throughput import suite_texts, timed  # this folder: its prompts, its timing
 
 
 def arrays_of(cache, depth: int = 3) -> list[mx.array]:
@@ -70,30 +62,31 @@ def batched_pass(pipe, prompts: list[list[int]], width: int, max_tokens: int) ->
     tokens = 0
     t0 = time.perf_counter()
 
+    joined = False  # a row joined since the last round
+
     def admit() -> None:
-        nonlocal tokens
+        nonlocal tokens, joined
         while waiting and len(batch) < width:
             ids = waiting.pop()
-            start, s = synced(pipe.start_row, ids, max_tokens=max_tokens, stop_tokens=set())
+            start, s = timed(partial(pipe.start_row, ids, max_tokens=max_tokens, stop_tokens=set()))
             spent["prefill"].append(s)
             tokens += len(start.first.step.committed)
             if start.row is not None:
                 collectors[id(start.row)] = start.collector
-                _, s = synced(join, start.row, start.cache)
+                _, s = timed(partial(join, start.row, start.cache))
                 spent["join"].append(s)
-                joined.append(True)
+                joined = True
 
     def join(row, cache) -> None:
         batch.join(row, cache)
         mx.eval(arrays_of(batch.cache))
 
-    joined: list[bool] = []
     admit()
     while len(batch):
         rows = len(batch)
-        steps, s = synced(batch.round)
+        steps, s = timed(batch.round)
         spent[f"round x{rows}" + (", after a join" if joined else "")].append(s)
-        joined.clear()
+        joined = False
         for name, seconds in (steps[0][1].phases or {}).items() if steps else ():
             phases[rows][name].append(seconds)
         t = time.perf_counter()
@@ -112,7 +105,7 @@ def single_pass(pipe, prompts: list[list[int]], max_tokens: int) -> dict:
     tokens = plain = 0
     t0 = time.perf_counter()
     for ids in prompts:
-        result, _ = synced(pipe.generate, ids, max_tokens=max_tokens, stop_tokens=set())
+        result, _ = timed(partial(pipe.generate, ids, max_tokens=max_tokens, stop_tokens=set()))
         spent["prefill"].append(result.prefill_seconds)
         spent["round x1"] += [r.seconds for r in result.rounds]
         # plain steps (auto's parked ones), one entry a request: decoding outside the rounds
