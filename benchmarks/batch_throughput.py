@@ -87,12 +87,17 @@ def run_mode(
     scheduler off and/or on (`arms`; the first is reported under the receipts' names, a second
     as `scheduled_*`)."""
     kwargs = dict(max_tokens=max_tokens, stop_tokens=set())
+
+    def one_at_a_time() -> list:
+        singles, s = timed(lambda: [pipe.generate(p, **kwargs) for p in prompts])
+        seq_times.append(s)
+        return singles
+
+    seq_times = []
     if not arms:  # the one-at-a-time arm alone (--as-served's child process)
         pipe.generate(prompts[0], max_tokens=8, stop_tokens=set())  # warm-up (compiles)
-        seq_times = []
         for _ in range(repeats):
-            singles, s = timed(lambda: [pipe.generate(p, **kwargs) for p in prompts])
-            seq_times.append(s)
+            singles = one_at_a_time()
         tokens = sum(len(r.tokens) for r in singles)
         return {
             "mode": pipe.mode,
@@ -103,10 +108,9 @@ def run_mode(
         pipe.schedule_batches = on
         pipe.generate_batch(prompts[:2], max_tokens=8, stop_tokens=set())
     pipe.scheduler = None  # count what the timed runs cut
-    seq_times, times, outs = [], {on: [] for on in arms}, {}
+    times, outs = {on: [] for on in arms}, {}
     for _ in range(repeats):
-        singles, s = timed(lambda: [pipe.generate(p, **kwargs) for p in prompts])
-        seq_times.append(s)
+        singles = one_at_a_time()
         for on in arms:
             pipe.schedule_batches = on
             outs[on], b = timed(lambda: pipe.generate_batch(prompts, max_batch=width, **kwargs))

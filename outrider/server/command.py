@@ -171,6 +171,7 @@ def serve(
             raise OutriderError(f"--keepalive must be > 0, got {keepalive}")
         if max_batch < 1:
             raise OutriderError(f"--max-batch must be >= 1, got {max_batch}")
+        cuda_graphs = cuda_graphs.strip().lower()
         graphs.choose(cuda_graphs, max_batch)  # a wrong value is one line before anything runs
         if kv_bits not in (None, 4, 8):
             raise OutriderError(f"--kv-bits must be 8 or 4, got {kv_bits}")
@@ -205,7 +206,7 @@ def serve(
         _configure_logging(level)
         # before the first GPU kernel, which is when MLX reads it (core/cuda_graphs.py)
         chose = graphs.apply(cuda_graphs, max_batch)
-        if chose == "off" and cuda_graphs.strip().lower() == "auto" and on_cuda_gpu():
+        if chose == "off" and cuda_graphs == "auto" and on_cuda_gpu():
             typer.echo(f"note: --max-batch {max_batch}: MLX's CUDA graphs are off, which batched "
                        "rounds run faster without (--cuda-graphs on keeps them)", err=True)  # fmt: skip
         import uvicorn
