@@ -22,13 +22,23 @@ over every round after `--skip` warm-up rounds, in ms.
 
     python benchmarks/batch_round_phases.py                          # dspark, B = 1 and 8
     python benchmarks/batch_round_phases.py --mode baseline --batches 1,4,8
+    python benchmarks/batch_round_phases.py --shape 0.6b --mode oracle    # random weights
+
+`--shape` runs a random-weight Qwen3 of that shape (`loop_efficiency.py`'s) on random prompts,
+in mode baseline or oracle (`batch_throughput.py`'s: each row's own greedy continuation, each
+token right with probability `--oracle-rate`). `nodes` counts the primitives of each phase's
+graph (`mx.export_to_dot`, one round after the warm-up): on a GPU a round's launch costs about
+the same per node whatever the rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import re
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +55,8 @@ from outrider.benchmark.suites import load_suite, parse_suites  # noqa: E402
 from outrider.core.batch import Batch  # noqa: E402
 from outrider.core.proposer import DraftContext, propose_all  # noqa: E402
 from outrider.core.round import launch_round, settle  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 PHASES = ("propose", "verify build", "verify wait", "settle", "rollback build", "rollback wait")
 SPLIT = ("drafter backbone", "drafter heads")
@@ -70,6 +82,26 @@ def cache_arrays(cache: list) -> list[mx.array]:
     return out
 
 
+def nodes(*arrays) -> int:
+    """How many primitives the graph behind `arrays` holds (what a launch hands the device)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "g.dot"
+        mx.export_to_dot(str(path), *arrays)
+        return len(re.findall(r"shape=rectangle", path.read_text()))
+
+
+def forward_nodes(target, rows, proposals, cache: list) -> int:
+    """The nodes of a round's verify forward and its argmax (`launch_round` hands them to the
+    device before they can be counted), built on a copy of the cache and never evaluated."""
+    width = 1 + max(p.k for p in proposals)
+    ids = [[r.anchor, *p.tokens.tolist()] for r, p in zip(rows, proposals)]
+    inputs = mx.array([i + [0] * (width - len(i)) for i in ids], dtype=mx.uint32)
+    taps = tuple(rows[0].proposer.tap_layer_ids)
+    with mx.stream(target.stream):
+        logits, _ = target.forward_rows(inputs, copy.deepcopy(cache), taps)
+        return nodes(mx.argmax(logits, axis=-1))
+
+
 def split_propose(proposer, sink: dict) -> None:
     """Time a block drafter's backbone apart from its heads: its `_forward` (on this one
     object) evaluates what it returns before handing it on, timed into sink["times"]."""
@@ -85,8 +117,11 @@ def split_propose(proposer, sink: dict) -> None:
     proposer._forward = forward
 
 
-def timed_round(pipe, batch: Batch, times: dict[str, list[float]]) -> tuple[int, int]:
-    """One round of every live row, each phase synced and timed. Returns (rows, tokens)."""
+def timed_round(
+    pipe, batch: Batch, times: dict[str, list[float]], count: dict | None = None
+) -> tuple[int, int]:
+    """One round of every live row, each phase synced and timed. Returns (rows, tokens).
+    With `count`, each graph's nodes go into it (drafter, verify, rollback)."""
     rows = [r for r in batch.rows if not r.done]
     target, cache = pipe.target, batch.cache
     t0 = time.perf_counter()
@@ -98,7 +133,13 @@ def timed_round(pipe, batch: Batch, times: dict[str, list[float]]) -> tuple[int,
         caps.append(cap)
     with mx.stream(target.stream):
         proposals = propose_all([row.proposer for row in rows], ctxs)
-    mx.eval(*[p.tokens for p in proposals if p.k])
+    drafted = [p.tokens for p in proposals if p.k]
+    if count is not None and drafted:
+        count["drafter"] = nodes(*drafted)
+    mx.eval(*drafted)
+    t1 = time.perf_counter()
+    if count is not None:  # the verify's forward again, on a copy of the cache, not evaluated
+        count["verify"] = forward_nodes(target, rows, proposals, cache)
     t1 = time.perf_counter()
     launched = launch_round(target, rows, cache, caps, given=proposals)
     t2 = time.perf_counter()
@@ -108,6 +149,8 @@ def timed_round(pipe, batch: Batch, times: dict[str, list[float]]) -> tuple[int,
     t4 = time.perf_counter()
     target.rollback_rows(cache, rejected)
     t5 = time.perf_counter()
+    if count is not None:
+        count["rollback"] = nodes(*cache_arrays(cache))
     mx.eval(*cache_arrays(cache))
     t6 = time.perf_counter()
     for name, a, b in zip(PHASES, (t0, t1, t2, t3, t4, t5), (t1, t2, t3, t4, t5, t6)):
@@ -127,6 +170,7 @@ def profile(pipe, prompts: list[list[int]], max_tokens: int, skip: int, split: b
     times: dict[str, list[float]] = {name: [] for name in names}
     kept, rounds, widths = 0, 0, []
     sink: dict = {}
+    count: dict = {}
     for row in batch.rows if split else ():  # rows drafted together run the first one's
         block = getattr(row.proposer, "inner", row.proposer)  # past a lookup assist
         if hasattr(block, "_forward"):
@@ -134,7 +178,7 @@ def profile(pipe, prompts: list[list[int]], max_tokens: int, skip: int, split: b
     while batch.rows:
         probe: dict[str, list[float]] = {name: [] for name in times}
         sink["times"] = probe
-        n, k = timed_round(pipe, batch, probe)
+        n, k = timed_round(pipe, batch, probe, count if rounds == skip else None)
         batch._keep([r for r in batch.rows if not r.done])
         rounds += 1
         if rounds <= skip or n < len(prompts):  # warm-up, and the batch draining
@@ -146,6 +190,7 @@ def profile(pipe, prompts: list[list[int]], max_tokens: int, skip: int, split: b
     out = {name: statistics.median(v) for name, v in times.items() if v}
     out["rounds"] = len(times["round"])
     out["tokens per row-round"] = kept / max(1, sum(widths))
+    out["nodes"] = "/".join(str(count.get(k, "-")) for k in ("drafter", "verify", "rollback"))
     return out
 
 
@@ -160,10 +205,27 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--skip", type=int, default=3, help="warm-up rounds left out")
     ap.add_argument("--split", action="store_true", help="the drafter's backbone apart")
+    ap.add_argument("--shape", help="a random-weight qwen3 of this shape (0.6b, 8b) instead")
+    ap.add_argument("--dtype", default="bf16", help="with --shape")
+    ap.add_argument("--prompt-len", type=int, default=128, help="with --shape")
+    ap.add_argument("--oracle-rate", type=float, default=0.8, help="with --shape")
     args = ap.parse_args()
 
-    pipe = load(args.model, args.drafter, mode=args.mode, max_draft=args.max_draft)
     batches = [int(b) for b in args.batches.split(",")]
+    if args.shape:
+        from batch_throughput import random_target_pipes
+
+        args.requests, args.kv_bits, args.cap = max(batches), None, args.max_draft
+        pipes, random_prompts = random_target_pipes(args, [args.mode])
+        pipe, args.model = pipes[args.mode], f"qwen3-{args.shape}-{args.dtype} (random weights)"
+    else:
+        pipe = load(args.model, args.drafter, mode=args.mode, max_draft=args.max_draft)
+
+    def prompts(n: int) -> list[list[int]]:
+        if args.shape:
+            return random_prompts[:n]
+        return prompts_of(pipe, args.suite, n)
+
     t = time.perf_counter()
     for _ in range(3):
         mx.eval(mx.array(1) + 1)
@@ -174,11 +236,9 @@ def main() -> None:
     )
     results = {}
     for b in batches:  # a throwaway run of each width first: kernels built on first use
-        profile(pipe, prompts_of(pipe, args.suite, b), 16, 0, args.split)
+        profile(pipe, prompts(b), 16, 0, args.split)
     for b in batches:
-        results[b] = profile(
-            pipe, prompts_of(pipe, args.suite, b), args.max_tokens, args.skip, args.split
-        )
+        results[b] = profile(pipe, prompts(b), args.max_tokens, args.skip, args.split)
     head = f"{'phase (ms, medians)':<22}" + "".join(f"{'B = ' + str(b):>11}" for b in batches)
     print(head)
     print("-" * len(head))
@@ -189,6 +249,7 @@ def main() -> None:
         f"{'tokens a row-round':<22}"
         + "".join(f"{results[b]['tokens per row-round']:>11.2f}" for b in batches)
     )
+    print(f"{'nodes draft/verify/rb':<22}" + "".join(f"{results[b]['nodes']:>11}" for b in batches))
 
 
 if __name__ == "__main__":

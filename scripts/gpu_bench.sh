@@ -43,6 +43,8 @@
 #             off (serve --cuda-graphs auto at --max-batch 8), one at a time with them on (a
 #             child process), baseline and dspark on the demo pair, baseline and the oracle on
 #             a random-weight 0.6B shape (batch_throughput.py --as-served)
+#   phases06b where a batched round's time goes on the random 0.6B shape (the oracle at 1, 2 and
+#             8 rows, baseline at 1 and 8; graphs off, as served), with each graph's nodes
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -63,7 +65,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   echo "== $name (limit ${limit}s, at ${SECONDS}s)"
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
-  grep -E "tok/s|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster" "$out/$name.txt"
+  grep -E "tok/s|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)" "$out/$name.txt"
 }
 
 export PYTHONUNBUFFERED=1
@@ -71,9 +73,10 @@ loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
-      | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served) ;;
+      | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
+      | phases06b) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -174,6 +177,13 @@ for set in "$@"; do
       step batch_served_06b 300 python3 benchmarks/batch_throughput.py --shape 0.6b --dtype bf16 \
         --modes baseline,oracle --batch 8 --requests 32 --max-tokens 128 --repeats 1 \
         --as-served --json "$out/batch_served_06b.json" ;;
+    phases06b)
+      step phases_06b_oracle 200 env MLX_USE_CUDA_GRAPHS=0 python3 \
+        benchmarks/batch_round_phases.py --shape 0.6b --mode oracle --batches 1,2,8 \
+        --max-tokens 96
+      step phases_06b_baseline 120 env MLX_USE_CUDA_GRAPHS=0 python3 \
+        benchmarks/batch_round_phases.py --shape 0.6b --mode baseline --batches 1,8 \
+        --max-tokens 48 ;;
     turn5cold)
       step turn5_32b_4bit 260 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
         --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit.json" ;;
