@@ -272,11 +272,23 @@ def tail_moves(starts: list[int], counts: list[int], end: int) -> mx.array | Non
 
 
 def move_columns(c: BatchKVCache, source: mx.array) -> None:
-    """Carry out `tail_moves`' map on a batched KV cache whose columns end at `c._idx`."""
+    """Carry out `tail_moves`' map on a batched KV cache whose columns end at `c._idx`.
+
+    The write reads the buffer it writes, so MLX cannot update the buffer in place: it copies
+    all of it (see `BatchedRows.rollback_rows`, which gathers first to avoid that)."""
+    write_columns(c, gather_columns(c, source))
+
+
+def gather_columns(c: BatchKVCache, source: mx.array) -> tuple[mx.array, mx.array]:
+    """The keys and values `tail_moves`' map puts in the last columns (before `c._idx`)."""
+    return mx.take_along_axis(c.keys, source, 2), mx.take_along_axis(c.values, source, 2)
+
+
+def write_columns(c: BatchKVCache, moved: tuple[mx.array, mx.array]) -> None:
+    """Write `gather_columns`' keys and values into the columns that end at `c._idx`."""
     end = c._idx
-    start = end - source.shape[2]
-    c.keys[..., start:end, :] = mx.take_along_axis(c.keys, source, 2)
-    c.values[..., start:end, :] = mx.take_along_axis(c.values, source, 2)
+    start = end - moved[0].shape[2]
+    c.keys[..., start:end, :], c.values[..., start:end, :] = moved
 
 
 def _first_kv(cache: list) -> BatchKVCache | QuantizedRows | None:
@@ -395,6 +407,7 @@ class BatchedRows:
         columns = _columns(cache)
         source = None if columns is None else columns.rollback(common, extra)
         shared: tuple[mx.array, mx.array] | None = None  # every KV layer's offset, padding
+        moves: list[tuple[BatchKVCache, tuple[mx.array, mx.array]]] = []
         for c in cache:
             if isinstance(c, RecordingArraysCache):
                 c.rollback_rows(n)
@@ -417,5 +430,14 @@ class BatchedRows:
                         part.values[..., :end, :], shifts, axis=2
                     )
                 elif source is not None:
-                    move_columns(part, source)
+                    moves.append((part, gather_columns(part, source)))
             c.offset, c.left_padding = shared
+        if moves:
+            # The moved columns are read before any is written, in one evaluation of their
+            # own: a write whose value still reads the buffer it writes (the gather queued
+            # with it) makes MLX copy the whole buffer instead of updating it in place, every
+            # layer, every round: at 8 rows of a long context, gigabytes a round. One small
+            # evaluation here (the device is idle: the round was just read back) costs less.
+            mx.eval([m for _, m in moves])
+            for part, moved in moves:
+                write_columns(part, moved)
