@@ -43,8 +43,10 @@
 #             off (serve --cuda-graphs auto at --max-batch 8), one at a time with them on (a
 #             child process), baseline and dspark on the demo pair, baseline and the oracle on
 #             a random-weight 0.6B shape (batch_throughput.py --as-served)
-#   phases06b where a batched round's time goes on the random 0.6B shape (the oracle at 1, 2 and
-#             8 rows, baseline at 1 and 8; graphs off, as served), with each graph's nodes
+#   phases06b where a batched round's time goes on the random 0.6B shape (the oracle at 1 and
+#             8 rows, baseline at 8; graphs off, as served), with each graph's nodes
+#   abrollback  the batched rollback against each ab/<hash> tree (carry "ab"): the 0.6B oracle
+#             at 8 rows over 2048-token prompts, then the demo pair's dspark timeline
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -74,9 +76,9 @@ for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
-      | phases06b) ;;
+      | phases06b | abrollback) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -178,12 +180,27 @@ for set in "$@"; do
         --modes baseline,oracle --batch 8 --requests 32 --max-tokens 128 --repeats 1 \
         --as-served --json "$out/batch_served_06b.json" ;;
     phases06b)
-      step phases_06b_oracle 200 env MLX_USE_CUDA_GRAPHS=0 python3 \
-        benchmarks/batch_round_phases.py --shape 0.6b --mode oracle --batches 1,2,8 \
-        --max-tokens 96
-      step phases_06b_baseline 120 env MLX_USE_CUDA_GRAPHS=0 python3 \
-        benchmarks/batch_round_phases.py --shape 0.6b --mode baseline --batches 1,8 \
-        --max-tokens 48 ;;
+      step phases_06b_oracle 120 env MLX_USE_CUDA_GRAPHS=0 python3 \
+        benchmarks/batch_round_phases.py --shape 0.6b --mode oracle --batches 1,8 \
+        --max-tokens 64
+      step phases_06b_baseline 70 env MLX_USE_CUDA_GRAPHS=0 python3 \
+        benchmarks/batch_round_phases.py --shape 0.6b --mode baseline --batches 8 \
+        --max-tokens 32 ;;
+    abrollback)
+      bash scripts/ab_tree.sh --weights
+      long="benchmarks/batch_round_phases.py --shape 0.6b --mode oracle --batches 8 \
+        --prompt-len 2048 --max-tokens 40"
+      step rollback_long_new 90 env MLX_USE_CUDA_GRAPHS=0 python3 $long
+      for tree in ab/*/; do
+        [ -d "$tree" ] || continue
+        name=$(basename "$tree")
+        step "rollback_long_$name" 90 env -C "$tree" PYTHONPATH="/root/mlx-site:$PWD/$tree" \
+          MLX_USE_CUDA_GRAPHS=0 python3 $long
+        step "timeline_$name" 100 env -C "$tree" PYTHONPATH="/root/mlx-site:$PWD/$tree" \
+          MLX_USE_CUDA_GRAPHS=0 python3 benchmarks/batch_timeline.py --mode dspark
+      done
+      step timeline_new 100 env MLX_USE_CUDA_GRAPHS=0 python3 benchmarks/batch_timeline.py \
+        --mode dspark ;;
     turn5cold)
       step turn5_32b_4bit 260 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
         --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit.json" ;;
