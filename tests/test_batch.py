@@ -257,6 +257,34 @@ def test_rolled_back_rows_hold_exactly_their_own_positions(qwen3_target):
             assert mx.allclose(k1, k2, atol=1e-5).item()
 
 
+def test_a_rollback_that_moves_columns_writes_the_buffers_in_place(qwen3_target):
+    """Rows rejecting different counts move columns inside each layer's K/V buffer. The moved
+    columns are read before any is written, so MLX updates the buffers in place; a write whose
+    value still read its own buffer made it copy every layer's whole buffer, every round (at
+    8 rows of a long context, gigabytes a round). Peak memory tells the two apart."""
+    target = outrider.load(str(qwen3_target), mode="baseline").target
+    caches = []
+    for n in (900, 700):
+        cache = target.make_cache()
+        target.forward(mx.array([3 + i % 50 for i in range(n)], dtype=mx.uint32), cache)
+        caches.append(cache)
+    batched = target.merge_rows(caches)
+    target.forward_rows(mx.array([[20, 21, 22, 23], [30, 31, 32, 33]], dtype=mx.uint32), batched)
+    mx.eval([c.state[:2] for c in batched])
+    buffers = sum(c.keys.nbytes + c.values.nbytes for c in batched)
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    target.rollback_rows(batched, [3, 1])  # row 0 moves two columns
+    mx.eval([c.state[:2] for c in batched])
+    grew = mx.get_peak_memory() - before
+    assert grew < buffers / 10, (grew, buffers)  # a copy would take all of `buffers` again
+    kept = [3 + i % 50 for i in range(900)] + [20]
+    alone = target.make_cache()
+    target.forward(mx.array(kept, dtype=mx.uint32), alone)
+    mine = target.extract_row(batched, 0)[0].state[0]
+    assert mx.allclose(mine, alone[0].state[0][..., : len(kept), :], atol=1e-5).item()
+
+
 def uneven_rounds(target, lengths: list[int], rounds: int, seed: int, close) -> tuple:
     """Rows of random prompts of `lengths`, merged into one batch, then `rounds` rounds of
     random widths, each row rejecting its own count (so rows move their oldest columns into
