@@ -45,8 +45,9 @@
 #             a random-weight 0.6B shape (batch_throughput.py --as-served)
 #   phases06b where a batched round's time goes on the random 0.6B shape (the oracle at 1 and
 #             8 rows, baseline at 8; graphs off, as served), with each graph's nodes
-#   abrollback  the batched rollback against each ab/<hash> tree (carry "ab"): the 0.6B oracle
-#             at 8 rows over 2048-token prompts, then the demo pair's dspark timeline
+#   abrollback  the batched rollback against each ab/<hash> tree (carry "ab"): its column moves
+#             alone (benchmarks/rollback_moves.py), the 0.6B oracle at 8 rows over
+#             2048-token prompts, then the demo pair's dspark timeline
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -67,7 +68,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   echo "== $name (limit ${limit}s, at ${SECONDS}s)"
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
-  grep -E "tok/s|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)" "$out/$name.txt"
+  grep -E "tok/s|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added" "$out/$name.txt"
 }
 
 export PYTHONUNBUFFERED=1
@@ -190,16 +191,18 @@ for set in "$@"; do
       bash scripts/ab_tree.sh --weights
       long="benchmarks/batch_round_phases.py --shape 0.6b --mode oracle --batches 8 \
         --prompt-len 2048 --max-tokens 40"
-      step rollback_long_new 90 env MLX_USE_CUDA_GRAPHS=0 python3 $long
+      step rollback_moves 40 python3 benchmarks/rollback_moves.py --columns 16384 \
+        --dtype bfloat16
+      step rollback_long_new 80 env MLX_USE_CUDA_GRAPHS=0 python3 $long
       for tree in ab/*/; do
         [ -d "$tree" ] || continue
         name=$(basename "$tree")
-        step "rollback_long_$name" 90 env -C "$tree" PYTHONPATH="/root/mlx-site:$PWD/$tree" \
+        step "rollback_long_$name" 80 env -C "$tree" PYTHONPATH="/root/mlx-site:$PWD/$tree" \
           MLX_USE_CUDA_GRAPHS=0 python3 $long
-        step "timeline_$name" 100 env -C "$tree" PYTHONPATH="/root/mlx-site:$PWD/$tree" \
+        step "timeline_$name" 90 env -C "$tree" PYTHONPATH="/root/mlx-site:$PWD/$tree" \
           MLX_USE_CUDA_GRAPHS=0 python3 benchmarks/batch_timeline.py --mode dspark
       done
-      step timeline_new 100 env MLX_USE_CUDA_GRAPHS=0 python3 benchmarks/batch_timeline.py \
+      step timeline_new 90 env MLX_USE_CUDA_GRAPHS=0 python3 benchmarks/batch_timeline.py \
         --mode dspark ;;
     turn5cold)
       step turn5_32b_4bit 260 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
