@@ -45,6 +45,7 @@
 #             a random-weight 0.6B shape (batch_throughput.py --as-served)
 #   phases06b where a batched round's time goes on the random 0.6B shape (the oracle at 1 and
 #             8 rows, baseline at 8; graphs off, as served), with each graph's nodes
+#   moves     the column moves alone (benchmarks/rollback_moves.py, a 16k-column bf16 buffer)
 #   abrollback  the batched rollback against each ab/<hash> tree (carry "ab"): its column moves
 #             alone (benchmarks/rollback_moves.py), the 0.6B oracle at 8 rows over
 #             2048-token prompts, then the demo pair's dspark timeline
@@ -77,9 +78,9 @@ for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
-      | phases06b | abrollback) ;;
+      | phases06b | abrollback | moves) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -187,6 +188,9 @@ for set in "$@"; do
       step phases_06b_baseline 70 env MLX_USE_CUDA_GRAPHS=0 python3 \
         benchmarks/batch_round_phases.py --shape 0.6b --mode baseline --batches 8 \
         --max-tokens 32 ;;
+    moves)
+      step rollback_moves 40 python3 benchmarks/rollback_moves.py --columns 16384 \
+        --dtype bfloat16 ;;
     abrollback)
       bash scripts/ab_tree.sh --weights
       long="benchmarks/batch_round_phases.py --shape 0.6b --mode oracle --batches 8 \
