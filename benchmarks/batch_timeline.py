@@ -8,6 +8,10 @@ the time goes to prefills, narrow rounds at the tail, or joining and leaving.
 
     python benchmarks/batch_timeline.py                              # demo pair, dspark, B = 8
     python benchmarks/batch_timeline.py --mode baseline --requests 32 --batch 8
+    python benchmarks/batch_timeline.py --shape 0.6b --mode oracle   # random weights
+
+`--shape` runs a random-weight Qwen3 of that shape on random prompts, in mode baseline or
+oracle (`batch_throughput.py`'s, with its options' defaults: 128-token prompts, 80% a token).
 
 A first batched pass (untimed) compiles every shape both passes meet, unless `--cold`.
 A join's time includes computing the merged cache; a round right after a join is its own part
@@ -151,11 +155,20 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--suite", default="code,math,chat")
     ap.add_argument("--cold", action="store_true", help="no untimed first pass")
+    ap.add_argument("--shape", help="a random-weight qwen3 of this shape (0.6b, 8b) instead")
+    ap.add_argument("--dtype", default="bf16", help="with --shape")
     args = ap.parse_args()
-    from outrider.demo import demo_target
+    if args.shape:
+        from batch_throughput import random_target_pipes
 
-    pipe = outrider.load(args.model or demo_target(), args.drafter, mode=args.mode)
-    prompts = [pipe.encode(text) for text in suite_texts(args.suite, args.requests)]
+        args.kv_bits, args.prompt_len, args.oracle_rate, args.cap = None, 128, 0.8, 4
+        pipes, prompts = random_target_pipes(args, [args.mode])
+        pipe, args.model = pipes[args.mode], f"qwen3-{args.shape}-{args.dtype} (random weights)"
+    else:
+        from outrider.demo import demo_target
+
+        pipe = outrider.load(args.model or demo_target(), args.drafter, mode=args.mode)
+        prompts = [pipe.encode(text) for text in suite_texts(args.suite, args.requests)]
     scheduler = "on" if pipe.batch_scheduler() is not None else "off"
     print(f"{args.model or 'demo pair'} · {args.mode} · B = {args.batch} · {len(prompts)} requests"
           f" · {args.max_tokens} tokens · batch scheduler {scheduler} · mlx {mx.__version__} "

@@ -45,6 +45,8 @@
 #             a random-weight 0.6B shape (batch_throughput.py --as-served)
 #   phases06b where a batched round's time goes on the random 0.6B shape (the oracle at 1 and
 #             8 rows, baseline at 8; graphs off, as served), with each graph's nodes
+#   timeline06b  where the random 0.6B shape's continuous batch spends its time, the oracle and
+#             baseline, graphs off (batch_timeline.py --shape 0.6b)
 #   moves     the column moves alone (benchmarks/rollback_moves.py, a 16k-column bf16 buffer)
 #   abrollback  the batched rollback against each ab/<hash> tree (carry "ab"): its column moves
 #             alone (benchmarks/rollback_moves.py), the 0.6B oracle at 8 rows over
@@ -78,9 +80,9 @@ for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
-      | phases06b | abrollback | moves) ;;
+      | phases06b | abrollback | moves | timeline06b) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -188,6 +190,11 @@ for set in "$@"; do
       step phases_06b_baseline 70 env MLX_USE_CUDA_GRAPHS=0 python3 \
         benchmarks/batch_round_phases.py --shape 0.6b --mode baseline --batches 8 \
         --max-tokens 32 ;;
+    timeline06b)
+      step timeline_06b_oracle 200 env MLX_USE_CUDA_GRAPHS=0 python3 \
+        benchmarks/batch_timeline.py --shape 0.6b --mode oracle
+      step timeline_06b_baseline 200 env MLX_USE_CUDA_GRAPHS=0 python3 \
+        benchmarks/batch_timeline.py --shape 0.6b --mode baseline ;;
     moves)
       step rollback_moves 40 python3 benchmarks/rollback_moves.py --columns 16384 \
         --dtype bfloat16 ;;
