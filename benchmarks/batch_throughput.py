@@ -8,10 +8,8 @@ one at a time, per mode. Every batched row is checked against its single-request
 `--shape` builds a random-weight Qwen3 of that shape in memory (see loop_efficiency.py) and feeds
 random prompt ids; its drafting mode is `oracle`, which drafts the known greedy continuation
 with each token right with probability `--oracle-rate` (a random-weight drafter accepts
-nothing, so it would only measure cost). A batched row that parts from its single run at an
-fp tie gets its oracle re-anchored on the plain continuation of its own tokens, timed apart
-and left out of the batched time (`RowOracle`; the table's `re-anchored` counts them). With a
-real model the prompts are the first B of `--suite` (chat templates applied).
+nothing, so it would only measure cost). With a real model the prompts are the first B of
+`--suite` (chat templates applied).
 
 Greedy rows of a batch may differ from single requests only at fp ties (batched matmuls round
 differently on some backends): each row that differs is checked where it first parts (the two
@@ -111,17 +109,12 @@ def run_mode(
         pipe.generate_batch(prompts[:2], max_tokens=8, stop_tokens=set())
     pipe.scheduler = None  # count what the timed runs cut
     times, outs = {on: [] for on in arms}, {}
-    # an oracle's rows re-anchored after parting at a tie, timed apart (`RowOracle`)
-    spent = getattr(pipe.proposer, "spent", {"seconds": 0.0, "rows": 0})
-    reanchored = {on: 0 for on in arms}
     for _ in range(repeats):
         singles = one_at_a_time()
         for on in arms:
             pipe.schedule_batches = on
-            before = dict(spent)
             outs[on], b = timed(lambda: pipe.generate_batch(prompts, max_batch=width, **kwargs))
-            times[on].append(b - (spent["seconds"] - before["seconds"]))
-            reanchored[on] = spent["rows"] - before["rows"]
+            times[on].append(b)
     tokens = sum(len(r.tokens) for r in singles)
     seq = sorted(seq_times)[repeats // 2]
     first = arm(pipe, prompts, outs[arms[0]], sorted(times[arms[0]])[repeats // 2], singles)
@@ -141,7 +134,6 @@ def run_mode(
         "scheduler": "both" if len(arms) == 2 else "on" if arms[0] else "off",
         "drafts_proposed": sched.proposed if sched else 0,  # in the scheduler's rounds
         "drafts_cut": sched.cut if sched else 0,
-        "reanchored": reanchored[arms[0]],  # in the last repeat
     }
     if len(arms) == 2:
         second = arm(pipe, prompts, outs[arms[1]], sorted(times[arms[1]])[repeats // 2], singles)
@@ -198,13 +190,9 @@ def random_target_pipes(args, modes: list[str]) -> tuple[dict, list[list[int]]]:
         elif mode == "oracle":
             refs = {tuple(p): p + plain.generate(p, max_tokens=args.max_tokens + 8,
                                                  stop_tokens=set()).tokens for p in prompts}  # fmt: skip
-
-            def continue_from(history: list[int]) -> list[int]:
-                out = plain.generate(history, max_tokens=args.max_tokens + 8, stop_tokens=set())
-                return out.tokens
-
-            oracle = RowOracle(refs, args.oracle_rate, vocab, args.cap, continue_from)
-            pipes[mode] = outrider.Pipeline(target, oracle, "oracle", args.cap)
+            pipes[mode] = outrider.Pipeline(
+                target, RowOracle(refs, args.oracle_rate, vocab, args.cap), "oracle", args.cap
+            )
         else:
             raise SystemExit(f"--shape runs baseline and oracle, not {mode}")
     return pipes, prompts
@@ -223,22 +211,13 @@ def accept(value: float | None) -> str:
 
 
 class RowOracle:
-    """Each row's known greedy continuation, each token right with probability `rate`.
-
-    A batched row may part from its single run at an fp tie (a random-weight target's top
-    logits often lie within rounding of each other). Its known continuation is then wrong at
-    every later position, and the row would decode one token a round to its end, dragging the
-    batch's tail, where a real drafter drafts from what the row holds. `continue_from` (the
-    plain pipeline's greedy continuation of a history) re-anchors such a row: it is timed
-    apart, and the batched arm's time leaves it out (`spent`, shared by every row's copy)."""
+    """Each row's known greedy continuation, each token right with probability `rate`."""
 
     name = "oracle"
     tap_layer_ids: tuple[int, ...] = ()
 
-    def __init__(self, refs: dict, rate: float, vocab: int, cap: int, continue_from) -> None:
+    def __init__(self, refs: dict, rate: float, vocab: int, cap: int) -> None:
         self.refs, self.rate, self.vocab, self.max_draft = refs, rate, vocab, cap
-        self.continue_from = continue_from
-        self.spent = {"seconds": 0.0, "rows": 0}  # re-anchoring, left out of the batched time
         self._inner = None
 
     def start(self, prompt: list[int], taps) -> None:
@@ -248,14 +227,6 @@ class RowOracle:
         self._inner = OracleProposer(ref, self.rate, self.vocab, self.max_draft, len(prompt))
 
     def propose(self, ctx):
-        m, ref = len(ctx.tokens), self._inner.reference
-        if m > len(ref) or ctx.tokens[-1] != ref[m - 1]:  # parted at a tie: the row's own path
-            mx.synchronize()
-            t = time.perf_counter()
-            self._inner.reference = list(ctx.tokens) + self.continue_from(list(ctx.tokens))
-            mx.synchronize()
-            self.spent["seconds"] += time.perf_counter() - t
-            self.spent["rows"] += 1
         return self._inner.propose(ctx)
 
     def propose_ahead(self, ctx):
@@ -355,8 +326,6 @@ def main() -> None:
                      f"{r['scheduled_rows_differing']:>7} {cut:>11}")  # fmt: skip
         elif arms[0]:
             line += f"  (cut {r['drafts_cut']} of {r['drafts_proposed']} drafts)"
-        if r["reanchored"]:
-            line += f"  ({r['reanchored']} re-anchored)"
         print(line)
     if args.as_served:
         print("\nas served (batched: CUDA graphs off; one at a time: MLX's default, a child "
