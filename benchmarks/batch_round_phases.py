@@ -215,8 +215,10 @@ def main() -> None:
     if args.shape:
         from batch_throughput import random_target_pipes
 
-        args.requests, args.kv_bits, args.cap = max(batches), None, args.max_draft
-        pipes, random_prompts = random_target_pipes(args, [args.mode])
+        pipes, random_prompts = random_target_pipes(
+            args.shape, args.dtype, [args.mode], max(batches), args.max_tokens,
+            args.prompt_len, args.oracle_rate, args.max_draft,
+        )  # fmt: skip
         pipe, args.model = pipes[args.mode], f"qwen3-{args.shape}-{args.dtype} (random weights)"
     else:
         pipe = load(args.model, args.drafter, mode=args.mode, max_draft=args.max_draft)

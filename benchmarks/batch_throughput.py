@@ -170,28 +170,42 @@ def attach_calibration(pipe) -> None:
         pipe.calibration = calibration.load(pipe) or calibration.measure(pipe)
 
 
-def random_target_pipes(args, modes: list[str]) -> tuple[dict, list[list[int]]]:
+def random_target_pipes(
+    shape: str,
+    dtype: str,
+    modes: list[str],
+    requests: int,
+    max_tokens: int,
+    prompt_len: int = 128,
+    oracle_rate: float = 0.8,
+    cap: int = 4,
+    kv_bits: int | None = None,
+) -> tuple[dict, list[list[int]]]:
+    """A random-weight Qwen3 of `shape` (loop_efficiency.py's) in each of `modes` (baseline,
+    oracle) and `requests` random prompts of about `prompt_len` ids; the oracle knows each
+    prompt's plain greedy continuation and drafts `cap` tokens, each right at `oracle_rate`.
+    Also the other benchmarks' `--shape` (batch_round_phases.py, batch_timeline.py)."""
     from loop_efficiency import make_target
 
     from outrider.plugins.strategies.baseline import PlainProposer
 
-    target = make_target(args.shape, args.dtype)
-    if args.kv_bits:
-        target.quantize_kv(args.kv_bits)  # before the oracle's references are decoded
+    target = make_target(shape, dtype)
+    if kv_bits:
+        target.quantize_kv(kv_bits)  # before the oracle's references are decoded
     rng = random.Random(0)
     vocab = int(target.config["vocab_size"])
-    prompts = [[rng.randrange(10, vocab - 10) for _ in range(args.prompt_len + 7 * (i % 8))]
-               for i in range(args.requests)]  # fmt: skip
+    prompts = [[rng.randrange(10, vocab - 10) for _ in range(prompt_len + 7 * (i % 8))]
+               for i in range(requests)]  # fmt: skip
     plain = outrider.Pipeline(target, PlainProposer(), "baseline", 0)
     pipes = {}
     for mode in modes:
         if mode == "baseline":
             pipes[mode] = plain
         elif mode == "oracle":
-            refs = {tuple(p): p + plain.generate(p, max_tokens=args.max_tokens + 8,
+            refs = {tuple(p): p + plain.generate(p, max_tokens=max_tokens + 8,
                                                  stop_tokens=set()).tokens for p in prompts}  # fmt: skip
             pipes[mode] = outrider.Pipeline(
-                target, RowOracle(refs, args.oracle_rate, vocab, args.cap), "oracle", args.cap
+                target, RowOracle(refs, oracle_rate, vocab, cap), "oracle", cap
             )
         else:
             raise SystemExit(f"--shape runs baseline and oracle, not {mode}")
@@ -279,7 +293,10 @@ def main() -> None:
         raise SystemExit("--requests must be at least --batch")
 
     if args.shape:
-        pipes, prompts = random_target_pipes(args, modes)
+        pipes, prompts = random_target_pipes(
+            args.shape, args.dtype, modes, args.requests, args.max_tokens, args.prompt_len,
+            args.oracle_rate, args.cap, args.kv_bits,
+        )  # fmt: skip
         name = f"qwen3-{args.shape}-{args.dtype} (random weights)"
     else:
         from outrider.demo import demo_target

@@ -161,8 +161,9 @@ def main() -> None:
     if args.shape:
         from batch_throughput import random_target_pipes
 
-        args.kv_bits, args.prompt_len, args.oracle_rate, args.cap = None, 128, 0.8, 4
-        pipes, prompts = random_target_pipes(args, [args.mode])
+        pipes, prompts = random_target_pipes(
+            args.shape, args.dtype, [args.mode], args.requests, args.max_tokens
+        )
         pipe, args.model = pipes[args.mode], f"qwen3-{args.shape}-{args.dtype} (random weights)"
     else:
         from outrider.demo import demo_target
