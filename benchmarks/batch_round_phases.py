@@ -27,8 +27,8 @@ over every round after `--skip` warm-up rounds, in ms.
 `--shape` runs a random-weight Qwen3 of that shape (`loop_efficiency.py`'s) on random prompts,
 in mode baseline or oracle (`batch_throughput.py`'s: each row's own greedy continuation, each
 token right with probability `--oracle-rate`). `nodes` counts the primitives of each phase's
-graph (`mx.export_to_dot`, one round after the warm-up): on a GPU a round's launch costs about
-the same per node whatever the rows.
+graph (`mx.export_to_dot`, on the round after the warm-up, which is then left out of the
+timings): on a GPU a round's launch costs about the same per node whatever the rows.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from outrider.api import load  # noqa: E402
 from outrider.benchmark.suites import load_suite, parse_suites  # noqa: E402
 from outrider.core.batch import Batch  # noqa: E402
 from outrider.core.proposer import DraftContext, propose_all  # noqa: E402
-from outrider.core.round import launch_round, settle  # noqa: E402
+from outrider.core.round import _row_inputs, launch_round, settle  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -94,10 +94,14 @@ def forward_nodes(target, rows, proposals, cache: list) -> int:
     """The nodes of a round's verify forward and its argmax (`launch_round` hands them to the
     device before they can be counted), built on a copy of the cache and never evaluated."""
     width = 1 + max(p.k for p in proposals)
-    ids = [[r.anchor, *p.tokens.tolist()] for r, p in zip(rows, proposals)]
-    inputs = mx.array([i + [0] * (width - len(i)) for i in ids], dtype=mx.uint32)
     taps = tuple(rows[0].proposer.tap_layer_ids)
     with mx.stream(target.stream):
+        inputs = mx.stack(
+            [
+                _row_inputs(r.anchor, p, p.tokens.astype(mx.uint32), width)
+                for r, p in zip(rows, proposals)
+            ]
+        )
         logits, _ = target.forward_rows(inputs, copy.deepcopy(cache), taps)
         return nodes(mx.argmax(logits, axis=-1))
 
@@ -137,7 +141,6 @@ def timed_round(
     if count is not None and drafted:
         count["drafter"] = nodes(*drafted)
     mx.eval(*drafted)
-    t1 = time.perf_counter()
     if count is not None:  # the verify's forward again, on a copy of the cache, not evaluated
         count["verify"] = forward_nodes(target, rows, proposals, cache)
     t1 = time.perf_counter()
@@ -178,10 +181,11 @@ def profile(pipe, prompts: list[list[int]], max_tokens: int, skip: int, split: b
     while batch.rows:
         probe: dict[str, list[float]] = {name: [] for name in times}
         sink["times"] = probe
-        n, k = timed_round(pipe, batch, probe, count if rounds == skip else None)
+        counted = rounds == skip  # counting its nodes takes time: this round is not timed
+        n, k = timed_round(pipe, batch, probe, count if counted else None)
         batch._keep([r for r in batch.rows if not r.done])
         rounds += 1
-        if rounds <= skip or n < len(prompts):  # warm-up, and the batch draining
+        if rounds <= skip or counted or n < len(prompts):  # warm-up, and the batch draining
             continue
         for name, got in probe.items():
             times[name] += got
