@@ -263,10 +263,11 @@ def test_a_rollback_that_moves_columns_writes_the_buffers_in_place(qwen3_target)
     value still read its own buffer made it copy every layer's whole buffer, every round (at
     8 rows of a long context, gigabytes a round). Peak memory tells the two apart."""
     target = outrider.load(str(qwen3_target), mode="baseline").target
+    prompts = [[3 + i % 50 for i in range(n)] for n in (900, 700)]
     caches = []
-    for n in (900, 700):
+    for ids in prompts:
         cache = target.make_cache()
-        target.forward(mx.array([3 + i % 50 for i in range(n)], dtype=mx.uint32), cache)
+        target.forward(mx.array(ids, dtype=mx.uint32), cache)
         caches.append(cache)
     batched = target.merge_rows(caches)
     target.forward_rows(mx.array([[20, 21, 22, 23], [30, 31, 32, 33]], dtype=mx.uint32), batched)
@@ -278,7 +279,7 @@ def test_a_rollback_that_moves_columns_writes_the_buffers_in_place(qwen3_target)
     mx.eval([c.state[:2] for c in batched])
     grew = mx.get_peak_memory() - before
     assert grew < buffers / 10, (grew, buffers)  # a copy would take all of `buffers` again
-    kept = [3 + i % 50 for i in range(900)] + [20]
+    kept = prompts[0] + [20]
     alone = target.make_cache()
     target.forward(mx.array(kept, dtype=mx.uint32), alone)
     mine = target.extract_row(batched, 0)[0].state[0]
