@@ -95,7 +95,7 @@ def run_mode(
 
     seq_times = []
     if not arms:  # the one-at-a-time arm alone (--as-served's child process)
-        pipe.generate(prompts[0], max_tokens=8, stop_tokens=set())  # warm-up (compiles)
+        warm_up(pipe, prompts, width, kwargs, arms)
         for _ in range(repeats):
             singles = one_at_a_time()
         tokens = sum(len(r.tokens) for r in singles)
@@ -104,9 +104,7 @@ def run_mode(
             "tokens": tokens,
             "sequential_s": sorted(seq_times)[repeats // 2],
         }
-    for on in arms:  # warm-up (compiles)
-        pipe.schedule_batches = on
-        pipe.generate_batch(prompts[:2], max_tokens=8, stop_tokens=set())
+    warm_up(pipe, prompts, width, kwargs, arms)
     pipe.scheduler = None  # count what the timed runs cut
     times, outs = {on: [] for on in arms}, {}
     for _ in range(repeats):
@@ -140,6 +138,19 @@ def run_mode(
         row.update({f"scheduled_{k}": v for k, v in second.items()})
         row["scheduler_ratio"] = first["s"] / second["s"]
     return row
+
+
+def warm_up(pipe, prompts: list[list[int]], width: int, kwargs: dict, arms: list[bool]) -> None:
+    """One untimed pass of the whole workload in each arm, as a server that has run a while
+    has: every shape the workload meets (each batch width, prompt length and cache size) is
+    compiled here, not inside a timed run. A short warm-up left the first batched pass paying
+    for the widths it never reached: with `--repeats 1` that was half the random 0.6B
+    oracle's batched time on an H100 (docs/server.md, "Warm-up")."""
+    for p in prompts:
+        pipe.generate(p, **kwargs)
+    for on in arms:
+        pipe.schedule_batches = on
+        pipe.generate_batch(prompts, max_batch=width, **kwargs)
 
 
 def arm(pipe, prompts: list[list[int]], batched: list, seconds: float, singles: list) -> dict:

@@ -51,6 +51,8 @@
 #   abrollback  the batched rollback against each ab/<hash> tree (carry "ab"): its column moves
 #             alone (benchmarks/rollback_moves.py), the 0.6B oracle at 8 rows over
 #             2048-token prompts, then the demo pair's dspark timeline
+#   trace     what `--max-draft auto` measured against what its steps took, demo pair, dspark
+#             and dflash, chat and math (benchmarks/policy_trace.py)
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -71,7 +73,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   echo "== $name (limit ${limit}s, at ${SECONDS}s)"
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
-  grep -E "tok/s|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added" "$out/$name.txt"
+  grep -E "tok/s|plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added" "$out/$name.txt"
 }
 
 export PYTHONUNBUFFERED=1
@@ -80,9 +82,9 @@ for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
-      | phases06b | abrollback | moves | timeline06b) ;;
+      | phases06b | abrollback | moves | timeline06b | trace) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -215,6 +217,11 @@ for set in "$@"; do
       done
       step timeline_new 90 env MLX_USE_CUDA_GRAPHS=0 python3 benchmarks/batch_timeline.py \
         --mode dspark ;;
+    trace)
+      for suite in chat math; do
+        step "policy_trace_$suite" 120 python3 benchmarks/policy_trace.py --modes dspark,dflash \
+          --suite "$suite" --prompts 10 --json "$out/policy_trace_$suite.json"
+      done ;;
     turn5cold)
       step turn5_32b_4bit 260 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
         --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit.json" ;;
