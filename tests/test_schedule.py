@@ -601,3 +601,19 @@ def test_a_parked_run_told_at_its_end_leaves_the_policy_as_step_by_step_would(wi
     assert at_end.cost(0) == one_by_one.cost(0)
     assert at_end.accept == one_by_one.accept and at_end.drafting == one_by_one.drafting
     assert (at_end.scale if with_calibration else at_end.costs) != fresh().costs  # it moved
+
+
+def test_a_burst_of_slow_plain_steps_does_not_make_plain_decoding_look_dear():
+    """A plain step costs the median of the latest ones. A burst of slow steps at the end of
+    a parked run (a host hiccup: on an H100, four steps at 1.5-4.7x) must not make plain
+    decoding look dear: a policy that believes it dear drafts where drafting does not pay, and
+    then never times a plain step again to learn otherwise (the demo pair's DFlash on chat
+    drafted at 1.8x the true plain cost for the rest of a benchmark)."""
+    policy = calibrated(1.0, 0.1, 0.8)  # an H100-like curve for the demo pair
+    policy.context = 128
+    plain = policy._curve(0)
+    policy.accept = [0.4] * 8  # chat: drafting at this acceptance loses to plain steps
+    assert policy.best(8) == 0
+    policy.observe_plain([plain] * 28 + [r * plain for r in (1.45, 2.73, 4.69, 3.17)])
+    assert policy.cost(0) < 1.1 * plain
+    assert policy.best(8) == 0  # still parked

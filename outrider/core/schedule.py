@@ -43,7 +43,8 @@ per-position acceptance (the chance that draft j is accepted once drafts 1..j-1 
 only decides how many drafts are verified, never which token is committed, so every choice is
 lossless. A timed round moves a cost estimate by a bounded step (`OUTLIER`): on a GPU the first
 round at a new verify width can pay a kernel compile hundreds of times its cost, and the policy
-is shared by every generation of a pipeline. Whether a machine is hopeless for drafting (no cap
+is shared by every generation of a pipeline. Plain steps come by the dozen, so theirs is the
+median of the latest `PLAIN_WINDOW`: a burst of slow steps moves it a rank or two. Whether a machine is hopeless for drafting (no cap
 pays even at full acceptance) is read off the calibration alone, never off live rounds.
 
 A batch's rounds add a second, later cut (`BatchScheduler`, DSpark's prefix scheduler,
@@ -54,12 +55,15 @@ batch's one padded forward for. Whether a greedy round is queued behind the one 
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 EMA = 0.25  # weight of the newest cost measurement
 OUTLIER = 2.0  # a timed round counts as at most this factor off the running estimate
+PLAIN_WINDOW = 32  # a plain step costs the median of this many latest timed steps
 ACCEPT_EMA = 0.15  # weight of the newest round in the acceptance estimates
 PROBE_EMA = 0.4  # a probe's weight: it samples text the estimates have not seen for a while
 LEARN = 6  # drafting rounds at the start cap (after the warm-up ones) before the first choice
@@ -88,6 +92,9 @@ class AutoCap:
     # timed yet); a copy's verify carries the drafter's intake, not a drafted block
     copy_scale: float | None = None
     rounds: dict[int, int] = field(default_factory=dict)  # k drafted -> rounds seen
+    # the latest timed plain steps (over the curve with a calibration, else seconds): their
+    # median is the plain step's cost (`_timed`)
+    plain_steps: deque = field(default_factory=lambda: deque(maxlen=PLAIN_WINDOW))
     drafting: int = 0  # rounds that drafted something
     accept: list[float] = field(default_factory=list)  # per position: P(accept | reached)
     parked: int = 0  # plain steps since the last probe (or since parking)
@@ -353,12 +360,26 @@ class AutoCap:
 
     def _timed(self, k: int, seconds: float, curve: float | None) -> None:
         """A timed round at cap k moves its cost: the live scale of drafting rounds or of plain
-        steps against `curve`, or without a calibration the measured cost at k."""
-        if curve is None:
+        steps against `curve`, or without a calibration the measured cost at k.
+
+        A plain step's cost is the median of the latest PLAIN_WINDOW steps, not a running
+        mean: steps come by the dozen, and a burst of slow ones (a host hiccup a few steps
+        long) pulled a running mean to twice their cost on an H100. A policy that believes
+        plain steps dear keeps drafting, so it never times plain steps again to learn
+        otherwise: the demo pair's DFlash on chat drafted at 1.8x the true plain cost for the
+        rest of a benchmark (docs/performance.md, "A plain step's cost: a median")."""
+        value = seconds if curve is None else seconds / curve if curve > 0 else 1.0
+        if k == 0:
+            self.plain_steps.append(value)
+            median = statistics.median(self.plain_steps)
+            if curve is None:
+                self.costs[0] = median
+            else:
+                self.scale[False] = median
+        elif curve is None:
             self.costs[k] = self._moved(self.costs.get(k), seconds)
         else:
-            ratio = seconds / curve if curve > 0 else 1.0
-            self.scale[k > 0] = self._moved(self.scale.get(k > 0), ratio)
+            self.scale[True] = self._moved(self.scale.get(True), value)
 
     def _moved(self, old: float | None, seconds: float) -> float:
         """The running cost estimate after one more timed round. One outlier (a kernel
