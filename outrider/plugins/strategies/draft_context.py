@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from ..targets.batched import move_columns, tail_moves
+from ..targets.batched import gather_columns, tail_moves
 
 
 class ContextCache:
@@ -91,7 +91,10 @@ class _Call:
     before: mx.array  # [R] each row's context length: its new rows' first position
     block: mx.array  # [D] each drafting row's context length after the call: its block's
     shifts: mx.array | None  # [R, 1] how much each row's padding grows; None: none
-    source: mx.array | None  # [R, 1, E, 1] the column each of the last E columns takes
+    # For the last E of the call's new columns ([R, 1, E, 1]; None: no row moves any): the new
+    # column each takes (`into`), or, where `older`, an older column (`RowsLayerCache.moved`)
+    into: mx.array | None
+    older: mx.array | None
     drop: int  # leading columns no row uses after the call, cut off
     drafting: mx.array | None  # [D] the rows that run a block (None: every row)
     mask: mx.array | None  # [D, 1, 1, keys + block] keys a drafting row sees (None: all)
@@ -105,13 +108,18 @@ class ContextRows:
     `BatchKVCache` a layer, rows left-padded (every row's last context row in the same column).
 
     A call appends each row's new context rows, padded to the widest with the padding after the
-    row's own rows; a padded row then moves its oldest columns into those trailing slots and its
+    row's own rows; a padded row moves its oldest columns into those trailing slots and its
     left padding grows by as many (the trick `BatchedRows.rollback_rows` plays on the target's
     cache: a row's keys in another order are the same keys to attention, each roped at its own
     position, and the context is never cut back, so the order never matters); leading columns
     that are padding in every row are dropped. Each row's padding is masked, so a row attends to
     exactly the keys it has alone. Rows move in (`add`) and out (`take`, `keep`) between
     calls; lengths and padding are kept on the host, so none of this waits for the device.
+
+    The moves go in with the new columns, in one write a buffer: a moved column the call does
+    not write itself is gathered by `begin` from the buffer as it was, in one evaluation of
+    every cache's before the call. Gathered in the write's own graph, it made MLX copy the
+    whole buffer instead of updating it in place, every layer, every call that moves columns.
     """
 
     def __init__(self, n_layers: int, positions: bool = False, limit: int | None = None) -> None:
@@ -156,16 +164,24 @@ class ContextRows:
         if any(seen):
             keys = mx.arange(width + block)[None, :] >= mx.array(seen)[:, None]
             mask = keys[:, None, None, :]
+        moved = [min(e, n) for e, n in zip(shifts, after)]
+        source = tail_moves(self.pads, moved, self.width + widest)
+        into = older = None
+        if source is not None:  # the call's new columns start at the old width
+            into, older = mx.maximum(source - self.width, 0), source < self.width
         self.call = _Call(
             mx.array(self.lengths, dtype=mx.int32),
             mx.array([after[i] for i in drafting], dtype=mx.int32),
             mx.array(shifts, dtype=mx.int32)[:, None] if any(shifts) else None,
-            tail_moves(self.pads, [min(e, n) for e, n in zip(shifts, after)], self.width + widest),
+            into,
+            older,
             drop,
             None if every else mx.array(drafting, dtype=mx.int32),
             mask,
             [after[i] for i in drafting],
         )
+        if any(m and n for m, n in zip(moved, self.lengths)):  # some row moves older columns
+            self._gather_older(source)
         for layer in self.caches:  # context rows go in at `before`; no context: the block
             layer.offset = self.call.before if widest else self.call.block
         self.lengths, self.pads = after, pads
@@ -175,8 +191,20 @@ class ContextRows:
                 self.positions.append(*[new[:, None, :, None].astype(mx.float32)] * 2)
             self.call.positions = self.positions.fetch()[0]
 
+    def _gather_older(self, source: mx.array) -> None:
+        """Read each cache's columns that `source` ([R, 1, E, 1], `tail_moves`) takes from
+        before this call into its `moved`, all in one evaluation now, before any cache is
+        written (the device is idle between rounds); entries that take one of the call's own
+        columns read some older column, unused."""
+        inside = mx.minimum(source, self.width - 1)
+        for layer in self.caches:
+            layer.moved = gather_columns(layer.kv, inside)
+        mx.eval([layer.moved for layer in self.caches])
+
     def end(self) -> None:
         self.call = None
+        for layer in self.caches:
+            layer.moved = None
 
     def add(self, row: list[tuple[mx.array, mx.array] | None] | None, length: int) -> None:
         """Append one row: its K/V per cache (`caches`; [1, kv, length, D], None when empty;
@@ -255,14 +283,19 @@ class RowsLayerCache:
         self.rows = rows
         self.kv: BatchKVCache | None = None
         self.offset: mx.array | None = None  # the positions of what comes next, a row
+        # The older columns this call moves (`ContextRows.begin`; None: none), K and V
+        self.moved: tuple[mx.array, mx.array] | None = None
 
     def append(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write the call's new columns (keys, values [R, kv, widest, D]), each padded row's
+        trailing slots already holding the columns it moves there, then grow the padding and
+        drop what no row uses -> the K/V of the rows that draft."""
         call = self.rows.call
         kv = self.kv
-        kv.update_and_fetch(keys, values)
+        if call.into is not None:
+            keys, values = self._with_moves(keys, values)
+        kv.update_and_fetch(keys, values)  # one write, reading nothing of the buffer
         end = kv._idx
-        if call.source is not None:  # a padded row's oldest columns into its trailing slots
-            move_columns(kv, call.source)
         if call.shifts is not None:
             kv.left_padding = kv.left_padding + call.shifts[:, 0]
             kv.offset = kv.offset - call.shifts[:, 0]
@@ -273,6 +306,22 @@ class RowsLayerCache:
             kv.left_padding = kv.left_padding - call.drop
         self.offset = call.block
         return self._drafting(*kv.keys_and_values())
+
+    def _with_moves(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """The new columns with their last E replaced by what the call's moves put there: one
+        of the new columns themselves, or an older column `begin` gathered (`moved`). What the
+        write then the moves left, written once, so the write never reads its own buffer."""
+        call, moved = self.rows.call, self.moved
+        self.moved = None
+        tail = call.into.shape[2]
+        out = []
+        for i, new in enumerate((keys, values)):
+            taken = mx.take_along_axis(new, call.into, 2)
+            if moved is not None:
+                taken = mx.where(call.older, moved[i], taken)
+            kept = new[..., : new.shape[2] - tail, :]
+            out.append(mx.concatenate([kept, taken], axis=2) if kept.shape[2] else taken)
+        return out[0], out[1]
 
     def fetch(self) -> tuple[mx.array | None, mx.array | None]:
         kv = self.kv

@@ -260,7 +260,7 @@ class RowColumns:
 def tail_moves(starts: list[int], counts: list[int], end: int) -> mx.array | None:
     """Row i moves its counts[i] columns from starts[i] on into its last counts[i] columns
     before `end`: for the last E columns (E the most any row moves), the column each takes its
-    key from ([rows, 1, E, 1], for `move_columns`), or None when no row moves any."""
+    key from ([rows, 1, E, 1], for `gather_columns`), or None when no row moves any."""
     width = max(counts, default=0)
     if not width:
         return None
@@ -271,16 +271,12 @@ def tail_moves(starts: list[int], counts: list[int], end: int) -> mx.array | Non
     return mx.array(source, dtype=mx.int32)[:, None, :, None]
 
 
-def move_columns(c: BatchKVCache, source: mx.array) -> None:
-    """Carry out `tail_moves`' map on a batched KV cache whose columns end at `c._idx`.
-
-    The write reads the buffer it writes, so MLX cannot update the buffer in place: it copies
-    all of it (see `BatchedRows.rollback_rows`, which gathers first to avoid that)."""
-    write_columns(c, gather_columns(c, source))
-
-
 def gather_columns(c: BatchKVCache, source: mx.array) -> tuple[mx.array, mx.array]:
-    """The keys and values `tail_moves`' map puts in the last columns (before `c._idx`)."""
+    """The keys and values `tail_moves`' map puts in the last columns (before `c._idx`).
+
+    Evaluate them before `write_columns` writes them: a write whose value still reads the
+    buffer it writes makes MLX copy the whole buffer instead of updating it in place
+    (`BatchedRows.rollback_rows`; the drafter's `ContextRows.begin` gathers its own ahead)."""
     return mx.take_along_axis(c.keys, source, 2), mx.take_along_axis(c.values, source, 2)
 
 
