@@ -373,12 +373,14 @@ class Target:
         if not tap_ids:
             return None
         try:
-            parts = [self._sink.store[j][0] for j in tap_ids]
+            parts = [self._sink.store[j] for j in tap_ids]
         except KeyError:
             return None
         finally:
             self._sink.clear()
-        return mx.concatenate(parts, axis=-1)
+        # joined, then the batch row taken once: two graph nodes a forward, not one a tap
+        # and a join (a parked plain step pays them on a launch-bound GPU)
+        return mx.concatenate(parts, axis=-1)[0]
 
     def prefill(
         self,
