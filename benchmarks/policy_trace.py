@@ -39,7 +39,13 @@ class Recorder:
     def __init__(self, policy: schedule.AutoCap, events: list) -> None:
         self.policy, self.events = policy, events
         self._plain, self._observe = policy.observe_plain, policy.observe
+        self._copy = policy.observe_copy
         policy.observe_plain, policy.observe = self.observe_plain, self.observe
+        policy.observe_copy = self.observe_copy
+
+    def observe_copy(self, drafts: int, seconds: float) -> None:
+        self._copy(drafts, seconds)
+        self.events.append({"kind": "copy", "drafts": drafts, "seconds": seconds})
 
     def observe_plain(self, seconds: list[float]) -> None:
         curve = self.policy._curve(0)
@@ -57,6 +63,38 @@ class Recorder:
                             "plain_cost": self.policy.cost(0)})  # fmt: skip
 
 
+def report(events: list) -> None:
+    """Medians of the plain steps, the drafting rounds after plain steps (where a model drafter
+    catches up on the plain tokens) and the rest, and what the policy believed a plain step
+    cost when it drafted."""
+    plain = [s for e in events if e["kind"] == "plain" for s in e["steps"]]
+    if plain:
+        firsts = [e["steps"][0] for e in events if e["kind"] == "plain"]
+        curve0 = [e["curve"] for e in events if e["kind"] == "plain"]
+        top = sorted(plain)[int(0.9 * len(plain))]
+        print(f"  plain steps {len(plain)}: median {ms(statistics.median(plain))}, firsts "
+              f"{ms(statistics.median(firsts))}, p90 {ms(top)}, max {ms(max(plain))}; calibrated "
+              f"{ms(statistics.median(curve0))}; {ms(sum(plain))} in all")  # fmt: skip
+    copies = [e for e in events if e["kind"] == "copy"]
+    if copies:
+        print(f"  lookup copies {len(copies)}: median {ms(statistics.median(e['seconds'] for e in copies))}, "
+              f"{ms(sum(e['seconds'] for e in copies))} in all, {sum(e['drafts'] for e in copies)} drafts")  # fmt: skip
+    for name, after in (("after plain steps", True), ("the rest", False)):
+        rounds = [e for e in events if e["kind"] == "round" and e["k"] > 0
+                  and e["catching_up"] == after]  # fmt: skip
+        if not rounds:
+            continue
+        secs = [e["seconds"] for e in rounds]
+        print(f"  drafting rounds {name} {len(rounds)}: median {ms(statistics.median(secs))}, "
+              f"{ms(sum(secs))} in all for {sum(e['accepted'] + 1 for e in rounds)} tokens; "
+              f"calibrated {ms(statistics.median(e['curve'] for e in rounds))}; the policy's "
+              f"plain step {ms(statistics.median(e['plain_cost'] for e in rounds))}")  # fmt: skip
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="outrider-demo/target")
@@ -64,6 +102,9 @@ def main() -> None:
     ap.add_argument("--suite", default="chat")
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument(
+        "--passes", type=int, default=1, help="run the prompts this many times (each reported)"
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     texts = [p.text for p in load_suite(args.suite)][: args.prompts]
@@ -91,37 +132,28 @@ def main() -> None:
         for p in ids[:2]:
             pipe.generate(p, max_tokens=16, max_draft="auto")  # warm-up
         pipe.cap_policy = None
-        events: list = []
         policy = pipe._cap_policy()
-        Recorder(policy, events)
-        t0 = time.perf_counter()
-        tokens = 0
-        for p in ids:
-            tokens += len(pipe.generate(p, max_tokens=args.max_tokens, max_draft="auto").tokens)
-        seconds = time.perf_counter() - t0
-        plain = [s for e in events if e["kind"] == "plain" for s in e["steps"]]
-        rest = [s for e in events if e["kind"] == "plain" for s in e["steps"][1:]]
-        firsts = [e["steps"][0] for e in events if e["kind"] == "plain"]
-        rounds = [e for e in events if e["kind"] == "round" and e["k"] > 0]
-        curve0 = [e["curve"] for e in events if e["kind"] == "plain"]
-        costs = [e["plain_cost"] for e in rounds]
-        print(f"{mode}: {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.1f} tok/s; baseline "
-              f"{len(steps) / base_s:.1f})")  # fmt: skip
-        if plain:
-            print(f"  plain steps {len(plain)}: median {statistics.median(plain) * 1e3:.3f} ms, "
-                  f"firsts {statistics.median(firsts) * 1e3:.3f}, rest "
-                  f"{statistics.median(rest) * 1e3 if rest else 0:.3f}; calibrated "
-                  f"{statistics.median(curve0) * 1e3:.3f}")  # fmt: skip
-            top = sorted(plain)[int(0.9 * len(plain))]
-            print(f"  plain p90 {top * 1e3:.3f} ms, max {max(plain) * 1e3:.3f}")
-        if rounds:
-            print(f"  drafting rounds {len(rounds)}: median {statistics.median(e['seconds'] for e in rounds) * 1e3:.3f} ms, "
-                  f"kept {statistics.mean(e['accepted'] for e in rounds):.2f}; calibrated "
-                  f"{statistics.median(e['curve'] for e in rounds) * 1e3:.3f}; policy's plain cost at "
-                  f"rounds: median {statistics.median(costs) * 1e3:.3f}, max {max(costs) * 1e3:.3f}")  # fmt: skip
-        print(f"  policy at the end: {json.dumps(policy.snapshot())}")
-        out[mode] = {"events": events, "tokens": tokens, "seconds": seconds,
-                     "snapshot": policy.snapshot()}  # fmt: skip
+        out[mode] = []
+        for n in range(args.passes):
+            events: list = []
+            Recorder(policy, events)
+            t0 = time.perf_counter()
+            tokens = 0
+            for p in ids:
+                tokens += len(pipe.generate(p, max_tokens=args.max_tokens, max_draft="auto").tokens)
+            seconds = time.perf_counter() - t0
+            print(f"{mode}, pass {n + 1}: {tokens} tokens in {seconds:.2f} s "
+                  f"({tokens / seconds:.1f} tok/s; baseline {len(steps) / base_s:.1f})")  # fmt: skip
+            report(events)
+            timed = sum(e.get("seconds", 0.0) for e in events) + sum(
+                s for e in events if e["kind"] == "plain" for s in e["steps"]
+            )
+            print(
+                f"  outside what the policy timed (prefills, untold steps): {ms(seconds - timed)}"
+            )
+            print(f"  policy at the end: {json.dumps(policy.snapshot())}")
+            out[mode].append({"events": events, "tokens": tokens, "seconds": seconds,
+                              "snapshot": policy.snapshot()})  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(out))
 

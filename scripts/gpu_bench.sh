@@ -53,6 +53,9 @@
 #             2048-token prompts, then the demo pair's dspark timeline
 #   trace     what `--max-draft auto` measured against what its steps took, demo pair, dspark
 #             and dflash, chat and math (benchmarks/policy_trace.py)
+#   intake    a model drafter's call by the context rows it takes in (the prompt, a round's
+#             tokens, a parked run's), demo pair, dspark and dflash, chat, cap 4 and auto
+#             (benchmarks/drafter_intake.py)
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -73,7 +76,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   echo "== $name (limit ${limit}s, at ${SECONDS}s)"
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
-  grep -E "tok/s|plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added" "$out/$name.txt"
+  grep -E "tok/s|^ +[0-9>-]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+$|^cap |plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added" "$out/$name.txt"
 }
 
 export PYTHONUNBUFFERED=1
@@ -82,9 +85,9 @@ for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
-      | phases06b | abrollback | moves | timeline06b | trace) ;;
+      | phases06b | abrollback | moves | timeline06b | trace | intake) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, intake)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -221,6 +224,11 @@ for set in "$@"; do
       for suite in chat math; do
         step "policy_trace_$suite" 120 python3 benchmarks/policy_trace.py --modes dspark,dflash \
           --suite "$suite" --prompts 10 --json "$out/policy_trace_$suite.json"
+      done ;;
+    intake)
+      for mode in dspark dflash; do
+        step "drafter_intake_$mode" 120 python3 benchmarks/drafter_intake.py --mode "$mode" \
+          --suite chat --prompts 10 --caps 4,auto
       done ;;
     turn5cold)
       step turn5_32b_4bit 260 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \

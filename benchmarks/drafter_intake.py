@@ -1,0 +1,103 @@
+"""What a model drafter's call costs by the context rows it takes in.
+
+A drafter takes in the target's hidden states of every token it has not seen: the prompt at
+the first round, the tokens a round committed at every later one, and after a parked run of
+plain steps (`--max-draft auto`) all of that run's tokens. This times each drafter call of real
+generations (its graph built and evaluated, synced) and sorts them by the rows taken in, so
+the cost of a catch-up (`AutoCap`'s first round after plain steps) reads against a steady one.
+
+    python benchmarks/drafter_intake.py --mode dspark --suite chat --prompts 10 --caps 4,auto
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.py)
+
+# isort: split
+import mlx.core as mx  # noqa: E402
+
+from outrider.api import load  # noqa: E402
+from outrider.benchmark.suites import load_suite  # noqa: E402
+from outrider.core import calibration  # noqa: E402
+
+DRAFTERS = {"dspark": "outrider-demo/dspark", "dflash": "outrider-demo/dflash"}
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1 << 30)
+
+
+def bucket(rows: int) -> str:
+    low = 0
+    for top in BUCKETS:
+        if rows <= top:
+            return (
+                f"{low + 1}-{top}"
+                if top != low + 1 and top < 1 << 30
+                else (f"{top}" if top < 1 << 30 else f">{low}")
+            )
+        low = top
+    return "?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="outrider-demo/target")
+    ap.add_argument("--mode", default="dspark")
+    ap.add_argument("--drafter")
+    ap.add_argument("--suite", default="chat")
+    ap.add_argument("--prompts", type=int, default=10)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--caps", default="4,auto")
+    args = ap.parse_args()
+    pipe = load(args.model, args.drafter or DRAFTERS[args.mode], mode=args.mode)
+    pipe.calibration = calibration.load(pipe) or calibration.measure(pipe)
+    proposer = getattr(pipe.proposer, "inner", pipe.proposer)  # under lookup assist
+    calls: list[tuple[int, int, float, float]] = []  # entries, rows, build s, total s
+    forward = proposer._forward
+
+    def timed(group, anchors, drafting, width):  # the instance's attribute; class untouched
+        pending = [t for p in group.members for t in p._pending]
+        rows = sum(t.shape[0] for t in pending)
+        mx.eval(pending)  # what the plain steps left is computed before the clock starts
+        mx.synchronize()
+        t0 = time.perf_counter()
+        out = forward(group, anchors, drafting, width)
+        t1 = time.perf_counter()
+        mx.eval(out)
+        mx.synchronize()
+        calls.append((len(pending), rows, t1 - t0, time.perf_counter() - t0))
+        return out
+
+    proposer._forward = timed
+    texts = [p.text for p in load_suite(args.suite)][: args.prompts]
+    ids = [pipe.encode(t) for t in texts]
+    print(f"{args.model} + {args.mode} · {args.suite} · {len(ids)} prompts · "
+          f"{mx.default_device()} · mlx {mx.__version__}")  # fmt: skip
+    for cap in [c.strip() for c in args.caps.split(",") if c.strip()]:
+        max_draft = cap if cap == "auto" else int(cap)
+        for p in ids:  # every shape once, untimed (kernels built on first use)
+            pipe.generate(p, max_tokens=args.max_tokens, max_draft=max_draft)
+        calls.clear()
+        for p in ids:
+            pipe.generate(p, max_tokens=args.max_tokens, max_draft=max_draft)
+        print(f"\ncap {cap}: {len(calls)} drafter calls")
+        print(f"  {'rows in':>9} {'calls':>6} {'build ms':>9} {'call ms':>8} {'pending':>8}")
+        groups: dict[str, list] = {}
+        for c in calls:
+            groups.setdefault(bucket(c[1]), []).append(c)
+        for name in sorted(groups, key=lambda g: min(c[1] for c in groups[g])):
+            g = groups[name]
+            print(f"  {name:>9} {len(g):>6} {statistics.median(c[2] for c in g) * 1e3:>9.3f} "
+                  f"{statistics.median(c[3] for c in g) * 1e3:>8.3f} "
+                  f"{statistics.median(c[0] for c in g):>8.0f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
