@@ -540,12 +540,15 @@ def test_a_probe_taken_whole_brings_the_next_probe_sooner_and_a_failed_one_later
 def test_a_new_generation_probes_after_the_first_interval_again_when_parked():
     """A pipeline's policy parked by one text probes the next text after `probe_every` plain
     steps (past its opening, the hardest part to draft), instead of waiting out the interval
-    the last text's failed probes grew."""
+    the last text's failed probes grew, once the plain steps since have paid for a probe
+    (the probe bank, next test)."""
     policy = trained(6, lambda k: 1.0 + (1.0 + 0.03 * k if k else 0.0), 0.2)
     for _ in range(3):  # failed probes: the interval grows
         policy.plain_run(1000)
         policy.observe(policy.choose(100), 0, 3.0)
     assert policy.interval > 64
+    while policy.probe_due():  # the last text's plain steps pay for the next probe
+        policy.plain_run(1000)
     policy.new_generation()
     assert policy.choose(100) == 0 and policy.plain_run(1000) == 16
     assert policy.choose(100) > 0
@@ -617,3 +620,34 @@ def test_a_burst_of_slow_plain_steps_does_not_make_plain_decoding_look_dear():
     policy.observe_plain([plain] * 28 + [r * plain for r in (1.45, 2.73, 4.69, 3.17)])
     assert policy.cost(0) < 1.1 * plain
     assert policy.best(8) == 0  # still parked
+
+
+def test_failed_probes_lose_at_most_the_probe_budget_of_the_parked_steps():
+    """Short answers, each a new generation, on text where drafting does not pay: the interval
+    restarts at `probe_every` every answer, and a probe loses more than its round's verify (a
+    model drafter first takes in every token it missed while parked; on the 2-core CPU that
+    left DSpark at 0.94x of plain decoding). Each parked step pays PROBE_BUDGET of its cost
+    into a bank and each probe takes out what it lost, so over many answers the probes lose
+    at most PROBE_BUDGET of the plain steps (plus what the bank held at the start)."""
+    from outrider.core.schedule import BANKED_PROBES, PROBE_BUDGET
+
+    policy = trained(6, lambda k: 1.0 + (1.0 + 0.03 * k if k else 0.0), 0.2)
+    catch_up = 4.0  # the drafter taking in what it missed: four plain steps' worth
+    steps = lost = 0.0
+    probes = 0
+    for _ in range(40):  # answers of 100 tokens
+        policy.new_generation()
+        made = 0
+        while made < 100:
+            k = policy.choose(100 - made)
+            if not k:
+                n = policy.plain_run(100 - made)
+                steps, made = steps + n, made + n
+                continue
+            seconds = 1.0 + (1.0 + 0.03 * k) + catch_up
+            policy.observe(k, 0, seconds)  # nothing accepted: one token for the round
+            lost, made, probes = lost + seconds - 1.0, made + 1, probes + 1
+    worst = 1.0 + 0.03 * 6 + catch_up  # a probe at the full cap, over its one plain step
+    assert probes >= 3, "it still probes"
+    assert lost <= PROBE_BUDGET * steps + BANKED_PROBES * worst, (lost, steps, probes)
+    assert 1.0 + catch_up <= policy.probe_loss <= worst  # measured, catch-up and all
