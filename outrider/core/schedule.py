@@ -160,8 +160,8 @@ class AutoCap:
     def snapshot(self) -> dict[str, Any]:
         """What the policy believes now, for a receipt: per-position acceptance, each cap's
         round cost (ms, at the last context; with a calibration also the live/calibrated
-        ratio), the time outside the loop, rounds seen per cap, probes, and whether it is
-        parked. Where a benchmark's `auto` parked or drafted, this says why."""
+        ratio), the time outside the loop, rounds seen per cap, probes (what one lost, what the
+        bank holds; None: none yet, full), and whether it is parked. Where a benchmark's `auto` parked or drafted, this says why."""
         caps = sorted(self.rounds)
         out: dict[str, Any] = {
             "accept": [round(a, 3) for a in self.accept],
@@ -170,6 +170,8 @@ class AutoCap:
             "restart_ms": round(self.restart * 1e3, 3),
             "rounds": {str(k): self.rounds[k] for k in caps},
             "probes": self.probes,
+            "probe_loss_ms": None if self.probe_loss is None else round(self.probe_loss * 1e3, 3),
+            "probe_bank_ms": None if self.bank is None else round(self.bank * 1e3, 3),
             "parked": self.best(self.ceiling) == 0,
         }
         if self.calibration is not None:
