@@ -651,3 +651,29 @@ def test_failed_probes_lose_at_most_the_probe_budget_of_the_parked_steps():
     assert probes >= 3, "it still probes"
     assert lost <= PROBE_BUDGET * steps + BANKED_PROBES * worst, (lost, steps, probes)
     assert 1.0 + catch_up <= policy.probe_loss <= worst  # measured, catch-up and all
+
+
+def test_the_probe_bank_counts_what_was_paid_in_and_what_a_probe_lost():
+    """Steps a plain run granted and did not take (an answer that ended, a copy that broke the
+    run) take back what they paid in, not what the bank's cap kept out; a probe's loss counts
+    the time the caller kept it (`outside`, which each plain step it replaced also pays); and
+    one probe that paid a kernel compile counts as a bounded loss."""
+    policy = trained(6, lambda k: 1.0 + (1.0 + 0.03 * k if k else 0.0), 0.2)
+    policy.outside = 0.5  # a plain step: 1.0 in the loop + 0.5 outside
+    policy.plain_run(100)
+    policy.observe(policy.choose(100), 0, 3.0)  # a failed probe: one token for 3.0 + 0.5
+    assert policy.probe_loss == pytest.approx(3.0 + 0.5 - 1.5)
+    from outrider.core.schedule import BANKED_PROBES
+
+    while policy.bank < BANKED_PROBES * policy.probe_loss:  # refill the bank to its cap
+        policy.plain_run(1000)
+    full = policy.bank
+    policy.new_generation()
+    n = policy.plain_run(1000)  # at the cap: nothing more goes in
+    assert n == policy.probe_every
+    policy.plain_unused(n - 1)  # the answer ended after one step
+    assert policy.bank == pytest.approx(full) and policy.probe_due() == 0
+    while not policy.choose(100):  # the next probe paid a compile: 200 plain steps' time
+        policy.plain_run(1000)
+    policy.observe(1, 0, 200.0)
+    assert policy.probe_loss < 5 * 2.0, "one compile moves the estimate a bounded step"

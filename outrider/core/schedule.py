@@ -77,6 +77,7 @@ PROBE_ACCEPT = 0.9  # a probe drafts the cap that would pay at this acceptance (
 PROBE_BUDGET = 0.015  # a failed probe may cost at most this share of the plain steps before it
 PRIOR_ACCEPT = 0.7  # a draft position's acceptance before any round has reached it
 BANKED_PROBES = 1.5  # failed probes' losses the probe bank holds at most (above 1: one fits)
+PROBE_OUTLIER = 4.0  # a probe counts as losing at most this many times what probes have lost
 OPTIMISM = 0.25  # a round that keeps all k drafts lifts position k+1 by this share of a hit
 
 
@@ -124,6 +125,7 @@ class AutoCap:
     # what a probe lost, measured (its seconds beyond the plain steps its tokens replaced:
     # the drafter taking in what it missed while parked included); running mean, None: none yet
     probe_loss: float | None = None
+    paid: tuple[int, float] = (0, 0.0)  # the last plain run's steps and what they paid in
 
     def __post_init__(self) -> None:
         self.accept = [PRIOR_ACCEPT] * self.ceiling  # a prior the first rounds overwrite
@@ -185,6 +187,7 @@ class AutoCap:
         parked, it probes again after `probe_every` steps (what parked it was another text),
         not at once (an answer's opening tokens are its hardest to draft)."""
         self.parked, self.interval = 0, self.probe_every
+        self.probing = False  # a probe the last generation chose and never ran
 
     def hopeless(self, limit: int) -> bool:
         """Whether this machine's calibration says no cap up to `limit` pays even if every
@@ -251,6 +254,7 @@ class AutoCap:
     def observe_copy(self, drafts: int, seconds: float) -> None:
         """A lookup copy's round of `drafts` drafts took `seconds` (it teaches acceptance
         nothing: the drafts were not the drafter's)."""
+        self.probing = False  # a copy took the round a probe was chosen for
         if self.calibration is None or drafts <= 0:
             return
         curve = self.calibration.verify_cost(drafts + 1, self.context)
@@ -262,14 +266,16 @@ class AutoCap:
         n = max(1, min(max(self.interval - self.parked, self.probe_due()), remaining))
         self.parked += n
         self.catching_up = True
-        self._pay_in(n)
+        self.paid = (n, self._pay_in(n))
         return n
 
     def plain_unused(self, steps: int) -> None:
         """A plain run ended `steps` short of what `plain_run` granted (a lookup copy turned
         up): they do not count toward the next probe."""
         self.parked -= steps
-        self._pay_in(-steps)
+        granted, paid = self.paid
+        if self.bank is not None and granted:  # back what they paid in, not what the cap kept
+            self.bank -= paid * min(1.0, steps / granted)
 
     def probe_due(self) -> int:
         """Parked plain steps still to pay into the probe bank before a probe may run (0: it
@@ -296,21 +302,28 @@ class AutoCap:
         return min(MAX_INTERVAL, int(short / earn) + 1)
 
     def _probe_cost(self) -> float:
-        """What a failed probe loses: measured, else a one-draft round over a plain step."""
+        """What a probe loses: the running mean of what probes lost (those that paid for
+        themselves count as nothing lost), else a one-draft round over a plain step."""
         if self.probe_loss is not None:
             return self.probe_loss
         return max(0.0, self.cost(1) - self.cost(0))
 
-    def _pay_in(self, steps: int) -> None:
+    def _pay_in(self, steps: int) -> float:
+        """`steps` parked steps pay into the bank, up to its cap -> what went in."""
         if self.bank is None:
-            return  # full: the cap moves with the costs measured
-        top = BANKED_PROBES * self._probe_cost()
+            return 0.0  # full: the cap moves with the costs measured
+        top = max(self.bank, BANKED_PROBES * self._probe_cost())
+        before = self.bank
         self.bank = min(top, self.bank + steps * PROBE_BUDGET * self.cost(0))
+        return self.bank - before
 
     def _take_out(self, seconds: float, tokens: int) -> None:
-        """A probe took `seconds` for `tokens` committed: what it lost against the plain
-        steps those tokens replaced leaves the bank, and teaches what a probe costs."""
-        lost = max(0.0, seconds - tokens * self.cost(0))
+        """A probe took `seconds` in the loop (and the caller's `outside` once) for `tokens`
+        committed: what it lost against the plain steps those tokens replaced (each with its
+        `outside`) leaves the bank, and teaches what a probe costs. One probe that paid a
+        kernel compile counts as at most PROBE_OUTLIER times what probes have lost."""
+        lost = max(0.0, seconds + self.outside - tokens * self.cost(0))
+        lost = min(lost, PROBE_OUTLIER * max(self._probe_cost(), self.cost(0)))
         first = self.probe_loss is None
         self.probe_loss = lost if first else self.probe_loss + EMA * (lost - self.probe_loss)
         full = BANKED_PROBES * self._probe_cost() if self.bank is None else self.bank
