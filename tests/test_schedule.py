@@ -677,3 +677,15 @@ def test_the_probe_bank_counts_what_was_paid_in_and_what_a_probe_lost():
         policy.plain_run(1000)
     policy.observe(1, 0, 200.0)
     assert policy.probe_loss < 5 * 2.0, "one compile moves the estimate a bounded step"
+
+
+def test_a_probe_that_never_ran_is_not_charged_to_the_next_round():
+    """A probe was chosen, but its round ran without the policy being told (a lookup copy took
+    it, the drafter made no drafts, a reasoning budget closed it): the next drafting round is
+    an ordinary one, not a probe that lost or paid."""
+    policy = trained(6, lambda k: 1.0 + 0.5 * k, 0.2)
+    policy.plain_run(100)
+    assert policy.choose(100) > 0 and policy.probing
+    policy.untold()
+    policy.observe(4, 4, 3.0)
+    assert policy.probe_loss is None and policy.bank is None

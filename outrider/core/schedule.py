@@ -251,10 +251,15 @@ class AutoCap:
         verify = self.calibration.verify_cost(drafts + 1, self.context)
         return verify * (self.copy_scale or 1.0) + self.outside
 
+    def untold(self) -> None:
+        """A round ran that `observe` is not told of (a lookup copy took it, the drafter made
+        no drafts, a reasoning budget closed or forced it, the batch scheduler set its width):
+        a probe chosen for it did not run, so the next drafting round is not charged as one."""
+        self.probing = False
+
     def observe_copy(self, drafts: int, seconds: float) -> None:
         """A lookup copy's round of `drafts` drafts took `seconds` (it teaches acceptance
         nothing: the drafts were not the drafter's)."""
-        self.probing = False  # a copy took the round a probe was chosen for
         if self.calibration is None or drafts <= 0:
             return
         curve = self.calibration.verify_cost(drafts + 1, self.context)
