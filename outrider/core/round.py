@@ -297,21 +297,20 @@ def teach(launched: Launched, steps: list[Step], seconds: float, scheduler: bool
             learn_acceptance(row.accept, proposal.k, step.accepted)
         # a lookup copy says nothing of the drafter; nor does a round a reasoning budget cut
         # or forced
-        if row.policy is not None and proposal.copied and not step.closed:
-            row.policy.observe_copy(proposal.k, seconds)  # what a copy's round costs here
-        if row.policy is None or proposal.copied or proposal.forced or step.closed:
-            if row.policy is not None:
-                row.policy.untold()
+        policy = row.policy
+        if policy is None:
             continue
-        if step.cut:  # the scheduler chose this width, not the policy: acceptance only
-            row.policy.observe_unverified(proposal.k, step.accepted)
-            row.policy.untold()
+        if proposal.copied and not step.closed:
+            policy.observe_copy(proposal.k, seconds)  # what a copy's round costs here
+        if proposal.copied or proposal.forced or step.closed:
+            pass
+        elif step.cut:  # the scheduler chose this width, not the policy: acceptance only
+            policy.observe_unverified(proposal.k, step.accepted)
         # a round that was asked for drafts but got none (a lookup with no match) is neither
         # a drafting round nor a pipelined plain step: it teaches the policy nothing
         elif proposal.k > 0 or cap == 0:
-            row.policy.observe(proposal.k, step.accepted, seconds)
-        else:
-            row.policy.untold()
+            policy.observe(proposal.k, step.accepted, seconds)
+        policy.untold()  # a probe chosen for a round `observe` was not told of did not run
 
 
 def verify_round(

@@ -48,8 +48,9 @@ only decides how many drafts are verified, never which token is committed, so ev
 lossless. A timed round moves a cost estimate by a bounded step (`OUTLIER`): on a GPU the first
 round at a new verify width can pay a kernel compile hundreds of times its cost, and the policy
 is shared by every generation of a pipeline. Plain steps come by the dozen, so theirs is the
-median of the latest `PLAIN_WINDOW`: a burst of slow steps moves it a rank or two. Whether a machine is hopeless for drafting (no cap
-pays even at full acceptance) is read off the calibration alone, never off live rounds.
+median of the latest `PLAIN_WINDOW`: a burst of slow steps moves it a rank or two. Whether a
+machine is hopeless for drafting (no cap pays even at full acceptance) is read off the
+calibration alone, never off live rounds.
 
 A batch's rounds add a second, later cut (`BatchScheduler`, DSpark's prefix scheduler,
 `admit`): after every row has drafted, each row verifies only the drafts worth widening the
@@ -163,7 +164,8 @@ class AutoCap:
         """What the policy believes now, for a receipt: per-position acceptance, each cap's
         round cost (ms, at the last context; with a calibration also the live/calibrated
         ratio), the time outside the loop, rounds seen per cap, probes (what one lost, what the
-        bank holds; None: none yet, full), and whether it is parked. Where a benchmark's `auto` parked or drafted, this says why."""
+        bank holds; None: none yet, full), and whether it is parked. Where a benchmark's
+        `auto` parked or drafted, this says why."""
         caps = sorted(self.rounds)
         out: dict[str, Any] = {
             "accept": [round(a, 3) for a in self.accept],
@@ -252,9 +254,10 @@ class AutoCap:
         return verify * (self.copy_scale or 1.0) + self.outside
 
     def untold(self) -> None:
-        """A round ran that `observe` is not told of (a lookup copy took it, the drafter made
-        no drafts, a reasoning budget closed or forced it, the batch scheduler set its width):
-        a probe chosen for it did not run, so the next drafting round is not charged as one."""
+        """A round has been taught (`round.teach` calls this after each): if `observe` was not
+        told of it (a lookup copy took it, the drafter made no drafts, a reasoning budget
+        closed or forced it, the batch scheduler set its width), a probe chosen for it did not
+        run, so the next drafting round is not charged as one."""
         self.probing = False
 
     def observe_copy(self, drafts: int, seconds: float) -> None:
