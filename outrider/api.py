@@ -15,6 +15,7 @@ from .chat.render import template_text
 from .core import calibration, kernels, loop
 from .core.ahead_gate import AheadGate
 from .core.batch import Batch, fork
+from .core.batch_schedule import BatchScheduler
 from .core.calibration import Calibration
 from .core.drafter_spec import DrafterSpec
 from .core.errors import (
@@ -29,7 +30,7 @@ from .core.prefix_cache import GB, PrefixCache, Record
 from .core.proposer import Proposer
 from .core.round import Row, Step
 from .core.sampling import KeyStream, SamplingParams
-from .core.schedule import AutoCap, BatchScheduler
+from .core.schedule import AutoCap
 from .core.stopping import Stopper
 from .core.target import Target
 from .core.think_budget import DEFAULT_MESSAGE, ThinkBudget, make_budget

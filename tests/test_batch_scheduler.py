@@ -1,4 +1,4 @@
-"""DSpark's prefix scheduler on batched rounds (core/schedule.py `BatchScheduler`): once every row
+"""DSpark's prefix scheduler on batched rounds (core/batch_schedule.py `BatchScheduler`): once every row
 has drafted, each row verifies only the drafts worth widening the batch's forward for.
 
 The cut looks only at what the drafter knew before each draft (its per-slot confidence, or the
@@ -19,11 +19,12 @@ from sampling_check import PARAMS, chi2_critical, chi_square, exact_joint
 
 import outrider
 from outrider.core.batch import Batch
+from outrider.core.batch_schedule import BatchScheduler, admit, survival
 from outrider.core.calibration import Calibration
 from outrider.core.proposer import Proposal
 from outrider.core.round import _own_keys, verify_round
 from outrider.core.sampling import SamplingParams
-from outrider.core.schedule import AutoCap, BatchScheduler, learn_acceptance, survival
+from outrider.core.schedule import AutoCap, learn_acceptance
 from outrider.server.metrics import Metrics
 
 MODES = {"dspark": "dspark", "dflash": "dflash-zlab", "lookup": None}
@@ -326,3 +327,36 @@ def test_served_batches_are_scheduled_and_each_answer_equals_plain_greedy(qwen3_
         assert asyncio.run(all_of_them()) == want
         assert metric(url, "outrider_batch_rounds_total") > rounds
         assert metric(url, "outrider_batch_drafts_cut_total") == cut
+
+
+# -- the batch's prefix scheduler (DSpark paper, Algorithm 1) ----------------------------------
+
+
+def test_admit_stops_at_the_first_candidate_that_does_not_pay():
+    """The paper's Appendix A case: one row, a_1 = 0.8, step rates 1.0, 0.5, 0.45 at widths 1-3.
+    Verifying draft 1 lowers throughput (1.8 x 0.5 < 1.0), so nothing is admitted, whatever
+    the second confidence (which depends on draft 1) says: with c_2 = 0.9 a full search would
+    admit both (2.52 x 0.45 > 1.0) and bias sampled output."""
+    rates = {1: 1.0, 2: 0.5, 3: 0.45}
+    cost = lambda rows, width: 1.0 / rates[width]  # noqa: E731
+    for c2 in (0.0, 0.5, 0.9, 1.0):
+        assert admit([[0.8, 0.8 * c2]], cost) == [0]
+
+
+def test_admit_takes_every_draft_when_verify_width_is_free():
+    assert admit([[0.9, 0.8, 0.7], [0.5, 0.2, 0.1]], lambda rows, width: 1.0) == [3, 3]
+
+
+def test_admit_widens_for_the_confident_row_and_fills_the_width_for_free():
+    """Each token a forward processes costs 10% of a one-row step, and rows pad to the widest:
+    the confident row's drafts widen the forward; the other row's drafts then cost nothing
+    and are verified too, but never one whose survival is zero."""
+    cost = lambda rows, width: 1.0 + 0.1 * (rows * width - 1)  # noqa: E731
+    assert admit([[0.95, 0.9, 0.85, 0.8], [0.3, 0.05, 0.01, 0.0]], cost) == [4, 3]
+    # when no row is confident enough to widen the forward, nobody drafts
+    assert admit([[0.1, 0.01], [0.05]], cost) == [0, 0]
+
+
+def test_admit_with_no_confidence_verifies_anchors_only():
+    assert admit([[0.0, 0.0], [0.0]], lambda rows, width: 1.0) == [0, 0]
+    assert admit([], lambda rows, width: 1.0) == []

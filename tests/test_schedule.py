@@ -9,7 +9,7 @@ from conftest import PROMPTS, plain_greedy
 import outrider
 from outrider.core import loop
 from outrider.core.calibration import Calibration
-from outrider.core.schedule import AutoCap, admit
+from outrider.core.schedule import AutoCap
 from outrider.testing import OracleProposer
 
 
@@ -325,39 +325,6 @@ def test_a_probe_widens_as_the_parked_run_grows_where_verify_rows_cost():
     assert caps[0] == 1 and caps == sorted(caps) and len(set(caps)) > 3 and caps[-1] == 6
     for k, steps in zip(caps, [16, *gaps]):  # a probe's drafts past its first fit the budget
         assert cpu(k) - cpu(1) <= 0.015 * (steps + 1) + 1e-9, (caps, gaps)
-
-
-# -- the batch's prefix scheduler (DSpark paper, Algorithm 1) ----------------------------------
-
-
-def test_admit_stops_at_the_first_candidate_that_does_not_pay():
-    """The paper's Appendix A case: one row, a_1 = 0.8, step rates 1.0, 0.5, 0.45 at widths 1-3.
-    Verifying draft 1 lowers throughput (1.8 x 0.5 < 1.0), so nothing is admitted, whatever
-    the second confidence (which depends on draft 1) says: with c_2 = 0.9 a full search would
-    admit both (2.52 x 0.45 > 1.0) and bias sampled output."""
-    rates = {1: 1.0, 2: 0.5, 3: 0.45}
-    cost = lambda rows, width: 1.0 / rates[width]  # noqa: E731
-    for c2 in (0.0, 0.5, 0.9, 1.0):
-        assert admit([[0.8, 0.8 * c2]], cost) == [0]
-
-
-def test_admit_takes_every_draft_when_verify_width_is_free():
-    assert admit([[0.9, 0.8, 0.7], [0.5, 0.2, 0.1]], lambda rows, width: 1.0) == [3, 3]
-
-
-def test_admit_widens_for_the_confident_row_and_fills_the_width_for_free():
-    """Each token a forward processes costs 10% of a one-row step, and rows pad to the widest:
-    the confident row's drafts widen the forward; the other row's drafts then cost nothing
-    and are verified too, but never one whose survival is zero."""
-    cost = lambda rows, width: 1.0 + 0.1 * (rows * width - 1)  # noqa: E731
-    assert admit([[0.95, 0.9, 0.85, 0.8], [0.3, 0.05, 0.01, 0.0]], cost) == [4, 3]
-    # when no row is confident enough to widen the forward, nobody drafts
-    assert admit([[0.1, 0.01], [0.05]], cost) == [0, 0]
-
-
-def test_admit_with_no_confidence_verifies_anchors_only():
-    assert admit([[0.0, 0.0], [0.0]], lambda rows, width: 1.0) == [0, 0]
-    assert admit([], lambda rows, width: 1.0) == []
 
 
 # -- acceptance learnt while parked, from a host drafter's unverified drafts --------------------

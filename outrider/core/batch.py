@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import copy
 
+from .batch_schedule import BatchScheduler
 from .errors import UnsupportedTargetError
 from .proposer import Proposer
 from .round import Row, Step, verify_round
-from .schedule import BatchScheduler
 from .target import Target
 
 
@@ -26,7 +26,7 @@ def fork(proposer: Proposer) -> Proposer:
 
 class Batch:
     """The rows decoding on one target, and the batched cache that holds them. A `scheduler`
-    cuts each round's drafts to what DSpark's prefix scheduler admits (`core/schedule.py`)."""
+    cuts each round's drafts to what DSpark's prefix scheduler admits (`core/batch_schedule.py`)."""
 
     def __init__(self, target: Target, scheduler: BatchScheduler | None = None) -> None:
         if not target.batches:

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from .acceptance import accept_greedy, accept_sampled
+from .batch_schedule import BatchScheduler
 from .logits import TokenLogprob, logprob_arrays, process_rows, read_logprobs, token_logprob
 from .prefix_cache import Record
 from .proposer import DraftContext, Proposal, Proposer, propose_all
 from .sampling import KeyStream, SamplingParams, greedy, probabilities, sample
-from .schedule import AutoCap, BatchScheduler, learn_acceptance
+from .schedule import AutoCap, learn_acceptance
 from .stopping import Stopper
 from .target import Target
 from .think_budget import ThinkBudget
