@@ -30,20 +30,17 @@ from outrider.benchmark.suites import load_suite  # noqa: E402
 from outrider.core import calibration  # noqa: E402
 
 DRAFTERS = {"dspark": "outrider-demo/dspark", "dflash": "outrider-demo/dflash"}
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1 << 30)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def bucket(rows: int) -> str:
+    """The row-count bucket `rows` falls in: "1", "2", "3-4", ... "513-1024", ">1024"."""
     low = 0
     for top in BUCKETS:
         if rows <= top:
-            return (
-                f"{low + 1}-{top}"
-                if top != low + 1 and top < 1 << 30
-                else (f"{top}" if top < 1 << 30 else f">{low}")
-            )
+            return str(top) if top == low + 1 else f"{low + 1}-{top}"
         low = top
-    return "?"
+    return f">{low}"
 
 
 def main() -> None:
