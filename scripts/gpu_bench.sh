@@ -53,6 +53,9 @@
 #             2048-token prompts, then the demo pair's dspark timeline
 #   trace     what `--max-draft auto` measured against what its steps took, demo pair, dspark
 #             and dflash, chat and math (benchmarks/policy_trace.py)
+#   parked    what a parked plain step (`--max-draft auto` holding a drafter back) costs against
+#             plain decoding's step, with and without lookup copies (benchmarks/parked_steps.py)
+#   trace2    `trace` on chat with the prompts run twice: first-use costs against steady ones
 #   intake    a model drafter's call by the context rows it takes in (the prompt, a round's
 #             tokens, a parked run's), demo pair, dspark and dflash, chat, cap 4 and auto
 #             (benchmarks/drafter_intake.py)
@@ -76,7 +79,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   echo "== $name (limit ${limit}s, at ${SECONDS}s)"
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
-  grep -E "tok/s|^ +[0-9>-]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+$|^cap |plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added" "$out/$name.txt"
+  grep -E "tok/s|^ +[0-9>-]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+$|^cap |plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added|x baseline" "$out/$name.txt"
 }
 
 export PYTHONUNBUFFERED=1
@@ -225,6 +228,14 @@ for set in "$@"; do
         step "policy_trace_$suite" 120 python3 benchmarks/policy_trace.py --modes dspark,dflash \
           --suite "$suite" --prompts 10 --json "$out/policy_trace_$suite.json"
       done ;;
+    parked)
+      for suite in chat code; do
+        step "parked_steps_$suite" 150 python3 benchmarks/parked_steps.py --modes dspark,dflash \
+          --suite "$suite" --prompts 10 --passes 2
+      done ;;
+    trace2)
+      step policy_trace_chat_2 200 python3 benchmarks/policy_trace.py --modes dspark,dflash \
+        --suite chat --prompts 10 --passes 2 --json "$out/policy_trace_chat_2.json" ;;
     intake)
       for mode in dspark dflash; do
         step "drafter_intake_$mode" 120 python3 benchmarks/drafter_intake.py --mode "$mode" \
