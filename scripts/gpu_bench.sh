@@ -88,7 +88,7 @@ for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
-      | phases06b | abrollback | moves | timeline06b | trace | intake) ;;
+      | phases06b | abrollback | moves | timeline06b | trace | trace2 | parked | intake) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
          "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, intake)" >&2; exit 2 ;;
   esac
