@@ -6,6 +6,8 @@ a lookup copy and time themselves for the policy. Plain decoding (`loop._plain_s
 of that. This runs, per prompt and interleaved (each arm first in turn): plain decoding (mode baseline), the mode with
 its policy held parked (every step a parked one), and the same with lookup copies off, and
 prints each arm's median time between steps, so the GPU shows what parking itself costs.
+Then the target's forward alone, pipelined, without taps and with them dropped, held unevaluated
+or evaluated with each step (`--forwards`): what the taps cost the device.
 
     python benchmarks/parked_steps.py --modes dspark,dflash --suite chat --prompts 10
 """
@@ -24,6 +26,8 @@ sys.path.insert(0, str(ROOT))
 import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.py)
 
 # isort: split
+import mlx.core as mx  # noqa: E402
+
 from outrider.api import Pipeline, load  # noqa: E402
 from outrider.benchmark.suites import load_suite  # noqa: E402
 from outrider.core import calibration  # noqa: E402
@@ -49,6 +53,40 @@ def steps_of(pipe: Pipeline, ids: list[int], max_tokens: int, **kw) -> list[floa
     return out
 
 
+def forwards_alone(pipe: Pipeline, ids: list[int], steps: int, how: str) -> float:
+    """Median seconds of a pipelined plain step driving the target's forward directly (no
+    loop, no policy, no drafter): `how` is "plain" (no taps), "dropped" (tapped, the taps
+    thrown away), "kept" (tapped, the taps held unevaluated, as a parked run hands them to
+    the drafter) or "evaluated" (tapped, the taps computed with the step's token)."""
+    target = pipe.target
+    tap_ids = () if how == "plain" else tuple(pipe.proposer.tap_layer_ids)
+    cache = target.make_cache()
+    logits, _ = target.forward(mx.array(ids, dtype=mx.uint32), cache)
+    y = mx.argmax(logits[-1])
+    held: list = []
+
+    def step(y: mx.array) -> tuple[mx.array, mx.array | None]:
+        with mx.stream(target.stream):
+            logits, taps = target.forward(y.reshape(1).astype(mx.uint32), cache, tap_ids)
+            nxt = mx.argmax(logits[-1])
+        mx.async_eval(*([nxt, taps] if how == "evaluated" else [nxt]))
+        return nxt, taps
+
+    cur, taps = step(y)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        following = step(cur)
+        cur.item()
+        if how in ("kept", "evaluated"):
+            held.append(taps)
+        times.append(time.perf_counter() - t)
+        cur, taps = following
+    cur.item()
+    mx.eval(held)
+    return statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="outrider-demo/target")
@@ -57,6 +95,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument(
+        "--forwards", type=int, default=128, help="steps of each forward-alone arm (0: none)"
+    )
     args = ap.parse_args()
     texts = [p.text for p in load_suite(args.suite)][: args.prompts]
     base = load(args.model, None, mode="baseline")
@@ -90,6 +131,19 @@ def main() -> None:
         same = "" if tokens[name] == tokens["baseline"] else "  OUTPUT DIFFERS"
         print(f"  {name:24s} {len(secs):5d} steps  median {med * 1e3:.3f} ms  "
               f"({med / plain:.3f}x baseline){same}")  # fmt: skip
+    if not args.forwards:
+        return
+    tapped = next(pipe for pipe, _ in arms.values() if pipe.proposer.tap_layer_ids)
+    hows = ("plain", "dropped", "kept", "evaluated")
+    alone: dict[str, list[float]] = {how: [] for how in hows}
+    for n in range(2 * len(hows)):  # each arm first in turn, twice
+        for how in hows[n % len(hows) :] + hows[: n % len(hows)]:
+            alone[how].append(forwards_alone(tapped, ids[n % len(ids)], args.forwards, how))
+    first = statistics.median(alone["plain"])
+    print(f"the forward alone, {args.forwards} pipelined steps x {2 * len(hows)}:")
+    for how, meds in alone.items():
+        med = statistics.median(meds)
+        print(f"  taps {how:10s} median {med * 1e3:.3f} ms  ({med / first:.3f}x no taps)")
 
 
 if __name__ == "__main__":
