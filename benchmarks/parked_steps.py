@@ -3,11 +3,11 @@
 `--max-draft auto` parks a drafter that does not pay and decodes plainly (`loop._plain_run`),
 but those steps still forward the drafter's tap layers, hand the taps to the drafter, look for
 a lookup copy and time themselves for the policy. Plain decoding (`loop._plain_steps`) does none
-of that. This runs, per prompt and interleaved (each arm first in turn): plain decoding (mode baseline), the mode with
-its policy held parked (every step a parked one), and the same with lookup copies off, and
-prints each arm's median time between steps, so the GPU shows what parking itself costs.
-Then the target's forward alone, pipelined, without taps and with them dropped, held unevaluated
-or evaluated with each step (`--forwards`): what the taps cost the device.
+of that. This runs, per prompt and interleaved (each arm first in turn): plain decoding (mode
+baseline), the mode with its policy held parked (every step a parked one), and the same with
+lookup copies off, and prints each arm's median time between steps. Then the target's forward
+alone, pipelined, without taps and with them dropped, held unevaluated or evaluated with each
+step (`--forwards`): what the taps cost the device.
 
     python benchmarks/parked_steps.py --modes dspark,dflash --suite chat --prompts 10
 """
