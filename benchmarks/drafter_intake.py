@@ -7,6 +7,10 @@ generations (its graph built and evaluated, synced) and sorts them by the rows t
 the cost of a catch-up (`AutoCap`'s first round after plain steps) reads against a steady one.
 
     python benchmarks/drafter_intake.py --mode dspark --suite chat --prompts 10 --caps 4,auto
+
+`--cold` times the first pass instead of a second one, so the calls that met a row count for
+the first time (kernels and plans built on first use) count too; the table then also gives
+each bucket's slowest call.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--caps", default="4,auto")
+    ap.add_argument("--cold", action="store_true", help="time the first pass (no warm-up)")
     args = ap.parse_args()
     pipe = load(args.model, args.drafter or DRAFTERS[args.mode], mode=args.mode)
     pipe.calibration = calibration.load(pipe) or calibration.measure(pipe)
@@ -79,13 +84,15 @@ def main() -> None:
           f"{mx.default_device()} · mlx {mx.__version__}")  # fmt: skip
     for cap in [c.strip() for c in args.caps.split(",") if c.strip()]:
         max_draft = cap if cap == "auto" else int(cap)
-        for p in ids:  # every shape once, untimed (kernels built on first use)
-            pipe.generate(p, max_tokens=args.max_tokens, max_draft=max_draft)
+        if not args.cold:
+            for p in ids:  # every shape once, untimed (kernels built on first use)
+                pipe.generate(p, max_tokens=args.max_tokens, max_draft=max_draft)
         calls.clear()
         for p in ids:
             pipe.generate(p, max_tokens=args.max_tokens, max_draft=max_draft)
         print(f"\ncap {cap}: {len(calls)} drafter calls")
-        print(f"  {'rows in':>9} {'calls':>6} {'build ms':>9} {'call ms':>8} {'pending':>8}")
+        print(f"  {'rows in':>9} {'calls':>6} {'build ms':>9} {'call ms':>8} {'pending':>8}"
+              f"{'  slowest ms' if args.cold else ''}")  # fmt: skip
         groups: dict[str, list] = {}
         for c in calls:
             groups.setdefault(bucket(c[1]), []).append(c)
@@ -93,7 +100,8 @@ def main() -> None:
             g = groups[name]
             print(f"  {name:>9} {len(g):>6} {statistics.median(c[2] for c in g) * 1e3:>9.3f} "
                   f"{statistics.median(c[3] for c in g) * 1e3:>8.3f} "
-                  f"{statistics.median(c[0] for c in g):>8.0f}")  # fmt: skip
+                  f"{statistics.median(c[0] for c in g):>8.0f}"
+                  f"{f'{max(c[3] for c in g) * 1e3:>12.3f}' if args.cold else ''}")  # fmt: skip
 
 
 if __name__ == "__main__":
