@@ -10,7 +10,9 @@ the cost of a catch-up (`AutoCap`'s first round after plain steps) reads against
 
 `--cold` times the first pass instead of a second one, so the calls that met a row count for
 the first time (kernels and plans built on first use) count too; the table then also gives
-each bucket's slowest call.
+each bucket's slowest call. `--rows 17,45,90` instead times a drafter call taking in that
+many rows of made-up taps, each count twice in turn (after a 1-row warm-up): the first call of
+a count against the second shows what meeting a row count for the first time costs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import mlx.core as mx  # noqa: E402
 from outrider.api import load  # noqa: E402
 from outrider.benchmark.suites import load_suite  # noqa: E402
 from outrider.core import calibration  # noqa: E402
+from outrider.core.proposer import DraftContext  # noqa: E402
+from outrider.core.sampling import SamplingParams  # noqa: E402
 
 DRAFTERS = {"dspark": "outrider-demo/dspark", "dflash": "outrider-demo/dflash"}
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -47,6 +51,28 @@ def bucket(rows: int) -> str:
     return f">{low}"
 
 
+def first_use(proposer, counts: list[int], width: int) -> None:
+    """Time a 4-draft call taking in each of `counts` rows of made-up taps, first then again."""
+    ctx = DraftContext([1, 2, 3], 4, SamplingParams())
+
+    def call(rows: int) -> float:
+        taps = mx.random.normal((rows, width)).astype(mx.bfloat16)
+        proposer.start([1] * rows, taps)
+        mx.eval(taps)
+        mx.synchronize()
+        t0 = time.perf_counter()
+        mx.eval(proposer.propose(ctx).tokens)
+        mx.synchronize()
+        return time.perf_counter() - t0
+
+    call(1)
+    first = {n: call(n) for n in counts}
+    again = {n: call(n) for n in counts}
+    print(f"  {'rows in':>8} {'first ms':>9} {'again ms':>9}")
+    for n in counts:
+        print(f"  {n:>8} {first[n] * 1e3:>9.3f} {again[n] * 1e3:>9.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="outrider-demo/target")
@@ -57,6 +83,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--caps", default="4,auto")
     ap.add_argument("--cold", action="store_true", help="time the first pass (no warm-up)")
+    ap.add_argument("--rows", help="made-up intakes of these row counts instead (comma list)")
     args = ap.parse_args()
     pipe = load(args.model, args.drafter or DRAFTERS[args.mode], mode=args.mode)
     pipe.calibration = calibration.load(pipe) or calibration.measure(pipe)
@@ -77,6 +104,11 @@ def main() -> None:
         calls.append((len(pending), rows, t1 - t0, time.perf_counter() - t0))
         return out
 
+    if args.rows:
+        width = len(proposer.tap_layer_ids) * pipe.target.hidden_size
+        print(f"{args.model} + {args.mode} · made-up intakes · {mx.default_device()}")
+        first_use(proposer, [int(n) for n in args.rows.split(",")], width)
+        return
     proposer._forward = timed
     texts = [p.text for p in load_suite(args.suite)][: args.prompts]
     ids = [pipe.encode(t) for t in texts]
