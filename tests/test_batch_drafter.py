@@ -16,7 +16,6 @@ import gc
 import weakref
 
 import mlx.core as mx
-import numpy as np
 import pytest
 from conftest import PROMPTS
 
@@ -28,8 +27,6 @@ from outrider.core.proposer import DraftContext
 from outrider.core.round import verify_round
 from outrider.core.sampling import KeyStream, SamplingParams
 from outrider.core.stopping import Stopper
-from outrider.plugins.strategies import block_proposer
-from outrider.plugins.strategies.draft_context import intake_width
 from outrider.testing import make_tiny_drafter
 
 GREEDY = SamplingParams()
@@ -316,45 +313,3 @@ def test_a_finished_row_goes_with_its_drafter_context(pipes):
     finally:
         gc.enable()
     assert rows[0][0].proposer._group is group and len(group.context) == 2
-
-
-@pytest.mark.parametrize("name", ["dspark-bare", "dspark-window", "dspark-limited"])
-@pytest.mark.parametrize("together", [1, 3])
-def test_an_intake_padded_to_its_width_drafts_what_the_bare_intake_drafts(
-    pipes, name, together, monkeypatch
-):
-    """A call taking in 17 or more context rows computes `intake_width` of them, the rest
-    zeros (so intakes of nearby sizes share their shapes on a GPU): the caches keep only the
-    real rows, so the drafts and every layer's context K/V are those of the bare intake."""
-    pipe = pipes[name]
-    inner = pipe.proposer
-    dims = len(inner.spec.target_layer_ids) * inner.spec.hidden_size
-    taps = mx.random.normal((160, dims), key=mx.random.key(5))
-    intakes = [(37, 23), (1, 50), (61, 2)][:together]  # rows a call, row by row
-    assert intake_width(37) == 40 and intake_width(50) == 56 and intake_width(61) == 64
-
-    def run() -> tuple[list, list]:
-        rows = [fork(inner) for _ in intakes]
-        at = 0
-        drafts = []
-        for step in range(3):
-            for p, counts in zip(rows, intakes):
-                n = counts[step % len(counts)]
-                if step == 0:
-                    p.start([1], taps[at : at + n])
-                else:
-                    p.observe(0, taps[at : at + n])
-                at += n
-            ctxs = [DraftContext([5 + i, 9 + step], 4, GREEDY) for i in range(len(rows))]
-            drafts.append([p.tokens.tolist() for p in inner.propose_rows(rows, ctxs)])
-        layers = rows[0]._group.context.layers
-        keys = [layer.kv.keys[..., : layer.kv._idx, :].astype(mx.float32) for layer in layers]
-        return drafts, [np.array(k) for k in keys]
-
-    padded = run()
-    monkeypatch.setattr(block_proposer, "intake_width", lambda rows: rows)
-    bare = run()
-    assert padded[0] == bare[0]
-    for got, want in zip(padded[1], bare[1], strict=True):
-        assert got.shape == want.shape
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -206,51 +206,31 @@ class ContextBackbone:
         """block embeddings [1, B, H], new context taps [S, n·H] -> final-normed hidden [B, H]."""
         return self.backbone_rows(block, [taps], cache)[0]
 
-    def backbone_rows(
-        self,
-        block: mx.array,
-        taps: list[mx.array | None],
-        cache: list,
-        width: int | None = None,
-    ) -> mx.array:
+    def backbone_rows(self, block: mx.array, taps: list[mx.array | None], cache: list) -> mx.array:
         """Rows together: each row's new context taps [S_i, n·H] (None: none), block
         embeddings [D, B, H] of the rows that draft (`ContextRows` says which) -> their
         final-normed hidden [D, B, H].
 
         Context rows are made from all rows' taps at once, then padded to the widest, the
-        padding after a row's own rows (`ContextRows` rolls it to the front). `width` (at
-        least the widest S_i) pads every row's context to that many rows and the projection
-        to as many: the caches drop what is past the widest (`RowsLayerCache.append`), so
-        intakes of nearby sizes run the same shapes (`draft_context.intake_width`)."""
+        padding after a row's own rows (`ContextRows` rolls it to the front)."""
         self.forwards += 1
         counts = [0 if t is None else t.shape[0] for t in taps]
         context = None
         if max(counts):
             given = [t for t, n in zip(taps, counts) if n]
             flat = given[0] if len(given) == 1 else mx.concatenate(given)
-            total, widest = flat.shape[0], max(counts)
-            width = max(widest, width or 0)
-            if len(counts) == 1:  # one row: its padding is the projection's
-                flat = _pad_rows(flat, width)
-            rows = self.hidden_norm(self.fc(flat.astype(block.dtype)))  # [sum S_i (+pad), H]
-            if len(counts) == 1 or min(counts) == width:  # no row is padded
-                context = rows.reshape(len(counts), width, rows.shape[-1])
+            rows = self.hidden_norm(self.fc(flat.astype(block.dtype)))  # [sum S_i, H]
+            widest = max(counts)
+            if min(counts) == widest:  # no row is padded
+                context = rows.reshape(len(counts), widest, rows.shape[-1])
             else:  # one gather of every row's rows and a zero row for its padding: a GPU
                 # pays per launch, and per-row slices, pads and a stack grow with the rows
-                zero = mx.zeros((1, rows.shape[-1]), dtype=rows.dtype)
-                rows = mx.concatenate([rows[:total], zero])
-                context = rows[mx.array(padded_index(counts, width))]
+                rows = mx.concatenate([rows, mx.zeros((1, rows.shape[-1]), dtype=rows.dtype)])
+                context = rows[mx.array(padded_index(counts, widest))]
         h = block
         for layer, c in zip(self.layers, cache):
             h = layer(h, context, c)
         return self.norm(h)
-
-
-def _pad_rows(x: mx.array, rows: int) -> mx.array:
-    """x [n, ...] with zero rows after it up to `rows`."""
-    if x.shape[0] >= rows:
-        return x
-    return mx.concatenate([x, mx.zeros((rows - x.shape[0], *x.shape[1:]), dtype=x.dtype)])
 
 
 def padded_index(counts: list[int], widest: int) -> list[list[int]]:

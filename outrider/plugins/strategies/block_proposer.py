@@ -31,7 +31,7 @@ from ...core.proposer import DraftContext, Proposal
 from ...core.sampling import probabilities, sample
 from ...core.target import Target
 from .block_drafter import BlockDrafter
-from .draft_context import ContextRows, intake_width
+from .draft_context import ContextRows
 
 # Context rows a block drafter sees by default: the latest 4096. DSpark and DFlash heads are
 # trained on short windows of text, and past them the whole context hurts their drafts
@@ -275,8 +275,7 @@ class BlockProposer:
         block = self._embed(ids)
         group.context.begin(incoming, ids.shape[1], drafting)
         try:
-            width = intake_width(max(incoming))
-            return self.drafter.backbone_rows(block, taps, group.context.layers, width)
+            return self.drafter.backbone_rows(block, taps, group.context.layers)
         finally:
             group.context.end()
 

@@ -83,21 +83,6 @@ def ordered_mask(
     return visibility(mx.arange(offset, offset + n), keys, causal, window)
 
 
-def intake_width(rows: int) -> int:
-    """How many context rows a drafter call computes to take in `rows` (the rest padding, which
-    the caches drop): `rows` itself up to 16, above that rounded up to an eighth of the next
-    power of two (17-20 -> 20, 33-40 -> 40, 1025-1280 -> 1280; at most a quarter more rows).
-
-    Steady rounds take in a few rows, but a catch-up after a parked run of plain steps and a
-    prompt's first intake take in a different count nearly every time, and a GPU backend pays
-    for each new shape it meets (MLX's CUDA backend builds kernels and plans on first use):
-    these widths keep the shapes to four an octave."""
-    if rows <= 16:
-        return rows
-    step = (1 << (rows - 1).bit_length()) >> 3
-    return -(-rows // step) * step
-
-
 @dataclass
 class _Call:
     """What one drafter call over `ContextRows` does to them, worked out on the host first.
@@ -114,7 +99,6 @@ class _Call:
     drafting: mx.array | None  # [D] the rows that run a block (None: every row)
     mask: mx.array | None  # [D, 1, 1, keys + block] keys a drafting row sees (None: all)
     ends: list[int]  # each drafting row's context length after the call (on the host)
-    widest: int = 0  # the most new context rows any row takes in (wider K/V: padding, dropped)
     positions: mx.array | None = None  # [D, 1, keys, 1] each key column's position
     masks: dict | None = None  # (causal, window) -> that kind of layer's mask, made once
 
@@ -195,7 +179,6 @@ class ContextRows:
             None if every else mx.array(drafting, dtype=mx.int32),
             mask,
             [after[i] for i in drafting],
-            widest,
         )
         if any(m and n for m, n in zip(moved, self.lengths)):  # some row moves older columns
             self._gather_older(source)
@@ -306,12 +289,9 @@ class RowsLayerCache:
     def append(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write the call's new columns (keys, values [R, kv, widest, D]), each padded row's
         trailing slots already holding the columns it moves there, then grow the padding and
-        drop what no row uses -> the K/V of the rows that draft. Columns past the call's widest
-        are an intake's padding (`intake_width`) and are not written."""
+        drop what no row uses -> the K/V of the rows that draft."""
         call = self.rows.call
         kv = self.kv
-        if keys.shape[2] > call.widest:
-            keys, values = keys[..., : call.widest, :], values[..., : call.widest, :]
         if call.into is not None:
             keys, values = self._with_moves(keys, values)
         kv.update_and_fetch(keys, values)  # one write, reading nothing of the buffer
