@@ -5,7 +5,9 @@ records, for every parked run of plain steps, each step's seconds against the ca
 step at that context, and for every drafting round its cap, the drafts kept, its seconds against
 the calibrated round, and the live scales the policy held after it. Then prints where the
 policy's plain-step and drafting-round costs sat against the medians of what the steps took,
-and plain decoding's own steps (mode baseline) for comparison.
+and plain decoding's own steps (mode baseline) for comparison, and where the drafting rounds after
+a prefill or plain steps spent their time against the rest (`Step.phases`: launching the
+round, queueing the next, waiting for the result, the host's work after).
 
     python benchmarks/policy_trace.py --modes dspark,dflash --suite chat --prompts 10 \
         --json trace.json
@@ -139,8 +141,15 @@ def main() -> None:
             Recorder(policy, events)
             t0 = time.perf_counter()
             tokens = 0
+            phases: dict[bool, list[dict]] = {True: [], False: []}  # after plain steps or not
             for p in ids:
-                tokens += len(pipe.generate(p, max_tokens=args.max_tokens, max_draft="auto").tokens)
+                before = "prefill"
+                for chunk in pipe.stream(p, max_tokens=args.max_tokens, max_draft="auto"):
+                    step = chunk.step
+                    tokens += len(step.committed)
+                    if step.source == "draft" and step.drafted and step.phases:
+                        phases[before != "draft"].append(step.phases)
+                    before = step.source
             seconds = time.perf_counter() - t0
             print(f"{mode}, pass {n + 1}: {tokens} tokens in {seconds:.2f} s "
                   f"({tokens / seconds:.1f} tok/s; baseline {len(steps) / base_s:.1f})")  # fmt: skip
@@ -151,6 +160,14 @@ def main() -> None:
             print(
                 f"  outside what the policy timed (prefills, untold steps): {ms(seconds - timed)}"
             )
+            for after, rounds in phases.items():
+                if rounds:
+                    parts = ", ".join(f"{k} {ms(statistics.median(r[k] for r in rounds))}"
+                                      for k in rounds[0])  # fmt: skip
+                    kind = "after a prefill or plain steps" if after else "after a round"
+                    print(
+                        f"  phases of the drafting rounds {kind} ({len(rounds)}), median: {parts}"
+                    )
             print(f"  policy at the end: {json.dumps(policy.snapshot())}")
             out[mode].append({"events": events, "tokens": tokens, "seconds": seconds,
                               "snapshot": policy.snapshot()})  # fmt: skip
