@@ -261,13 +261,24 @@ class BlockProposer:
         """One backbone call: every row of `group` takes in its pending taps, the rows of
         `drafting` run their blocks [anchor, mask...] of `width` slots -> final-normed hidden
         [drafting, width, H]."""
-        taps = []
+        taps, joins = [], []
         for p in group.members:
             pending, p._pending = p._pending, []
-            joined = (
-                pending[0] if len(pending) == 1 else mx.concatenate(pending) if pending else None
-            )
+            joined = None
+            if len(pending) == 1:
+                joined = pending[0]
+            elif pending:  # a catch-up: the taps of a parked run's steps, one entry a step
+                joined = mx.concatenate(pending)
+                joins.append(joined)
             taps.append(joined)
+        if joins:
+            # Scheduled on their own, ahead of the call: MLX's CUDA backend records a call's
+            # kernels in CUDA graphs of a fixed number of kernels and reuses a graph whose
+            # kernels match one it made before. The join's kernels (two or three a step) at
+            # the head of the round would shift every later boundary, so a round after a
+            # parked run of a new length made all its graphs anew (7-28 ms on an H100, against
+            # 3-4 for the same round again); apart, the round's graphs are those it reuses.
+            mx.async_eval(joins)
         incoming = [0 if t is None else t.shape[0] for t in taps]
         masks = mx.array(self._masks[: width - 1], dtype=mx.uint32)
         rows = anchors.shape[0]
