@@ -55,6 +55,7 @@
 #             and dflash, chat and math (benchmarks/policy_trace.py)
 #   parked    what a parked plain step (`--max-draft auto` holding a drafter back) costs against
 #             plain decoding's step, with and without lookup copies (benchmarks/parked_steps.py)
+#   abtrace   `trace`'s chat run of this tree against each ab/<hash> tree (carry "ab")
 #   trace2    `trace` on chat with the prompts run twice: first-use costs against steady ones
 #   intake    a model drafter's call by the context rows it takes in (the prompt, a round's
 #             tokens, a parked run's), demo pair, dspark and dflash, chat, cap 4 and auto
@@ -79,7 +80,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   echo "== $name (limit ${limit}s, at ${SECONDS}s)"
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
-  grep -E "tok/s|^ +[0-9>-]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+$|^cap |plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added|x baseline" "$out/$name.txt"
+  grep -E "tok/s|^ +[0-9>-]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+$|^cap |plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added|x baseline|^  phases|after plain steps" "$out/$name.txt"
 }
 
 export PYTHONUNBUFFERED=1
@@ -88,9 +89,9 @@ for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
-      | phases06b | abrollback | moves | timeline06b | trace | trace2 | parked | intake) ;;
+      | phases06b | abrollback | moves | timeline06b | trace | trace2 | abtrace | parked | intake) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, intake)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -232,6 +233,17 @@ for set in "$@"; do
       for suite in chat code; do
         step "parked_steps_$suite" 150 python3 benchmarks/parked_steps.py --modes dspark,dflash \
           --suite "$suite" --prompts 10 --passes 2
+      done ;;
+    abtrace)
+      # this tree against each ab/<hash> (scripts/ab_tree.sh; carry "ab"): the first pass of
+      # `trace` on chat, where the rounds after parked runs meet new shapes
+      bash scripts/ab_tree.sh --weights
+      step trace_new 90 python3 benchmarks/policy_trace.py --modes dspark,dflash --suite chat \
+        --prompts 10
+      for tree in ab/*/; do
+        [ -d "$tree" ] || continue
+        step "trace_$(basename "$tree")" 90 env -C "$tree" PYTHONPATH="/root/mlx-site:$PWD/$tree" \
+          python3 benchmarks/policy_trace.py --modes dspark,dflash --suite chat --prompts 10
       done ;;
     trace2)
       step policy_trace_chat_2 200 python3 benchmarks/policy_trace.py --modes dspark,dflash \
