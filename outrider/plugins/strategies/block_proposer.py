@@ -272,12 +272,14 @@ class BlockProposer:
                 joins.append(joined)
             taps.append(joined)
         if joins:
-            # Scheduled on their own, ahead of the call: MLX's CUDA backend records a call's
-            # kernels in CUDA graphs of a fixed number of kernels and reuses a graph whose
-            # kernels match one it made before. The join's kernels (two or three a step) at
-            # the head of the round would shift every later boundary, so a round after a
-            # parked run of a new length made all its graphs anew (7-28 ms on an H100, against
-            # 3-4 for the same round again); apart, the round's graphs are those it reuses.
+            # Scheduled on their own, ahead of the call: MLX's CUDA backend records kernels in
+            # CUDA graphs of a fixed number of kernels and reuses one whose dependencies match
+            # a graph it made before. The join's kernels (two or three a step) at the head of
+            # the round shift every later boundary with the run's length, so the round's graphs
+            # are new ones (the first round after a parked run took 7-28 ms on an H100 against
+            # 3-5, and with CUDA graphs off most of the gap went: docs/performance.md, "Parked
+            # steps, and the first round after them"). Apart, the round's graphs are the ones
+            # a steady round makes.
             mx.async_eval(joins)
         incoming = [0 if t is None else t.shape[0] for t in taps]
         masks = mx.array(self._masks[: width - 1], dtype=mx.uint32)
