@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import mlx.core as mx
 import pytest
 from conftest import PROMPTS, plain_greedy
 from typer.testing import CliRunner
@@ -146,3 +147,26 @@ def test_the_key_names_the_attention_route_the_target_takes(qwen3_target, monkey
     calibration.save(cal, tmp_path)
     assert calibration.load(split, tmp_path) == cal
     assert calibration.load(native, tmp_path) is None
+
+
+def test_the_key_names_the_cpu_blas_so_installing_openblas_times_the_curve_again(
+    qwen3_target, monkeypatch, tmp_path
+):
+    """On the CPU a verify's cost is mostly the BLAS's: a curve timed with MLX's reference BLAS
+    (a multi-row verify at several one-row forwards) must not stand for OpenBLAS's (about one),
+    or `auto` stays parked where drafting pays. The key names the BLAS MLX multiplies with;
+    MLX's own is left unnamed, so curves timed on it before this field keep their key."""
+    pipe = outrider.load(str(qwen3_target), mode="lookup")
+    monkeypatch.setattr(calibration.blas, "state", lambda: calibration.blas.BlasState())
+    reference = calibration.calibration_key(pipe)
+    assert "cpu_blas" not in reference
+    cal = calibration.measure(pipe, contexts=(16,), max_width=2, repeats=1)
+    calibration.save(cal, tmp_path)
+    assert calibration.load(pipe, tmp_path) == cal
+    openblas = calibration.blas.BlasState(path="/usr/lib/libopenblas.so.0", note="loaded")
+    monkeypatch.setattr(calibration.blas, "state", lambda: openblas)
+    if mx.default_device() != mx.cpu:  # a GPU's curve does not depend on the CPU's BLAS
+        assert calibration.calibration_key(pipe) == reference
+        return
+    assert calibration.calibration_key(pipe)["cpu_blas"] == "/usr/lib/libopenblas.so.0"
+    assert calibration.load(pipe, tmp_path) is None  # timed again, not the reference's curve

@@ -37,6 +37,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from . import blas
 from .paths import cache_root
 from .proposer import DraftContext
 from .sampling import SamplingParams
@@ -193,9 +194,15 @@ class Calibration:
 
 
 def calibration_key(pipe: Any) -> dict[str, str]:
-    """What a calibration is valid for: this device and MLX, this target, drafter and mode, and
-    the routes its forward takes (split attention where the probe kept it)."""
-    return {
+    """What a calibration is valid for: this device and MLX, this target, drafter and mode, the
+    routes its forward takes (split attention where the probe kept it), and on the CPU the BLAS
+    MLX multiplies with (core/blas.py), named only where it is not MLX's own.
+
+    The BLAS changes what a verify costs most of all: with MLX's reference BLAS a 5-row verify
+    of the demo target cost 2.8 one-row forwards on a 2-core CPU, with OpenBLAS about one. A
+    curve timed before OpenBLAS was installed kept `--max-draft auto` parked where cap 4 ran
+    1.89x plain decoding."""
+    key = {
         "device": str(mx.default_device()),
         "device_name": _device_name(),
         "mlx": mx.__version__,
@@ -205,6 +212,9 @@ def calibration_key(pipe: Any) -> dict[str, str]:
         "kv_bits": str(getattr(pipe.target, "kv_bits", None) or ""),
         "routes": routes(pipe.target.model),
     }
+    if mx.default_device() == mx.cpu and blas.state().path:  # keys timed on MLX's own stay valid
+        key["cpu_blas"] = blas.state().path
+    return key
 
 
 def _device_name() -> str:
