@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 
 import outrider
 from outrider import cli
-from outrider.core import calibration
+from outrider.core import calibration, cuda_graphs
 from outrider.core.calibration import Calibration
+from outrider.core.device import on_cuda_gpu
 from outrider.core.schedule import AutoCap
 
 
@@ -170,3 +171,20 @@ def test_the_key_names_the_cpu_blas_so_installing_openblas_times_the_curve_again
         return
     assert calibration.calibration_key(pipe)["cpu_blas"] == "/usr/lib/libopenblas.so.0"
     assert calibration.load(pipe, tmp_path) is None  # timed again, not the reference's curve
+
+
+def test_the_key_names_cuda_graphs_switched_off(qwen3_target, monkeypatch):
+    """A batching server turns MLX's CUDA graphs off, which doubles the demo target's plain
+    step on an H100: its curve is kept apart from one timed with them on (their default). Off a
+    CUDA GPU MLX never reads the switch, and the key ignores it."""
+    pipe = outrider.load(str(qwen3_target), mode="lookup")
+    monkeypatch.setenv(cuda_graphs.ENV, "1")
+    on = calibration.calibration_key(pipe)
+    assert "cuda_graphs" not in on  # the default's key is the one curves were timed under
+    monkeypatch.setenv(cuda_graphs.ENV, "0")
+    off = calibration.calibration_key(pipe)
+    if on_cuda_gpu():
+        assert off == {**on, "cuda_graphs": "off"}
+        assert calibration.path_for(off) != calibration.path_for(on)
+    else:
+        assert off == on

@@ -37,7 +37,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import blas
+from . import blas, cuda_graphs
+from .device import on_cuda_gpu
 from .paths import cache_root
 from .proposer import DraftContext
 from .sampling import SamplingParams
@@ -201,7 +202,8 @@ def calibration_key(pipe: Any) -> dict[str, str]:
     The BLAS changes what a verify costs most of all: with MLX's reference BLAS a 5-row verify
     of the demo target cost 2.8 one-row forwards on a 2-core CPU, with OpenBLAS about one. A
     curve timed before OpenBLAS was installed kept `--max-draft auto` parked where cap 4 ran
-    1.89x plain decoding."""
+    1.89x plain decoding. Likewise on CUDA with MLX's graphs off (`outrider serve` batching):
+    the demo target's plain step took 2.1 ms there against 1.0 with them on."""
     key = {
         "device": str(mx.default_device()),
         "device_name": _device_name(),
@@ -214,6 +216,8 @@ def calibration_key(pipe: Any) -> dict[str, str]:
     }
     if mx.default_device() == mx.cpu and blas.state().path:  # keys timed on MLX's own stay valid
         key["cpu_blas"] = blas.state().path
+    if on_cuda_gpu() and cuda_graphs.state() == "off":  # a batching server's (core/cuda_graphs.py)
+        key["cuda_graphs"] = "off"
     return key
 
 
