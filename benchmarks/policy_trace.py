@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT))
 import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.py)
 
 # isort: split
+from parked_steps import steps_of  # noqa: E402 - benchmarks/ is on the path as this script's folder
+
 from outrider.api import load  # noqa: E402
 from outrider.benchmark.suites import load_suite  # noqa: E402
 from outrider.core import calibration, schedule  # noqa: E402
@@ -118,12 +120,7 @@ def main() -> None:
     steps = []
     t0 = time.perf_counter()
     for p in ids:
-        last = None
-        for _chunk in base.stream(p, max_tokens=args.max_tokens):
-            now = time.perf_counter()
-            if last is not None:
-                steps.append(now - last)
-            last = now
+        steps += steps_of(base, p, args.max_tokens)
     base_s = time.perf_counter() - t0
     print(f"baseline: {len(steps)} steps, median {statistics.median(steps) * 1e3:.3f} ms "
           f"(between yields), {base_s:.2f} s in all")  # fmt: skip
