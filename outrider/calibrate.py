@@ -52,7 +52,7 @@ def calibrate(
         with err.status("measuring…") as status:
 
             def progress(done: int, total: int) -> None:
-                status.update(f"measuring: {done}/{total} verify widths")
+                status.update(f"measuring: pass {done} of {total} over the widths")
 
             cal = calibration.measure(pipe, ctxs, max_width, progress=progress)
         calibration.save(cal)

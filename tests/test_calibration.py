@@ -24,7 +24,13 @@ def pipe(qwen3_target, drafters):
 
 
 def test_measure_keeps_a_curve_per_context_and_a_drafter_cost(pipe, tmp_path):
-    cal = calibration.measure(pipe, contexts=(16, 48), max_width=4, repeats=1)
+    passes = []
+    cal = calibration.measure(
+        pipe, contexts=(16, 48), max_width=4, repeats=1, progress=lambda *p: passes.append(p)
+    )
+    # one run of timed passes over both contexts (a slow moment lands on each alike), not
+    # one context's passes after the other's
+    assert passes and [d for d, _ in passes] == list(range(1, passes[0][1] + 1))
     assert sorted(cal.verify_ms) == [16, 48]
     assert all(len(v) == 4 and all(t > 0 for t in v) for v in cal.verify_ms.values())
     assert cal.draft_ms > 0  # a drafter round costs something; lookup's would be 0
@@ -38,6 +44,13 @@ def test_measure_keeps_a_curve_per_context_and_a_drafter_cost(pipe, tmp_path):
     assert calibration.load(other, tmp_path) is None  # another mode: not this one's
     path.write_text("{not json")
     assert calibration.load(pipe, tmp_path) is None and calibration.stored(tmp_path) == []
+
+
+def test_timed_passes_run_every_measurement_once_a_pass():
+    order = []
+    runs = [lambda i=i: order.append(i) for i in range(3)]
+    medians = calibration._interleaved(runs, repeats=2, budget=0.0)
+    assert len(medians) == 3 and order == [0, 1, 2] * 3  # the untimed pass, then two timed
 
 
 def test_a_rounds_drafter_cost_is_a_fixed_call_plus_a_cost_per_further_draft():

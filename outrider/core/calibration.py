@@ -60,7 +60,8 @@ PAD_PROBE_WIDTH = 8  # on a GPU, inline calibrations of a padding target measure
 # family that newly reroutes, or a probe that declines where it accepted, measures again by
 # itself; the version moves when a route's own arithmetic changes. 6: half-precision verify
 # rows of 3 or more take bucketed attention (the same file; OUTRIDER_ATTENTION_BUCKETS).
-VERSION = 6
+# 7: every context is timed in every pass (`measure`), not one context after the other.
+VERSION = 7
 
 
 @dataclass
@@ -319,21 +320,25 @@ def measure(
     widths, target.verify_widths = target.verify_widths, {}  # the curve as MLX runs it
     try:
         with mx.stream(target.stream):
+            runs = []  # per context: the widths, then the plain steps
             for i, context in enumerate(ctxs):
                 ids = mx.random.randint(1, vocab, (context + max_width,), key=mx.random.key(i))
                 prompt = ids[:context].tolist()
                 cache = target.make_cache()
                 target.prefill(prompt, cache, tap_ids)
                 mx.eval([c.state for c in cache])
-                runs = [partial(_verify, target, cache, ids[context : context + w], tap_ids)
-                        for w in range(1, max_width + 1)]  # fmt: skip
+                runs += [partial(_verify, target, cache, ids[context : context + w], tap_ids)
+                         for w in range(1, max_width + 1)]  # fmt: skip
                 first = ids[context : context + 1].astype(mx.uint32)
                 runs.append(partial(_plain_steps, target, cache, first, tap_ids))
-                timed = _interleaved(runs, repeats)  # the widths, then the plain steps
-                verify[context] = timed[:-1]
-                plain[context] = round(timed[-1] / PLAIN_STEPS, 4)
-                if progress is not None:
-                    progress((i + 1) * max_width, len(ctxs) * max_width)
+            # every context in every pass: timed one context after the other, a slow minute
+            # of the machine read as a context's cost (on an H200 the demo target's plain
+            # step measured 1.62 ms at 1024 tokens against 0.97 at 128 and 1.17 at 4079)
+            timed = _interleaved(runs, repeats, PASS_BUDGET * len(ctxs), progress)
+            for i, context in enumerate(ctxs):
+                part = timed[i * (max_width + 1) : (i + 1) * (max_width + 1)]
+                verify[context] = part[:-1]
+                plain[context] = round(part[-1] / PLAIN_STEPS, 4)
     finally:
         target.verify_widths = widths
     with mx.stream(target.stream):
@@ -358,21 +363,26 @@ def _verify(target: Any, cache: list, block: mx.array, tap_ids: tuple[int, ...])
     target.rollback(cache, block.shape[0])
 
 
-def _interleaved(runs: list, repeats: int) -> list[float]:
+def _interleaved(
+    runs: list, repeats: int, budget: float = PASS_BUDGET, progress: Any = None
+) -> list[float]:
     """Median milliseconds of each run, timed in passes over all of them (one untimed pass
-    first), so that a slow moment of the host lands on every width alike instead of on one.
-    At least `repeats` passes, more (up to MAX_REPEATS) while they fit PASS_BUDGET."""
+    first), so that a slow moment of the host lands on every width and context alike instead
+    of on one. At least `repeats` passes, more (up to MAX_REPEATS) while they fit `budget`
+    seconds; `progress(passes done, passes)` after each."""
     times: list[list[float]] = [[] for _ in runs]
     t0 = time.perf_counter()
     for run in runs:
         run()
     warm = time.perf_counter() - t0
-    passes = max(repeats, min(MAX_REPEATS, int(PASS_BUDGET / max(warm, 1e-6))))
-    for _ in range(passes):
+    passes = max(repeats, min(MAX_REPEATS, int(budget / max(warm, 1e-6))))
+    for done in range(passes):
         for run, seen in zip(runs, times):
             t = time.perf_counter()
             run()
             seen.append(time.perf_counter() - t)
+        if progress is not None:
+            progress(done + 1, passes)
     return [round(statistics.median(seen) * 1000, 4) for seen in times]
 
 
