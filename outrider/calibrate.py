@@ -49,6 +49,12 @@ def calibrate(
                 kv_bits=kv_bits,
                 plugins=plugins(),
             )
+        need = calibration.needed_width(pipe)
+        if max_width < need:
+            err.print(
+                f"note: --max-width {max_width} is narrower than the {need} rows this pair's "
+                f"rounds verify; `--max-draft auto` measures its own curve on first use"
+            )
         with err.status("measuring…") as status:
 
             def progress(done: int, total: int) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -24,15 +25,15 @@ def pipe(qwen3_target, drafters):
 
 
 def test_measure_keeps_a_curve_per_context_and_a_drafter_cost(pipe, tmp_path):
-    passes = []
+    passes, width = [], calibration.needed_width(pipe)
     cal = calibration.measure(
-        pipe, contexts=(16, 48), max_width=4, repeats=1, progress=lambda *p: passes.append(p)
+        pipe, contexts=(16, 48), max_width=width, repeats=1, progress=lambda *p: passes.append(p)
     )
     # one run of timed passes over both contexts (a slow moment lands on each alike), not
     # one context's passes after the other's
     assert passes and [d for d, _ in passes] == list(range(1, passes[0][1] + 1))
     assert sorted(cal.verify_ms) == [16, 48]
-    assert all(len(v) == 4 and all(t > 0 for t in v) for v in cal.verify_ms.values())
+    assert all(len(v) == width and all(t > 0 for t in v) for v in cal.verify_ms.values())
     assert cal.draft_ms > 0  # a drafter round costs something; lookup's would be 0
     assert sorted(cal.plain_ms) == [16, 48] and all(t > 0 for t in cal.plain_ms.values())
     assert cal.round_cost(0, 16) == pytest.approx(cal.plain_ms[16] / 1000)
@@ -51,6 +52,20 @@ def test_timed_passes_run_every_measurement_once_a_pass():
     runs = [lambda i=i: order.append(i) for i in range(3)]
     medians = calibration._interleaved(runs, repeats=2, budget=0.0)
     assert len(medians) == 3 and order == [0, 1, 2] * 3  # the untimed pass, then two timed
+
+
+def test_a_curve_narrower_than_the_pipelines_rounds_is_measured_again(pipe, tmp_path):
+    """`outrider calibrate --max-width 4` for a drafter that drafts 8 stored a curve that
+    read every wider round at 4 rows' cost (the curve stops there), so `auto` took wide caps for
+    cheap. Such a curve is not this pipeline's: loading it finds none, and the command says so."""
+    need = calibration.needed_width(pipe)
+    assert need == pipe.proposer.max_draft + 1 > 4
+    narrow = calibration.measure(pipe, contexts=(16,), max_width=4, repeats=1)
+    calibration.save(narrow, tmp_path)
+    assert calibration.load(pipe, tmp_path) is None
+    wide = replace(narrow, verify_ms={16: narrow.verify_ms[16] + [1.0] * (need - 4)})
+    calibration.save(wide, tmp_path)
+    assert calibration.load(pipe, tmp_path) == wide
 
 
 def test_a_rounds_drafter_cost_is_a_fixed_call_plus_a_cost_per_further_draft():
@@ -117,6 +132,7 @@ def test_calibrate_command_and_doctor(qwen3_target):
     assert set(data["plain_ms"]) == {"16", "32"}
     table = runner.invoke(cli.app, [*args, "--contexts", "16,32", "--max-width", "2"])
     assert table.exit_code == 0 and "plain step, pipelined" in table.output
+    assert "narrower than the 16 rows" in table.output  # lookup drafts 16: auto measures anew
     doctor = json.loads(runner.invoke(cli.app, ["doctor", "--json"]).stdout)
     assert [c["file"] for c in doctor["calibrations"]] == [data["file"]]
     bad = runner.invoke(cli.app, [*args, "--contexts", "16,x"])
@@ -156,7 +172,8 @@ def test_the_key_names_the_attention_route_the_target_takes(qwen3_target, monkey
     split = outrider.load(str(qwen3_target), mode="lookup")
     assert calibration.calibration_key(native)["routes"] == "native"
     assert calibration.calibration_key(split)["routes"] == "split"
-    cal = calibration.measure(split, contexts=(16,), max_width=2, repeats=1)
+    width = calibration.needed_width(split)
+    cal = calibration.measure(split, contexts=(16,), max_width=width, repeats=1)
     assert cal.attention == "split"
     calibration.save(cal, tmp_path)
     assert calibration.load(split, tmp_path) == cal
@@ -174,7 +191,8 @@ def test_the_key_names_the_cpu_blas_so_installing_openblas_times_the_curve_again
     monkeypatch.setattr(calibration.blas, "state", lambda: calibration.blas.BlasState())
     reference = calibration.calibration_key(pipe)
     assert "cpu_blas" not in reference
-    cal = calibration.measure(pipe, contexts=(16,), max_width=2, repeats=1)
+    width = calibration.needed_width(pipe)
+    cal = calibration.measure(pipe, contexts=(16,), max_width=width, repeats=1)
     calibration.save(cal, tmp_path)
     assert calibration.load(pipe, tmp_path) == cal
     openblas = calibration.blas.BlasState(path="/usr/lib/libopenblas.so.0", note="loaded")

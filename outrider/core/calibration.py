@@ -235,8 +235,17 @@ def path_for(key: dict[str, str], root: Path | None = None) -> Path:
     return (root or cache_root()) / "calibration" / f"{digest}.json"
 
 
+def needed_width(pipe: Any) -> int:
+    """The widest verify this pipeline's `auto` rounds run: its drafter's full cap and the
+    anchor (up to MAX_WIDTH)."""
+    return max(1, min(MAX_WIDTH, pipe.proposer.max_draft + 1))
+
+
 def load(pipe: Any, root: Path | None = None) -> Calibration | None:
-    """The stored calibration of this pipeline on this machine, if there is a valid one."""
+    """The stored calibration of this pipeline on this machine, if there is a valid one: its
+    key and version match, and its curve reaches every width the pipeline verifies (`outrider
+    calibrate --max-width 4` for a drafter of 8 stored a curve that priced every round of 5 to
+    9 rows at 4, so `auto` took its widest caps for cheap; such a curve is measured again)."""
     key = calibration_key(pipe)
     path = path_for(key, root)
     try:
@@ -244,6 +253,8 @@ def load(pipe: Any, root: Path | None = None) -> Calibration | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if cal.key != key or cal.version != VERSION:
+        return None
+    if min(len(v) for v in cal.verify_ms.values()) < needed_width(pipe):
         return None
     cal.path = path
     return cal
@@ -441,7 +452,7 @@ def calibrated(pipe: Any, progress: Any = None) -> tuple[Calibration, bool]:
     # inline, only the widths this pipeline can verify (`outrider calibrate` measures them all),
     # and on a GPU, where a wider forward can cost less, up to PAD_PROBE_WIDTH for a target
     # that could run its verifies padded
-    width = pipe.proposer.max_draft + 1
+    width = needed_width(pipe)
     if mx.default_device() == mx.gpu and pipe.target.pads_verify:
         width = max(width, PAD_PROBE_WIDTH)
     cal = measure(pipe, max_width=min(MAX_WIDTH, width), progress=progress)
