@@ -343,8 +343,9 @@ def measure(
                 first = ids[context : context + 1].astype(mx.uint32)
                 runs.append(partial(_plain_steps, target, cache, first, tap_ids))
             # every context in every pass: timed one context after the other, a slow minute
-            # of the machine read as a context's cost (on an H200 the demo target's plain
-            # step measured 1.62 ms at 1024 tokens against 0.97 at 128 and 1.17 at 4079)
+            # of the machine reads as a context's cost (likely why the demo target's plain
+            # step measured 1.62 ms at 1024 tokens on an H200, against 0.97 at 128 and 1.17
+            # at 4079)
             timed = _interleaved(runs, repeats, PASS_BUDGET * len(ctxs), progress)
             for i, context in enumerate(ctxs):
                 part = timed[i * (max_width + 1) : (i + 1) * (max_width + 1)]
