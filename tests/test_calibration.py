@@ -57,7 +57,8 @@ def test_timed_passes_run_every_measurement_once_a_pass():
 def test_a_curve_narrower_than_the_pipelines_rounds_is_measured_again(pipe, tmp_path):
     """`outrider calibrate --max-width 4` for a drafter that drafts 8 stored a curve that
     read every wider round at 4 rows' cost (the curve stops there), so `auto` took wide caps for
-    cheap. Such a curve is not this pipeline's: loading it finds none, and the command says so."""
+    cheap. Such a curve is not this pipeline's: loading it finds none (the command's note is
+    checked in `test_calibrate_command_and_doctor`)."""
     need = calibration.needed_width(pipe)
     assert need == pipe.proposer.max_draft + 1 > 4
     narrow = calibration.measure(pipe, contexts=(16,), max_width=4, repeats=1)

@@ -215,8 +215,9 @@ def calibration_key(pipe: Any) -> dict[str, str]:
         "kv_bits": str(getattr(pipe.target, "kv_bits", None) or ""),
         "routes": routes(pipe.target.model),
     }
-    if mx.default_device() == mx.cpu and blas.state().path:  # keys timed on MLX's own stay valid
-        key["cpu_blas"] = blas.state().path
+    cpu_blas = blas.state().path if mx.default_device() == mx.cpu else None
+    if cpu_blas:  # keys timed on MLX's own stay valid
+        key["cpu_blas"] = cpu_blas
     if on_cuda_gpu() and cuda_graphs.state() == "off":  # a batching server's (core/cuda_graphs.py)
         key["cuda_graphs"] = "off"
     return key
@@ -456,6 +457,6 @@ def calibrated(pipe: Any, progress: Any = None) -> tuple[Calibration, bool]:
     width = needed_width(pipe)
     if mx.default_device() == mx.gpu and pipe.target.pads_verify:
         width = max(width, PAD_PROBE_WIDTH)
-    cal = measure(pipe, max_width=min(MAX_WIDTH, width), progress=progress)
+    cal = measure(pipe, max_width=width, progress=progress)  # both at most MAX_WIDTH
     save(cal)
     return cal, True
