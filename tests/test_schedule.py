@@ -270,7 +270,10 @@ def test_a_copy_breaks_parked_plain_steps_only_where_it_pays():
     assert policy.copy_scale == pytest.approx(2.24 / 1.30)
     assert not policy.copy_pays(3, 1 + 0.6 * 3)  # 2.8 tokens for 2.24 + 0.8 ms
     assert policy.copy_pays(16, 1 + 0.8 * 16)  # 13.8 tokens for ~3.5 ms
-    assert AutoCap(8).copy_pays(3, 1.0)  # no calibration: every copy is taken
+    assert AutoCap(8).copy_pays(3, 1.0)  # no calibration, no round timed: every copy is taken
+    live = trained(8, lambda k: 1.0 + 0.3 * k, 0.5)  # no calibration: live rounds weigh it
+    assert not live.copy_pays(3, 1 + 0.1 * 3)  # 1.3 tokens for a 1.9 s round and a step
+    assert live.copy_pays(8, 1 + 8)  # 9 tokens for 3.4 s and a step
 
 
 def test_a_measured_restart_of_the_plain_run_after_a_copy_counts_toward_its_cost():

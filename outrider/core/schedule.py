@@ -227,12 +227,16 @@ class AutoCap:
         the plain run is built and dropped) and what the run after the round pays for starting
         without a forward queued ahead of it (`restart`, measured) against `kept` plain steps,
         by MARGIN. On a launch-bound GPU a short copy of chat text loses there; a long one of
-        code pays. Without a calibration every copy is taken: timings of pipelined plain steps
-        alone are too rough to turn one down."""
-        if self.calibration is None:
+        code pays. Without a calibration a drafting round's live cost (`cost`) stands in for the
+        copy's once drafting rounds have been timed; before that every copy is taken: timings
+        of pipelined plain steps alone are too rough to turn one down."""
+        if self.calibration is None and not self._drafting_timed():
             return True
         plain = self.cost(0)
         return kept / (self.copy_cost(drafts) + plain + self.restart) > MARGIN / plain
+
+    def _drafting_timed(self) -> bool:
+        return any(k > 0 and self.rounds.get(k, 0) > self.warmup for k in self.costs)
 
     def observe_restart(self, seconds: float) -> None:
         """A parked run's first plain step took `seconds`: it waited for a forward launched just
@@ -246,9 +250,12 @@ class AutoCap:
         self.restarts += 1
 
     def copy_cost(self, drafts: int) -> float:
-        """Seconds of a lookup copy's round of `drafts` drafts (with a calibration): its
+        """Seconds of a lookup copy's round of `drafts` drafts: with a calibration, its
         verify, times what copy rounds have cost against it here (`observe_copy`; until one
-        is timed, the verify alone), plus the time outside the loop."""
+        is timed, the verify alone), plus the time outside the loop. Without a calibration, a
+        drafting round's live cost at that many drafts."""
+        if self.calibration is None:
+            return self.cost(drafts)
         verify = self.calibration.verify_cost(drafts + 1, self.context)
         return verify * (self.copy_scale or 1.0) + self.outside
 
