@@ -63,19 +63,21 @@ def main() -> None:
     def copy_ms(d: int) -> float:
         return args.round_ms + args.per_draft_ms * (d - 1)
 
-    pipe = load(args.model, None, "lookup", max_draft="auto")
-    pipe.cap_policy = None
-    held_parked(pipe, (args.plain_ms, copy_ms, args.restart_ms))
     offers: list[tuple[int, float]] = []  # (kind, drafts expected kept) of each copy proposed
-    propose = LookupProposer.propose
 
-    def noted(proposer: LookupProposer, ctx):
-        offer, proposal = proposer._offer, propose(proposer, ctx)
-        if proposal.copied:
-            offers.append((offer[1], min(proposer.rates.kept[offer[1]], proposal.k)))
-        return proposal
+    class Noted(LookupProposer):
+        """Lookup that notes each copy it proposes: its match's kind and what it should keep."""
 
-    LookupProposer.propose = noted  # this process only: the benchmark's own instrument
+        def propose(self, ctx):
+            offer, proposal = self._offer, super().propose(ctx)
+            if proposal.copied:
+                offers.append((offer[1], min(self.rates.kept[offer[1]], proposal.k)))
+            return proposal
+
+    loaded = load(args.model, None, "lookup")
+    proposer = Noted(max_draft=loaded.proposer.max_draft)
+    pipe = Pipeline(loaded.target, proposer, "lookup", proposer.max_draft, auto_cap=True)
+    held_parked(pipe, (args.plain_ms, copy_ms, args.restart_ms))
     print(f"{args.model}, lookup held parked, copies priced at plain {args.plain_ms} ms, "
           f"round {args.round_ms} + {args.per_draft_ms}/draft ms, restart {args.restart_ms} ms")  # fmt: skip
     for group, texts in prompt_groups(args).items():
