@@ -112,3 +112,31 @@ def test_parked_lookup_verifies_offered_copies_whole_and_stays_plain_greedy(
     drafted = [r for r in got.rounds if r.drafted]
     assert drafted and any(len(r.drafted) > 1 for r in drafted)  # whole copies, not cap 1
     assert auto.cap_policy.drafting == 0  # copies, not drafting rounds: acceptance untaught
+
+
+def test_the_replay_benchmark_prices_copies_at_the_costs_it_is_given(
+    qwen3_target, capsys, monkeypatch
+):
+    """`benchmarks/lookup_copies.py` on the tiny target: where a copy round costs a second no
+    copy is taken and the modelled speed-up is plain decoding's; where it costs a plain step,
+    copies are taken and each kind's row says what they were expected to keep and kept."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "lookup_copies.py"
+    spec = importlib.util.spec_from_file_location("lookup_copies", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    argv = ["lookup_copies.py", "--model", str(qwen3_target), "--kinds", "chat", "--prompts", "2"]
+    argv += ["--max-tokens", "48", "--plain-ms", "1.0", "--restart-ms", "0"]
+    for round_ms, taken in (("1000", False), ("1.0", True)):
+        monkeypatch.setattr(sys, "argv", [*argv, "--round-ms", round_ms])
+        bench.main()
+        out = capsys.readouterr().out
+        rows = out.split("kept\n", 1)[1].strip().splitlines()
+        assert "speed-up" in out
+        if not taken:
+            assert "speed-up 1.000x" in out and rows == []
+        else:
+            assert rows and all(len(row.split()) == 4 for row in rows)
