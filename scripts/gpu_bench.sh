@@ -56,6 +56,8 @@
 #   parked    what a parked plain step (`--max-draft auto` holding a drafter back) costs against
 #             plain decoding's step, with and without lookup copies (benchmarks/parked_steps.py)
 #   abtrace   `trace`'s chat run of this tree against each ab/<hash> tree (carry "ab")
+#   ablookup  lookup mode with `--max-draft auto` (its copies by match kind), demo target,
+#             three suites: each ab/<hash> tree (carry "ab") and this tree, alternating, twice
 #   trace2    `trace` on chat with the prompts run twice: first-use costs against steady ones
 #   intake    a model drafter's call by the context rows it takes in (the prompt, a round's
 #             tokens, a parked run's), demo pair, dspark and dflash, chat, cap 4 and auto
@@ -80,7 +82,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   echo "== $name (limit ${limit}s, at ${SECONDS}s)"
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
-  grep -E "tok/s|^ +[0-9>-]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+$|^cap |plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added|x baseline|^  phases|after plain steps" "$out/$name.txt"
+  grep -E "tok/s|^ +[0-9>-]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+$|^cap |plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added|x baseline|^  phases|after plain steps|lookup +auto|^  (chat|code|math) " "$out/$name.txt"
 }
 
 export PYTHONUNBUFFERED=1
@@ -89,9 +91,10 @@ for set in "$@"; do  # a wrong name fails before anything runs
   case "$set" in
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
-      | phases06b | abrollback | moves | timeline06b | trace | trace2 | abtrace | parked | intake) ;;
+      | phases06b | abrollback | moves | timeline06b | trace | trace2 | abtrace | parked | intake \
+      | ablookup) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake, ablookup)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -244,6 +247,18 @@ for set in "$@"; do
         [ -d "$tree" ] || continue
         step "trace_$(basename "$tree")" 90 env -C "$tree" PYTHONPATH="/root/mlx-site:$PWD/$tree" \
           python3 benchmarks/policy_trace.py --modes dspark,dflash --suite chat --prompts 10
+      done ;;
+    ablookup)
+      lookup="-m outrider benchmark --model outrider-demo/target --modes baseline,lookup \
+        --suites chat,code,math --trials 1 --prompts-per-suite 10 --max-tokens 128 --max-draft auto"
+      bash scripts/ab_tree.sh --weights
+      for pass in 1 2; do
+        for tree in ab/*/; do
+          [ -d "$tree" ] || continue
+          step "lookup_$(basename "$tree")_$pass" 90 env -C "$tree" \
+            PYTHONPATH="/root/mlx-site:$PWD/$tree" python3 $lookup
+        done
+        step "lookup_new_$pass" 90 python3 $lookup --json "$out/lookup_new_$pass.json"
       done ;;
     trace2)
       step policy_trace_chat_2 200 python3 benchmarks/policy_trace.py --modes dspark,dflash \
