@@ -78,8 +78,8 @@ def main() -> None:
     proposer = Noted(max_draft=loaded.proposer.max_draft)
     pipe = Pipeline(loaded.target, proposer, "lookup", proposer.max_draft, auto_cap=True)
     held_parked(pipe, (args.plain_ms, copy_ms, args.restart_ms))
-    print(f"{args.model}, lookup held parked, copies priced at plain {args.plain_ms} ms, "
-          f"round {args.round_ms} + {args.per_draft_ms}/draft ms, restart {args.restart_ms} ms")  # fmt: skip
+    priced = f"round {args.round_ms} + {args.per_draft_ms}/draft ms, restart {args.restart_ms} ms"
+    print(f"{args.model}, lookup held parked, copies priced at plain {args.plain_ms} ms, {priced}")
     for group, texts in prompt_groups(args).items():
         by_kind: dict[int, list[tuple[float, int]]] = defaultdict(list)
         tokens, ms = 0, 0.0

@@ -60,13 +60,13 @@ class MatchRates:
     how many times over it runs when followed back (`_longer`). A continuation found by a
     4-token match runs on far longer than one found by a single token: in the demo target's
     answers to made-up chat prompts, a 4-token match's continuation kept 2.45 tokens on
-    average and a 1-token match's 0.70 (docs/performance.md, "Lookup copies by match kind"). Counts, not shares
-    of the drafts: a continuation cut short where the text ends is often kept whole, and its
-    share would promise as much of a longer one. Each estimate starts at 0 and rises only as
-    checks hold: a first check taken at face value let one lucky continuation buy rounds
-    (on made-up chat prompts, copies of 2- and 3-token matches were expected to keep 3-4
-    drafts and kept 1-1.6). One instance serves a pipeline's generations (a fork shares it),
-    so what one answer taught carries on."""
+    average and a 1-token match's 0.70 (docs/performance.md, "Lookup copies by match kind").
+    Counts, not shares of the drafts: a continuation cut short where the text ends is often
+    kept whole, and its share would promise as much of a longer one. Each estimate starts at
+    0 and rises only as checks hold: a first check taken at face value let one lucky
+    continuation buy rounds (on made-up chat prompts, copies of 2- and 3-token matches were
+    expected to keep 3-4 drafts and kept 1-1.6). One instance serves a pipeline's
+    generations (a fork shares it), so what one answer taught carries on."""
 
     def __init__(self, longest: int) -> None:
         self.kept = [0.0] * (longest + 1)  # index: the match's kind (`LookupProposer._drafted`)
@@ -82,10 +82,10 @@ class LookupProposer:
     text's longest matching suffix (1 to 4 tokens).
 
     While `--max-draft auto` has parked speculation, a parked run asks after every plain step
-    whether a copy is ready (`copy_ready`) and what share of it should hold (`copy_rate`, by the
-    kind of match that found it), and verifies it when its expected tokens pay for the round (core/loop.py
-    `_copy_ready`): rounds go to the long matches that keep their drafts, not to the one-token
-    matches that mostly do not. Every continuation drafted is checked against the tokens that
+    whether a copy is ready (`copy_ready`) and what share of it should hold (`copy_rate`, by
+    the kind of match that found it), and verifies it when its expected tokens pay for the
+    round (core/loop.py `_copy_ready`): rounds go to the long matches that keep their drafts,
+    not to the one-token matches that mostly do not. Every continuation drafted is checked against the tokens that
     follow it, verified or not, and teaches `MatchRates`."""
 
     name = "lookup"
