@@ -343,6 +343,8 @@ def test_drafted_share_counts_what_rounds_committed_against_parked_steps():
 def test_an_auto_arm_keeps_its_calibration_in_the_receipt(tmp_path, shallow):
     """What an auto arm's policy read (the costs it weighed rounds against) travels with the
     receipt, so a run that parked can be explained afterwards; plain arms have none."""
+    from outrider.plugins.strategies.lookup import LONGER
+
     receipt_path = tmp_path / "receipt.json"
     args = bench_args(shallow["target"], "--modes", "baseline,lookup", "--suites", "code")
     args += ["--max-draft", "auto", "--json", str(receipt_path)]
@@ -360,4 +362,9 @@ def test_an_auto_arm_keeps_its_calibration_in_the_receipt(tmp_path, shallow):
     assert set(policy["round_ms"]) >= {"0", "1"} and all(v > 0 for v in policy["round_ms"].values())
     assert isinstance(policy["parked"], bool) and policy["probes"] >= 0
     assert sum(policy["rounds"].values()) > 0  # it saw the suite's rounds and plain steps
+    # lookup's copies: what each kind of match kept, and how many checks taught it (a kind
+    # for each match length 1-4, then the longer 4-token ones; `MatchRates`)
+    copies = policy["copies"]
+    assert len(copies["kept"]) == len(copies["checks"]) == 1 + 4 + LONGER
+    assert all(k >= 0.0 for k in copies["kept"]) and all(c >= 0 for c in copies["checks"])
     assert arms["baseline"]["policy"] is None

@@ -54,6 +54,7 @@ def test_a_match_kind_no_check_has_reached_offers_no_copy():
     assert rates.kept == [0.0] * 5 and rates.checks == [0] * 5
     rates.learn(2, 3)  # from 0, a step at a time: one lucky check buys nothing
     assert rates.kept[2] == pytest.approx(0.3) and rates.checks[2] == 1
+    assert rates.snapshot() == {"kept": [0.0, 0.0, 0.3, 0.0, 0.0], "checks": [0, 0, 1, 0, 0]}
     proposer = LookupProposer(max_draft=8)
     proposer.start([], None)
     history = [5, 6, 7, 8, 9, 5, 6, 7, 8]  # the text repeats: a 4-token match, never checked

@@ -114,7 +114,13 @@ def _pipeline_arm(pipe: Pipeline, drafter: str | None, name: str | None = None) 
         return Run.from_result(result)
 
     def policy() -> dict | None:
-        return None if pipe.cap_policy is None else pipe.cap_policy.snapshot()
+        if pipe.cap_policy is None:
+            return None
+        out = pipe.cap_policy.snapshot()
+        rates = getattr(pipe.proposer, "rates", None)  # lookup's copies by match kind
+        if rates is not None:
+            out["copies"] = rates.snapshot()
+        return out
 
     cap = "auto" if pipe.auto_cap else pipe.max_draft
     cal = pipe.calibration

@@ -76,6 +76,10 @@ class MatchRates:
         self.kept[n] += RATE_EMA * (kept - self.kept[n])
         self.checks[n] += 1
 
+    def snapshot(self) -> dict[str, list]:
+        """Each kind's estimate and checks, for a receipt (kinds that no check reached: 0)."""
+        return {"kept": [round(k, 3) for k in self.kept], "checks": list(self.checks)}
+
 
 class LookupProposer:
     """Prompt lookup: each round drafts what followed the latest earlier occurrence of the
