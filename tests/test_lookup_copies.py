@@ -45,8 +45,11 @@ def test_rates_are_learnt_per_match_kind_from_the_tokens_that_follow():
     assert n == 4 + 3 and rates.kept[n] > 1.0  # the passages before: the longest kind
     assert proposer.copy_rate == min(1.0, rates.kept[n] / 8)
     assert rates.kept[n] > 2 * rates.kept[1]
-    # a recurring token, which only a one-token match continues, is still not worth a round
+    # a recurring token, which only a one-token match continues, is still not worth a round;
+    # nor would it be whatever its estimate read (`COPY_MATCH`)
     assert parked_steps(proposer, history, [40]) == [0] and proposer.copy_rate == 0.0
+    rates.kept[1] = 8.0
+    assert parked_steps(proposer, history, [41]) == [0] and proposer.copy_rate == 0.0
 
 
 def test_a_match_kind_no_check_has_reached_offers_no_copy():
@@ -89,7 +92,7 @@ def test_parked_lookup_verifies_offered_copies_whole_and_stays_plain_greedy(
     per-position acceptance nothing); where copies never pay, no round runs."""
     pipe = outrider.load(str(qwen3_target), mode="lookup")
     ids = pipe.encode(PROMPTS[2])
-    want = plain_greedy(qwen3_target, ids, 80)
+    want = plain_greedy(qwen3_target, ids, 160)
     asked: list[tuple[int, float]] = []
 
     class Parked(AutoCap):
@@ -102,7 +105,7 @@ def test_parked_lookup_verifies_offered_copies_whole_and_stays_plain_greedy(
 
     monkeypatch.setattr(loop, "AutoCap", Parked)
     auto = outrider.Pipeline(pipe.target, pipe.proposer, "lookup", 16, auto_cap=True)
-    got = auto.generate(ids, max_tokens=80, stop_tokens=set())
+    got = auto.generate(ids, max_tokens=160, stop_tokens=set())
     assert got.tokens == want
     assert asked  # copies were offered: the tiny model's text repeats itself
     # every offer's expected tokens come from its match's rate: more than one draft kept

@@ -13,6 +13,11 @@ RATE_EMA = 0.1  # weight of the newest check in a match kind's estimate
 # fewer commits under two tokens for a verify, the plain step it drops and a restart
 MIN_KEPT = 1.0
 LONGER = 3  # a match of max_n tokens is told apart further by its doublings, up to 8 max_n
+# the shortest match a copy is offered for: a one-token match's continuation keeps under one
+# draft on average, so its estimate clears MIN_KEPT only after a lucky run of checks, and the
+# copies it then bought kept 0.7-0.8 drafts against 2.0-2.6 expected (benchmarks/
+# lookup_copies.py, every group of the synthetic mix)
+COPY_MATCH = 2
 
 
 class NGramIndex:
@@ -128,7 +133,7 @@ class LookupProposer:
         """The drafts of the continuation a round would verify at `tokens`' end (at most
         `room` and the cap), 0 for none; `copy_rate` then says what share should hold."""
         n, copy = self._drafted(tokens, min(room, self.max_draft))
-        if not copy or min(self.rates.kept[n], len(copy)) < MIN_KEPT:
+        if not copy or n < COPY_MATCH or min(self.rates.kept[n], len(copy)) < MIN_KEPT:
             self._offer = None  # it should commit under two tokens: no round pays for that
             return 0
         self._offer = (len(tokens), n, len(copy))
