@@ -236,7 +236,7 @@ class AutoCap:
         return kept / (self.copy_cost(drafts) + plain + self.restart) > MARGIN / plain
 
     def _drafting_timed(self) -> bool:
-        return any(k > 0 and self.rounds.get(k, 0) > self.warmup for k in self.costs)
+        return any(k > 0 for k in self._measured())
 
     def observe_restart(self, seconds: float) -> None:
         """A parked run's first plain step took `seconds`: it waited for a forward launched just
@@ -374,7 +374,7 @@ class AutoCap:
     def _loop_cost(self, k: int) -> float:
         if self.calibration is not None:
             return self.calibration.round_cost(k, self.context) * self.scale.get(k > 0, 1.0)
-        measured = {j: c for j, c in self.costs.items() if self.rounds.get(j, 0) > self.warmup}
+        measured = self._measured()
         if k in measured:
             return measured[k]
         # a drafting round is not a plain step plus drafts (it pays a drafter call and a sync
@@ -390,6 +390,10 @@ class AutoCap:
         var = sum((x - mx_) ** 2 for x in xs)
         slope = sum((x - mx_) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
         return max(my + slope * (k - mx_), min(ys) * 0.5)
+
+    def _measured(self) -> dict[int, float]:
+        """Seconds a round at each cap timed past its warm-up rounds (without a calibration)."""
+        return {k: c for k, c in self.costs.items() if self.rounds.get(k, 0) > self.warmup}
 
     def observe_outside(self, seconds: float) -> None:
         """Time from handing a step to the caller until the loop resumed. A plain step pays it

@@ -35,14 +35,10 @@ class NGramIndex:
                     self._last[tuple(tokens[end - n + 1 : end + 1])] = end
         self._indexed = max(self._indexed, upto)
 
-    def continuation(self, tokens: list[int], cap: int) -> list[int]:
-        """Tokens that followed the latest earlier occurrence of the longest matching suffix."""
-        self.extend_to(tokens, len(tokens) - 1)  # the current suffix itself is not a match
-        return self.peek(tokens, cap)
-
     def peek(self, tokens: list[int], cap: int) -> list[int]:
-        """`continuation` from what is indexed now, indexing nothing: `tokens` may end in
-        guesses that must not enter the index."""
+        """What followed the latest earlier occurrence of the longest matching suffix, from
+        what is indexed now, indexing nothing: `tokens` may end in guesses that must not enter
+        the index."""
         n, at = self.match(tokens)
         return tokens[at : at + cap] if n else []
 
@@ -94,8 +90,8 @@ class LookupProposer:
     whether a copy is ready (`copy_ready`) and what share of it should hold (`copy_rate`, by
     the kind of match that found it), and verifies it when its expected tokens pay for the
     round (core/loop.py `_copy_ready`): rounds go to the long matches that keep their drafts,
-    not to the one-token matches that mostly do not. Every continuation drafted is checked against the tokens that
-    follow it, verified or not, and teaches `MatchRates`."""
+    not to the one-token matches that mostly do not. Every continuation drafted is checked
+    against the tokens that follow it, verified or not, and teaches `MatchRates`."""
 
     name = "lookup"
     tap_layer_ids: tuple[int, ...] = ()
@@ -107,7 +103,7 @@ class LookupProposer:
         self._index = NGramIndex(min_n, max_n)
         self.rates = MatchRates(max_n + LONGER)  # shared with forks (a shallow copy keeps it)
         self._pending: tuple[int, int, list[int]] | None = None  # (at, kind, copy) unchecked
-        self._offer: tuple[int, int, int] | None = None  # (at, kind, drafts): `copy_ready`'s
+        self._offer: tuple[int, int, list[int]] | None = None  # (at, kind, copy): `copy_ready`'s
 
     def start(self, prompt: list[int], taps: mx.array | None) -> None:
         self._index = NGramIndex(self.min_n, self.max_n)
@@ -120,8 +116,7 @@ class LookupProposer:
         offer, self._offer = self._offer, None
         if offer is not None and offer[0] == len(ctx.tokens):
             room = min(self.max_draft, int(ctx.extras.get("room", ctx.cap)))
-            _, copy = self._drafted(ctx.tokens, max(room, ctx.cap))
-            return Proposal.from_list(copy, copied=True)
+            return Proposal.from_list(offer[2][: max(room, ctx.cap)], copied=True)
         return Proposal.from_list(self.propose_host(ctx))
 
     def propose_host(self, ctx: DraftContext) -> list[int]:
@@ -136,7 +131,7 @@ class LookupProposer:
         if not copy or n < COPY_MATCH or min(self.rates.kept[n], len(copy)) < MIN_KEPT:
             self._offer = None  # it should commit under two tokens: no round pays for that
             return 0
-        self._offer = (len(tokens), n, len(copy))
+        self._offer = (len(tokens), n, copy)
         return len(copy)
 
     @property
@@ -144,8 +139,8 @@ class LookupProposer:
         """The share of `copy_ready`'s copy the text should repeat, by its match's kind."""
         if self._offer is None:
             return 0.0
-        _, n, drafts = self._offer
-        return min(1.0, self.rates.kept[n] / drafts)
+        _, n, copy = self._offer
+        return min(1.0, self.rates.kept[n] / len(copy))
 
     def propose_ahead(self, ctx: DraftContext) -> Proposal:
         """What follows `ctx.tokens` (the history and a round's drafts, not yet verified) from
@@ -184,16 +179,19 @@ class LookupProposer:
             self._pending = None
 
 
+def run_back(tokens: list[int], end: int, n: int, limit: int) -> int:
+    """How long the match of the text's last `n` tokens with those ending at `end` runs when
+    followed back, at most `limit` (lookup's match kinds; `LookupAssist`'s copy lengths)."""
+    m, length = len(tokens), n
+    while length < limit and end - length >= 0 and tokens[end - length] == tokens[m - 1 - length]:
+        length += 1
+    return length
+
+
 def _longer(tokens: list[int], at: int, n: int) -> int:
     """0 to LONGER: how many times over a match of `n` tokens whose earlier occurrence ends
     before `at` doubles when followed back (n to 2n-1 tokens: 0; 2n to 4n-1: 1; ...)."""
-    m, length, limit = len(tokens), n, n << LONGER
-    while (
-        length < limit
-        and at - length - 1 >= 0
-        and tokens[at - length - 1] == tokens[m - length - 1]
-    ):
-        length += 1
+    length = run_back(tokens, at - 1, n, n << LONGER)
     return min(LONGER, (length // n).bit_length() - 1)
 
 

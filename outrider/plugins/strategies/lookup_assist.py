@@ -23,6 +23,7 @@ from dataclasses import replace
 import mlx.core as mx
 
 from ...core.proposer import DraftContext, Proposal, Proposer
+from .lookup import run_back
 
 EMA = 0.25
 COPY_PRIOR = 0.7  # the share of a copy's drafts a round is expected to keep before any has run
@@ -169,9 +170,7 @@ class LookupAssist:
         end = self._last.get(tuple(tokens[m - n :]))
         if end is None:
             return []
-        match = n
-        while match < SCAN and end - match >= 0 and tokens[end - match] == tokens[m - 1 - match]:
-            match += 1
+        match = run_back(tokens, end, n, SCAN)
         length = min(2 * match, self.max_lookup, room, self._widest())
         return tokens[end + 1 : end + 1 + length]
 
