@@ -14,9 +14,9 @@ checked equal to the cache-off run's, or parted only at an fp tie (checked; else
 `--cold` measures what a real conversation meets on a GPU whose kernels depend on the shapes
 (MLX's CUDA attention builds a cuDNN graph per query and key length): each repeat is a new
 conversation whose system prompt is a little longer than the last one's, so no shape was seen
-before. Its turns 1..N run with the cache on (turn 1 a miss), then turn N's prompt is
-prefilled with the cache off twice: the first time cold, as a fresh request meets it, the
-second time warm.
+before. Its turns 1..N run with the cache on (turn 1 a miss), turn N's prompt is sent again
+(the exact repeat), then it is prefilled with the cache off twice: the first time cold, as a
+fresh request meets it, the second time warm. One run gives both of issue 12's ratios.
 
 The H200 targets of issue 12: TTFT ratio >= 20x at turn 5 with a 4k-token system prompt, and
 >= 50x on an exact repeat.
@@ -108,27 +108,32 @@ def report(rows: list, title: str, identical: bool, ties: list, json_path, field
 
 
 def cold_runs(pipe, vocab: int, args: argparse.Namespace) -> dict:
-    """`--cold`: per repeat a new conversation at new lengths, its turns with the cache on,
-    then its last prompt with the cache off, cold and warm. Medians over the repeats."""
-    turns, off_cold, off_warm, ties, same = [], [], [], [], True
+    """`--cold`: per repeat a new conversation at new lengths, its turns with the cache on and
+    its last prompt again (the exact repeat), then that prompt with the cache off, cold and
+    warm. Medians over the repeats."""
+    turns, repeats, off_cold, off_warm, ties, same = [], [], [], [], [], True
     for r in range(args.repeats):
         system, users = conversation(vocab, args, seed=r + 1, longer=17 * (r + 1))
         pipe.prefix_cache = PrefixCache.from_gb(args.gb)
         prompts, times, answers = play(pipe, system, users, args)
         prompt, answer = prompts[-1], answers[-1]
+        again_s, again = ttft(pipe, prompt, args.answer_tokens, args.max_draft)
         pipe.prefix_cache = None
         cold, off_answer = ttft(pipe, prompt, args.answer_tokens, args.max_draft)
         warm, _ = ttft(pipe, prompt, args.answer_tokens, args.max_draft)
-        if answer != off_answer:
-            ties.append(tie_or_fail(pipe.target, prompt, answer, off_answer))
-        same &= answer == off_answer
+        for got in (answer, again):
+            if got != off_answer:
+                ties.append(tie_or_fail(pipe.target, prompt, got, off_answer))
+        same &= answer == off_answer == again
         turns.append(times)
+        repeats.append(again_s)
         off_cold.append(cold)
         off_warm.append(warm)
         print(f"  repeat {r}: {len(prompt)} prompt tokens, turns (ms) "
               + " ".join(f"{t * 1e3:.1f}" for t in times)
+              + f" | repeat {again_s * 1e3:.1f}"
               + f" | cache off cold {cold * 1e3:.1f}, warm {warm * 1e3:.1f}")  # fmt: skip
-    return {"turns": turns, "off_cold": off_cold, "off_warm": off_warm, "identical": same,
+    return {"turns": turns, "repeats": repeats, "off_cold": off_cold, "off_warm": off_warm, "identical": same,
             "fp_ties": ties}  # fmt: skip
 
 
@@ -176,6 +181,8 @@ def main() -> None:
         rows = [
             (f"turn {args.turns} cold", median(got["off_cold"]), last),
             (f"turn {args.turns} vs warm off", median(got["off_warm"]), last),
+            ("exact repeat", median(got["off_cold"]), median(got["repeats"])),
+            ("exact repeat vs warm off", median(got["off_warm"]), median(got["repeats"])),
         ]
         title = f"model {model}  mode {pipe.mode}  --cold, {args.repeats} conversations"
         fields = {"model": model, "mode": pipe.mode, "cold": True, **got}

@@ -18,7 +18,8 @@
 #   demo      issue 13's demo-pair bar: every mode with `--max-draft auto`, three suites
 #   batch     issue 12's batching bar: 32 requests, 8 at a time, against one at a time
 #   turn5     issue 12's time to first token at turn 5 (Qwen3-32B shape, every shape new)
-#   turn5q    the same with the 32B shape quantized to 4 bits, cold turns and the exact repeat
+#   turn5q    the same with the 32B shape quantized to 4 bits: cold turns and the exact repeat,
+#             one run
 #   qprefill  quantized products of many rows: MLX's against dequantize + bf16 product
 #             (benchmarks/quantized_prefill.py)
 #   ttft      where turn 5's time to first token goes on the 32B shape: lookup, the suffix's
@@ -82,7 +83,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   echo "== $name (limit ${limit}s, at ${SECONDS}s)"
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
-  grep -E "tok/s|^ +[0-9>-]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+$|^cap |plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added|x baseline|^  phases|after plain steps|lookup +auto|^  (chat|code|math) " "$out/$name.txt"
+  grep -E "tok/s|^ +[0-9>-]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+$|^cap |plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|^exact repeat|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added|x baseline|^  phases|after plain steps|lookup +auto|^  (chat|code|math) " "$out/$name.txt"
 }
 
 export PYTHONUNBUFFERED=1
@@ -140,11 +141,9 @@ for set in "$@"; do
     turn5)
       step turn5_32b 420 python3 benchmarks/prefix_cache.py --shape 32b --dtype bf16 \
         --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b.json" ;;
-    turn5q)
-      step turn5_32b_4bit 200 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
-        --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit.json"
-      step turn5_repeat_32b_4bit 150 python3 benchmarks/prefix_cache.py --shape 32b \
-        --dtype 4bit --system-tokens 4096 --turns 5 --json "$out/turn5_repeat_32b_4bit.json" ;;
+    turn5q)  # --cold times the exact repeat too: one 32B build for both of issue 12's ratios
+      step turn5_32b_4bit 450 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
+        --system-tokens 4096 --turns 5 --cold --json "$out/turn5_32b_4bit.json" ;;
     phases)
       step batch_phases_dspark 150 python3 benchmarks/batch_round_phases.py --batches 1,2,8 \
         --max-tokens 128 --split
