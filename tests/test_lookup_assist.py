@@ -105,3 +105,31 @@ def test_the_longest_copy_is_a_load_option(qwen3_target, drafters):
     for bad in (0, 257):
         with pytest.raises(outrider.OutriderError, match="--lookup-long-draft"):
             outrider.load(str(qwen3_target), mode="lookup", lookup_long_draft=bad)
+
+
+@pytest.mark.parametrize("max_lookup", [1, 7, 32, 256])
+def test_a_copy_is_the_latest_matchs_continuation_however_far_back_it_runs(max_lookup):
+    """`_copy` follows a match back only as far as can lengthen the copy (a parked run asks
+    after every plain step); its copies equal those of the whole match, found by brute force,
+    on texts that copy themselves in long and short stretches."""
+    import random
+
+    class Inner:
+        name, tap_layer_ids, max_draft = "x", (), 4
+
+    rng = random.Random(max_lookup)
+    body = [rng.randrange(6) for _ in range(300)]  # a small alphabet: many short matches too
+    text = body + body[:200] + [rng.randrange(6) for _ in range(100)]
+    assist, n, copies = LookupAssist(Inner(), max_lookup=max_lookup), 4, 0
+    for m in range(n, len(text)):
+        tokens, room = text[:m], rng.choice([3, 50, 1000])
+        ends = [e for e in range(n - 1, m - 1) if tokens[e - n + 1 : e + 1] == tokens[m - n :]]
+        want = []
+        if ends:
+            e, length = ends[-1], n
+            while e - length >= 0 and tokens[e - length] == tokens[m - 1 - length]:
+                length += 1
+            want = tokens[e + 1 : e + 1 + min(2 * length, max_lookup, room)]
+        assert assist._copy(tokens, room) == want, m
+        copies += bool(want)
+    assert copies > 200  # the copied stretch and the small alphabet's matches were reached

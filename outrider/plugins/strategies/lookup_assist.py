@@ -28,7 +28,6 @@ from .lookup import run_back
 EMA = 0.25
 COPY_PRIOR = 0.7  # the share of a copy's drafts a round is expected to keep before any has run
 WIDE_COST = 2.0  # a lookup verify may cost at most this many one-row forwards
-SCAN = 512  # how far back a match is extended, at most
 
 
 class LookupAssist:
@@ -170,7 +169,9 @@ class LookupAssist:
         end = self._last.get(tuple(tokens[m - n :]))
         if end is None:
             return []
-        match = run_back(tokens, end, n, SCAN)
+        # followed back only as far as can lengthen the copy (twice the match, max_lookup at
+        # most): a parked run asks after every plain step, and copied text matches far back
+        match = run_back(tokens, end, n, (self.max_lookup + 1) // 2)
         length = min(2 * match, self.max_lookup, room, self._widest())
         return tokens[end + 1 : end + 1 + length]
 
