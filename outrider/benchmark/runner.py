@@ -117,9 +117,9 @@ def _pipeline_arm(pipe: Pipeline, drafter: str | None, name: str | None = None) 
         if pipe.cap_policy is None:
             return None
         out = pipe.cap_policy.snapshot()
-        rates = getattr(pipe.proposer, "rates", None)  # lookup's copies by match kind
-        if rates is not None:
-            out["copies"] = rates.snapshot()
+        learnt = getattr(pipe.proposer, "snapshot", None)  # what the proposer learnt (Proposer)
+        if learnt is not None:
+            out.update(learnt())
         return out
 
     cap = "auto" if pipe.auto_cap else pipe.max_draft

@@ -94,6 +94,9 @@ class Proposer(Protocol):
     hidden states and the target's token after its drafts, both arrays not yet computed,
     assuming that round keeps every draft; its `observe` then keeps what it took in when the
     round did, and drops it when not (`plugins/strategies/block_proposer.py`).
+
+    A proposer that learns as it goes may offer `snapshot() -> dict`: what it has learnt, for a
+    benchmark receipt (lookup's copies by match kind; `benchmark/runner.py`).
     """
 
     name: str

@@ -150,6 +150,10 @@ class LookupProposer:
     def observe(self, accepted: int, taps: mx.array | None) -> None:
         pass
 
+    def snapshot(self) -> dict:
+        """What the copies learnt, for a receipt: `copies`, each match kind's estimate."""
+        return {"copies": self.rates.snapshot()}
+
     def _drafted(self, tokens: list[int], cap: int) -> tuple[int, list[int]]:
         """The continuation at `tokens`' end and the kind of its match (its length; for a
         match of max_n tokens, max_n plus `_longer`), once the continuation drafted before is
