@@ -142,11 +142,17 @@ def test_benchmark_reference_is_mlx_lm_plain_greedy(shallow):
         suites=["code"],
         trials=1,
         max_tokens=8,
-        prompts_per_suite=2,
+        prompts_per_suite=3,
         drafter=str(shallow["dspark"]),
     )
-    report = run_benchmark(config, Plugins(load_entrypoints=False))
-    assert report.checked == 2 * 3  # baseline, dspark, mlx-lm on two prompts
+    order: list[str] = []
+    report = run_benchmark(
+        config, Plugins(load_entrypoints=False), lambda arm, p, t: order.append(arm)
+    )
+    assert report.checked == 3 * 3  # baseline, dspark, mlx-lm on three prompts
+    # each arm goes first on one prompt (none always runs after another), yet the reference
+    # every run is checked against stays baseline's, whether baseline ran first or last
+    assert sorted(order[::3]) == sorted(set(order)) and len(set(order)) == 3
     eos = json.loads((target / "config.json").read_text())["eos_token_id"]
     for out in report.outputs.values():
         plain = plain_greedy(target, out["prompt"], 8)

@@ -4,7 +4,8 @@ An *arm* is one way of generating: an outrider mode (baseline, dspark, dflash, l
 plugin's strategy) or an mlx-lm peer (its plain generation; its speculative decoding with a
 draft model). All arms share one loaded target. Each arm is warmed up on every prompt; then
 trials run prompt by prompt, every arm in turn on the same prompt, so drift on a shared machine
-hits all arms alike. Every run's greedy tokens are compared with baseline's first run of that prompt:
+hits all arms alike, and a different arm goes first on each prompt, so no arm always runs
+after the same one. Every run's greedy tokens are compared with baseline's first run of that prompt:
 a difference fails the benchmark, unless it starts at a floating-point tie of the target's own
 logits, which is recorded as such (bf16 models on GPUs; the tests use fp32 models).
 """
@@ -352,29 +353,33 @@ def run_benchmark(
     timeline: dict[str, list[list[float]]] = {arm.name: [] for arm in arms}
     policies: dict[str, dict[str, dict]] = {}
     t0 = time.perf_counter()
-    for trial in range(config.trials):
+    turn = 0  # which arm goes first on the next prompt: each in turn, so none always follows
+    for trial in range(config.trials):  # another (a GPU's caches and clocks carry over)
         for suite, prompts in suites.items():
             for p in prompts:
                 key = (p.suite, p.source, p.index)
-                for arm in arms:
+                done: dict[int, Run] = {}
+                for i in [*range(turn, len(arms)), *range(turn)]:
                     if progress is not None:
-                        progress(arm.name, p, trial)
+                        progress(arms[i].name, p, trial)
                     start = time.perf_counter() - t0
-                    run = arm.generate(ids[key], config.max_tokens)
+                    run = done[i] = arms[i].generate(ids[key], config.max_tokens)
                     tps = run.decode_tokens / run.decode_s if run.decode_s > 0 else 0.0
-                    timeline[arm.name].append([round(start, 4), round(tps, 2)])
-                    reference.setdefault(key, run.tokens)  # baseline runs first
+                    timeline[arms[i].name].append([round(start, 4), round(tps, 2)])
+                turn = (turn + 1) % len(arms)
+                reference.setdefault(key, done[0].tokens)  # baseline's (arms[0]) first run
+                for i, arm in enumerate(arms):
                     where = {
                         "mode": arm.name,
                         "suite": suite,
                         "prompt": f"{p.source}#{p.index}",
                         "trial": trial,
                     }
-                    tie = check_lossless(target, ids[key], run.tokens, reference[key], where)
+                    tie = check_lossless(target, ids[key], done[i].tokens, reference[key], where)
                     checked += 1
                     if tie is not None:
                         divergences.append(tie)
-                    runs.setdefault((suite, arm.name, trial), []).append(run)
+                    runs.setdefault((suite, arm.name, trial), []).append(done[i])
             for arm in arms:  # where each arm's `auto` stood after this suite
                 state = arm.policy() if arm.policy is not None else None
                 if state is not None:
