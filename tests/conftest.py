@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import tempfile
+from pathlib import Path
 
 # Float32 products in full float32 on every backend. MLX's CUDA backend (and Apple's M5 neural
 # accelerators) otherwise run them in TF32, a 10-bit mantissa, where a batch of rows and one row
@@ -107,6 +108,15 @@ def drafters(models_dir, qwen3_target):
 
 _PLAIN_CACHE: dict = {}  # model path -> mlx-lm model
 _PLAIN_RUNS: dict = {}  # (model path, prompt, max_tokens) -> plain greedy tokens
+
+
+def run_folder(tmp_path_factory, worker_id: str) -> Path:
+    """A folder every pytest-xdist worker of this run shares (the workers' base folders sit in
+    one per run); without xdist, this process's own. What one worker builds there under a
+    `FileLock` the others read instead of building it again: `--dist loadgroup`'s groups
+    do not keep such tests on one worker under pytest 9.2 (pytest-dev/pytest-xdist#1386)."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
 
 
 @pytest.fixture(scope="session")  # kept across modules: built once a worker

@@ -10,7 +10,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import plain_greedy, same_bits, toy_train_config
+from conftest import plain_greedy, run_folder, same_bits, toy_train_config
+from filelock import FileLock
 from typer.testing import CliRunner
 
 import outrider
@@ -21,6 +22,7 @@ from outrider.core.plugins import Plugins
 from outrider.plugins.strategies.block_drafter import BlockDrafter
 from outrider.train import TrainConfig, train_drafter
 from outrider.train import data as D
+from outrider.train.config import TrainReport
 from outrider.train.objectives import block_forward, sample_anchors
 
 
@@ -28,16 +30,25 @@ def config(toy, out: Path, **overrides) -> TrainConfig:
     return toy_train_config(toy, out, **overrides)
 
 
-# the tests that read one training run share a worker (addopts' --dist loadgroup), so it runs once
+# the tests that read one training run: `dspark_run` trains once a test run whatever worker they
+# land on; --dist loadgroup would keep them on one (it does not under pytest 9.2, conftest.py)
 DSPARK_RUN = pytest.mark.xdist_group("dspark_run")
 
 
-@pytest.fixture(scope="session")  # kept across modules: built once a worker
-def dspark_run(toy):
-    out = toy["root"] / "dspark"
-    events: list[dict] = []
-    report = train_drafter(config(toy, out, kind="dspark"), on_event=events.append)
-    return out, report, events
+@pytest.fixture(scope="session")
+def dspark_run(toy, tmp_path_factory, worker_id):
+    """One training run for the whole test run: the first worker to get here trains (its
+    own toy pair, the same weights every worker builds) and leaves the checkpoint, the
+    report and the events in the folder the workers share; the others read them."""
+    root = run_folder(tmp_path_factory, worker_id) / "dspark_run"
+    out, kept = root / "dspark", root / "run.json"
+    with FileLock(f"{root}.lock"):
+        if not kept.is_file():
+            events: list[dict] = []
+            report = train_drafter(config(toy, out, kind="dspark"), on_event=events.append)
+            kept.write_text(json.dumps({"report": report.to_json(), "events": events}))
+        run = json.loads(kept.read_text())
+    return out, TrainReport(**run["report"]), run["events"]
 
 
 @DSPARK_RUN  # one worker trains it once
