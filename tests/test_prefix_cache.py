@@ -479,3 +479,36 @@ def test_memory_pressure_empties_the_prefix_cache_before_a_generation(server, mo
     assert ask("Name a colour.")[1] > 0
     assert metric(url, "outrider_memory_sheds_total") == sheds + 1
     assert requests.get(url + "/health", timeout=30).json()["memory_guard"]["enabled"] is False
+
+
+@pytest.mark.slow  # a benchmark script's run: the full suite's
+def test_the_ttft_benchmark_times_the_exact_repeat_in_its_cold_run(
+    qwen3_target, tmp_path, monkeypatch, capsys
+):
+    """`benchmarks/prefix_cache.py --cold` (what `scripts/gpu_bench.sh turn5q` runs on a GPU)
+    reports turn N and the exact repeat from one run, every answer with the cache on equal to
+    the cache-off one."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "prefix_cache.py"
+    spec = importlib.util.spec_from_file_location("prefix_cache_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "ttft.json"
+    argv = ["prefix_cache.py", "--model", str(qwen3_target), "--cold", "--system-tokens", "96"]
+    argv += ["--turns", "3", "--repeats", "2", "--answer-tokens", "6", "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    got = json.loads(out.read_text())
+    names = [row["scenario"] for row in got["rows"]]
+    assert names == [
+        "turn 3 cold",
+        "turn 3 vs warm off",
+        "exact repeat",
+        "exact repeat vs warm off",
+    ]
+    assert got["identical"] and len(got["repeats"]) == len(got["turns"]) == 2
+    assert all(row["ttft_on_s"] > 0 and row["ttft_off_s"] > 0 for row in got["rows"])
+    assert "exact repeat" in capsys.readouterr().out
