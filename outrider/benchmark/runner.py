@@ -5,9 +5,10 @@ plugin's strategy) or an mlx-lm peer (its plain generation; its speculative deco
 draft model). All arms share one loaded target. Each arm is warmed up on every prompt; then
 trials run prompt by prompt, every arm in turn on the same prompt, so drift on a shared machine
 hits all arms alike, and a different arm goes first on each prompt, so no arm always runs
-after the same one. Every run's greedy tokens are compared with baseline's first run of that prompt:
-a difference fails the benchmark, unless it starts at a floating-point tie of the target's own
-logits, which is recorded as such (bf16 models on GPUs; the tests use fp32 models).
+after the same one. Every run's greedy tokens are compared with baseline's first run of that
+prompt: a difference fails the benchmark, unless it starts at a floating-point tie of the
+target's own logits, which is recorded as such (bf16 models on GPUs; the tests use fp32
+models).
 """
 
 from __future__ import annotations
@@ -353,8 +354,10 @@ def run_benchmark(
     timeline: dict[str, list[list[float]]] = {arm.name: [] for arm in arms}
     policies: dict[str, dict[str, dict]] = {}
     t0 = time.perf_counter()
-    turn = 0  # which arm goes first on the next prompt: each in turn, so none always follows
-    for trial in range(config.trials):  # another (a GPU's caches and clocks carry over)
+    # which arm goes first on the next prompt: each in turn, so that no arm always runs right
+    # after the same other one (on a GPU, MLX's cached graphs and the clocks carry over)
+    turn = 0
+    for trial in range(config.trials):
         for suite, prompts in suites.items():
             for p in prompts:
                 key = (p.suite, p.source, p.index)
