@@ -23,7 +23,7 @@ from dataclasses import replace
 import mlx.core as mx
 
 from ...core.proposer import DraftContext, Proposal, Proposer
-from .lookup import run_back
+from .lookup import NGramIndex, run_back
 
 EMA = 0.25
 COPY_PRIOR = 0.7  # the share of a copy's drafts a round is expected to keep before any has run
@@ -48,8 +48,7 @@ class LookupAssist:
         self.max_lookup = max_lookup
         self.calibration = calibration
         self.lookup_rounds = 0  # rounds lookup drafted (telemetry, tests)
-        self._last: dict[tuple[int, ...], int] = {}  # last min_match-gram -> its end position
-        self._indexed = 0
+        self._index = NGramIndex(min_match, min_match)  # the text's min_match-grams
         self._accepted = float(inner.max_draft) / 2  # running mean of the drafter's accepts
         self._looked = False
         self._bound: tuple[object, int] | None = None  # (calibration, widest copy it allows)
@@ -74,7 +73,7 @@ class LookupAssist:
 
     def start(self, prompt: list[int], taps: mx.array | None) -> None:
         self.inner.start(prompt, taps)
-        self._last, self._indexed, self._looked = {}, 0, False
+        self._index, self._looked = NGramIndex(self.min_match, self.min_match), False
 
     def observe(self, accepted: int, taps: mx.array | None) -> None:
         self.inner.observe(accepted, taps)
@@ -155,25 +154,19 @@ class LookupAssist:
     def _copy(self, tokens: list[int], room: int) -> list[int]:
         """The continuation of the longest earlier match of the text's end, as long as the
         match makes likely; [] when the match is shorter than `min_match`."""
-        n, m = self.min_match, len(tokens)
-        for end in range(max(self._indexed, n - 1), m - 1):  # index every n-gram but the last
-            self._last[tuple(tokens[end - n + 1 : end + 1])] = end
-        self._indexed = max(self._indexed, m - 1)
+        self._index.extend_to(tokens, len(tokens) - 1)  # every n-gram but the last
         return self._match(tokens, room)
 
     def _match(self, tokens: list[int], room: int) -> list[int]:
         """`_copy` from what is indexed now."""
-        n, m = self.min_match, len(tokens)
-        if m < n:
-            return []
-        end = self._last.get(tuple(tokens[m - n :]))
-        if end is None:
+        n, at = self._index.match(tokens)
+        if not n:
             return []
         # followed back only as far as can lengthen the copy (twice the match, max_lookup at
         # most): a parked run asks after every plain step, and copied text matches far back
-        match = run_back(tokens, end, n, (self.max_lookup + 1) // 2)
+        match = run_back(tokens, at - 1, n, (self.max_lookup + 1) // 2)
         length = min(2 * match, self.max_lookup, room, self._widest())
-        return tokens[end + 1 : end + 1 + length]
+        return tokens[at : at + length]
 
     def _widest(self) -> int:
         """Drafts one verify may carry: the widest calibrated forward still cheaper than
