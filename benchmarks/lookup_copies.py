@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
+from parked_steps import hold_parked  # noqa: E402
 from policy_replay import prompt_groups  # noqa: E402
 
 from outrider.api import Pipeline, load  # noqa: E402
@@ -36,13 +37,11 @@ from outrider.plugins.strategies.lookup import LookupProposer  # noqa: E402
 
 
 def held_parked(pipe: Pipeline, costs) -> AutoCap:
-    """The pipeline's policy, parked for good (its instance's methods; the class is
-    untouched), deciding copies with `costs` (ms: plain, copy round of d drafts, restart)."""
+    """The pipeline's policy, parked for good (`parked_steps.hold_parked`), deciding copies
+    with `costs` (ms: plain, copy round of d drafts, restart)."""
     plain, copy, restart = costs
-    policy = pipe._cap_policy()
-    policy.choose = lambda limit: 0
-    policy.plain_run = lambda remaining: remaining
-    policy.plain_unused = lambda steps: None
+    hold_parked(pipe)
+    policy = pipe._cap_policy()  # the instance hold_parked changed
     policy.copy_pays = lambda d, kept: kept / (copy(d) + plain + restart) > MARGIN / plain
     return policy
 
