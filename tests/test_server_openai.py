@@ -277,7 +277,7 @@ def test_keepalive_while_queued_and_disconnect_frees_the_worker(server, client):
         model="qwen3", prompt="q", max_tokens=3, extra_body={"ignore_eos": True}
     )
     assert quick.usage.completion_tokens == 3  # served: the abandoned one freed the worker
-    deadline = time.time() + 10
+    deadline = time.time() + 120  # a hang guard, not a timing assertion
     while _metric(url, "outrider_cancelled_total") == before_cancel and time.time() < deadline:
         time.sleep(0.05)
     assert _metric(url, "outrider_cancelled_total") == before_cancel + 1
@@ -288,7 +288,7 @@ def test_keepalive_while_queued_and_disconnect_frees_the_worker(server, client):
         requests.post(
             url + "/v1/completions", json={**long, "max_tokens": 4000}, headers=headers, timeout=1
         )
-    deadline = time.time() + 10
+    deadline = time.time() + 120  # a hang guard, not a timing assertion
     while _metric(url, "outrider_cancelled_total") < before_cancel + 2 and time.time() < deadline:
         time.sleep(0.05)
     assert _metric(url, "outrider_cancelled_total") == before_cancel + 2
