@@ -156,6 +156,11 @@ def doctor_report() -> dict:
         else f"unknown for this device (set {BANDWIDTH_ENV} to give it)"
     )
     report["cpu_blas"] = _blas_report()
+    try:  # norms and ropes fused on the CPU (core/cpu_fusion.py)
+        report["cpu_fusion"] = _fusion_report()
+    except OutriderError as e:
+        report["cpu_fusion"] = None
+        problems.append(str(e))
     report["hf_cache"] = _place(Path(constants.HF_HUB_CACHE))
     report["lmstudio_dirs"] = [_place(p) for p in lmstudio_roots()]
     report["model_dirs"] = [
@@ -167,6 +172,19 @@ def doctor_report() -> dict:
     ]
     report["problems"] = problems
     return report
+
+
+def _fusion_report() -> str:
+    """Whether loaded models' norms and ropes run fused by `mx.compile` (core/cpu_fusion.py)."""
+    import mlx.core as mx
+
+    from .core.cpu_fusion import FUSION_ENV, cpu_fusion
+
+    if cpu_fusion():
+        return f"norms and ropes (bit-identical to MLX's own; {FUSION_ENV}=off: MLX's path)"
+    if mx.default_device() != mx.cpu:
+        return "not used (MLX's GPU kernels are fused already)"
+    return f"off ({FUSION_ENV})"
 
 
 def _blas_report() -> str:

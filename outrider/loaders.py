@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .core import generation_config, gguf, gguf_header, row_kernels
 from .core.checkpoint import code_it_runs, open_checkpoint, read_config
+from .core.cpu_fusion import fuse_for_cpu
 from .core.device import (
     PADDED_FROM,
     dense_on_cpu,
@@ -118,6 +119,7 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
                 make_dense(model_obj)
             dense_single_groups(model_obj)  # an MLX CUDA kernel's wrong case (core/device.py)
             rows = row_kernels.apply(model_obj, plugins.kernels.values(), matmul_choice())
+            fuse_for_cpu(model_obj)  # MLX's CPU backend runs norms and ropes unfused
             target = Target(model_obj, tokenizer, family, config, name=model)
             target.sampling_defaults, target.notes = generation_config.read(path)
             target.notes += [rows] if rows else []

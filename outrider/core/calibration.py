@@ -38,6 +38,7 @@ from typing import Any
 import mlx.core as mx
 
 from . import blas, cuda_graphs
+from .cpu_fusion import cpu_fusion
 from .device import on_cuda_gpu
 from .paths import cache_root
 from .proposer import DraftContext
@@ -198,7 +199,8 @@ class Calibration:
 def calibration_key(pipe: Any) -> dict[str, str]:
     """What a calibration is valid for: this device and MLX, this target, drafter and mode, the
     routes its forward takes (split attention where the probe kept it), and on the CPU the BLAS
-    MLX multiplies with (core/blas.py), named only where it is not MLX's own.
+    MLX multiplies with (core/blas.py), named only where it is not MLX's own, and whether norms
+    and ropes run fused there (core/cpu_fusion.py), named only where they do.
 
     The BLAS changes what a verify costs most of all: with MLX's reference BLAS a 5-row verify
     of the demo target cost 2.8 one-row forwards on a 2-core CPU, with OpenBLAS about one. A
@@ -218,6 +220,8 @@ def calibration_key(pipe: Any) -> dict[str, str]:
     cpu_blas = blas.state().path if mx.default_device() == mx.cpu else None
     if cpu_blas:  # keys timed on MLX's own stay valid
         key["cpu_blas"] = cpu_blas
+    if cpu_fusion():  # norms and ropes fused on the CPU (core/cpu_fusion.py): cheaper forwards
+        key["cpu_fusion"] = "on"
     if on_cuda_gpu() and cuda_graphs.state() == "off":  # a batching server's (core/cuda_graphs.py)
         key["cuda_graphs"] = "off"
     return key

@@ -25,6 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
+from ...core.cpu_fusion import fuse_for_cpu
 from ...core.device import split_attention
 from ...core.draft_vocab import DraftVocab, read_draft_vocab
 from ...core.drafter_spec import DrafterSpec
@@ -299,4 +300,5 @@ def load_block_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) -
     if split_attention():
         for layer in model.layers:
             layer.self_attn.fold_rows = True
+    fuse_for_cpu(model)  # MLX's CPU backend runs norms and ropes unfused
     return model

@@ -14,6 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from ...core.cpu_fusion import fuse_for_cpu
 from ...core.device import split_attention
 from ...core.drafter_spec import DrafterSpec
 from .block_drafter import ContextBackbone, DraftAttention, DraftMLP
@@ -198,4 +199,5 @@ def load_dflash2_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64)
         for layer in model.layers:
             if not layer.self_attn.causal and layer.self_attn.window is None:
                 layer.self_attn.fold_rows = True
+    fuse_for_cpu(model)  # MLX's CPU backend runs norms and ropes unfused
     return model

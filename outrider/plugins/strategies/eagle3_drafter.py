@@ -20,6 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
+from ...core.cpu_fusion import fuse_for_cpu
 from ...core.device import split_attention
 from ...core.drafter_spec import DrafterSpec
 from ...core.errors import CheckpointError
@@ -157,4 +158,5 @@ def load_eagle3_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) 
     if split_attention():
         for layer in model.layers:
             layer.self_attn.split_rows = True
+    fuse_for_cpu(model)  # MLX's CPU backend runs norms and ropes unfused
     return model
