@@ -21,6 +21,12 @@ pytestmark = pytest.mark.skipif(mx.default_device() != mx.cpu, reason="the CPU's
 DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 
 
+@pytest.fixture(autouse=True)
+def fusion_on(monkeypatch):
+    """The default, whatever the environment running the suite says."""
+    monkeypatch.setenv(cpu_fusion.FUSION_ENV, "on")
+
+
 def _fused_kinds(model: nn.Module) -> list[type]:
     return [type(m) for _, m in model.named_modules() if isinstance(m, (FusedRMSNorm, FusedRoPE))]
 
