@@ -12,7 +12,13 @@ from mlx.utils import tree_flatten
 
 import outrider
 from outrider.core import calibration, cpu_fusion
-from outrider.core.cpu_fusion import FusedRMSNorm, FusedRoPE, fuse_for_cpu, same_as_mlx
+from outrider.core.cpu_fusion import (
+    FusedLlama3RoPE,
+    FusedRMSNorm,
+    FusedRoPE,
+    fuse_for_cpu,
+    same_as_mlx,
+)
 from outrider.core.errors import OutriderError
 from outrider.testing import build_model
 
@@ -28,7 +34,8 @@ def fusion_on(monkeypatch):
 
 
 def _fused_kinds(model: nn.Module) -> list[type]:
-    return [type(m) for _, m in model.named_modules() if isinstance(m, (FusedRMSNorm, FusedRoPE))]
+    fused = (FusedRMSNorm, FusedRoPE, FusedLlama3RoPE)
+    return [type(m) for _, m in model.named_modules() if isinstance(m, fused)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -164,3 +171,37 @@ def test_doctor_says_whether_norms_and_ropes_run_fused(monkeypatch):
     broken = report()
     assert broken["cpu_fusion"] is None
     assert any("OUTRIDER_CPU_FUSION must be on or off" in p for p in broken["problems"])
+
+
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
+def test_llama_3s_rope_runs_fused_and_computes_what_mlx_lm_builds(tmp_path):
+    """Llama 3.1 and later rope from a frequency table (mlx-lm's `Llama3RoPE`): fused, it
+    computes the same logits as the model mlx-lm builds, to the bit, at positions where the
+    scaled and smoothed frequencies matter."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.models.rope_utils import Llama3RoPE
+
+    from outrider.testing import make_tiny_target
+
+    path = make_tiny_target(tmp_path / "llama3", family="llama", rope_scaling=LLAMA3_SCALING)
+    model = outrider.load(str(path), mode="baseline").target.model
+    ropes = [m for _, m in model.named_modules() if isinstance(m, Llama3RoPE)]
+    assert ropes and all(type(m) is FusedLlama3RoPE for m in ropes)
+    plain = build_model(json.loads((path / "config.json").read_text()), 0)
+    plain.load_weights(str(path / "model.safetensors"))
+    assert not _fused_kinds(plain) and type(plain.model.layers[0].self_attn.rope) is Llama3RoPE
+    ids = mx.array([[(7 * i) % 200 + 3 for i in range(90)]])
+    outputs = []
+    for net in (model, plain):
+        cache = make_prompt_cache(net)
+        outputs.append([net(ids, cache=cache), net(mx.array([[26]]), cache=cache)])
+    for got, want in zip(*outputs):
+        assert mx.array_equal(got, want).item()

@@ -14,11 +14,12 @@ bit-identical (checked on a sample before anything is swapped, and by tests over
 shapes, partial rotary dims and per-row offsets). Plain decoding, every mode and the
 benchmark's mlx-lm arm run the same swapped modules (they share the loaded instance).
 
-The swap replaces exact `nn.RMSNorm` and `nn.RoPE` instances in one loaded model's tree
-with subclasses of them (parameter paths, attributes and `isinstance` unchanged); classes of
-other libraries are never touched. Other norm and rope variants (Gemma's 1 + w norm, scaled
-ropes with frequency tables) keep MLX's path. `OUTRIDER_CPU_FUSION=off` keeps MLX's path
-everywhere; a GPU never swaps (its fast ops are single kernels already).
+The swap replaces exact `nn.RMSNorm`, `nn.RoPE` and mlx-lm `Llama3RoPE` instances in one
+loaded model's tree with subclasses of them (parameter paths, attributes and `isinstance`
+unchanged); classes of other libraries are never touched. Other norm and rope variants
+(Gemma's 1 + w norm, YaRN and the other scaled ropes) keep MLX's path.
+`OUTRIDER_CPU_FUSION=off` keeps MLX's path everywhere; a GPU never swaps (its fast ops are
+single kernels already).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.rope_utils import Llama3RoPE
 
 from .errors import OutriderError
 
@@ -84,6 +86,28 @@ class FusedRoPE(nn.RoPE):
         return FusedRoPE(nn.RoPE(self.dims, self.traditional, self.base, self.scale))
 
 
+class FusedLlama3RoPE(Llama3RoPE):
+    """mlx-lm's `Llama3RoPE` (Llama 3.1 and later: a frequency table instead of a base) with
+    its fallback compiled; the table goes in as an input."""
+
+    def __init__(self, rope: Llama3RoPE, fused: Callable | None = None) -> None:
+        nn.Module.__init__(self)
+        self.dims, self.traditional = rope.dims, rope.traditional
+        self.max_position_embeddings = rope.max_position_embeddings
+        self._freqs = rope._freqs
+        self._fused = fused or compiled_table_rope(rope.dims, rope.traditional)
+
+    def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        if not isinstance(offset, mx.array):
+            offset = mx.array(offset, dtype=mx.int32)
+        return self._fused(x, offset, self._freqs)
+
+    def __deepcopy__(self, memo: dict) -> FusedLlama3RoPE:
+        twin = FusedLlama3RoPE.__new__(FusedLlama3RoPE)
+        FusedLlama3RoPE.__init__(twin, self)  # the table is never written: shared
+        return twin
+
+
 def compiled_norm(eps: float) -> Callable:
     return mx.compile(lambda x, w: mx.fast.rms_norm(x, w, eps), shapeless=True)
 
@@ -91,6 +115,15 @@ def compiled_norm(eps: float) -> Callable:
 def compiled_rope(dims: int, traditional: bool, base: float, scale: float) -> Callable:
     def rope(x: mx.array, offset: mx.array) -> mx.array:
         return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale, offset=offset)
+
+    return mx.compile(rope)
+
+
+def compiled_table_rope(dims: int, traditional: bool) -> Callable:
+    def rope(x: mx.array, offset: mx.array, freqs: mx.array) -> mx.array:
+        return mx.fast.rope(
+            x, dims, traditional=traditional, base=None, scale=1.0, offset=offset, freqs=freqs
+        )
 
     return mx.compile(rope)
 
@@ -120,6 +153,11 @@ class _Fuser:
             if key not in self.compiled:
                 self.compiled[key] = compiled_rope(*_rope_settings(module))
             new = FusedRoPE(module, self.compiled[key])
+        elif kind is Llama3RoPE:
+            key = ("table rope", module.dims, module.traditional, id(module._freqs))
+            if key[:3] not in self.compiled:
+                self.compiled[key[:3]] = compiled_table_rope(module.dims, module.traditional)
+            new = FusedLlama3RoPE(module, self.compiled[key[:3]])
         else:
             return None
         if key not in self.checked:
@@ -134,7 +172,7 @@ def same_as_mlx(fused: nn.Module, original: nn.Module) -> bool:
         if isinstance(original, nn.RMSNorm):
             size = original.weight.shape[-1]
             samples = [(mx.random.normal((1, n, size), key=mx.random.key(n)),) for n in (1, 5)]
-        else:  # heads moved ahead of the rows, as attention hands them over (strided)
+        else:  # a rope: heads moved ahead of the rows, as attention hands them over (strided)
             size = 2 * ((original.dims + 1) // 2)
             samples = [
                 (mx.random.normal((1, n, 2, size), key=mx.random.key(n)).transpose(0, 2, 1, 3), 37)
@@ -150,7 +188,7 @@ def same_as_mlx(fused: nn.Module, original: nn.Module) -> bool:
 
 
 def fuse_for_cpu(model: nn.Module) -> int:
-    """Swap `model`'s exact `nn.RMSNorm` and `nn.RoPE` instances for the fused ones where
+    """Swap `model`'s exact `nn.RMSNorm`, `nn.RoPE` and `Llama3RoPE` instances for fused ones where
     `cpu_fusion()` says so; returns how many were swapped. The first module of each setting
     is checked against MLX's own first (`same_as_mlx`): a setting that differs keeps MLX's
     path."""
