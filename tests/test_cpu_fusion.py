@@ -205,3 +205,17 @@ def test_llama_3s_rope_runs_fused_and_computes_what_mlx_lm_builds(tmp_path):
         outputs.append([net(ids, cache=cache), net(mx.array([[26]]), cache=cache)])
     for got, want in zip(*outputs):
         assert mx.array_equal(got, want).item()
+
+
+def test_only_a_few_rows_take_the_compiled_rope():
+    """A compiled rope keeps a trace per row count; a prompt's chunks (every length) would
+    pile them up in a server, so wide ropes keep MLX's path (the same numbers either way)."""
+    rope = nn.RoPE(32)
+    fused = FusedRoPE(rope)
+    calls = []
+    compiled = fused._fused
+    fused._fused = lambda x, offset: calls.append(x.shape[-2]) or compiled(x, offset)
+    for rows in (1, 5, cpu_fusion.FUSED_ROWS, cpu_fusion.FUSED_ROWS + 1, 300):
+        x = mx.random.normal((1, 2, rows, 32), key=mx.random.key(rows))
+        assert mx.array_equal(fused(x, offset=3), rope(x, offset=3)).item()
+    assert calls == [1, 5, cpu_fusion.FUSED_ROWS]

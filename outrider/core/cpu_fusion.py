@@ -66,10 +66,15 @@ class FusedRMSNorm(nn.RMSNorm):
         return FusedRMSNorm(norm)
 
 
+FUSED_ROWS = 64  # ropes of more rows (a prompt's chunks) keep MLX's path
+
+
 class FusedRoPE(nn.RoPE):
-    """`nn.RoPE` whose fallback graph is compiled. Traced per input shape (the positions
-    depend on the row count): a decode step's shape is met once, a prompt's length once; the
-    offset goes in as an array, so a new position is not a new trace."""
+    """`nn.RoPE` whose fallback graph is compiled, for up to FUSED_ROWS rows: a decode step,
+    a verify, a short prefix-hit tail. The trace is per input shape (the positions depend on
+    the row count), so a prompt's chunks of every length would each leave one behind in a
+    long-running server; there a rope is a sliver of a wide forward, and MLX's own path runs
+    it. The offset goes in as an array, so a new position is not a new trace."""
 
     def __init__(self, rope: nn.RoPE, fused: Callable | None = None) -> None:
         nn.Module.__init__(self)
@@ -78,6 +83,8 @@ class FusedRoPE(nn.RoPE):
         self._fused = fused or compiled_rope(*_rope_settings(rope))
 
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        if x.shape[-2] > FUSED_ROWS:
+            return super().__call__(x, offset)
         if not isinstance(offset, mx.array):
             offset = mx.array(offset, dtype=mx.int32)
         return self._fused(x, offset)
@@ -98,6 +105,8 @@ class FusedLlama3RoPE(Llama3RoPE):
         self._fused = fused or compiled_table_rope(rope.dims, rope.traditional)
 
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        if x.shape[-2] > FUSED_ROWS:  # as FusedRoPE
+            return super().__call__(x, offset)
         if not isinstance(offset, mx.array):
             offset = mx.array(offset, dtype=mx.int32)
         return self._fused(x, offset, self._freqs)
