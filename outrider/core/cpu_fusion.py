@@ -85,9 +85,7 @@ class FusedRoPE(nn.RoPE):
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         if x.shape[-2] > FUSED_ROWS:
             return super().__call__(x, offset)
-        if not isinstance(offset, mx.array):
-            offset = mx.array(offset, dtype=mx.int32)
-        return self._fused(x, offset)
+        return self._fused(x, _as_array(offset))
 
     def __deepcopy__(self, memo: dict) -> FusedRoPE:
         return FusedRoPE(nn.RoPE(self.dims, self.traditional, self.base, self.scale))
@@ -107,14 +105,16 @@ class FusedLlama3RoPE(Llama3RoPE):
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
         if x.shape[-2] > FUSED_ROWS:  # as FusedRoPE
             return super().__call__(x, offset)
-        if not isinstance(offset, mx.array):
-            offset = mx.array(offset, dtype=mx.int32)
-        return self._fused(x, offset, self._freqs)
+        return self._fused(x, _as_array(offset), self._freqs)
 
     def __deepcopy__(self, memo: dict) -> FusedLlama3RoPE:
-        twin = FusedLlama3RoPE.__new__(FusedLlama3RoPE)
-        FusedLlama3RoPE.__init__(twin, self)  # the table is never written: shared
-        return twin
+        return FusedLlama3RoPE(self)  # the table is never written: shared
+
+
+def _as_array(offset: int | mx.array) -> mx.array:
+    """A rope's offset as the compiled function takes it: an array, so that a new position
+    is not a new trace."""
+    return offset if isinstance(offset, mx.array) else mx.array(offset, dtype=mx.int32)
 
 
 def compiled_norm(eps: float) -> Callable:
@@ -147,31 +147,29 @@ class _Fuser:
     each setting checked against MLX's own before its first swap (`same_as_mlx`)."""
 
     def __init__(self) -> None:
-        self.compiled: dict[tuple, Callable] = {}
-        self.checked: dict[tuple, bool] = {}
+        self.compiled: dict[tuple, Callable] = {}  # (kind, setting) -> compiled function
+        self.checked: dict[tuple, bool] = {}  # (kind, what the check covers) -> passed
 
     def replacement(self, module: Any) -> nn.Module | None:
         kind = type(module)
         if kind is nn.RMSNorm:
-            key: tuple = ("norm", module.eps)
-            if key not in self.compiled:
-                self.compiled[key] = compiled_norm(module.eps)
-            new: nn.Module = FusedRMSNorm(module, self.compiled[key])
+            setting: tuple = (module.eps,)
+            make, fused_kind, checked = compiled_norm, FusedRMSNorm, setting
         elif kind is nn.RoPE:
-            key = ("rope", *_rope_settings(module))
-            if key not in self.compiled:
-                self.compiled[key] = compiled_rope(*_rope_settings(module))
-            new = FusedRoPE(module, self.compiled[key])
-        elif kind is Llama3RoPE:
-            key = ("table rope", module.dims, module.traditional, id(module._freqs))
-            if key[:3] not in self.compiled:
-                self.compiled[key[:3]] = compiled_table_rope(module.dims, module.traditional)
-            new = FusedLlama3RoPE(module, self.compiled[key[:3]])
+            setting = _rope_settings(module)
+            make, fused_kind, checked = compiled_rope, FusedRoPE, setting
+        elif kind is Llama3RoPE:  # one compiled function, each table checked
+            setting = (module.dims, module.traditional)
+            make, fused_kind = compiled_table_rope, FusedLlama3RoPE
+            checked = (*setting, id(module._freqs))
         else:
             return None
-        if key not in self.checked:
-            self.checked[key] = same_as_mlx(new, module)
-        return new if self.checked[key] else None
+        if (kind, setting) not in self.compiled:
+            self.compiled[kind, setting] = make(*setting)
+        new = fused_kind(module, self.compiled[kind, setting])
+        if (kind, checked) not in self.checked:
+            self.checked[kind, checked] = same_as_mlx(new, module)
+        return new if self.checked[kind, checked] else None
 
 
 def same_as_mlx(fused: nn.Module, original: nn.Module) -> bool:
@@ -208,23 +206,24 @@ def fuse_for_cpu(model: nn.Module) -> int:
 
     def visit(module: nn.Module) -> None:
         nonlocal swapped
-        for key, child in list(module.items()):
-            if isinstance(child, nn.Module):
-                new = replacement(child)
-                if new is not None:
-                    module[key] = new
-                    swapped += 1
-                else:
-                    visit(child)
-            elif isinstance(child, list):
-                for i, item in enumerate(child):
-                    if isinstance(item, nn.Module):
-                        new = replacement(item)
-                        if new is not None:
-                            child[i] = new
-                            swapped += 1
-                        else:
-                            visit(item)
+        for holder, key, child in _children(module):
+            new = replacement(child)
+            if new is None:
+                visit(child)
+            else:
+                holder[key] = new
+                swapped += 1
 
     visit(model)
     return swapped
+
+
+def _children(module: nn.Module) -> list[tuple[Any, Any, nn.Module]]:
+    """(holder, key, child) for each submodule held by `module` directly or in a list of it
+    (a model's layers), so that `holder[key] = ...` replaces it there."""
+    slots = []
+    for key, value in module.items():
+        entries = enumerate(value) if isinstance(value, list) else [(key, value)]
+        holder = value if isinstance(value, list) else module
+        slots += [(holder, k, v) for k, v in entries if isinstance(v, nn.Module)]
+    return slots
