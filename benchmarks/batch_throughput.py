@@ -29,8 +29,10 @@ batch drains to its slowest row.
 `--scheduler` picks the batched arm's drafts: `off` (the default) verifies every row's cap, `on`
 lets DSpark's prefix scheduler cut them (core/schedule.py `BatchScheduler`), `both` runs the
 batched arm both ways and prints the scheduler's throughput over the fixed cap's and the share
-of drafts it cut. The scheduler reads this machine's verify cost at every width: the stored
-calibration (`outrider calibrate`), else one measured now (kept nowhere).
+of drafts it cut. Each repeat runs both arms, the scheduled one first on every second repeat (a
+second arm in one process can read slower for its place alone: use `--repeats 2` or more). The
+scheduler reads this machine's verify cost at every width: the stored calibration (`outrider
+calibrate`), else one measured now (kept nowhere).
 
     python benchmarks/batch_throughput.py --modes dspark --batch 8 --scheduler both
 
@@ -107,9 +109,9 @@ def run_mode(
     warm_up(pipe, prompts, width, kwargs, arms)
     pipe.scheduler = None  # count what the timed runs cut
     times, outs = {on: [] for on in arms}, {}
-    for _ in range(repeats):
+    for n in range(repeats):
         singles = one_at_a_time()
-        for on in arms:
+        for on in arms if n % 2 == 0 else arms[::-1]:  # with both, each goes first in turn
             pipe.schedule_batches = on
             outs[on], b = timed(lambda: pipe.generate_batch(prompts, max_batch=width, **kwargs))
             times[on].append(b)
@@ -132,10 +134,12 @@ def run_mode(
         "scheduler": "both" if len(arms) == 2 else "on" if arms[0] else "off",
         "drafts_proposed": sched.proposed if sched else 0,  # in the scheduler's rounds
         "drafts_cut": sched.cut if sched else 0,
+        "batched_runs_s": times[arms[0]],
     }
     if len(arms) == 2:
         second = arm(pipe, prompts, outs[arms[1]], sorted(times[arms[1]])[repeats // 2], singles)
         row.update({f"scheduled_{k}": v for k, v in second.items()})
+        row["scheduled_runs_s"] = times[arms[1]]
         row["scheduler_ratio"] = first["s"] / second["s"]
     return row
 
