@@ -12,7 +12,15 @@ for each distinct request is a fresh single-request run of the same pipeline (no
 cache). The warm-up sends every distinct request once (so the prefix cache holds what the run
 will reuse) and then the first quarter of the run (so MLX's buffer cache has seen every batch
 width); RSS is read from /proc after each quarter, and growth is the last reading against the
-first. All readings are reported. Exit status 1 on any cross-talk or an RSS growth of `--max-growth` or more.
+first. All readings are reported. Exit status 1 on any cross-talk or an RSS growth of
+`--max-growth` or more.
+
+Each reading is taken twice: as it stands (`rss_mb_samples`), then after glibc's `malloc_trim`
+has handed the heap's free memory back to the OS (`rss_held_mb_samples`, what the process
+still holds). glibc keeps what a server frees in its arenas, so the first reading moves by
+tens of MB with where it falls between the server's own trims (server/memory.py `HeapTrim`);
+the growth checked is the held memory's where the C library trims, the first reading's
+elsewhere (`rss_raw_growth` is reported either way).
 """
 
 from __future__ import annotations
@@ -113,6 +121,7 @@ def main() -> int:
     from outrider.prompts import encode_messages
     from outrider.server.engine import LoadSpec
     from outrider.server.generation import Limits
+    from outrider.server.memory import malloc_trim
 
     rng = random.Random(args.seed)
     asks = conversations(rng, args.distinct, args.max_tokens)
@@ -127,9 +136,20 @@ def main() -> int:
         want.append(tok.decode(result.tokens))
     del single
 
+    trim = malloc_trim()
+
+    def readings() -> tuple[float, float]:
+        """RSS as it stands, then after handing the heap's free memory back (where glibc can)."""
+        raw = rss_mb()
+        if trim is None:
+            return raw, raw
+        trim(0)
+        return raw, rss_mb()
+
     spec = LoadSpec(args.model, args.drafter, args.mode)
     limits = Limits(max_tokens_cap=4096, keepalive_s=5)
-    samples: list[tuple[int, float]] = []  # (requests done after the warm-up, RSS MB)
+    samples: list[tuple[int, float, float]] = []  # (requests done after the warm-up, RSS MB:
+    # as it stands, held)
     quarters = {len(plan) * q // 4 for q in (1, 2, 3, 4)}
     mismatches: list[int] = []
     with live_server(spec, limits, max_batch=args.max_batch) as (url, engine):
@@ -154,7 +174,7 @@ def main() -> int:
                 with lock:
                     done += 1
                     if done in quarters:
-                        samples.append((done, rss_mb()))
+                        samples.append((done, *readings()))
 
         async def run(ks: list[int], count: bool) -> None:
             gate = asyncio.Semaphore(args.concurrency)
@@ -162,15 +182,16 @@ def main() -> int:
 
         async def warm_then_soak() -> float:
             await run(list(range(len(asks))), False)  # warm-up: every distinct request once
-            samples.append((0, rss_mb()))
+            samples.append((0, *readings()))
             t0 = time.perf_counter()
             await run(plan, True)
             return time.perf_counter() - t0
 
         elapsed = asyncio.run(warm_then_soak())
         scraped = scrape(url + "/metrics")
-    warm, end = samples[1][1], samples[-1][1]  # after the first quarter; at the end
-    growth = (end - warm) / warm
+    warm, end = samples[1], samples[-1]  # after the first quarter; at the end
+    growth = (end[2] - warm[2]) / warm[2]
+    raw_growth = (end[1] - warm[1]) / warm[1]
     report = {
         "benchmark": "soak",
         "model": args.model,
@@ -181,10 +202,13 @@ def main() -> int:
         "max_batch": args.max_batch,
         "seconds": round(elapsed, 2),
         "cross_talk": len(mismatches),
-        "rss_mb_after_warmup": round(warm, 1),
-        "rss_mb_end": round(end, 1),
+        "rss_trimmed": trim is not None,
+        "rss_mb_after_warmup": round(warm[2], 1),
+        "rss_mb_end": round(end[2], 1),
         "rss_growth": round(growth, 4),
-        "rss_mb_samples": [(n, round(mb, 1)) for n, mb in samples],
+        "rss_raw_growth": round(raw_growth, 4),
+        "rss_mb_samples": [(n, round(raw, 1)) for n, raw, _ in samples],
+        "rss_held_mb_samples": [(n, round(held, 1)) for n, _, held in samples],
         "prefix_cache_mb": round((scraped.get("outrider_prefix_cache_bytes") or 0) / 2**20, 1),
         "prefix_hits": scraped.get("outrider_prefix_cache_hits_total"),
         "prefix_misses": scraped.get("outrider_prefix_cache_misses_total"),

@@ -140,3 +140,27 @@ def test_n_choices_are_generations_of_their_own(server, qwen3_target):
 
     first = sampled()
     assert len(set(first)) > 1 and sampled() == first
+
+
+def test_a_batch_that_never_drains_still_trims_the_heap(server, qwen3_target):
+    """The engine asks its `HeapTrim` between batched rounds, not only between batches: a busy
+    server's batch may never drain. Answers stay equal to plain greedy decoding."""
+    from outrider.server.memory import HeapTrim
+
+    url, engine = server
+    calls: list[int] = []
+    kept, engine.heap_trim = engine.heap_trim, HeapTrim(every_s=0.0, trim=calls.append)
+    try:
+        tok = engine.pipeline.tokenizer
+        ids = encode_messages(tok, [{"role": "user", "content": "Trim me."}])
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        got = client.chat.completions.create(
+            model="qwen3",
+            messages=[{"role": "user", "content": "Trim me."}],
+            max_tokens=12,
+            extra_body={"ignore_eos": True},
+        )
+    finally:
+        engine.heap_trim = kept
+    assert got.choices[0].message.content == detok(tok, plain_greedy(qwen3_target, ids, 12))
+    assert len(calls) >= 2  # before the generation, and again between its rounds

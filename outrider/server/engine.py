@@ -25,7 +25,7 @@ from ..core import hub
 from ..core.prefix_cache import PrefixCache
 from .batching import decode_batch
 from .jobs import Job, Requests, Running, post
-from .memory import fit_warning, relieve_memory
+from .memory import HeapTrim, fit_warning, relieve_memory
 from .metrics import Metrics
 from .rounds import RoundLog
 
@@ -198,6 +198,7 @@ class Engine:
         self.max_batch = max_batch
         self.batch_scheduler = batch_scheduler
         self.memory_guard = memory_guard
+        self.heap_trim = HeapTrim()  # freed C heap back to the OS now and then (memory.py)
         self._deferred: list = []  # items taken from the queue while a batch ran
         self._running: dict[int, Running] = {}  # the batch's requests, by row
         self._loader = loader
@@ -378,6 +379,7 @@ class Engine:
                 if self._pending_load is None:
                     self.state, self.spec, self.phase = "no_model", None, None
         else:  # a generation
+            self.heap_trim.maybe()
             if self.memory_guard:
                 relieve_memory(self.prefix_cache, self.metrics)
             if self.batching and item.pipeline is None:
@@ -565,7 +567,9 @@ class Engine:
                 self._prefix_seen = self.prefix_cache.snapshot_stats()
 
     def _arrivals(self, room: int) -> list[Job]:
-        """Jobs queued since the last round (up to `room`); anything else waits its turn."""
+        """Jobs queued since the last round (up to `room`); anything else waits its turn.
+        Asked once a round, so it is also where a batch that never drains trims the heap."""
+        self.heap_trim.maybe()
         out: list[Job] = []
         while len(out) < room and not self._deferred:
             try:
