@@ -14,6 +14,17 @@ from . import blas
 from .errors import OutriderError
 
 
+def release_streams() -> None:
+    """Destroy the MLX streams this thread made (`Target.stream` makes one a thread). MLX asks
+    every thread that made one to do this before it ends, the main thread included: streams
+    still alive as the interpreter exits can abort the process after its work is done
+    ("terminate called without an active exception", exit status 134; ml-explore/mlx#3395,
+    `mx.clear_streams`). An MLX without `clear_streams` cleans up by itself."""
+    clear = getattr(mx, "clear_streams", None)
+    if clear is not None:
+        clear()
+
+
 def on_cuda_gpu() -> bool:
     """True when MLX's default device is a GPU driven by the CUDA backend."""
     return mx.default_device() == mx.gpu and mx.cuda.is_available()

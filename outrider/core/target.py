@@ -4,6 +4,7 @@ architecture."""
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections.abc import Callable, Collection
 from typing import Any
@@ -12,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from .device import kv_attention, matmul_choice
+from .device import kv_attention, matmul_choice, release_streams
 from .errors import Cancelled, OutriderError, UnsupportedTargetError
 from .family import (
     BatchedCache,
@@ -84,6 +85,8 @@ class Target:
         stream = getattr(self._local, "stream", None)
         if stream is None:
             stream = self._local.stream = mx.new_stream(mx.default_device())
+            if threading.current_thread() is threading.main_thread():
+                _release_at_exit()  # other threads release their own (server/engine.py)
         return stream
 
     # -- structure -------------------------------------------------------------------------
@@ -569,3 +572,10 @@ class Target:
 
     def project(self, hidden: mx.array) -> mx.array:
         return self.family.project(self.model, hidden)
+
+
+def _release_at_exit() -> None:
+    """Have the interpreter release the main thread's streams as it exits (`release_streams`),
+    registered once however many targets make one."""
+    atexit.unregister(release_streams)
+    atexit.register(release_streams)

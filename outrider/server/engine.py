@@ -22,6 +22,7 @@ from typing import Any
 
 from ..api import Pipeline
 from ..core import hub
+from ..core.device import release_streams
 from ..core.prefix_cache import PrefixCache
 from .batching import decode_batch
 from .jobs import Job, Requests, Running, post
@@ -357,15 +358,18 @@ class Engine:
 
     # -- the worker ----------------------------------------------------------------------------
     def _run(self) -> None:
-        while True:
-            item = self._deferred.pop(0) if self._deferred else self._jobs.get()
-            if item is _STOP:
-                return
-            try:
-                self._handle(item)
-            except Exception:  # the worker must outlive any one job
-                traceback.print_exc(file=sys.stderr)
-                self.metrics.error("engine")
+        try:
+            while True:
+                item = self._deferred.pop(0) if self._deferred else self._jobs.get()
+                if item is _STOP:
+                    return
+                try:
+                    self._handle(item)
+                except Exception:  # the worker must outlive any one job
+                    traceback.print_exc(file=sys.stderr)
+                    self.metrics.error("engine")
+        finally:
+            release_streams()  # the streams this thread made (core/device.py)
 
     def _handle(self, item: Any) -> None:
         if isinstance(item, _Load):
