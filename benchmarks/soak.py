@@ -148,8 +148,8 @@ def main() -> int:
 
     spec = LoadSpec(args.model, args.drafter, args.mode)
     limits = Limits(max_tokens_cap=4096, keepalive_s=5)
-    samples: list[tuple[int, float, float]] = []  # (requests done after the warm-up, RSS MB:
-    # as it stands, held)
+    # (requests done after the warm-up, RSS MB as it stands, RSS MB held: `readings`)
+    samples: list[tuple[int, float, float]] = []
     quarters = {len(plan) * q // 4 for q in (1, 2, 3, 4)}
     mismatches: list[int] = []
     with live_server(spec, limits, max_batch=args.max_batch) as (url, engine):
