@@ -45,7 +45,11 @@ def dspark_run(toy, tmp_path_factory, worker_id):
     with FileLock(f"{root}.lock"):
         if not kept.is_file():
             events: list[dict] = []
-            report = train_drafter(config(toy, out, kind="dspark"), on_event=events.append)
+            # uncompiled: on a fresh MLX kernel cache the compiled step costs ~40 s of kernel
+            # compiles on 2 cores (`test_the_compiled_step_trains_as_uncompiled` checks it)
+            report = train_drafter(
+                config(toy, out, kind="dspark", compile=False), on_event=events.append
+            )
             kept.write_text(json.dumps({"report": report.to_json(), "events": events}))
         run = json.loads(kept.read_text())
     return out, TrainReport(**run["report"]), run["events"]
@@ -61,6 +65,21 @@ def test_trained_dspark_beats_its_untrained_init(dspark_run):
     steps = [e for e in events if e["event"] == "step"]
     assert steps[-1]["loss"] < steps[0]["loss"]
     assert json.loads((out / "train_report.json").read_text()) == report.to_json()
+
+
+@pytest.mark.slow  # compiles the step's kernels: ~40 s on a fresh MLX kernel cache, 2 cores
+def test_the_compiled_step_trains_as_uncompiled(toy, tmp_path):
+    """`mx.compile` of the training step (TrainConfig's default) fuses its elementwise work
+    and must change nothing else: the same run, compiled and not, logs the same losses."""
+    losses = {}
+    for compiled in (True, False):
+        events: list[dict] = []
+        settings = dict(kind="dspark", steps=6, log_every=1, compile=compiled)
+        train_drafter(config(toy, tmp_path / str(compiled), **settings), on_event=events.append)
+        losses[compiled] = [e["loss"] for e in events if e["event"] == "step"]
+    assert len(losses[True]) == 6
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
+    assert losses[True][-1] < losses[True][0]  # and it learns
 
 
 @DSPARK_RUN  # one worker trains it once

@@ -204,6 +204,7 @@ def test_sigterm_stops_a_background_run_with_a_checkpoint(toy, tmp_path):
         "--data", str(toy["prompts"]), "--out", str(out), "--steps", "100000",
         "--batch-size", "4", "--seq-len", "96", "--block-size", "5", "--max-new-tokens", "40",
         "--held-out", "0", "--seed", "0", "--log-every", "1", "--json",
+        "--no-compile",  # a fresh MLX kernel cache compiles the step for ~30 s: not the point
     ]  # fmt: skip
     # as bash starts a background job of a script: SIGINT ignored
     proc = subprocess.Popen(
