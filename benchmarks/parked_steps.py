@@ -5,7 +5,9 @@ but those steps still forward the drafter's tap layers, hand the taps to the dra
 a lookup copy and time themselves for the policy. Plain decoding (`loop._plain_steps`) does none
 of that. This runs, per prompt and interleaved (each arm first in turn): plain decoding (mode
 baseline), the mode with its policy held parked (every step a parked one), and the same with
-lookup copies off, and prints each arm's median time between steps. Then the target's forward
+lookup copies off (and with `--every-step-taps`, the mode with every parked step tapped, as
+before parked runs recomputed their taps where they end: core/loop.py `RETAP_FROM`), and
+prints each arm's median time between steps. Then the target's forward
 alone, pipelined, without taps and with them dropped, held unevaluated or evaluated with each
 step (`--forwards`): what the taps cost the device.
 
@@ -98,17 +100,28 @@ def main() -> None:
     ap.add_argument(
         "--forwards", type=int, default=128, help="steps of each forward-alone arm (0: none)"
     )
+    ap.add_argument(
+        "--every-step-taps",
+        action="store_true",
+        help="an arm of each mode whose parked steps all tap (no recompute where runs end; "
+        "the default on the CPU, where the other arms do the same)",
+    )
     args = ap.parse_args()
     texts = [p.text for p in load_suite(args.suite)][: args.prompts]
     base = load(args.model, None, mode="baseline")
     arms: dict[str, tuple[Pipeline, dict]] = {"baseline": (base, {})}
     for mode in [m for m in args.modes.split(",") if m]:
         drafter = f"outrider-demo/{mode}" if args.model == "outrider-demo/target" else None
-        for lookup in (True, False):
+        for lookup, retap in ((True, True), (False, True), (True, False)):
+            if not retap and not args.every_step_taps:
+                continue
             pipe = load(args.model, drafter, mode=mode, target=base.target, lookup_drafts=lookup)
             pipe.calibration = calibration.load(pipe) or calibration.measure(pipe)
+            if not retap:
+                pipe.retap_parked = None
             hold_parked(pipe)
             name = f"{mode} parked" + ("" if lookup else ", no lookup")
+            name += "" if retap else ", taps each step"
             arms[name] = (pipe, {"max_draft": "auto"})
     ids = [base.encode(t) for t in texts]
     for pipe, kw in arms.values():  # warm-up: every arm meets every prompt once
@@ -129,7 +142,7 @@ def main() -> None:
     for name, secs in times.items():
         med = statistics.median(secs)
         same = "" if tokens[name] == tokens["baseline"] else "  OUTPUT DIFFERS"
-        print(f"  {name:24s} {len(secs):5d} steps  median {med * 1e3:.3f} ms  "
+        print(f"  {name:30s} {len(secs):5d} steps  median {med * 1e3:.3f} ms  "
               f"({med / plain:.3f}x baseline){same}")  # fmt: skip
     if not args.forwards:
         return

@@ -112,6 +112,14 @@ def doctor_report() -> dict:
     except OutriderError as e:
         report["pipelined_rounds"] = None
         problems.append(str(e))
+    try:  # a long parked run's taps recomputed where it ends (core/loop.py `RETAP_FROM`)
+        from .core.loop import retap_from
+
+        past = retap_from()
+        report["parked_taps"] = f"recomputed past {past} steps" if past else "every step"
+    except OutriderError as e:
+        report["parked_taps"] = None
+        problems.append(str(e))
     try:  # quantized products of a few rows (core/row_kernels.py): whose, and where they run
         choice = matmul_choice()
         usable = [k for k in plug.kernels.values() if k.available()]

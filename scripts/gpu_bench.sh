@@ -63,6 +63,12 @@
 #   intake    a model drafter's call by the context rows it takes in (the prompt, a round's
 #             tokens, a parked run's), demo pair, dspark and dflash, chat, cap 4 and auto
 #             (benchmarks/drafter_intake.py)
+#   retap     parked steps with their taps recomputed where runs end (the default on CUDA)
+#             against every step tapped, and plain decoding's step (parked_steps.py
+#             --every-step-taps), demo pair, dspark and dflash (RETAP_MODES), chat and code
+#   retapab   the demo bar (`demo`) with OUTRIDER_RETAP=off and with the default, in turn, twice
+#   plainstep where a plain step's time goes, mlx-lm's loop against outrider's (build, launch,
+#             wait), 8B shape 4-bit and bf16 and the demo target (benchmarks/plain_step.py)
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -83,7 +89,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   echo "== $name (limit ${limit}s, at ${SECONDS}s)"
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "rc=$? at ${SECONDS}s" >> "$out/$name.txt"
-  grep -E "tok/s|^ +[0-9>-]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+$|^cap |plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|^exact repeat|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added|x baseline|^  phases|after plain steps|lookup +auto|^  (chat|code|math) " "$out/$name.txt"
+  grep -E "tok/s|^ +[0-9>-]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+$|^cap |plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|^exact repeat|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added|x baseline|^  phases|after plain steps|lookup +auto|^  (chat|code|math) | a step \(|×" "$out/$name.txt"
 }
 
 export PYTHONUNBUFFERED=1
@@ -93,9 +99,9 @@ for set in "$@"; do  # a wrong name fails before anything runs
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
       | phases06b | abrollback | moves | timeline06b | trace | trace2 | abtrace | parked | intake \
-      | ablookup) ;;
+      | ablookup | plainstep | retap | retapab) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake, ablookup)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake, ablookup, plainstep, retap, retapab)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -231,6 +237,29 @@ for set in "$@"; do
         step "policy_trace_$suite" 120 python3 benchmarks/policy_trace.py --modes dspark,dflash \
           --suite "$suite" --prompts 10 --json "$out/policy_trace_$suite.json"
       done ;;
+    retap)
+      for suite in chat code; do
+        step "parked_retap_$suite" 150 python3 benchmarks/parked_steps.py \
+          --modes "${RETAP_MODES:-dspark,dflash}" --suite "$suite" --prompts 10 --passes 2 \
+          --forwards 0 --every-step-taps
+      done ;;
+    retapab)
+      for run in 1 2; do
+        for how in off auto; do
+          step "demo_retap_${how}_$run" 150 env OUTRIDER_RETAP=$how python3 -m outrider benchmark \
+            --model outrider-demo/target --dspark-drafter outrider-demo/dspark \
+            --dflash-drafter outrider-demo/dflash --modes baseline,dspark,dflash \
+            --suites chat,code,math --trials 1 --prompts-per-suite 10 --max-tokens 128 \
+            --max-draft auto --json "$out/demo_retap_${how}_$run.json"
+        done
+      done ;;
+    plainstep)
+      for dtype in 4bit bf16; do
+        step "plain_step_8b_$dtype" 200 python3 benchmarks/plain_step.py --shape 8b \
+          --dtype "$dtype" --trials 4 --taps 1,9,17,25,33
+      done
+      step plain_step_demo 120 python3 benchmarks/plain_step.py --model outrider-demo/target \
+        --trials 8 --taps 1,2,3,4,5 ;;
     parked)
       for suite in chat code; do
         step "parked_steps_$suite" 150 python3 benchmarks/parked_steps.py --modes dspark,dflash \

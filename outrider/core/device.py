@@ -132,6 +132,19 @@ def pipelined_rounds() -> str:
     return "gated" if choice == "auto" else choice
 
 
+RETAP_ENV = "OUTRIDER_RETAP"
+
+
+def retap_choice() -> str:
+    """OUTRIDER_RETAP: `auto` (the default) lets a long parked run on a CUDA GPU forward no
+    taps past its first steps and recompute them in one forward where it ends (core/loop.py
+    `RETAP_FROM`); `on` does so on any device; `off` taps every step."""
+    choice = os.environ.get(RETAP_ENV, "auto").strip().lower()
+    if choice not in ("auto", "on", "off"):
+        raise OutriderError(f"{RETAP_ENV} must be auto, on or off, got {choice!r}")
+    return choice
+
+
 def computes_on_host() -> bool:
     """Whether MLX's default device is the CPU: the host's own cores run the graphs it
     builds, so work queued for nothing competes with the host's (pipelined rounds)."""

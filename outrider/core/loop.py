@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .ahead_gate import AheadGate
+from .device import on_cuda_gpu, retap_choice
 from .errors import Cancelled
 from .logits import Penalties, logprob_arrays, process_rows, read_logprobs, token_logprob
 from .prefix_cache import PrefixHit, Record
@@ -26,8 +27,23 @@ from .round import Launched, Row, Step, choose, launch_round, settle, teach
 from .sampling import KeyStream, SamplingParams
 from .schedule import AutoCap
 from .stopping import Stopper
-from .target import Target
+from .target import PREFILL_CHUNK, Target
 from .think_budget import ThinkBudget
+
+# A parked run's steps past this many forward no taps: where the run ends, one forward of those
+# tokens recomputes their rows for the drafter (`_plain_run`). On a CUDA GPU a small target's
+# plain step is bound by the host (benchmarks/plain_step.py: the device waited 2 µs a step on an
+# H100), and the taps' wrappers and join made the demo target's step 3% slower; the recompute
+# costs about a step, so it pays from a few dozen untapped steps on. On the CPU every row of a
+# forward costs, so never there (OUTRIDER_RETAP, core/device.py).
+RETAP_FROM = 32
+
+
+def retap_from() -> int | None:
+    """RETAP_FROM where a parked run's taps are cheaper recomputed (a CUDA GPU, or
+    OUTRIDER_RETAP=on), else None."""
+    choice = retap_choice()
+    return RETAP_FROM if choice == "on" or (choice == "auto" and on_cuda_gpu()) else None
 
 
 @dataclass
@@ -157,6 +173,7 @@ def decode(
     pipelined: bool = True,
     gate: AheadGate | None = None,
     budget: ThinkBudget | None = None,
+    retap: int | None = None,
 ) -> Iterator[Step]:
     """Generate from `prompt` until `stopper` says stop, yielding each step as it lands.
 
@@ -183,6 +200,9 @@ def decode(
     `gate`'s call (a pipeline keeps one across generations: what it timed carries over).
 
     `budget` (core/think_budget.py) closes the model's thinking after that many tokens.
+
+    `retap`: a parked run's steps past this many forward no taps, their rows recomputed where
+    the run ends (`_plain_run`; None: every step taps, as on the CPU).
 
     This is a batch of one row: the rounds are `verify_round`'s, as for a `Batch` of many.
     """
@@ -221,7 +241,7 @@ def decode(
         started, proposer, prompt, stopper, sampling, keys, cap_limit, procs, window, logprobs,
         record, cancelled, budget,
     )  # fmt: skip
-    row.policy, row.long_copies = policy, long_copies
+    row.policy, row.long_copies, row.retap = policy, long_copies, retap
     yield step
     rows, cache = [row], started.cache
     pipelinable = not procs and logprobs is None
@@ -405,18 +425,33 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
     next forward is queued before the current token is read). Each forwarded token's taps go
     to the proposer and the record, and the cache ends holding the history but its anchor,
     as after a round, so drafting resumes where these steps stop. They stop early where the
-    proposer finds a lookup copy (`_copy_ready`); returns the steps taken."""
-    tap_ids = tuple(row.proposer.tap_layer_ids)
+    proposer finds a lookup copy (`_copy_ready`); returns the steps taken.
 
-    def step(y: mx.array) -> tuple[mx.array, mx.array | None]:
+    With `row.retap`, the steps past that many forward no taps: the proposer observes them
+    without rows, and where the run ends with the generation going on, `_retap` recomputes
+    their rows in one forward (`RETAP_FROM` says why)."""
+    tap_ids = tuple(row.proposer.tap_layer_ids)
+    tapped = n  # forwards from this one on take no taps
+    if (
+        tap_ids
+        and row.retap is not None
+        and row.record is None  # a prefix-cache record holds every step's rows as it goes
+        and target.trims  # the untapped positions are dropped and forwarded again
+        and hasattr(row.proposer, "add_rows")
+    ):
+        tapped = row.retap
+    untapped: list[int] = []  # the tokens forwarded without taps, in order
+
+    def step(y: mx.array, j: int) -> tuple[mx.array, mx.array | None]:
+        taps_now = tap_ids if j < tapped else ()
         with mx.stream(target.stream):
-            logits, taps = target.forward(y.reshape(1).astype(mx.uint32), cache, tap_ids)
+            logits, taps = target.forward(y.reshape(1).astype(mx.uint32), cache, taps_now)
             nxt = choose(logits[-1], row.sampling, row.keys)
         mx.async_eval(nxt)
         return nxt, taps
 
     shadow = Shadow(row) if getattr(row.proposer, "drafts_on_host", False) else None
-    cur, cur_taps = step(mx.array([row.anchor], dtype=mx.uint32))
+    cur, cur_taps = step(mx.array([row.anchor], dtype=mx.uint32), 0)
     timed: list[float] = []  # each step's seconds, told to the policy when the run ends
     first: float | None = None  # the first step's, told apart (`AutoCap.observe_restart`)
     try:
@@ -428,12 +463,14 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
                 yield Step("plain", [], 0, [], 0.0, "cancelled")
                 return i
             if not last:
-                following = step(cur)  # queued before cur is read
+                following = step(cur, i + 1)  # queued before cur is read
             token = cur.item()
             closed = False
             if row.budget is not None:  # where it fires, its closing takes this token's place
                 (token,), closed = row.budget.close([token])
             row.proposer.observe(0, cur_taps)
+            if i >= tapped:
+                untapped.append(row.anchor)  # the token this step's forward took
             if row.record is not None:
                 row.record.grow(1, cur_taps)
             if shadow is not None:
@@ -452,6 +489,8 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
             done = Step("plain", [], 0, kept, seconds, row.stopper.finish_reason, closed=closed)
             yield from _handed(done, row.policy)
             if stop or last:
+                if untapped and not row.done:
+                    _retap(target, row, cache, untapped, tap_ids)
                 return i + 1
             cur, cur_taps = following
         return n
@@ -460,6 +499,21 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
             row.policy.observe_plain(timed)
         if first is not None:
             row.policy.observe_restart(first)
+
+
+def _retap(
+    target: Target, row: Row, cache: list, tokens: list[int], tap_ids: tuple[int, ...]
+) -> None:
+    """Give the proposer the rows of a parked run's untapped steps: their positions are
+    dropped from the cache and `tokens` forwarded again with taps, as a prompt is. The cache
+    then holds what it held, its values recomputed in one forward (as a verify's rows are)."""
+    target.rollback(cache, len(tokens))
+    with mx.stream(target.stream):
+        if len(tokens) <= PREFILL_CHUNK:  # one forward, nothing waited for
+            _, taps = target.forward(mx.array(tokens, dtype=mx.uint32), cache, tap_ids)
+        else:
+            _, taps = target.prefill(tokens, cache, tap_ids)
+    row.proposer.add_rows(taps)
 
 
 def _handed(step: Step, policy: AutoCap | None) -> Iterator[Step]:

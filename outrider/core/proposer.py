@@ -95,6 +95,12 @@ class Proposer(Protocol):
     assuming that round keeps every draft; its `observe` then keeps what it took in when the
     round did, and drops it when not (`plugins/strategies/block_proposer.py`).
 
+    A proposer with taps may offer `add_rows(taps)`: the rows of tokens it has already
+    observed without them (`observe(0, None)`), computed later in one forward. A long parked
+    run on a GPU then forwards no taps and recomputes them where it ends (`core/loop.py`,
+    `_plain_run`), since there a step's time is the host's and the taps' join costs ~3% of a
+    small target's step.
+
     A proposer that learns as it goes may offer `snapshot() -> dict`: what it has learnt, for a
     benchmark receipt (lookup's copies by match kind; `benchmark/runner.py`).
     """

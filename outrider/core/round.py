@@ -79,6 +79,7 @@ class Row:
     long_copies: bool = True  # a lookup copy may run past the cap (false: the cap was given)
     accept: list[float] = field(default_factory=list)  # per position, for the batch scheduler
     budget: ThinkBudget | None = None  # a reasoning budget (core/think_budget.py)
+    retap: int | None = None  # parked steps past this many tap nothing (core/loop.py)
 
     @property
     def done(self) -> bool:

@@ -196,6 +196,11 @@ class BlockProposer:
             return
         self._pending.append(taps)
 
+    def add_rows(self, taps: mx.array) -> None:
+        """Context rows of tokens observed without them (a parked run's, recomputed): taken
+        in with the next drafting call, after those observed before."""
+        self._pending.append(taps)
+
     def draft_ahead(self, ctx: DraftContext, anchor: mx.array, taps: mx.array) -> Proposal | None:
         """The block of the round after the one in flight, drafted before that round is read
         (pipelined rounds, core/loop.py): assume it keeps every draft, so its `taps` (one row

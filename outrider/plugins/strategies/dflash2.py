@@ -133,6 +133,11 @@ class DFlash2Proposer:
         if taps is not None:
             self._pending.append(taps)
 
+    def add_rows(self, taps: mx.array) -> None:
+        """Context rows of tokens observed without them (a parked run's, recomputed): taken
+        in with the next drafting call, after those observed before."""
+        self._pending.append(taps)
+
     def draft_ahead(self, ctx: DraftContext, anchor: mx.array, taps: mx.array) -> Proposal | None:
         """The next round's block before this round is read (as `BlockProposer.draft_ahead`):
         its context rows `taps` and its `anchor` are arrays not yet computed; `observe` keeps

@@ -78,6 +78,11 @@ class Eagle3Proposer:
         if taps is not None:
             self._pending.append(taps)
 
+    def add_rows(self, taps: mx.array) -> None:
+        """Context rows of tokens observed without them (a parked run's, recomputed): taken
+        in with the next drafting call, after those observed before."""
+        self._pending.append(taps)
+
     def _catch_up(self, tokens: list[int]) -> mx.array:
         """Add the pending rows (taps t paired with token t+1); the newest row's output."""
         start = self.cached_rows
