@@ -10,7 +10,6 @@ import outrider
 from outrider.core import loop
 from outrider.core.calibration import Calibration
 from outrider.core.schedule import AutoCap
-from outrider.testing import OracleProposer
 
 
 def trained(ceiling: int, cost, accept: float) -> AutoCap:
@@ -146,113 +145,6 @@ class PerStep(AutoCap):
     def observe_plain(self, seconds: list[float]) -> None:
         for s in seconds:
             self.observe(0, 0, s)
-
-
-@pytest.mark.parametrize("accept_rate", [1.0, 0.6])
-def test_auto_output_equals_plain_greedy(qwen3_target, monkeypatch, accept_rate):
-    """Whatever caps the policy picks round by round (here: parked, probing, then drafting,
-    forced by a policy whose costs flip halfway), the tokens are plain greedy decoding's."""
-    pipe = outrider.load(str(qwen3_target), mode="baseline")
-    ids = pipe.encode(PROMPTS[1])
-    want = plain_greedy(qwen3_target, ids, 80)
-    vocab = pipe.target.config["vocab_size"]
-    oracle = OracleProposer(ids + want, accept_rate, vocab, max_draft=6, seed=1)
-    seen: list[int] = []
-
-    class Flipping(PerStep):
-        def observe(self, k: int, accepted: int, seconds: float) -> None:
-            seen.append(k)
-            slow_verify = len(seen) < 30  # first parked, then drafting pays
-            super().observe(k, accepted, 1.0 + (1.0 if slow_verify else 0.01) * k)
-
-    monkeypatch.setattr(loop, "AutoCap", Flipping)
-    auto = outrider.Pipeline(pipe.target, oracle, "oracle", 6, auto_cap=True)
-    # (80 tokens: pipelined rounds choose the next cap before this round is observed, so
-    # at full acceptance the policy parks a round later than unpipelined rounds would)
-    got = auto.generate(ids, max_tokens=80, stop_tokens=set())
-    assert got.tokens == want
-    assert 0 in seen and max(seen) > 1  # it parked and it drafted
-
-
-def test_parked_steps_keep_the_drafter_and_the_prefix_cache_in_step(
-    qwen3_target, drafters, monkeypatch
-):
-    """DSpark rounds resume after pipelined plain steps with the drafter's context complete
-    (every plain token's taps were observed), the generation stops exactly at max_tokens, and
-    the prefix cache stores what the cache holds: the repeat hits and is still plain greedy."""
-    pipe = outrider.load(
-        str(qwen3_target), str(drafters["dspark"]), mode="dspark", max_draft="auto"
-    )
-    assert pipe.auto_cap
-    pipe.enable_prefix_cache(gb=0.1)
-    ids = pipe.encode(PROMPTS[0])
-    want = plain_greedy(qwen3_target, ids, 45)
-    kinds: list[int] = []
-
-    class Alternating(PerStep):
-        def observe(self, k: int, accepted: int, seconds: float) -> None:
-            kinds.append(k)
-            slow_verify = (len(kinds) // 12) % 2 == 0  # park, draft, park, ...
-            super().observe(k, accepted, 1.0 + (1.0 if slow_verify else 0.01) * k)
-
-    monkeypatch.setattr(loop, "AutoCap", Alternating)
-    first = pipe.generate(ids, max_tokens=45, stop_tokens=set())
-    again = pipe.generate(ids, max_tokens=45, stop_tokens=set())
-    assert first.tokens == want == again.tokens
-    assert again.cached_tokens > 0
-    assert 0 in kinds and max(kinds) > 0
-    assert first.to_json()["max_draft"] == "auto"
-
-
-def test_a_parked_drafter_still_verifies_what_the_text_copies(qwen3_target, drafters, monkeypatch):
-    """Parked, auto takes pipelined plain steps; where the text turns out to repeat itself the
-    steps stop and a round verifies the lookup copy. Copies teach the policy nothing about the
-    drafter, and the output is plain greedy's."""
-    pipe = outrider.load(
-        str(qwen3_target), str(drafters["dspark"]), mode="dspark", max_draft="auto"
-    )
-    # copies as long as their matches make likely: the bound a calibration puts on them
-    # (`_widest`) comes from what this machine measured at load, and a busy machine measured
-    # it short enough to leave copies of 2 that kept nothing (a CI run, 2026-12-06)
-    pipe.proposer.calibration = None
-    ids = pipe.encode(PROMPTS[1])
-    want = plain_greedy(qwen3_target, ids, 80)
-    seen: list[int] = []
-
-    pays = [True]
-    restarts: list[float] = []  # each parked run's first step, as the loop told the policy
-
-    class Parked(PerStep):  # the drafter never pays: every choice parks
-        def choose(self, limit: int) -> int:
-            return 0
-
-        def observe(self, k: int, accepted: int, seconds: float) -> None:
-            seen.append(k)
-            super().observe(k, accepted, seconds)
-
-        def copy_pays(self, drafts: int, kept: float) -> bool:  # the next test's concern
-            return pays[0]
-
-        def observe_restart(self, seconds: float) -> None:
-            restarts.append(seconds)
-            super().observe_restart(seconds)
-
-    monkeypatch.setattr(loop, "AutoCap", Parked)
-    copies = pipe.proposer.lookup_rounds
-    got = pipe.generate(ids, max_tokens=80, stop_tokens=set())
-    assert got.tokens == want
-    drafted = [r for r in got.rounds if r.drafted]
-    assert drafted and len(drafted) == pipe.proposer.lookup_rounds - copies
-    assert sum(r.accepted for r in drafted) > len(drafted)  # the copies were worth verifying
-    assert seen and set(seen) == {0}  # plain steps only: the copies taught it nothing
-    # every parked run told the policy its first step: a run before each copy, one after the
-    # last (and more where runs end at the policy's say, as this one's do)
-    assert len(restarts) >= len(drafted) + 1 and min(restarts) >= 0.0
-    pays[0] = False  # copies that would not pay for their round: plain steps all the way
-    copies = pipe.proposer.lookup_rounds
-    got = pipe.generate(ids, max_tokens=80, stop_tokens=set())
-    assert got.tokens == want and not got.rounds
-    assert pipe.proposer.lookup_rounds == copies
 
 
 def test_a_copy_breaks_parked_plain_steps_only_where_it_pays():
