@@ -69,6 +69,8 @@
 #   retapab   the demo bar (`demo`) with OUTRIDER_RETAP=off and with the default, in turn, twice
 #   plainstep where a plain step's time goes, mlx-lm's loop against outrider's (build, launch,
 #             wait), 8B shape 4-bit and bf16 and the demo target (benchmarks/plain_step.py)
+#   compiled  a one-row step with each layer's static-shape blocks compiled against mlx-lm's
+#             own (benchmarks/compiled_blocks.py), 8B 4-bit and bf16, 0.6B bf16
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -99,9 +101,9 @@ for set in "$@"; do  # a wrong name fails before anything runs
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
       | phases06b | abrollback | moves | timeline06b | trace | trace2 | abtrace | parked | intake \
-      | ablookup | plainstep | retap | retapab) ;;
+      | ablookup | plainstep | retap | retapab | compiled) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake, ablookup, plainstep, retap, retapab)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake, ablookup, plainstep, retap, retapab, compiled)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -252,6 +254,12 @@ for set in "$@"; do
             --suites chat,code,math --trials 1 --prompts-per-suite 10 --max-tokens 128 \
             --max-draft auto --json "$out/demo_retap_${how}_$run.json"
         done
+      done ;;
+    compiled)
+      for sd in "8b 4bit" "8b bf16" "0.6b bf16"; do
+        read -r shape dtype <<< "$sd"
+        step "compiled_blocks_${shape}_$dtype" 180 python3 benchmarks/compiled_blocks.py \
+          --shape "$shape" --dtype "$dtype" --trials 4
       done ;;
     plainstep)
       for dtype in 4bit bf16; do
