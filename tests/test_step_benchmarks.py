@@ -1,0 +1,52 @@
+"""The one-row step benchmarks measure what they say: `benchmarks/plain_step.py`'s arms (mlx-lm's
+loop, bare loops, outrider's pipeline, a tapped forward) decode the same tokens, and
+`benchmarks/compiled_blocks.py`'s compiled layer computes what the layer computes. Their
+timings are for a GPU; these check only that the arms being timed do the same work."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import mlx.core as mx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_plain_step_arm_decodes_the_same_tokens():
+    bench = _benchmark("plain_step")
+    from outrider.api import load
+
+    target = load("outrider-demo/target", None, mode="baseline").target
+    target.install_taps((1, 2, 3, 4, 5))
+    bench.ARMS["tapped"] = bench.tapped_arm((1, 2, 3, 4, 5))
+    prompt = [(7 * i + 3) % 1000 + 10 for i in range(40)]
+    runs = {name: arm(target, prompt, 12) for name, arm in bench.ARMS.items()}
+    want = runs["mlx-lm"][1][:12]
+    assert len(want) == 12
+    for name, (gaps, tokens, parts) in runs.items():
+        assert tokens[:12] == want, name
+        assert gaps and all(g > 0 for g in gaps), name
+        if parts:  # the bare loops split each step in three
+            assert set(parts) == {"build", "launch", "wait"} and len(parts["wait"]) == len(gaps)
+
+
+def test_compiled_blocks_compute_what_the_layer_computes():
+    bench = _benchmark("compiled_blocks")
+    plain = bench.make_model("tiny", "fp32", False)
+    compiled = bench.make_model("tiny", "fp32", True)
+    assert all(isinstance(layer, bench.CompiledBlocks) for layer in compiled.model.layers)
+    prompt = [(5 * i + 1) % 500 + 3 for i in range(30)]
+    _, want, _, want_rows = bench.steps(plain, prompt, 10)
+    _, got, parts, rows = bench.steps(compiled, prompt, 10)
+    assert got == want
+    assert len(rows) == len(want_rows) == 9 and set(parts) == {"build", "launch", "wait"}
+    for a, b in zip(rows, want_rows):  # every step's logits, positions and all
+        assert mx.allclose(a, b, atol=1e-4, rtol=1e-4).item()
