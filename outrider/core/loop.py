@@ -440,7 +440,6 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
         and hasattr(row.proposer, "add_rows")
     ):
         tapped = row.retap
-    untapped: list[int] = []  # the tokens forwarded without taps, in order
 
     def step(y: mx.array, j: int) -> tuple[mx.array, mx.array | None]:
         taps_now = tap_ids if j < tapped else ()
@@ -469,8 +468,6 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
             if row.budget is not None:  # where it fires, its closing takes this token's place
                 (token,), closed = row.budget.close([token])
             row.proposer.observe(0, cur_taps)
-            if i >= tapped:
-                untapped.append(row.anchor)  # the token this step's forward took
             if row.record is not None:
                 row.record.grow(1, cur_taps)
             if shadow is not None:
@@ -489,8 +486,9 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
             done = Step("plain", [], 0, kept, seconds, row.stopper.finish_reason, closed=closed)
             yield from _handed(done, row.policy)
             if stop or last:
-                if untapped and not row.done:
-                    _retap(target, row, cache, untapped, tap_ids)
+                untapped = i + 1 - tapped  # the last forwards, of the tokens before the anchor
+                if untapped > 0 and not row.done:
+                    _retap(target, row, cache, row.history[-untapped - 1 : -1], tap_ids)
                 return i + 1
             cur, cur_taps = following
         return n
