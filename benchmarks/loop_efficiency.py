@@ -33,7 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from outrider.core import row_kernels
+from outrider.core import compiled_layers, row_kernels
 from outrider.core.device import PADDED_FROM, matmul_choice, verify_pad
 from outrider.core.proposer import DraftContext
 from outrider.core.sampling import SamplingParams, greedy
@@ -109,6 +109,8 @@ def make_target(shape: str, dtype: str) -> Target:
     note = row_kernels.apply(model, [cuda_rows.CudaRows()], matmul_choice())
     if note or row_kernels.installed(model):
         print(f"  {note or 'quantized products of a few rows run the rows kernel'}", flush=True)
+    # last, as loading does: compiled layers where OUTRIDER_COMPILED_LAYERS asks (a CUDA GPU)
+    compiled_layers.install(model, family)
     target = Target(model, None, family, qwen3_config(shape), name=f"qwen3-{shape}-{dtype}")
     target.pad_verifies(verify_pad(model), PADDED_FROM)
     return target
@@ -145,14 +147,16 @@ class Timed:
         return 1.0 / statistics.median(dt / n for dt, n in self.gaps)
 
 
-def mlx_lm_decode_tps(model, prompt: list[int], n: int) -> tuple[Timed, list[int]]:
+def mlx_lm_decode_tps(target: Target, prompt: list[int], n: int) -> tuple[Timed, list[int]]:
+    """mlx-lm's generation on the target's model, through mlx-lm's own layers."""
     from mlx_lm.generate import generate_step
 
     timed = Timed()
-    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=n):
-        timed.arrive([int(tok)])
-        if len(timed.tokens) == n:
-            break
+    with compiled_layers.bypassed(target.family.layers(target.model)):
+        for tok, _ in generate_step(mx.array(prompt), target.model, max_tokens=n):
+            timed.arrive([int(tok)])
+            if len(timed.tokens) == n:
+                break
     return timed, timed.tokens
 
 
@@ -263,13 +267,13 @@ def run(
     rng = mx.random.randint(0, 150000, (prompt_len,), key=mx.random.key(1))
     prompt = rng.tolist()
     # warm-up both paths
-    mlx_lm_decode_tps(target.model, prompt, 16)
+    mlx_lm_decode_tps(target, prompt, 16)
     outrider_run(target, PlainProposer(), prompt, 16, 0)
 
     peer, ours, ties, reference, self_diff = [], [], [], None, []
     peer_steady, ours_steady = [], []
     for _ in range(trials):  # interleaved, so drift hits both alike
-        timed, ref = mlx_lm_decode_tps(target.model, prompt, n)
+        timed, ref = mlx_lm_decode_tps(target, prompt, n)
         peer.append(timed.tps)
         peer_steady.append(timed.steady_tps)
         if reference is not None:  # is mlx-lm itself deterministic here?

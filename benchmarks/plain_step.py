@@ -10,6 +10,8 @@ and all, so the gap is in what surrounds the forward. Four arms, interleaved tri
 - `target`: the same loop through `Target.forward` and the loop's `choose`, on the target's
   stream (what `loop._plain_steps` does per step, without the generator around it);
 - `outrider`: the baseline pipeline (`Pipeline.stream`), as `outrider generate` runs it;
+- `uncompiled`: the same with the target's own layers where it has compiled ones
+  (core/compiled_layers.py; `mlx-lm` always runs its own);
 - `tapped` (with `--taps`): the `target` loop forwarding those tap layers too, each step's taps
   kept unevaluated as a parked run hands them to its drafter (`loop._plain_run`).
 
@@ -38,8 +40,10 @@ import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.
 # isort: split
 import mlx.core as mx  # noqa: E402
 
+from outrider.core.compiled_layers import bypassed  # noqa: E402
 from outrider.core.round import choose  # noqa: E402
 from outrider.core.sampling import SamplingParams  # noqa: E402
+from outrider.core.wrapper import routes  # noqa: E402
 from outrider.plugins.strategies.baseline import PlainProposer  # noqa: E402
 
 GREEDY = SamplingParams()
@@ -49,12 +53,13 @@ def mlx_lm_arm(target, prompt: list[int], n: int) -> tuple[list[float], list[int
     from mlx_lm.generate import generate_step
 
     gaps, tokens, last = [], [], None
-    for tok, _ in generate_step(mx.array(prompt), target.model, max_tokens=n):
-        now = time.perf_counter()
-        if last is not None:
-            gaps.append(now - last)
-        last = now
-        tokens.append(int(tok))
+    with bypassed(target.family.layers(target.model)):  # mlx-lm's own layers
+        for tok, _ in generate_step(mx.array(prompt), target.model, max_tokens=n):
+            now = time.perf_counter()
+            if last is not None:
+                gaps.append(now - last)
+            last = now
+            tokens.append(int(tok))
     return gaps, tokens, {}
 
 
@@ -113,11 +118,17 @@ def pipeline_arm(target, prompt: list[int], n: int) -> tuple[list[float], list[i
     return gaps, tokens, {}
 
 
+def uncompiled_arm(target, prompt: list[int], n: int) -> tuple[list[float], list[int], dict]:
+    with bypassed(target.family.layers(target.model)):
+        return pipeline_arm(target, prompt, n)
+
+
 ARMS = {
     "mlx-lm": mlx_lm_arm,
     "model": lambda t, p, n: bare_arm(t, p, n, False),
     "target": lambda t, p, n: bare_arm(t, p, n, True),
     "outrider": pipeline_arm,
+    "uncompiled": uncompiled_arm,
 }
 
 
@@ -172,7 +183,8 @@ def main() -> None:
                 parts[name].setdefault(k, []).append(statistics.median(v))
             outputs.setdefault(name, toks[: args.tokens])
     what = args.model or f"{args.shape} {args.dtype}"
-    print(f"{what}: {args.trials} trials x {args.tokens} steps, prompt {args.prompt_len} tokens")
+    print(f"{what}: {args.trials} trials x {args.tokens} steps, prompt {args.prompt_len} tokens"
+          f" (layer routes: {routes(target.model)})")  # fmt: skip
     first = statistics.median(gaps[arms[0]])
     ref = outputs[arms[0]]
     for name in arms:
@@ -181,8 +193,11 @@ def main() -> None:
             f"{k} {statistics.median(v) * 1e6:7.1f} us" for k, v in parts[name].items()
         )
         same = "" if outputs[name] == ref else "  (tokens differ from the first arm's)"
-        print(f"  {name:9s} median {med * 1e3:7.3f} ms a step ({first / med:5.3f}x {arms[0]})"
-              f"  {split}{same}")  # fmt: skip
+        # each trial's ratio to the first arm's run of the same trial, which ran beside it:
+        # drift of the host between trials cancels
+        paired = statistics.median(a / b for a, b in zip(gaps[arms[0]], gaps[name]))
+        print(f"  {name:9s} median {med * 1e3:7.3f} ms a step ({first / med:5.3f}x {arms[0]};"
+              f" paired {paired:5.3f}x)  {split}{same}")  # fmt: skip
 
 
 if __name__ == "__main__":

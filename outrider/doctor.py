@@ -169,6 +169,11 @@ def doctor_report() -> dict:
     except OutriderError as e:
         report["cpu_fusion"] = None
         problems.append(str(e))
+    try:  # dense layers' fixed-shape parts compiled (core/compiled_layers.py)
+        report["compiled_layers"] = _compiled_layers_report()
+    except OutriderError as e:
+        report["compiled_layers"] = None
+        problems.append(str(e))
     report["hf_cache"] = _place(Path(constants.HF_HUB_CACHE))
     report["lmstudio_dirs"] = [_place(p) for p in lmstudio_roots()]
     report["model_dirs"] = [
@@ -193,6 +198,15 @@ def _fusion_report() -> str:
     if mx.default_device() != mx.cpu:
         return "not used (MLX's GPU kernels are fused already)"
     return f"off ({FUSION_ENV})"
+
+
+def _compiled_layers_report() -> str:
+    """Whether dense targets' layers run their fixed-shape parts compiled."""
+    from .core.compiled_layers import ENV, compiled_layers
+
+    if compiled_layers():
+        return f"on: llama, qwen2 and qwen3 layers, where bit-identical at load ({ENV}=off: not)"
+    return f"off ({ENV}=on compiles them here too)"
 
 
 def _blas_report() -> str:

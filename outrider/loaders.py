@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .core import generation_config, gguf, gguf_header, row_kernels
+from .core import compiled_layers, generation_config, gguf, gguf_header, row_kernels
 from .core.checkpoint import code_it_runs, open_checkpoint, read_config
 from .core.cpu_fusion import fuse_for_cpu
 from .core.device import (
@@ -120,6 +120,8 @@ def load_target(plugins: Plugins, model: str, download: bool = True) -> Target:
             dense_single_groups(model_obj)  # an MLX CUDA kernel's wrong case (core/device.py)
             rows = row_kernels.apply(model_obj, plugins.kernels.values(), matmul_choice())
             fuse_for_cpu(model_obj)  # MLX's CPU backend runs norms and ropes unfused
+            # last: the traces take in the modules swapped above (core/compiled_layers.py)
+            compiled_layers.install(model_obj, family)
             target = Target(model_obj, tokenizer, family, config, name=model)
             target.sampling_defaults, target.notes = generation_config.read(path)
             target.notes += [rows] if rows else []

@@ -138,7 +138,11 @@ def toy_train_config(toy: dict, out, **overrides):
 
 def decoder_layers(target) -> list:
     """A loaded target's decoder layers, looking through any tap wrapper in front of one."""
-    return [getattr(x, "layer", x) for x in target.family.layers(target.model)]
+    from outrider.core.taps import TappedLayer
+
+    return [
+        x.layer if isinstance(x, TappedLayer) else x for x in target.family.layers(target.model)
+    ]
 
 
 def fp32_close(a: mx.array, b: mx.array, atol: float, rtol: float = 0.0) -> bool:

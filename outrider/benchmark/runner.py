@@ -22,6 +22,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..api import Pipeline, load
+from ..core.compiled_layers import bypassed
 from ..core.device import tf32_matmuls
 from ..core.errors import OutriderError
 from ..core.plugins import Plugins
@@ -191,22 +192,23 @@ def build_arms(config: BenchConfig, plugins: Plugins) -> tuple[Target, list[Arm]
             arms.append(_pipeline_arm(pipe, own, name))
     stop = set(target.eos_token_ids)
     model = target.model
-    arms.append(
-        Arm("mlx-lm", lambda p, n: mlx_lm_plain(model, p, n, stop), "peer", 0, None),
-    )
+    layers = target.family.layers(model)
+
+    def plain_peer(p: list[int], n: int) -> Run:
+        with bypassed(layers):  # mlx-lm's own layers, not outrider's compiled ones
+            return mlx_lm_plain(model, p, n, stop)
+
+    arms.append(Arm("mlx-lm", plain_peer, "peer", 0, None))
     peer_draft_model = config.peer_draft_model or config.draft_model
     if peer_draft_model is not None:
         draft = load_draft_model(peer_draft_model, target.config.get("vocab_size"))
         k = config.max_draft if isinstance(config.max_draft, int) else MLX_LM_DRAFT_DEFAULT
-        arms.append(
-            Arm(
-                "mlx-lm-spec",
-                lambda p, n: mlx_lm_speculative(model, draft, p, n, stop, k),
-                "peer",
-                k,
-                peer_draft_model,
-            )
-        )
+
+        def speculative_peer(p: list[int], n: int) -> Run:
+            with bypassed(layers):
+                return mlx_lm_speculative(model, draft, p, n, stop, k)
+
+        arms.append(Arm("mlx-lm-spec", speculative_peer, "peer", k, peer_draft_model))
     return target, arms
 
 

@@ -166,14 +166,21 @@ class ChunkedAttention(PassThrough):
         )
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        attend = self.attention_for(x, mask, cache)
+        if attend is None:
+            return self.attention(x, mask=mask, cache=cache)
+        return self._attend(x, cache, attend)
+
+    def attention_for(self, x: mx.array, mask: Any, cache: Any) -> Callable | None:
+        """How a call of x's rows under `mask` over `cache` attends, `attend(q, keys, values)`
+        over the keys and values the cache's update returns, or None where the model's own
+        attention stays. A bucketed call lays out the cache's room here, before the update
+        (core/compiled_layers.py asks this too, around its own projections)."""
         kind = type(cache)
-        attend = None
         if kind is KVCache and _is_causal(mask) and self._bucketed(x, cache.offset + x.shape[1]):
             buckets, scale = self.buckets, self.attention.scale
             reserve(cache, x.shape[1])
-            return self._attend(
-                x, cache, lambda q, k, v: bucketed_attention(q, cache, scale, buckets)
-            )
+            return lambda q, k, v: bucketed_attention(q, cache, scale, buckets)
         if (
             kind is BatchKVCache
             and self.batches
@@ -182,16 +189,12 @@ class ChunkedAttention(PassThrough):
         ):
             buckets, scale = self.buckets, self.attention.scale
             reserve(cache, x.shape[1])
-            return self._attend(
-                x, cache, lambda q, k, v: bucketed_rows_attention(q, cache, mask, scale, buckets)
-            )
+            return lambda q, k, v: bucketed_rows_attention(q, cache, mask, scale, buckets)
         if kind in (KVCache, DequantizingKVCache) and _is_causal(mask):
-            attend = self._kernel(x, mask, cache.offset + x.shape[1])
-        elif kind in (BatchKVCache, QuantizedRows) and _is_boolean(mask):
-            attend = self._kernel(x, mask, mask.shape[-1])
-        if attend is None:
-            return self.attention(x, mask=mask, cache=cache)
-        return self._attend(x, cache, attend)
+            return self._kernel(x, mask, cache.offset + x.shape[1])
+        if kind in (BatchKVCache, QuantizedRows) and _is_boolean(mask):
+            return self._kernel(x, mask, mask.shape[-1])
+        return None
 
     def _kernel(self, x: mx.array, mask: Any, keys: int) -> Callable | None:
         """The attention of a call of x's rows over `keys` keys with the model's own `mask`

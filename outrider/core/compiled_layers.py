@@ -1,0 +1,228 @@
+"""Decoder layers whose fixed-shape parts run compiled (`mx.compile`), for the host's sake.
+
+On MLX's CUDA backend a step of a few rows is the host's time, not the GPU's: the device waited
+2-5 µs for each token while Python built the step's graph and MLX encoded and launched its
+kernels (benchmarks/plain_step.py). `mx.compile` replays a traced function from C++ instead of
+running it op by op in Python, and fuses elementwise runs. In a dense decoder layer everything
+but the KV cache update and the attention over the growing cache has one shape for every step
+of a given width, so a layer here runs as
+
+- `pre(x, position)`: the input norm, the q/k/v projections, the q/k norms where the layer has
+  them, and both ropes (the position is an array input, so one trace serves every step);
+- the cache update and the attention, eager, as before (a rerouted verify's attention too:
+  plugins/targets/verify_attention.py hands over its choice through `attention_for`);
+- `tail(x, attention)`: the output projection, the residual, the post-attention norm, the MLP
+  and its residual.
+
+What it buys is host time. On an H100 (`benchmarks/compiled_blocks.py`, docs/performance.md,
+"Compiled layers"), building a one-row step's graph took 1.04-1.25 ms against 1.45-1.73 for
+the Qwen3-0.6B shape, and the step ran 1.15-1.39x as fast. Through outrider the demo target's
+step ran 1.06x as fast. On the 8B shapes, whose step the device nearly bounds, runs read
+0.92-1.10x, inside that host's noise.
+
+The layers are the mlx-lm blocks of llama, qwen2 and qwen3 (mistral loads as llama), each
+wrapped on the one loaded instance (`CompiledLayer`; classes are never touched). One sequence's
+calls of up to MAX_ROWS rows over a plain KV cache (decoding steps and verifies) take the
+compiled path; a prefill chunk, a batch of rows and any other cache take the layer's own, so
+the traces stay few (one per width). A trace reads the weights it was made with, so `install`
+comes last at load, after every module swap; it keeps the wrappers only where a short prefill,
+an 8-row verify and one-row steps give the model's own logits bit for bit. MLX keys a trace by
+the calling thread's stream too, so a server's worker thread makes its own.
+
+OUTRIDER_COMPILED_LAYERS: `auto` (the default) compiles on a CUDA GPU; `on` on any device (the
+CPU tests use it; the CPU's norms and ropes are fused already, core/cpu_fusion.py); `off` never.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import scaled_dot_product_attention
+from mlx_lm.models.cache import KVCache
+
+from .device import on_cuda_gpu
+from .errors import OutriderError, UnsupportedTargetError
+from .wrapper import PassThrough
+
+ENV = "OUTRIDER_COMPILED_LAYERS"
+# Widest call that takes the compiled path: every verify width (core/calibration.py MAX_WIDTH).
+# A prefill chunk's rows vary in number from request to request, and each new shape costs a
+# trace (all layers: tens of milliseconds), so prefill keeps the layer's own path.
+MAX_ROWS = 16
+# mlx_lm.models.<module>.TransformerBlock layers laid out as `CompiledLayer` re-states them
+BLOCKS = ("llama", "qwen2", "qwen3")
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj", "rope")
+
+
+def compiled_layers() -> bool:
+    """Whether loaded dense targets get compiled layers (OUTRIDER_COMPILED_LAYERS, above)."""
+    choice = os.environ.get(ENV, "auto").strip().lower()
+    if choice not in ("auto", "on", "off"):
+        raise OutriderError(f"{ENV} must be auto, on or off, got {choice!r}")
+    return choice == "on" or (choice == "auto" and on_cuda_gpu())
+
+
+class Positions:
+    """A step's rope position as an int32 array, made once and read by every layer."""
+
+    def __init__(self) -> None:
+        self._offset: int | None = None
+        self._array: mx.array | None = None
+
+    def __call__(self, offset: int) -> mx.array:
+        if offset != self._offset or self._array is None:
+            self._offset, self._array = offset, mx.array(offset, dtype=mx.int32)
+        return self._array
+
+
+class CompiledLayer(PassThrough):
+    """One mlx-lm dense decoder layer of one model instance with `pre` and `tail` compiled."""
+
+    wrapped = "layer"
+    route = "compiled"
+
+    def __init__(self, layer: nn.Module, positions: Positions) -> None:
+        super().__init__()
+        self.layer = layer
+        self._positions = positions
+        self._pre, self._tail = mx.compile(self._traced_pre), mx.compile(self._traced_tail)
+
+    def __deepcopy__(self, memo: dict) -> CompiledLayer:
+        # a copy traces its own layer (a training teacher's copy is then made dense)
+        return CompiledLayer(copy.deepcopy(self.layer, memo), copy.deepcopy(self._positions, memo))
+
+    def _traced_pre(self, x: mx.array, position: mx.array) -> tuple[mx.array, ...]:
+        layer = self.layer
+        a = _raw(layer.self_attn)  # the projections behind a rerouting wrapper
+        b, n, _ = x.shape
+        h = layer.input_layernorm(x)
+        q = a.q_proj(h).reshape(b, n, a.n_heads, -1)
+        k = a.k_proj(h).reshape(b, n, a.n_kv_heads, -1)
+        if "q_norm" in a:
+            q, k = a.q_norm(q), a.k_norm(k)
+        v = a.v_proj(h).reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q = a.rope(q.transpose(0, 2, 1, 3), offset=position)
+        k = a.rope(k.transpose(0, 2, 1, 3), offset=position)
+        return q, k, v
+
+    def _traced_tail(self, x: mx.array, attended: mx.array) -> mx.array:
+        layer = self.layer
+        b, n, _ = x.shape
+        h = x + _raw(layer.self_attn).o_proj(attended.transpose(0, 2, 1, 3).reshape(b, n, -1))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        if x.shape[0] != 1 or x.shape[1] > MAX_ROWS or type(cache) is not KVCache:
+            return self.layer(x, mask, cache)
+        a = self.layer.self_attn
+        # a rerouted verify's attention (it may lay out the cache's room first), else mlx-lm's
+        plan = getattr(a, "attention_for", None)
+        attend = plan(x, mask, cache) if plan is not None else None
+        q, k, v = self._pre(x, self._positions(cache.offset))
+        keys, values = cache.update_and_fetch(k, v)
+        if attend is None:
+            out = scaled_dot_product_attention(
+                q, keys, values, cache=cache, scale=a.scale, mask=mask
+            )
+        else:
+            out = attend(q, keys, values)
+        return self._tail(x, out)
+
+
+def _raw(module: nn.Module) -> nn.Module:
+    """The module behind any pass-through wrappers in front of it."""
+    while isinstance(module, PassThrough):
+        module = module[type(module).wrapped]
+    return module
+
+
+def fits(layer: nn.Module) -> bool:
+    """Whether `layer` is an mlx-lm dense block `CompiledLayer` re-states exactly."""
+    kind = type(layer)
+    if kind.__name__ != "TransformerBlock" or kind.__module__.rsplit(".", 1)[-1] not in BLOCKS:
+        return False
+    if not all(name in layer for name in ("input_layernorm", "post_attention_layernorm", "mlp")):
+        return False
+    attention = layer.get("self_attn")
+    attention = _raw(attention) if isinstance(attention, nn.Module) else None
+    if attention is None or type(attention).__name__ != "Attention":
+        return False
+    if not all(name in attention for name in ATTENTION):
+        return False
+    if ("q_norm" in attention) != ("k_norm" in attention):
+        return False
+    return all(hasattr(attention, name) for name in ("n_heads", "n_kv_heads", "scale"))
+
+
+def install(model: nn.Module, family: Any) -> int:
+    """Put a `CompiledLayer` in front of every layer of `model`'s decoder list (the target
+    family's `layers`) where `compiled_layers()` says so and every layer fits, and keep them
+    only if they give the model's own logits bit for bit (`_probe`). A family with no layer
+    list of its own (the mlx-lm fallback) keeps its model as it is. Returns how many stay."""
+    if not compiled_layers():
+        return 0
+    try:
+        layers = family.layers(model)
+    except UnsupportedTargetError:
+        return 0
+    if not layers or not all(fits(layer) for layer in layers):
+        return 0
+
+    def make_cache() -> list:
+        return family.make_cache(model)
+
+    reference = _probe(model, make_cache)
+    positions = Positions()
+    originals = list(layers)
+    for i, layer in enumerate(originals):
+        layers[i] = CompiledLayer(layer, positions)
+    try:
+        agrees = all(
+            mx.array_equal(a, b).item() for a, b in zip(_probe(model, make_cache), reference)
+        )
+    except Exception:  # a trace this MLX cannot make: the layers' own path
+        agrees = False
+    if not agrees:
+        layers[:] = originals
+        return 0
+    return len(layers)
+
+
+@contextmanager
+def bypassed(layers: list) -> Iterator[None]:
+    """The model's own layers in place of the compiled ones (behind taps too) for the duration:
+    a benchmark's mlx-lm arm measures mlx-lm's layers, not these."""
+    swaps = []
+    for i, entry in enumerate(layers):
+        holder, key, module = layers, i, entry
+        while isinstance(module, PassThrough) and not isinstance(module, CompiledLayer):
+            holder, key = module, type(module).wrapped
+            module = module[key]
+        if isinstance(module, CompiledLayer):
+            swaps.append((holder, key, module))
+            holder[key] = module.layer
+    try:
+        yield
+    finally:
+        for holder, key, module in swaps:
+            holder[key] = module
+
+
+def _probe(model: nn.Module, make_cache: Callable[[], list]) -> list[mx.array]:
+    """Logits of a 4-row prefill, an 8-row verify and three one-row steps, in order."""
+    cache = make_cache()
+    out = []
+    done = 0
+    for rows in (4, 8, 1, 1, 1):
+        ids = [1 + (done + i) % 32 for i in range(rows)]  # 1..32, as in any vocabulary
+        logits = model(mx.array([ids], dtype=mx.uint32), cache=cache)
+        mx.eval(logits)
+        out.append(logits)
+        done += rows
+    return out
