@@ -19,9 +19,13 @@ trial: the model as mlx-lm runs it, and the same model with every layer running 
 where they part; in half precision a fused kernel may round an intermediate differently, so
 a parting is checked against the logits' top two).
 
-A measurement, not a mechanism: nothing in outrider compiles layer blocks.
+`--merged` adds a third arm that also runs q/k/v as one product and gate/up as one (their
+weights joined along the output axis), for fewer kernels a layer.
 
-    python benchmarks/compiled_blocks.py --shape 8b --dtype 4bit
+outrider's own version is core/compiled_layers.py (the layers of a loaded target, on by default
+on CUDA GPUs); this script measures the bare model, without outrider's wrappers.
+
+    python benchmarks/compiled_blocks.py --shape 8b --dtype 4bit --merged
 """
 
 from __future__ import annotations
@@ -81,6 +85,59 @@ class CompiledBlocks(nn.Module):
         return self._tail(x, o)
 
 
+def merged_linear(*parts: nn.Module):
+    """One product for sibling projections of the same input (q/k/v; gate/up): their weights
+    joined along the output axis, plain or quantized alike (same bits and groups)."""
+    if isinstance(parts[0], nn.QuantizedLinear):
+        first = parts[0]
+        w, s, b = (mx.concatenate([m[k] for m in parts]) for k in ("weight", "scales", "biases"))
+        mx.eval(w, s, b)
+
+        def product(x: mx.array) -> mx.array:
+            return mx.quantized_matmul(
+                x, w, scales=s, biases=b, transpose=True, group_size=first.group_size,
+                bits=first.bits, mode=first.mode,
+            )  # fmt: skip
+
+        return product
+    w = mx.concatenate([m.weight for m in parts])
+    mx.eval(w)
+    return lambda x: x @ w.T
+
+
+class MergedBlocks(CompiledBlocks):
+    """`CompiledBlocks` with q/k/v in one product and gate/up in one (fewer kernels a layer)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__(layer)
+        a, rope, mlp = layer.self_attn, layer.self_attn.rope, layer.mlp
+        qkv = merged_linear(a.q_proj, a.k_proj, a.v_proj)
+        gate_up = merged_linear(mlp.gate_proj, mlp.up_proj)
+        # output rows (a quantized weight packs its input axis, not these)
+        nq, nk = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0]
+        hidden = mlp.gate_proj.weight.shape[0]
+
+        def pre(x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+            b, n, _ = x.shape
+            h = qkv(layer.input_layernorm(x))
+            q, k, v = h[..., :nq], h[..., nq : nq + nk], h[..., nq + nk :]
+            q = a.q_norm(q.reshape(b, n, a.n_heads, -1)).transpose(0, 2, 1, 3)
+            k = a.k_norm(k.reshape(b, n, a.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+            v = v.reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            turn = dict(traditional=rope.traditional, base=rope.base, scale=rope.scale)
+            q = mx.fast.rope(q, rope.dims, offset=offset, **turn)
+            k = mx.fast.rope(k, rope.dims, offset=offset, **turn)
+            return q, k, v
+
+        def tail(x: mx.array, o: mx.array) -> mx.array:
+            b, n, _ = x.shape
+            h = x + a.o_proj(o.transpose(0, 2, 1, 3).reshape(b, n, -1))
+            g = gate_up(layer.post_attention_layernorm(h))
+            return h + mlp.down_proj(nn.silu(g[..., :hidden]) * g[..., hidden:])
+
+        self._pre, self._tail = mx.compile(pre), mx.compile(tail)
+
+
 _POSITIONS: dict[int, mx.array] = {}
 
 
@@ -92,7 +149,7 @@ def positions(offset: int) -> mx.array:
     return _POSITIONS[offset]
 
 
-def make_model(shape: str, dtype: str, compiled: bool, seed: int = 0):
+def make_model(shape: str, dtype: str, compiled: bool | str, seed: int = 0):
     from loop_efficiency import qwen3_config
 
     half = None if dtype == "fp32" else mx.bfloat16
@@ -102,8 +159,9 @@ def make_model(shape: str, dtype: str, compiled: bool, seed: int = 0):
     mx.eval(model.parameters())
     if compiled:
         layers = model.model.layers
+        kind = MergedBlocks if compiled == "merged" else CompiledBlocks
         for i, layer in enumerate(layers):
-            layers[i] = CompiledBlocks(layer)
+            layers[i] = kind(layer)
     return model
 
 
@@ -148,11 +206,14 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--trials", type=int, default=4)
+    ap.add_argument("--merged", action="store_true", help="a third arm: q/k/v and gate/up merged")
     args = ap.parse_args()
     models = {
         "mlx-lm": make_model(args.shape, args.dtype, False),
         "compiled": make_model(args.shape, args.dtype, True),
     }
+    if args.merged:
+        models["merged"] = make_model(args.shape, args.dtype, "merged")
     prompt = [(7 * i + 3) % 1000 + 10 for i in range(args.prompt_len)]
     for model in models.values():  # warm-up: kernels compiled, blocks traced
         steps(model, prompt, 8)
@@ -161,7 +222,8 @@ def main() -> None:
     parts: dict[str, dict[str, list[float]]] = {name: {} for name in names}
     got: dict[str, tuple[list[int], list[mx.array]]] = {}
     for trial in range(args.trials):
-        for name in names[trial % 2 :] + names[: trial % 2]:
+        turn = trial % len(names)
+        for name in names[turn:] + names[:turn]:
             g, toks, p, rows = steps(models[name], prompt, args.tokens)
             gaps[name].append(statistics.median(g))
             for k, v in p.items():
@@ -172,20 +234,24 @@ def main() -> None:
     first = statistics.median(gaps[names[0]])
     for name in names:
         med = statistics.median(gaps[name])
+        paired = statistics.median(a / b for a, b in zip(gaps[names[0]], gaps[name]))
         split = "  ".join(
             f"{k} {statistics.median(v) * 1e6:7.1f} us" for k, v in parts[name].items()
         )
         print(
-            f"  {name:9s} median {med * 1e3:7.3f} ms a step ({first / med:5.3f}x mlx-lm)  {split}"
+            f"  {name:9s} median {med * 1e3:7.3f} ms a step ({first / med:5.3f}x mlx-lm;"
+            f" paired {paired:5.3f}x)  {split}"
         )
-    (want, rows), (tokens, _) = got["mlx-lm"], got["compiled"]
-    apart = next((i for i, (a, b) in enumerate(zip(want, tokens)) if a != b), None)
-    if apart is None:
-        print(f"  tokens: the same {len(want)}")
-        return
-    top = mx.sort(rows[apart - 1].astype(mx.float32))[-2:].tolist() if apart else None
-    print(f"  tokens part at step {apart} ({want[apart]} against {tokens[apart]}); "
-          f"mlx-lm's top two logits there: {top}")  # fmt: skip
+    want, rows = got["mlx-lm"]
+    for name in names[1:]:
+        tokens = got[name][0]
+        apart = next((i for i, (a, b) in enumerate(zip(want, tokens)) if a != b), None)
+        if apart is None:
+            print(f"  {name} tokens: the same {len(want)}")
+            continue
+        top = mx.sort(rows[apart - 1].astype(mx.float32))[-2:].tolist() if apart else None
+        print(f"  {name} tokens part at step {apart} ({want[apart]} against {tokens[apart]}); "
+              f"mlx-lm's top two logits there: {top}")  # fmt: skip
 
 
 if __name__ == "__main__":

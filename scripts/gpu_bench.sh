@@ -101,9 +101,9 @@ for set in "$@"; do  # a wrong name fails before anything runs
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
       | phases06b | abrollback | moves | timeline06b | trace | trace2 | abtrace | parked | intake \
-      | ablookup | plainstep | retap | retapab | compiled) ;;
+      | ablookup | plainstep | retap | retapab | compiled | layers | layersdemo | merged) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake, ablookup, plainstep, retap, retapab, compiled)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake, ablookup, plainstep, retap, retapab, compiled, layers," "layersdemo, merged)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -261,6 +261,25 @@ for set in "$@"; do
         step "compiled_blocks_${shape}_$dtype" 180 python3 benchmarks/compiled_blocks.py \
           --shape "$shape" --dtype "$dtype" --trials 4
       done ;;
+    merged)  # compiled blocks, and q/k/v and gate/up each as one product
+      for sd in "8b 4bit" "8b bf16" "0.6b bf16"; do
+        read -r shape dtype <<< "$sd"
+        step "merged_blocks_${shape}_$dtype" 120 python3 benchmarks/compiled_blocks.py \
+          --shape "$shape" --dtype "$dtype" --trials 6 --merged
+      done ;;
+    layers)  # compiled layers (core/compiled_layers.py) against the layers' own, in-process
+      step layers_demo 90 python3 benchmarks/plain_step.py --model outrider-demo/target \
+        --trials 8 --arms mlx-lm,outrider,uncompiled
+      for sd in "0.6b bf16" "8b 4bit" "8b bf16"; do
+        read -r shape dtype <<< "$sd"
+        step "layers_${shape}_$dtype" 150 python3 benchmarks/plain_step.py --shape "$shape" \
+          --dtype "$dtype" --trials 4 --arms mlx-lm,outrider,uncompiled
+      done ;;
+    layersdemo)
+      step demo_layers 300 python3 -m outrider benchmark --model outrider-demo/target \
+        --dspark-drafter outrider-demo/dspark --dflash-drafter outrider-demo/dflash \
+        --modes baseline,dspark,dflash,lookup --suites chat,code,math --trials 1 \
+        --prompts-per-suite 10 --max-tokens 128 --max-draft auto --json "$out/demo_layers.json" ;;
     plainstep)
       for dtype in 4bit bf16; do
         step "plain_step_8b_$dtype" 200 python3 benchmarks/plain_step.py --shape 8b \

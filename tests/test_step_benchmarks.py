@@ -1,6 +1,7 @@
 """The one-row step benchmarks measure what they say: `benchmarks/plain_step.py`'s arms (mlx-lm's
 loop, bare loops, outrider's pipeline, a tapped forward) decode the same tokens, and
-`benchmarks/compiled_blocks.py`'s compiled layer computes what the layer computes. Their
+`benchmarks/compiled_blocks.py`'s compiled layers (merged products too) compute what the layer
+computes. Their
 timings are for a GPU; these check only that the arms being timed do the same work."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import importlib.util
 from pathlib import Path
 
 import mlx.core as mx
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,11 +40,22 @@ def test_every_plain_step_arm_decodes_the_same_tokens():
             assert set(parts) == {"build", "launch", "wait"} and len(parts["wait"]) == len(gaps)
 
 
-def test_compiled_blocks_compute_what_the_layer_computes():
+@pytest.mark.parametrize(
+    "kind,dtype",
+    [
+        ("compiled", "fp32"),
+        ("merged", "fp32"),
+        pytest.param("merged", "4bit", marks=pytest.mark.slow),
+    ],
+)
+def test_compiled_blocks_compute_what_the_layer_computes(kind, dtype):
+    """The compiled layer, and the one with q/k/v and gate/up each as one product (plain and
+    quantized weights joined), give the layer's logits at every step."""
     bench = _benchmark("compiled_blocks")
-    plain = bench.make_model("tiny", "fp32", False)
-    compiled = bench.make_model("tiny", "fp32", True)
-    assert all(isinstance(layer, bench.CompiledBlocks) for layer in compiled.model.layers)
+    plain = bench.make_model("tiny", dtype, False)
+    compiled = bench.make_model("tiny", dtype, True if kind == "compiled" else kind)
+    blocks = bench.MergedBlocks if kind == "merged" else bench.CompiledBlocks
+    assert all(type(layer) is blocks for layer in compiled.model.layers)
     prompt = [(5 * i + 1) % 500 + 3 for i in range(30)]
     _, want, _, want_rows = bench.steps(plain, prompt, 10)
     _, got, parts, rows = bench.steps(compiled, prompt, 10)
