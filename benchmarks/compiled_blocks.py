@@ -52,19 +52,22 @@ from outrider.testing import build_model  # noqa: E402
 
 
 class CompiledBlocks(nn.Module):
-    """One mlx-lm Qwen3 decoder layer with its static-shape blocks compiled (see above)."""
+    """One mlx-lm Qwen3 decoder layer with its static-shape blocks compiled (see above);
+    `projections` (h -> q, k, v before the head split) and `mlp` stand in for the layer's own."""
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, projections=None, mlp=None) -> None:
         super().__init__()
         self.layer = layer
         a, rope = layer.self_attn, layer.self_attn.rope
+        projections = projections or (lambda h: (a.q_proj(h), a.k_proj(h), a.v_proj(h)))
+        mlp = mlp or layer.mlp
 
         def pre(x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array, mx.array]:
             b, n, _ = x.shape
-            h = layer.input_layernorm(x)
-            q = a.q_norm(a.q_proj(h).reshape(b, n, a.n_heads, -1)).transpose(0, 2, 1, 3)
-            k = a.k_norm(a.k_proj(h).reshape(b, n, a.n_kv_heads, -1)).transpose(0, 2, 1, 3)
-            v = a.v_proj(h).reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            q, k, v = projections(layer.input_layernorm(x))
+            q = a.q_norm(q.reshape(b, n, a.n_heads, -1)).transpose(0, 2, 1, 3)
+            k = a.k_norm(k.reshape(b, n, a.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+            v = v.reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
             turn = dict(traditional=rope.traditional, base=rope.base, scale=rope.scale)
             q = mx.fast.rope(q, rope.dims, offset=offset, **turn)
             k = mx.fast.rope(k, rope.dims, offset=offset, **turn)
@@ -73,7 +76,7 @@ class CompiledBlocks(nn.Module):
         def tail(x: mx.array, o: mx.array) -> mx.array:
             b, n, _ = x.shape
             h = x + a.o_proj(o.transpose(0, 2, 1, 3).reshape(b, n, -1))
-            return h + layer.mlp(layer.post_attention_layernorm(h))
+            return h + mlp(layer.post_attention_layernorm(h))
 
         self._pre, self._tail = mx.compile(pre), mx.compile(tail)
 
@@ -109,33 +112,22 @@ class MergedBlocks(CompiledBlocks):
     """`CompiledBlocks` with q/k/v in one product and gate/up in one (fewer kernels a layer)."""
 
     def __init__(self, layer: nn.Module) -> None:
-        super().__init__(layer)
-        a, rope, mlp = layer.self_attn, layer.self_attn.rope, layer.mlp
+        a, mlp = layer.self_attn, layer.mlp
         qkv = merged_linear(a.q_proj, a.k_proj, a.v_proj)
         gate_up = merged_linear(mlp.gate_proj, mlp.up_proj)
         # output rows (a quantized weight packs its input axis, not these)
         nq, nk = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0]
         hidden = mlp.gate_proj.weight.shape[0]
 
-        def pre(x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-            b, n, _ = x.shape
-            h = qkv(layer.input_layernorm(x))
-            q, k, v = h[..., :nq], h[..., nq : nq + nk], h[..., nq + nk :]
-            q = a.q_norm(q.reshape(b, n, a.n_heads, -1)).transpose(0, 2, 1, 3)
-            k = a.k_norm(k.reshape(b, n, a.n_kv_heads, -1)).transpose(0, 2, 1, 3)
-            v = v.reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
-            turn = dict(traditional=rope.traditional, base=rope.base, scale=rope.scale)
-            q = mx.fast.rope(q, rope.dims, offset=offset, **turn)
-            k = mx.fast.rope(k, rope.dims, offset=offset, **turn)
-            return q, k, v
+        def projections(h: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+            h = qkv(h)
+            return h[..., :nq], h[..., nq : nq + nk], h[..., nq + nk :]
 
-        def tail(x: mx.array, o: mx.array) -> mx.array:
-            b, n, _ = x.shape
-            h = x + a.o_proj(o.transpose(0, 2, 1, 3).reshape(b, n, -1))
-            g = gate_up(layer.post_attention_layernorm(h))
-            return h + mlp.down_proj(nn.silu(g[..., :hidden]) * g[..., hidden:])
+        def merged_mlp(h: mx.array) -> mx.array:
+            g = gate_up(h)
+            return mlp.down_proj(nn.silu(g[..., :hidden]) * g[..., hidden:])
 
-        self._pre, self._tail = mx.compile(pre), mx.compile(tail)
+        super().__init__(layer, projections, merged_mlp)
 
 
 _POSITIONS: dict[int, mx.array] = {}

@@ -86,6 +86,16 @@ def qwen2_target(models_dir):
 
 
 @pytest.fixture(scope="session")
+def fallback_target(models_dir):
+    """A model no family plugin claims (cohere2's sliding caches): the mlx-lm fallback runs
+    it, one row at a time and without taps."""
+    return make_tiny_target(
+        models_dir / "fallback", family="llama", model_type="cohere2", head_dim=16,
+        sliding_window=8, sliding_window_pattern=2,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
 def drafters(models_dir, qwen3_target):
     """Every packaging and head kind, blocks large enough for caps up to 8."""
     d = models_dir

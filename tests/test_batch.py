@@ -355,13 +355,10 @@ def test_llama_rows_match_each_row_alone(llama_target):
     ]
 
 
-def test_a_family_without_batched_caches_is_refused(tmp_path):
+def test_a_family_without_batched_caches_is_refused(fallback_target):
     # cohere2 has no family plugin: the dense family declines its rotating caches and the
     # mlx-lm fallback runs it, one row at a time
-    path = make_tiny_target(
-        tmp_path / "fallback", family="llama", model_type="cohere2", head_dim=16,
-        sliding_window=8, sliding_window_pattern=2,
-    )  # fmt: skip
+    path = fallback_target
     pipe = outrider.load(str(path), mode="baseline")
     assert pipe.target.family.name == "mlx_lm"
     one = pipe.generate([1, 2, 3], max_tokens=12, stop_tokens=set())

@@ -143,15 +143,10 @@ def test_only_the_known_dense_blocks_are_compiled(monkeypatch, models_dir):
     assert not any(isinstance(x, CompiledLayer) for x in decoder_layers(target))
 
 
-def test_a_family_without_a_layer_list_loads_as_it_is(monkeypatch, tmp_path):
+def test_a_family_without_a_layer_list_loads_as_it_is(monkeypatch, fallback_target):
     """The mlx-lm fallback family (here cohere2's sliding caches) has no layer list to wrap."""
-    from outrider.testing import make_tiny_target
-
     monkeypatch.setenv(ENV, "on")
-    path = make_tiny_target(
-        tmp_path / "fallback", family="llama", model_type="cohere2", head_dim=16,
-        sliding_window=8, sliding_window_pattern=2,
-    )  # fmt: skip
+    path = fallback_target
     pipe = outrider.load(str(path), mode="baseline")
     assert pipe.target.family.name == "mlx_lm"
     assert not any(isinstance(m, CompiledLayer) for _, m in pipe.target.model.named_modules())
