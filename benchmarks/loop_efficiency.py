@@ -152,7 +152,7 @@ def mlx_lm_decode_tps(target: Target, prompt: list[int], n: int) -> tuple[Timed,
     from mlx_lm.generate import generate_step
 
     timed = Timed()
-    with compiled_layers.bypassed(target.family.layers(target.model)):
+    with compiled_layers.bypassed(target.model):
         for tok, _ in generate_step(mx.array(prompt), target.model, max_tokens=n):
             timed.arrive([int(tok)])
             if len(timed.tokens) == n:

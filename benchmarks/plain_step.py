@@ -53,7 +53,7 @@ def mlx_lm_arm(target, prompt: list[int], n: int) -> tuple[list[float], list[int
     from mlx_lm.generate import generate_step
 
     gaps, tokens, last = [], [], None
-    with bypassed(target.family.layers(target.model)):  # mlx-lm's own layers
+    with bypassed(target.model):  # mlx-lm's own layers
         for tok, _ in generate_step(mx.array(prompt), target.model, max_tokens=n):
             now = time.perf_counter()
             if last is not None:
@@ -119,7 +119,7 @@ def pipeline_arm(target, prompt: list[int], n: int) -> tuple[list[float], list[i
 
 
 def uncompiled_arm(target, prompt: list[int], n: int) -> tuple[list[float], list[int], dict]:
-    with bypassed(target.family.layers(target.model)):
+    with bypassed(target.model):
         return pipeline_arm(target, prompt, n)
 
 

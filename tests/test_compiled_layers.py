@@ -154,6 +154,28 @@ def test_a_family_without_a_layer_list_loads_as_it_is(monkeypatch, fallback_targ
     assert got.tokens == plain_greedy(path, [1, 2, 3], 12)
 
 
+def test_bypassed_runs_the_layers_own_and_puts_the_compiled_back(
+    monkeypatch, qwen3_target, drafters
+):
+    """What a benchmark's mlx-lm arm runs: no compiled layer in the tree, behind taps too, the
+    same logits; afterwards the compiled layers stand where they stood."""
+    monkeypatch.setenv(ENV, "on")
+    pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
+    model = pipe.target.model
+
+    def compiled() -> list:
+        return [m for _, m in model.named_modules() if isinstance(m, CompiledLayer)]
+
+    before = compiled()
+    assert len(before) == len(decoder_layers(pipe.target))
+    ids = mx.array([[3, 4, 5, 6, 7]], dtype=mx.uint32)
+    want = model(ids, cache=pipe.target.make_cache())
+    with compiled_layers.bypassed(model):
+        assert compiled() == []
+        assert mx.array_equal(model(ids, cache=pipe.target.make_cache()), want).item()
+    assert [id(m) for m in compiled()] == [id(m) for m in before]
+
+
 def test_a_copy_runs_its_own_layers(monkeypatch, qwen3_target):
     """A deep copy (a training teacher's, made dense after copying) traces its own layers, not
     the original's: weights changed in the copy before its first forward change the copy's

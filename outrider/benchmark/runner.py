@@ -192,10 +192,9 @@ def build_arms(config: BenchConfig, plugins: Plugins) -> tuple[Target, list[Arm]
             arms.append(_pipeline_arm(pipe, own, name))
     stop = set(target.eos_token_ids)
     model = target.model
-    layers = target.family.layers(model)
 
     def plain_peer(p: list[int], n: int) -> Run:
-        with bypassed(layers):  # mlx-lm's own layers, not outrider's compiled ones
+        with bypassed(model):  # mlx-lm's own layers, not outrider's compiled ones
             return mlx_lm_plain(model, p, n, stop)
 
     arms.append(Arm("mlx-lm", plain_peer, "peer", 0, None))
@@ -205,7 +204,7 @@ def build_arms(config: BenchConfig, plugins: Plugins) -> tuple[Target, list[Arm]
         k = config.max_draft if isinstance(config.max_draft, int) else MLX_LM_DRAFT_DEFAULT
 
         def speculative_peer(p: list[int], n: int) -> Run:
-            with bypassed(layers):
+            with bypassed(model):
                 return mlx_lm_speculative(model, draft, p, n, stop, k)
 
         arms.append(Arm("mlx-lm-spec", speculative_peer, "peer", k, peer_draft_model))

@@ -195,23 +195,28 @@ def install(model: nn.Module, family: Any) -> int:
 
 
 @contextmanager
-def bypassed(layers: list) -> Iterator[None]:
-    """The model's own layers in place of the compiled ones (behind taps too) for the duration:
-    a benchmark's mlx-lm arm measures mlx-lm's layers, not these."""
+def bypassed(model: nn.Module) -> Iterator[None]:
+    """`model`'s own layers in place of its compiled ones (behind taps too) for the duration:
+    a benchmark's mlx-lm arm measures mlx-lm's layers, not these. Any model will do: one with
+    no compiled layers is left as it is."""
     swaps = []
-    for i, entry in enumerate(layers):
-        holder, key, module = layers, i, entry
-        while isinstance(module, PassThrough) and not isinstance(module, CompiledLayer):
-            holder, key = module, type(module).wrapped
-            module = module[key]
-        if isinstance(module, CompiledLayer):
-            swaps.append((holder, key, module))
-            holder[key] = module.layer
+
+    def visit(module: nn.Module) -> None:
+        for key, value in module.items():
+            holder = value if isinstance(value, list) else module
+            for slot, child in enumerate(value) if isinstance(value, list) else [(key, value)]:
+                if isinstance(child, CompiledLayer):
+                    swaps.append((holder, slot, child))
+                    holder[slot] = child.layer
+                elif isinstance(child, nn.Module):
+                    visit(child)
+
+    visit(model)
     try:
         yield
     finally:
-        for holder, key, module in swaps:
-            holder[key] = module
+        for holder, slot, layer in swaps:
+            holder[slot] = layer
 
 
 def _probe(model: nn.Module, make_cache: Callable[[], list]) -> list[mx.array]:
