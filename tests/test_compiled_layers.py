@@ -176,6 +176,31 @@ def test_bypassed_runs_the_layers_own_and_puts_the_compiled_back(
     assert [id(m) for m in compiled()] == [id(m) for m in before]
 
 
+@pytest.mark.parametrize("which", ["qwen3_target", "fallback_target"])
+def test_a_benchmark_times_mlx_lms_own_layers_beside_compiled_ones(monkeypatch, request, which):
+    """`outrider benchmark`'s mlx-lm arm runs the model's own layers (and a model no family
+    lists the layers of benchmarks too); every arm stays plain greedy's."""
+    from outrider.benchmark.runner import BenchConfig, run_benchmark
+    from outrider.core.plugins import Plugins
+
+    monkeypatch.setenv(ENV, "on")
+    target = request.getfixturevalue(which)
+    seen: list[int] = []
+    real = outrider.benchmark.runner.mlx_lm_plain
+
+    def counted(model, *args):
+        seen.append(sum(isinstance(m, CompiledLayer) for _, m in model.named_modules()))
+        return real(model, *args)
+
+    monkeypatch.setattr(outrider.benchmark.runner, "mlx_lm_plain", counted)
+    config = BenchConfig(
+        model=str(target), modes=["baseline", "lookup"], suites=["code"], trials=1,
+        max_tokens=8, prompts_per_suite=2,
+    )  # fmt: skip
+    report = run_benchmark(config, Plugins(load_entrypoints=False), lambda *a: None)
+    assert report.checked == 2 * 3 and seen and set(seen) == {0}
+
+
 def test_a_copy_runs_its_own_layers(monkeypatch, qwen3_target):
     """A deep copy (a training teacher's, made dense after copying) traces its own layers, not
     the original's: weights changed in the copy before its first forward change the copy's
