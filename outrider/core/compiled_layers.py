@@ -17,8 +17,8 @@ of a given width, so a layer here runs as
 What it buys is host time. On an H100 (`benchmarks/compiled_blocks.py`, docs/performance.md,
 "Compiled layers"), building a one-row step's graph took 1.04-1.25 ms against 1.45-1.73 for
 the Qwen3-0.6B shape, and the step ran 1.15-1.39x as fast. Through outrider the demo target's
-step ran 1.06x as fast. On the 8B shapes, whose step the device nearly bounds, runs read
-0.92-1.10x, inside that host's noise.
+step ran 1.06x as fast. On the 8B shapes runs read 0.92-1.10x, inside that host's noise (the
+bf16 step is close to the time its weights take to read).
 
 The layers are the mlx-lm blocks of llama, qwen2 and qwen3 (mistral loads as llama), each
 wrapped on the one loaded instance (`CompiledLayer`; classes are never touched). One sequence's
