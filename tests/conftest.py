@@ -147,12 +147,16 @@ def toy_train_config(toy: dict, out, **overrides):
 
 
 def decoder_layers(target) -> list:
-    """A loaded target's decoder layers, looking through any tap wrapper in front of one."""
+    """A loaded target's decoder layers, the model's own blocks: looking through the tap
+    wrappers and compiled layers (core/compiled_layers.py, on by default on a CUDA GPU) in
+    front of them, so that a test that swaps a block's submodule swaps what every path runs."""
+    from outrider.core.compiled_layers import CompiledLayer
     from outrider.core.taps import TappedLayer
 
-    return [
+    layers = [
         x.layer if isinstance(x, TappedLayer) else x for x in target.family.layers(target.model)
     ]
+    return [x.layer if isinstance(x, CompiledLayer) else x for x in layers]
 
 
 def fp32_close(a: mx.array, b: mx.array, atol: float, rtol: float = 0.0) -> bool:

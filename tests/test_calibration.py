@@ -165,14 +165,18 @@ def test_a_plain_step_costs_what_pipelined_decoding_measured():
 def test_the_key_names_the_attention_route_the_target_takes(qwen3_target, monkeypatch, tmp_path):
     """A curve timed with outrider's split attention is not one of MLX's own attention: the key
     names the route the loaded target's wrappers take, and neither loads the other's."""
+    from outrider.core.compiled_layers import compiled_layers
     from outrider.core.device import ATTENTION_ENV
 
     monkeypatch.setenv(ATTENTION_ENV, "native")
     native = outrider.load(str(qwen3_target), mode="lookup")
     monkeypatch.setenv(ATTENTION_ENV, "split")  # the wrappers on the CPU too
     split = outrider.load(str(qwen3_target), mode="lookup")
-    assert calibration.calibration_key(native)["routes"] == "native"
-    assert calibration.calibration_key(split)["routes"] == "split"
+    compiled = compiled_layers()  # a CUDA GPU's default: its route is named too
+    assert calibration.calibration_key(native)["routes"] == ("compiled" if compiled else "native")
+    assert (
+        calibration.calibration_key(split)["routes"] == ("compiled," if compiled else "") + "split"
+    )
     width = calibration.needed_width(split)
     cal = calibration.measure(split, contexts=(16,), max_width=width, repeats=1)
     assert cal.attention == "split"

@@ -11,15 +11,24 @@ import copy
 
 import mlx.core as mx
 import pytest
-from conftest import PROMPTS, decoder_layers, plain_greedy
+from conftest import PROMPTS, plain_greedy
 
 import outrider
 from outrider.core import compiled_layers
 from outrider.core.compiled_layers import ENV, CompiledLayer
 from outrider.core.device import ATTENTION_ENV
 from outrider.core.errors import OutriderError
+from outrider.core.taps import TappedLayer
 from outrider.core.wrapper import routes
 from outrider.plugins.targets.verify_attention import ChunkedAttention
+from outrider.testing import cast_model
+
+
+def decoder_layers(target) -> list:
+    """A loaded target's layer list, looking through the tap wrappers only."""
+    return [
+        x.layer if isinstance(x, TappedLayer) else x for x in target.family.layers(target.model)
+    ]
 
 
 def test_the_choice_follows_the_environment(monkeypatch):
@@ -201,20 +210,53 @@ def test_a_benchmark_times_mlx_lms_own_layers_beside_compiled_ones(monkeypatch, 
     assert report.checked == 2 * 3 and seen and set(seen) == {0}
 
 
-def test_a_copy_runs_its_own_layers(monkeypatch, qwen3_target):
-    """A deep copy (a training teacher's, made dense after copying) traces its own layers, not
-    the original's: weights changed in the copy before its first forward change the copy's
-    logits only. (A trace reads the weights it was made with: install comes last at load.)"""
+def test_a_copy_holds_the_layers_themselves(monkeypatch, qwen3_target):
+    """A deep copy (a training teacher's, made dense after copying) holds the model's own
+    layers, not compiled ones, and computes what the original does with its own weights."""
     monkeypatch.setenv(ENV, "on")
     target = outrider.load(str(qwen3_target), mode="baseline").target
     model = target.model
     ids = mx.array([[3, 4, 5, 6]], dtype=mx.uint32)
     want = model(ids, cache=target.make_cache())
     twin = copy.deepcopy(model)
-    layers = target.family.layers(twin)
-    assert all(isinstance(x, CompiledLayer) for x in layers)
-    assert layers[0].layer is not target.family.layers(model)[0].layer
-    mlp = layers[0].layer.mlp
+    assert all(isinstance(x, CompiledLayer) for x in target.family.layers(model))
+    assert not any(isinstance(m, CompiledLayer) for _, m in twin.named_modules())
+    assert mx.array_equal(twin(ids, cache=target.family.make_cache(twin)), want).item()
+    mlp = target.family.layers(twin)[0].mlp
     mlp.down_proj.weight = mlp.down_proj.weight * 2
     assert not mx.array_equal(twin(ids, cache=target.family.make_cache(twin)), want).item()
     assert mx.array_equal(model(ids, cache=target.make_cache()), want).item()
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_weights_changed_after_load_are_the_ones_computed_with(monkeypatch, qwen3_target, rows):
+    """The compiled parts take the weights as inputs: after a cast to bfloat16 (as benchmarks
+    and tests do after loading) or a changed weight, a step and a verify compute with the new
+    weights, as the layers' own path does."""
+    monkeypatch.setenv(ENV, "on")
+    target = outrider.load(str(qwen3_target), mode="baseline").target
+    model = target.model
+    ids = mx.array([[3, 4, 5, 6, 7, 8, 9, 10][:rows]], dtype=mx.uint32)
+
+    def logits() -> tuple[mx.array, mx.array]:
+        """(compiled, the layers' own) after the same 4-token prefix."""
+        out = []
+        for own in (False, True):
+            cache = target.make_cache()
+            model(mx.array([[1, 2, 3, 4]], dtype=mx.uint32), cache=cache)
+            if own:
+                with compiled_layers.bypassed(model):
+                    out.append(model(ids, cache=cache))
+            else:
+                out.append(model(ids, cache=cache))
+        return out[0], out[1]
+
+    before, own = logits()
+    assert mx.array_equal(before, own).item()
+    cast_model(model, mx.bfloat16)
+    got, own = logits()
+    assert got.dtype == own.dtype == mx.bfloat16 and mx.array_equal(got, own).item()
+    mlp = target.family.layers(model)[0].layer.mlp
+    mlp.down_proj.weight = mlp.down_proj.weight * 2
+    changed, own = logits()
+    assert mx.array_equal(changed, own).item() and not mx.array_equal(changed, got).item()

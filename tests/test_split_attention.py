@@ -189,7 +189,7 @@ def test_half_precision_splits_verify_rows_and_unfuses_the_rest_on_a_cuda_gpu(
     monkeypatch.setenv(ATTENTION_ENV, "native")
     target = outrider.load(str(qwen3_target), mode="baseline").target
     cast_model(target.model, mx.bfloat16)
-    layers = target.family.layers(target.model)
+    layers = decoder_layers(target)  # the blocks, behind compiled layers on a CUDA GPU
     assert not verify_attention.install(target.model, layers, target.make_cache)
     monkeypatch.setattr(verify_attention, "split_attention", lambda: True)  # as on a CUDA GPU
     monkeypatch.setenv(ATTENTION_ENV, "auto")

@@ -24,10 +24,13 @@ The layers are the mlx-lm blocks of llama, qwen2 and qwen3 (mistral loads as lla
 wrapped on the one loaded instance (`CompiledLayer`; classes are never touched). One sequence's
 calls of up to MAX_ROWS rows over a plain KV cache (decoding steps and verifies) take the
 compiled path; a prefill chunk, a batch of rows and any other cache take the layer's own, so
-the traces stay few (one per width). A trace reads the weights it was made with, so `install`
-comes last at load, after every module swap; it keeps the wrappers only where a short prefill,
-an 8-row verify and one-row steps give the model's own logits bit for bit. MLX keys a trace by
-the calling thread's stream too, so a server's worker thread makes its own.
+the traces stay few (one per width). A layer's weights go into its compiled parts as inputs,
+read afresh every call, so weights changed after load (a cast, an update) are the ones the next
+call computes with; modules swapped after load are not seen, so `install` comes last at load,
+and a deep copy of the model (a training teacher's) holds the layers themselves. `install`
+keeps the wrappers only where a short prefill, an 8-row verify and one-row steps give the
+model's own logits bit for bit. MLX keys a trace by the calling thread's stream too, so a
+server's worker thread makes its own.
 
 OUTRIDER_COMPILED_LAYERS: `auto` (the default) compiles on a CUDA GPU; `on` on any device (the
 CPU tests use it; the CPU's norms and ropes are fused already, core/cpu_fusion.py); `off` never.
@@ -58,6 +61,7 @@ MAX_ROWS = 16
 # mlx_lm.models.<module>.TransformerBlock layers laid out as `CompiledLayer` re-states them
 BLOCKS = ("llama", "qwen2", "qwen3")
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj", "rope")
+PRE = ("q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "rope")  # what `pre` reads of them
 
 
 def compiled_layers() -> bool:
@@ -91,31 +95,43 @@ class CompiledLayer(PassThrough):
         super().__init__()
         self.layer = layer
         self._positions = positions
-        self._pre, self._tail = mx.compile(self._traced_pre), mx.compile(self._traced_tail)
+        a = _raw(layer.self_attn)
+        # where each part's weights live, read afresh every call: a trace takes them as inputs,
+        # so weights changed after load (a cast, new weights) are what the next call computes
+        self._pre_slots = _slots(
+            [layer.input_layernorm] + [a[k] for k in PRE if k in a]
+        )  # fmt: skip
+        self._tail_slots = _slots([a.o_proj, layer.post_attention_layernorm, layer.mlp])
+        self._pre = mx.compile(self._traced_pre)
+        self._tail = mx.compile(self._traced_tail)
 
-    def __deepcopy__(self, memo: dict) -> CompiledLayer:
-        # a copy traces its own layer (a training teacher's copy is then made dense)
-        return CompiledLayer(copy.deepcopy(self.layer, memo), copy.deepcopy(self._positions, memo))
+    def __deepcopy__(self, memo: dict) -> nn.Module:
+        # a copy of the model holds the layer itself: a training teacher's copy is made dense
+        # (its modules swapped), which a compiled layer's slots would not follow
+        return copy.deepcopy(self.layer, memo)
 
-    def _traced_pre(self, x: mx.array, position: mx.array) -> tuple[mx.array, ...]:
-        layer = self.layer
-        a = _raw(layer.self_attn)  # the projections behind a rerouting wrapper
-        b, n, _ = x.shape
-        h = layer.input_layernorm(x)
-        q = a.q_proj(h).reshape(b, n, a.n_heads, -1)
-        k = a.k_proj(h).reshape(b, n, a.n_kv_heads, -1)
-        if "q_norm" in a:
-            q, k = a.q_norm(q), a.k_norm(k)
-        v = a.v_proj(h).reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        q = a.rope(q.transpose(0, 2, 1, 3), offset=position)
-        k = a.rope(k.transpose(0, 2, 1, 3), offset=position)
-        return q, k, v
+    def _traced_pre(self, x: mx.array, position: mx.array, *weights: mx.array) -> tuple:
+        with _holding(self._pre_slots, weights):
+            layer = self.layer
+            a = _raw(layer.self_attn)  # the projections behind a rerouting wrapper
+            b, n, _ = x.shape
+            h = layer.input_layernorm(x)
+            q = a.q_proj(h).reshape(b, n, a.n_heads, -1)
+            k = a.k_proj(h).reshape(b, n, a.n_kv_heads, -1)
+            if "q_norm" in a:
+                q, k = a.q_norm(q), a.k_norm(k)
+            v = a.v_proj(h).reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            q = a.rope(q.transpose(0, 2, 1, 3), offset=position)
+            k = a.rope(k.transpose(0, 2, 1, 3), offset=position)
+            return q, k, v
 
-    def _traced_tail(self, x: mx.array, attended: mx.array) -> mx.array:
-        layer = self.layer
-        b, n, _ = x.shape
-        h = x + _raw(layer.self_attn).o_proj(attended.transpose(0, 2, 1, 3).reshape(b, n, -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+    def _traced_tail(self, x: mx.array, attended: mx.array, *weights: mx.array) -> mx.array:
+        with _holding(self._tail_slots, weights):
+            layer = self.layer
+            b, n, _ = x.shape
+            o = _raw(layer.self_attn).o_proj(attended.transpose(0, 2, 1, 3).reshape(b, n, -1))
+            h = x + o
+            return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         if x.shape[0] != 1 or x.shape[1] > MAX_ROWS or type(cache) is not KVCache:
@@ -124,7 +140,8 @@ class CompiledLayer(PassThrough):
         # a rerouted verify's attention (it may lay out the cache's room first), else mlx-lm's
         plan = getattr(a, "attention_for", None)
         attend = plan(x, mask, cache) if plan is not None else None
-        q, k, v = self._pre(x, self._positions(cache.offset))
+        pre = [holder[key] for holder, key in self._pre_slots]
+        q, k, v = self._pre(x, self._positions(cache.offset), *pre)
         keys, values = cache.update_and_fetch(k, v)
         if attend is None:
             out = scaled_dot_product_attention(
@@ -132,7 +149,32 @@ class CompiledLayer(PassThrough):
             )
         else:
             out = attend(q, keys, values)
-        return self._tail(x, out)
+        return self._tail(x, out, *[holder[key] for holder, key in self._tail_slots])
+
+
+def _slots(tree: Any) -> list[tuple[Any, Any]]:
+    """(holder, key) of every array in `tree` (modules, their dicts and lists), in order."""
+    out = []
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree)
+    for key, value in items:
+        if isinstance(value, mx.array):
+            out.append((tree, key))
+        elif isinstance(value, (dict, list)):
+            out += _slots(value)
+    return out
+
+
+@contextmanager
+def _holding(slots: list[tuple[Any, Any]], arrays: tuple) -> Iterator[None]:
+    """`arrays` in `slots` while a trace runs (the trace's inputs), the real ones after."""
+    real = [holder[key] for holder, key in slots]
+    for (holder, key), array in zip(slots, arrays, strict=True):
+        holder[key] = array
+    try:
+        yield
+    finally:
+        for (holder, key), array in zip(slots, real):
+            holder[key] = array
 
 
 def _raw(module: nn.Module) -> nn.Module:
