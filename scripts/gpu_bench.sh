@@ -71,6 +71,11 @@
 #             wait), 8B shape 4-bit and bf16 and the demo target (benchmarks/plain_step.py)
 #   compiled  a one-row step with each layer's static-shape blocks compiled against mlx-lm's
 #             own (benchmarks/compiled_blocks.py), 8B 4-bit and bf16, 0.6B bf16
+#   merged    `compiled` with a third arm: q/k/v and gate/up each as one product (--merged)
+#   layers    outrider's compiled layers (the CUDA default) against the layers' own, in one
+#             process (plain_step.py: outrider, uncompiled, mlx-lm), demo target and 0.6B bf16
+#   layers8b  the same on the 8B shape, 4-bit and bf16 (a call of its own)
+#   layersdemo the demo bar (`demo`'s benchmark) with compiled layers, one process
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -101,9 +106,9 @@ for set in "$@"; do  # a wrong name fails before anything runs
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
       | phases06b | abrollback | moves | timeline06b | trace | trace2 | abtrace | parked | intake \
-      | ablookup | plainstep | retap | retapab | compiled | layers | layersdemo | merged) ;;
+      | ablookup | plainstep | retap | retapab | compiled | layers | layers8b | layersdemo | merged) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake, ablookup, plainstep, retap, retapab, compiled, layers," "layersdemo, merged)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake, ablookup, plainstep, retap, retapab, compiled, layers," "layers8b, layersdemo, merged)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -267,13 +272,16 @@ for set in "$@"; do
         step "merged_blocks_${shape}_$dtype" 120 python3 benchmarks/compiled_blocks.py \
           --shape "$shape" --dtype "$dtype" --trials 6 --merged
       done ;;
-    layers)  # compiled layers (core/compiled_layers.py) against the layers' own, in-process
-      step layers_demo 90 python3 benchmarks/plain_step.py --model outrider-demo/target \
+    layers)  # compiled layers (core/compiled_layers.py) against the layers' own, in-process;
+      # read the paired column (the host drifts between trials)
+      step layers_demo 120 python3 benchmarks/plain_step.py --model outrider-demo/target \
         --trials 8 --arms mlx-lm,outrider,uncompiled
-      for sd in "0.6b bf16" "8b 4bit" "8b bf16"; do
-        read -r shape dtype <<< "$sd"
-        step "layers_${shape}_$dtype" 150 python3 benchmarks/plain_step.py --shape "$shape" \
-          --dtype "$dtype" --trials 4 --arms mlx-lm,outrider,uncompiled
+      step layers_0.6b_bf16 180 python3 benchmarks/plain_step.py --shape 0.6b --dtype bf16 \
+        --trials 10 --arms outrider,uncompiled,mlx-lm ;;
+    layers8b)  # the same on the 8B shapes (a call of its own: 8 trials of three arms each)
+      for dtype in 4bit bf16; do
+        step "layers_8b_$dtype" 270 python3 benchmarks/plain_step.py --shape 8b \
+          --dtype "$dtype" --trials 8 --arms outrider,uncompiled,mlx-lm
       done ;;
     layersdemo)
       step demo_layers 300 python3 -m outrider benchmark --model outrider-demo/target \
