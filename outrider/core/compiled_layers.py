@@ -51,7 +51,7 @@ from mlx_lm.models.cache import KVCache
 
 from .device import on_cuda_gpu
 from .errors import OutriderError, UnsupportedTargetError
-from .wrapper import PassThrough
+from .wrapper import PassThrough, children
 
 ENV = "OUTRIDER_COMPILED_LAYERS"
 # Widest call that takes the compiled path: every verify width (core/calibration.py MAX_WIDTH).
@@ -244,14 +244,12 @@ def bypassed(model: nn.Module) -> Iterator[None]:
     swaps = []
 
     def visit(module: nn.Module) -> None:
-        for key, value in module.items():
-            holder = value if isinstance(value, list) else module
-            for slot, child in enumerate(value) if isinstance(value, list) else [(key, value)]:
-                if isinstance(child, CompiledLayer):
-                    swaps.append((holder, slot, child))
-                    holder[slot] = child.layer
-                elif isinstance(child, nn.Module):
-                    visit(child)
+        for holder, slot, child in children(module):
+            if isinstance(child, CompiledLayer):
+                swaps.append((holder, slot, child))
+                holder[slot] = child.layer
+            else:
+                visit(child)
 
     visit(model)
     try:

@@ -34,6 +34,7 @@ import mlx.nn as nn
 from mlx_lm.models.rope_utils import Llama3RoPE
 
 from .errors import OutriderError
+from .wrapper import children
 
 FUSION_ENV = "OUTRIDER_CPU_FUSION"
 
@@ -206,7 +207,7 @@ def fuse_for_cpu(model: nn.Module) -> int:
 
     def visit(module: nn.Module) -> None:
         nonlocal swapped
-        for holder, key, child in _children(module):
+        for holder, key, child in children(module):
             new = replacement(child)
             if new is None:
                 visit(child)
@@ -216,14 +217,3 @@ def fuse_for_cpu(model: nn.Module) -> int:
 
     visit(model)
     return swapped
-
-
-def _children(module: nn.Module) -> list[tuple[Any, Any, nn.Module]]:
-    """(holder, key, child) for each submodule held by `module` directly or in a list of it
-    (a model's layers), so that `holder[key] = ...` replaces it there."""
-    slots = []
-    for key, value in module.items():
-        entries = enumerate(value) if isinstance(value, list) else [(key, value)]
-        holder = value if isinstance(value, list) else module
-        slots += [(holder, k, v) for k, v in entries if isinstance(v, nn.Module)]
-    return slots

@@ -43,3 +43,14 @@ def routes(model: nn.Module) -> str:
     "native" where none changes how the model computes."""
     found = {type(m).route for _, m in model.named_modules() if isinstance(m, PassThrough)}
     return ",".join(sorted(found - {""})) or "native"
+
+
+def children(module: nn.Module) -> list[tuple[Any, Any, nn.Module]]:
+    """(holder, key, child) for each submodule held by `module` directly or in a list of it
+    (a model's layers), so that `holder[key] = ...` replaces it there (on the one instance)."""
+    slots = []
+    for key, value in module.items():
+        entries = enumerate(value) if isinstance(value, list) else [(key, value)]
+        holder = value if isinstance(value, list) else module
+        slots += [(holder, k, v) for k, v in entries if isinstance(v, nn.Module)]
+    return slots
