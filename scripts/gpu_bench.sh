@@ -99,6 +99,16 @@ step() {  # step NAME SECONDS COMMAND...: run it, capped by what the budget has 
   grep -E "tok/s|^ +[0-9>-]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9]+$|^cap |plain steps|drafting rounds|plain p90|round x|prefill |join |elsewhere|plain \(|cap pipe|^ +[0-9]+ +on|^8b|^S |w5|rc=|Error|passed|failed|^turn 5|^exact repeat|rows kernel|the faster|^(propose|verify|settle|rollback|round|nodes|tokens a)|peak added|x baseline|^  phases|after plain steps|lookup +auto|^  (chat|code|math) | a step \(|×" "$out/$name.txt"
 }
 
+demo_bench() {  # demo_bench NAME SECONDS MODES [ENV=VALUE...]: issue 13's demo bar, three
+  # suites of 10 prompts, 128 tokens, `--max-draft auto`, receipt NAME.json
+  local name=$1 limit=$2 modes=$3
+  shift 3
+  step "$name" "$limit" env "$@" python3 -m outrider benchmark --model outrider-demo/target \
+    --dspark-drafter outrider-demo/dspark --dflash-drafter outrider-demo/dflash \
+    --modes "$modes" --suites chat,code,math --trials 1 --prompts-per-suite 10 \
+    --max-tokens 128 --max-draft auto --json "$out/$name.json"
+}
+
 export PYTHONUNBUFFERED=1
 loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 for set in "$@"; do  # a wrong name fails before anything runs
@@ -135,10 +145,7 @@ for set in "$@"; do
       step quantized_rows 120 python3 benchmarks/quantized_rows.py --skip 1,2 --reps 3 \
         --json "$out/quantized_rows.json" ;;
     demo)
-      step demo_auto 540 python3 -m outrider benchmark --model outrider-demo/target \
-        --dspark-drafter outrider-demo/dspark --dflash-drafter outrider-demo/dflash \
-        --modes baseline,dspark,dflash,lookup --suites chat,code,math --trials 1 \
-        --prompts-per-suite 10 --max-tokens 128 --max-draft auto --json "$out/demo_auto.json" ;;
+      demo_bench demo_auto 540 baseline,dspark,dflash,lookup ;;
     batch)
       step batch_demo 300 python3 benchmarks/batch_throughput.py --modes baseline,dspark \
         --batch 8 --requests 32 --suite code,math,chat --max-tokens 128 --repeats 3 \
@@ -253,11 +260,7 @@ for set in "$@"; do
     retapab)
       for run in 1 2; do
         for how in off auto; do
-          step "demo_retap_${how}_$run" 150 env OUTRIDER_RETAP=$how python3 -m outrider benchmark \
-            --model outrider-demo/target --dspark-drafter outrider-demo/dspark \
-            --dflash-drafter outrider-demo/dflash --modes baseline,dspark,dflash \
-            --suites chat,code,math --trials 1 --prompts-per-suite 10 --max-tokens 128 \
-            --max-draft auto --json "$out/demo_retap_${how}_$run.json"
+          demo_bench "demo_retap_${how}_$run" 150 baseline,dspark,dflash OUTRIDER_RETAP=$how
         done
       done ;;
     compiled)
@@ -284,10 +287,7 @@ for set in "$@"; do
           --dtype "$dtype" --trials 8 --arms outrider,uncompiled,mlx-lm
       done ;;
     layersdemo)
-      step demo_layers 300 python3 -m outrider benchmark --model outrider-demo/target \
-        --dspark-drafter outrider-demo/dspark --dflash-drafter outrider-demo/dflash \
-        --modes baseline,dspark,dflash,lookup --suites chat,code,math --trials 1 \
-        --prompts-per-suite 10 --max-tokens 128 --max-draft auto --json "$out/demo_layers.json" ;;
+      demo_bench demo_layers 300 baseline,dspark,dflash,lookup ;;
     plainstep)
       for dtype in 4bit bf16; do
         step "plain_step_8b_$dtype" 200 python3 benchmarks/plain_step.py --shape 8b \
