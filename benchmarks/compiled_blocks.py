@@ -48,6 +48,7 @@ import mlx.nn as nn  # noqa: E402
 from mlx_lm.models.base import scaled_dot_product_attention  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
+from outrider.core.compiled_layers import Positions  # noqa: E402
 from outrider.testing import build_model  # noqa: E402
 
 
@@ -55,9 +56,10 @@ class CompiledBlocks(nn.Module):
     """One mlx-lm Qwen3 decoder layer with its static-shape blocks compiled (see above);
     `projections` (h -> q, k, v before the head split) and `mlp` stand in for the layer's own."""
 
-    def __init__(self, layer: nn.Module, projections=None, mlp=None) -> None:
+    def __init__(self, layer: nn.Module, positions: Positions, projections=None, mlp=None) -> None:
         super().__init__()
         self.layer = layer
+        self._positions = positions  # one a model: every layer of a step reads the same array
         a, rope = layer.self_attn, layer.self_attn.rope
         projections = projections or (lambda h: (a.q_proj(h), a.k_proj(h), a.v_proj(h)))
         mlp = mlp or layer.mlp
@@ -82,7 +84,7 @@ class CompiledBlocks(nn.Module):
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         a = self.layer.self_attn
-        q, k, v = self._pre(x, positions(cache.offset))
+        q, k, v = self._pre(x, self._positions(cache.offset))
         k, v = cache.update_and_fetch(k, v)
         o = scaled_dot_product_attention(q, k, v, cache=cache, scale=a.scale, mask=mask)
         return self._tail(x, o)
@@ -111,7 +113,7 @@ def merged_linear(*parts: nn.Module):
 class MergedBlocks(CompiledBlocks):
     """`CompiledBlocks` with q/k/v in one product and gate/up in one (fewer kernels a layer)."""
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, positions: Positions) -> None:
         a, mlp = layer.self_attn, layer.mlp
         qkv = merged_linear(a.q_proj, a.k_proj, a.v_proj)
         gate_up = merged_linear(mlp.gate_proj, mlp.up_proj)
@@ -127,18 +129,7 @@ class MergedBlocks(CompiledBlocks):
             g = gate_up(h)
             return mlp.down_proj(nn.silu(g[..., :hidden]) * g[..., hidden:])
 
-        super().__init__(layer, projections, merged_mlp)
-
-
-_POSITIONS: dict[int, mx.array] = {}
-
-
-def positions(offset: int) -> mx.array:
-    """The rope's position as an array, one per offset (every layer of a step shares it)."""
-    if offset not in _POSITIONS:
-        _POSITIONS.clear()
-        _POSITIONS[offset] = mx.array(offset, dtype=mx.int32)
-    return _POSITIONS[offset]
+        super().__init__(layer, positions, projections, merged_mlp)
 
 
 def make_model(shape: str, dtype: str, compiled: bool | str, seed: int = 0):
@@ -152,8 +143,9 @@ def make_model(shape: str, dtype: str, compiled: bool | str, seed: int = 0):
     if compiled:
         layers = model.model.layers
         kind = MergedBlocks if compiled == "merged" else CompiledBlocks
+        positions = Positions()
         for i, layer in enumerate(layers):
-            layers[i] = kind(layer)
+            layers[i] = kind(layer, positions)
     return model
 
 
