@@ -32,6 +32,10 @@ keeps the wrappers only where a short prefill, an 8-row verify and one-row steps
 model's own logits bit for bit. MLX keys a trace by the calling thread's stream too, so a
 server's worker thread makes its own.
 
+`Compiled` is the mechanism (a function compiled with some modules' weights as its inputs); a
+block drafter's layers and DSpark's sequential head use it too
+(plugins/strategies/compiled_drafter.py).
+
 OUTRIDER_COMPILED_LAYERS: `auto` (the default) compiles on a CUDA GPU; `on` on any device (the
 CPU tests use it; the CPU's norms and ropes are fused already, core/cpu_fusion.py); `off` never.
 """
@@ -96,42 +100,38 @@ class CompiledLayer(PassThrough):
         self.layer = layer
         self._positions = positions
         a = _raw(layer.self_attn)
-        # where each part's weights live, read afresh every call: a trace takes them as inputs,
-        # so weights changed after load (a cast, new weights) are what the next call computes
-        self._pre_slots = _slots(
-            [layer.input_layernorm] + [a[k] for k in PRE if k in a]
+        self._pre = Compiled(
+            self._traced_pre, [layer.input_layernorm] + [a[k] for k in PRE if k in a]
         )  # fmt: skip
-        self._tail_slots = _slots([a.o_proj, layer.post_attention_layernorm, layer.mlp])
-        self._pre = mx.compile(self._traced_pre)
-        self._tail = mx.compile(self._traced_tail)
+        self._tail = Compiled(
+            self._traced_tail, [a.o_proj, layer.post_attention_layernorm, layer.mlp]
+        )  # fmt: skip
 
     def __deepcopy__(self, memo: dict) -> nn.Module:
         # a copy of the model holds the layer itself: a training teacher's copy is made dense
         # (its modules swapped), which a compiled layer's slots would not follow
         return copy.deepcopy(self.layer, memo)
 
-    def _traced_pre(self, x: mx.array, position: mx.array, *weights: mx.array) -> tuple:
-        with _holding(self._pre_slots, weights):
-            layer = self.layer
-            a = _raw(layer.self_attn)  # the projections behind a rerouting wrapper
-            b, n, _ = x.shape
-            h = layer.input_layernorm(x)
-            q = a.q_proj(h).reshape(b, n, a.n_heads, -1)
-            k = a.k_proj(h).reshape(b, n, a.n_kv_heads, -1)
-            if "q_norm" in a:
-                q, k = a.q_norm(q), a.k_norm(k)
-            v = a.v_proj(h).reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
-            q = a.rope(q.transpose(0, 2, 1, 3), offset=position)
-            k = a.rope(k.transpose(0, 2, 1, 3), offset=position)
-            return q, k, v
+    def _traced_pre(self, x: mx.array, position: mx.array) -> tuple:
+        layer = self.layer
+        a = _raw(layer.self_attn)  # the projections behind a rerouting wrapper
+        b, n, _ = x.shape
+        h = layer.input_layernorm(x)
+        q = a.q_proj(h).reshape(b, n, a.n_heads, -1)
+        k = a.k_proj(h).reshape(b, n, a.n_kv_heads, -1)
+        if "q_norm" in a:
+            q, k = a.q_norm(q), a.k_norm(k)
+        v = a.v_proj(h).reshape(b, n, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q = a.rope(q.transpose(0, 2, 1, 3), offset=position)
+        k = a.rope(k.transpose(0, 2, 1, 3), offset=position)
+        return q, k, v
 
-    def _traced_tail(self, x: mx.array, attended: mx.array, *weights: mx.array) -> mx.array:
-        with _holding(self._tail_slots, weights):
-            layer = self.layer
-            b, n, _ = x.shape
-            o = _raw(layer.self_attn).o_proj(attended.transpose(0, 2, 1, 3).reshape(b, n, -1))
-            h = x + o
-            return h + layer.mlp(layer.post_attention_layernorm(h))
+    def _traced_tail(self, x: mx.array, attended: mx.array) -> mx.array:
+        layer = self.layer
+        b, n, _ = x.shape
+        o = _raw(layer.self_attn).o_proj(attended.transpose(0, 2, 1, 3).reshape(b, n, -1))
+        h = x + o
+        return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         if x.shape[0] != 1 or x.shape[1] > MAX_ROWS or type(cache) is not KVCache:
@@ -140,8 +140,7 @@ class CompiledLayer(PassThrough):
         # a rerouted verify's attention (it may lay out the cache's room first), else mlx-lm's
         plan = getattr(a, "attention_for", None)
         attend = plan(x, mask, cache) if plan is not None else None
-        pre = [holder[key] for holder, key in self._pre_slots]
-        q, k, v = self._pre(x, self._positions(cache.offset), *pre)
+        q, k, v = self._pre(x, self._positions(cache.offset))
         keys, values = cache.update_and_fetch(k, v)
         if attend is None:
             out = scaled_dot_product_attention(
@@ -149,7 +148,28 @@ class CompiledLayer(PassThrough):
             )
         else:
             out = attend(q, keys, values)
-        return self._tail(x, out, *[holder[key] for holder, key in self._tail_slots])
+        return self._tail(x, out)
+
+
+class Compiled:
+    """`fn` compiled (`mx.compile`), with the arrays of `modules` as inputs of every call: a
+    trace keeps no weight as a constant, so what the modules hold when a call is made (after a
+    cast, an update) is what it computes with. `fn` reads the modules as usual; while it is
+    traced they hold the trace's inputs. Arguments that are not arrays (ints, None) are
+    constants of a trace: each new value makes another."""
+
+    def __init__(self, fn: Callable[..., Any], modules: list) -> None:
+        self._fn = fn
+        self._slots = _slots(modules)
+        self._compiled = mx.compile(self._traced)
+
+    def _traced(self, *inputs: Any) -> Any:
+        split = len(inputs) - len(self._slots)
+        with _holding(self._slots, inputs[split:]):
+            return self._fn(*inputs[:split])
+
+    def __call__(self, *args: Any) -> Any:
+        return self._compiled(*args, *[holder[key] for holder, key in self._slots])
 
 
 def _slots(tree: Any) -> list[tuple[Any, Any]]:
