@@ -4,7 +4,8 @@ For one loaded pair, times (medians over many repeats, after warm-up):
 
 * one sync of a trivial graph (the fixed cost of any `mx.eval`);
 * the target's verify forward at widths 1, 5, 8: Python graph build, then eval;
-* each drafter's proposal at each cap (`--caps`, default 4 and 7): build, then eval;
+* each drafter's proposal at each cap (`--caps`, default 4 and 7): build, then eval; where
+  the drafter runs compiled (a CUDA GPU), op by op too (`eager`);
 * whole greedy rounds on a real prompt, split into propose / verify build / eval / host work,
   as the loop runs them and with the drafter's graph started ahead of the verify graph.
 
@@ -19,6 +20,7 @@ A drafter given as `none` is left out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -36,6 +38,7 @@ from outrider.api import load  # noqa: E402
 from outrider.core.acceptance import accept_greedy  # noqa: E402
 from outrider.core.proposer import DraftContext  # noqa: E402
 from outrider.core.sampling import SamplingParams, greedy  # noqa: E402
+from outrider.plugins.strategies import compiled_drafter  # noqa: E402
 
 
 def ms(xs: list[float]) -> str:
@@ -56,6 +59,19 @@ def timed(build, reps: int, after=None) -> tuple[list[float], list[float]]:
         b.append(t1 - t0)
         e.append(t2 - t1)
     return b[3:], e[3:]
+
+
+def _arms(proposer) -> list[str]:
+    """The drafter's paths to time: as loaded, and op by op where it loaded compiled."""
+    drafter = getattr(proposer, "drafter", None)
+    return ["", "eager"] if getattr(drafter, "compiled_chain", False) else [""]
+
+
+def _drafter_path(proposer, arm: str):
+    """The drafter op by op (`compiled_drafter.bypassed`) for the "eager" arm."""
+    if arm == "eager":
+        return compiled_drafter.bypassed(proposer.drafter)
+    return contextlib.nullcontext()
 
 
 def rounds(pipe, ids: list[int], n: int, cap: int, ahead: bool) -> dict[str, list[float]]:
@@ -170,32 +186,38 @@ def main() -> None:
             proposer = pipes[mode].proposer
             own = tuple(proposer.tap_layer_ids)
             mine = None if taps is None else _columns(taps, tap_ids, own, target.hidden_size)
-            for cap in caps:
-                proposer.start(prompt, mine)
-                mx.eval(proposer.propose(DraftContext(context, cap, SamplingParams(), None)).tokens)
-                proposer.observe(0, None)  # a chained drafter drops its speculative rows
-                b, e = timed(
-                    lambda p=proposer, c=cap: (
-                        p.propose(DraftContext(context, c, SamplingParams(), None)).tokens
-                    ),
-                    args.reps,
-                    after=lambda p=proposer: p.observe(0, None),
-                )
-                print(f"{mode} propose cap {cap:<5}build {ms(b)}  eval {ms(e)}")
+            for cap, arm in [(c, a) for c in caps for a in _arms(proposer)]:
+                with _drafter_path(proposer, arm):
+                    proposer.start(prompt, mine)
+                    ctx = DraftContext(context, cap, SamplingParams(), None)
+                    mx.eval(proposer.propose(ctx).tokens)
+                    proposer.observe(0, None)  # a chained drafter drops its speculative rows
+                    b, e = timed(
+                        lambda p=proposer, ctx=ctx: p.propose(ctx).tokens,
+                        args.reps,
+                        after=lambda p=proposer: p.observe(0, None),
+                    )
+                label = f"{mode} propose cap {cap}" + (f" {arm}" if arm else "")
+                print(f"{label:<30}build {ms(b)}  eval {ms(e)}")
 
     print("\nwhole greedy rounds: propose | verify build | eval | host (ms, medians)")
     print(
-        "('ahead': the drafter's graph starts before the verify graph is built; the loop does not)"
+        "('ahead': the drafter's graph starts before the verify graph is built; the loop does "
+        "not; 'eager': the drafter op by op where it runs compiled)"
     )
-    runs = [(m, c, a) for m in drafting for c in caps for a in (False, True)] + [
-        ("lookup", 6, False)
-    ]
-    for mode, cap, ahead in runs:
-        rounds(pipes[mode], prompt, 8, cap, ahead)  # warm-up
-        ph = rounds(pipes[mode], prompt, 60, cap, ahead)
+    runs = [
+        (m, c, a, arm)
+        for m in drafting
+        for c in caps
+        for a, arm in [(False, x) for x in _arms(pipes[m].proposer)] + [(True, "")]
+    ] + [("lookup", 6, False, "")]
+    for mode, cap, ahead, arm in runs:
+        with _drafter_path(pipes[mode].proposer, arm):
+            rounds(pipes[mode], prompt, 8, cap, ahead)  # warm-up
+            ph = rounds(pipes[mode], prompt, 60, cap, ahead)
         total = statistics.median([sum(x) for x in zip(*ph.values())])
         parts = " | ".join(ms(v) for v in ph.values())
-        label = f"{mode} cap {cap}" + (" ahead" if ahead else "")
+        label = f"{mode} cap {cap}" + (" ahead" if ahead else "") + (f" {arm}" if arm else "")
         print(f"{label:<20}{parts}  = {1e3 * total:7.3f}")
 
 

@@ -201,11 +201,14 @@ def _fusion_report() -> str:
 
 
 def _compiled_layers_report() -> str:
-    """Whether dense targets' layers run their fixed-shape parts compiled."""
+    """Whether dense targets' layers and block drafters run their fixed-shape parts compiled."""
     from .core.compiled_layers import ENV, compiled_layers
 
     if compiled_layers():
-        return f"on: llama, qwen2 and qwen3 layers, where bit-identical at load ({ENV}=off: not)"
+        return (
+            "on: llama, qwen2 and qwen3 layers, where bit-identical at load, and DSpark/DFlash "
+            f"drafters ({ENV}=off: not)"
+        )
     return f"off ({ENV}=on compiles them here too)"
 
 

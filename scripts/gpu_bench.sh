@@ -76,6 +76,8 @@
 #             process (plain_step.py: outrider, uncompiled, mlx-lm), demo target and 0.6B bf16
 #   layers8b  the same on the 8B shape, 4-bit and bf16 (a call of its own)
 #   layersdemo the demo bar (`demo`'s benchmark) with compiled layers, one process
+#   drafters  the demo pair's drafter calls and whole rounds with the drafter compiled (the
+#             CUDA default) and op by op, in one process (benchmarks/round_profile.py)
 #   rowtests  the GPU tests of the rows kernel (each form against MLX's product, each row
 #             against itself alone, 1-64 rows; a template compiles per group count). Needs
 #             pytest: carry .whl (docs/testing-on-gpu.md); ROWTESTS=EXPR picks them (-k)
@@ -116,9 +118,10 @@ for set in "$@"; do  # a wrong name fails before anything runs
     warmup | bars | softmax | launches | demo | batch | turn5 | turn5q | qprefill | ttft | steps \
       | phases | turn5ab | qmid | rowtests | gemm | turn5cold | timeline | abtimeline | served \
       | phases06b | abrollback | moves | timeline06b | trace | trace2 | abtrace | parked | intake \
-      | ablookup | plainstep | retap | retapab | compiled | layers | layers8b | layersdemo | merged) ;;
+      | ablookup | plainstep | retap | retapab | compiled | layers | layers8b | layersdemo | merged \
+      | drafters) ;;
     *) echo "gpu_bench.sh: no set named $set (warmup, bars, softmax, launches, demo, batch," \
-         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake, ablookup, plainstep, retap, retapab, compiled, layers," "layers8b, layersdemo, merged)" >&2; exit 2 ;;
+         "turn5, turn5q, qprefill, ttft, steps, phases, turn5ab, qmid, rowtests, gemm, turn5cold," "timeline, abtimeline, served, phases06b, abrollback, moves, timeline06b, trace, trace2," "abtrace, parked, intake, ablookup, plainstep, retap, retapab, compiled, layers," "layers8b, layersdemo, merged, drafters)" >&2; exit 2 ;;
   esac
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
@@ -288,6 +291,8 @@ for set in "$@"; do
       done ;;
     layersdemo)
       demo_bench demo_layers 300 baseline,dspark,dflash,lookup ;;
+    drafters)
+      step round_profile_demo 240 python3 benchmarks/round_profile.py --caps 4,7 --reps 100 ;;
     plainstep)
       for dtype in 4bit bf16; do
         step "plain_step_8b_$dtype" 200 python3 benchmarks/plain_step.py --shape 8b \

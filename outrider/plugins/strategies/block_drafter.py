@@ -84,20 +84,28 @@ class DraftAttention(nn.Module):
         v = self.v_proj(x).reshape(b, n, self.n_kv, -1).transpose(0, 2, 1, 3)
         return self.rope(k, offset=offset), v
 
-    def __call__(self, x: mx.array, context: mx.array | None, cache: ContextCache) -> mx.array:
-        b, n, _ = x.shape
+    def take_in(self, context: mx.array | None, cache: ContextCache, kv=None) -> tuple:
+        """Append the call's context rows' K/V to `cache` (`kv` computes them: `_kv` unless
+        given) -> every context K/V the block attends to (None, None: none yet)."""
         if context is not None and context.shape[1] > 0:
-            ck, cv = self._kv(context, cache.offset)
-            keys, values = cache.append(ck, cv)
-        else:
-            keys, values = cache.fetch()
-        block_offset = cache.offset
+            ck, cv = (kv or self._kv)(context, cache.offset)
+            return cache.append(ck, cv)
+        return cache.fetch()
+
+    def project(self, x: mx.array, offset) -> tuple:
+        """The block's queries, gate (None where the layer has none), keys and values."""
+        b, n, _ = x.shape
         q = self.q_proj(x).reshape(b, n, self.n_heads, -1)
         gate = None
         if self.gated:  # the gate is not normed (mlx-lm's Qwen3NextAttention reads it so too)
             q, gate = mx.split(q, 2, axis=-1)
-        q = self.rope(self.q_norm(q).transpose(0, 2, 1, 3), offset=block_offset)
-        bk, bv = self._kv(x, block_offset)
+        q = self.rope(self.q_norm(q).transpose(0, 2, 1, 3), offset=offset)
+        bk, bv = self._kv(x, offset)
+        return q, gate, bk, bv
+
+    def attend(self, q, bk, bv, keys, values, cache: ContextCache) -> mx.array:
+        """The block's attention over the context K/V and its own -> [b, heads, n, head dim]."""
+        b, _, n, _ = q.shape
         if keys is not None:
             bk = mx.concatenate([keys, bk], axis=2)
             bv = mx.concatenate([values, bv], axis=2)
@@ -112,15 +120,23 @@ class DraftAttention(nn.Module):
             out = mx.fast.scaled_dot_product_attention(
                 folded, bk, bv, scale=self.scale, sinks=sinks
             )
-            out = out.reshape(b, self.n_heads, n, -1)
-        else:
-            out = mx.fast.scaled_dot_product_attention(
-                q, bk, bv, scale=self.scale, mask=mask, sinks=sinks
-            )
+            return out.reshape(b, self.n_heads, n, -1)
+        return mx.fast.scaled_dot_product_attention(
+            q, bk, bv, scale=self.scale, mask=mask, sinks=sinks
+        )
+
+    def finish(self, out: mx.array, gate: mx.array | None) -> mx.array:
+        """The attention's output [b, heads, n, head dim] through the gate and `o_proj`."""
+        b, _, n, _ = out.shape
         out = out.transpose(0, 2, 1, 3).reshape(b, n, -1)
         if gate is not None:
             out = out * mx.sigmoid(gate.reshape(b, n, -1))
         return self.o_proj(out)
+
+    def __call__(self, x: mx.array, context: mx.array | None, cache: ContextCache) -> mx.array:
+        keys, values = self.take_in(context, cache)
+        q, gate, bk, bv = self.project(x, cache.offset)  # block slot k sits at offset + k
+        return self.finish(self.attend(q, bk, bv, keys, values, cache), gate)
 
 
 class DraftMLP(nn.Module):
@@ -135,6 +151,10 @@ class DraftMLP(nn.Module):
 
 
 class DraftLayer(nn.Module):
+    # Set on the instance where the drafter runs compiled (compiled_drafter.py): a plain
+    # attribute, so the layer's parameters and their names stay as they are.
+    compiled = None
+
     def __init__(self, spec: DrafterSpec, layer_type: str = "full_attention"):
         super().__init__()
         self.self_attn = DraftAttention(spec, layer_type)
@@ -143,6 +163,12 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
 
     def __call__(self, h: mx.array, context: mx.array | None, cache: ContextCache) -> mx.array:
+        if self.compiled is not None:
+            return self.compiled(h, context, cache)
+        return self.eager(h, context, cache)
+
+    def eager(self, h: mx.array, context: mx.array | None, cache: ContextCache) -> mx.array:
+        """The layer op by op (what a compiled layer computes, and its path for batched rows)."""
         h = h + self.self_attn(self.input_layernorm(h), context, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -301,4 +327,7 @@ def load_block_drafter(spec: DrafterSpec, bits: int = 4, group_size: int = 64) -
         for layer in model.layers:
             layer.self_attn.fold_rows = True
     fuse_for_cpu(model)  # MLX's CPU backend runs norms and ropes unfused
+    from .compiled_drafter import install  # it builds on this module
+
+    install(model)  # last: it compiles the modules as they now are
     return model

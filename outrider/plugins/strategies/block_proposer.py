@@ -31,6 +31,7 @@ from ...core.proposer import DraftContext, Proposal
 from ...core.sampling import probabilities, sample
 from ...core.target import Target
 from .block_drafter import BlockDrafter
+from .compiled_drafter import greedy_chain
 from .draft_context import ContextRows
 
 # Context rows a block drafter sees by default: the latest 4096. DSpark and DFlash heads are
@@ -155,6 +156,7 @@ class BlockProposer:
         # In a block causal in every layer a slot sees only the slots before it, so the slots
         # after the last one a round reads change nothing: such rounds run a shorter block.
         self._truncates = all(layer.self_attn.causal for layer in drafter.layers)
+        self._chain = greedy_chain(self)  # run where the drafter is compiled (compiled_drafter.py)
 
     def _target_head(self, target: Target):
         """The target's output head, restricted to the draft vocabulary when it is reduced."""
@@ -316,58 +318,83 @@ class BlockProposer:
     def _sequential(self, asks, caps, keys, logits, slots, anchors) -> list[Proposal]:
         """DSpark: the Markov head steps every row together, slot by slot, each row's next
         bias from its own previous draft."""
-        head = self.drafter.markov_head
         rows = len(asks)
-        greedy = all(ctx.sampling.greedy for ctx in asks)
         # the batch scheduler (core/schedule.py) asks for the estimates even with no threshold
         wanted = any(ctx.extras.get("confidence") for ctx in asks)
-        confident = self.use_confidence or (wanted and self.spec.confidence_head)
-        prev = anchors
-        state = None
-        tokens, conf = [], []
+        confident = bool(self.use_confidence or (wanted and self.spec.confidence_head))
         probs: list[list[mx.array]] = [[] for _ in range(rows)]
-        for j in range(max(caps)):
-            h = slots[:, j]
-            bias, e, state = head.step(prev, h, state)
-            z = logits[:, j] + bias.astype(mx.float32)  # [rows, head vocabulary]
-            if confident:
-                feats = [h, e] if self.spec.confidence_with_markov else [h]
-                c = self.drafter.confidence_head.proj(mx.concatenate(feats, axis=-1))
-                c = c.astype(mx.float32)[:, 0]
-                if self.spec.confidence_temperatures:
-                    c = c / self.spec.confidence_temperatures[j]
-                conf.append(mx.sigmoid(c))
-            if greedy:
-                chosen = mx.argmax(z, axis=-1)
-            else:
-                picks = []
-                for i, ctx in enumerate(asks):
-                    zi = z[i : i + 1]
-                    if ctx.sampling.greedy or j >= caps[i]:  # past its cap: never read
-                        picks.append(mx.argmax(zi, axis=-1))
-                        continue
-                    q = probabilities(zi, ctx.sampling)
-                    probs[i].append(q[0])
-                    picks.append(sample(q, keys[i][j]))
-                chosen = mx.concatenate(picks)
-            prev = self.vocab.to_target(chosen)  # a target id: W1's index and the draft
-            tokens.append(prev)
-        drafts = mx.stack(tokens, axis=1)  # [rows, widest]
+        if all(ctx.sampling.greedy for ctx in asks):
+            compiled = rows == 1 and getattr(self.drafter, "compiled_chain", False)
+            chain = self._chain if compiled else self._greedy_chain
+            drafts, confidence = chain(logits, slots, anchors, confident)
+        else:
+            drafts, confidence = self._sampled_chain(
+                asks, caps, keys, logits, slots, anchors, confident, probs
+            )
         out = []
         for i, cap in enumerate(caps):
             widened = self.vocab.widen(mx.stack(probs[i])) if probs[i] else None
             out.append(Proposal(drafts[i, :cap], cap, probs=widened))
         if self.use_confidence:
-            confidence = mx.stack(conf, axis=1)  # [rows, widest]
             cut = [confidence[i, :cap] for i, cap in enumerate(caps)]
             survival = [mx.cumprod(c) for c in cut]
             mx.eval(survival, drafts)  # one wait for every row
             out = [self._truncate(p, c, s.tolist()) for p, c, s in zip(out, cut, survival)]
         elif confident:  # left lazy: the scheduler reads them all at once
-            confidence = mx.stack(conf, axis=1)
             for i, (proposal, cap) in enumerate(zip(out, caps)):
                 proposal.confidence = confidence[i, :cap]
         return out
+
+    def _slot(self, j: int, z: mx.array, h: mx.array, prev: mx.array, state, confident: bool):
+        """Slot j of the sequential head: its logits `z` [rows, head vocabulary] plus the
+        Markov bias of each row's previous draft `prev`, its confidence ([rows]; None unless
+        `confident`) and the head's next state."""
+        bias, e, state = self.drafter.markov_head.step(prev, h, state)
+        z = z + bias.astype(mx.float32)
+        conf = None
+        if confident:
+            feats = [h, e] if self.spec.confidence_with_markov else [h]
+            c = self.drafter.confidence_head.proj(mx.concatenate(feats, axis=-1))
+            c = c.astype(mx.float32)[:, 0]
+            if self.spec.confidence_temperatures:
+                c = c / self.spec.confidence_temperatures[j]
+            conf = mx.sigmoid(c)
+        return z, conf, state
+
+    def _greedy_chain(self, logits, slots, anchors, confident: bool) -> tuple:
+        """Every slot's greedy draft [rows, widest] (target ids) and confidence ([rows,
+        widest]; None unless `confident`). A fixed-shape function of its arrays: on a CUDA GPU
+        it runs compiled (`_chain`, compiled_drafter.py)."""
+        prev, state = anchors, None
+        tokens, conf = [], []
+        for j in range(slots.shape[1]):
+            z, c, state = self._slot(j, logits[:, j], slots[:, j], prev, state, confident)
+            conf.append(c)
+            prev = self.vocab.to_target(mx.argmax(z, axis=-1))  # W1's index and the draft
+            tokens.append(prev)
+        return mx.stack(tokens, axis=1), mx.stack(conf, axis=1) if confident else None
+
+    def _sampled_chain(self, asks, caps, keys, logits, slots, anchors, confident, probs) -> tuple:
+        """`_greedy_chain` where some row samples: each sampling row draws slot j from its q
+        (appended to `probs[row]`) with its own key; greedy rows and slots past a row's cap
+        take the argmax."""
+        prev, state = anchors, None
+        tokens, conf = [], []
+        for j in range(max(caps)):
+            z, c, state = self._slot(j, logits[:, j], slots[:, j], prev, state, confident)
+            conf.append(c)
+            picks = []
+            for i, ctx in enumerate(asks):
+                zi = z[i : i + 1]
+                if ctx.sampling.greedy or j >= caps[i]:  # past its cap: never read
+                    picks.append(mx.argmax(zi, axis=-1))
+                    continue
+                q = probabilities(zi, ctx.sampling)
+                probs[i].append(q[0])
+                picks.append(sample(q, keys[i][j]))
+            prev = self.vocab.to_target(mx.concatenate(picks))
+            tokens.append(prev)
+        return mx.stack(tokens, axis=1), mx.stack(conf, axis=1) if confident else None
 
     def _truncate(self, proposal: Proposal, conf: mx.array, survival: list[float]) -> Proposal:
         """Keep drafts while the cumulative confidence stays >= threshold (at least one).
