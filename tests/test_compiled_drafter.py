@@ -131,3 +131,17 @@ def test_off_and_auto_on_the_cpu_leave_the_drafter_alone(monkeypatch, qwen3_targ
             continue  # auto compiles on a CUDA GPU
         assert all(x.compiled is None for x in drafter.layers)
         assert not getattr(drafter, "compiled_chain", False)
+
+
+def test_a_compiled_layer_that_disagrees_leaves_the_drafter_eager(
+    monkeypatch, qwen3_target, drafters
+):
+    """A compiled block roped one position late computes another layer: the load's check
+    keeps the drafter on its own path (and the greedy chain with it)."""
+    real = CompiledDraftLayer._traced_pre
+    monkeypatch.setattr(
+        CompiledDraftLayer, "_traced_pre", lambda self, h, offset: real(self, h, offset + 1)
+    )
+    drafter = block_proposer(load(qwen3_target, drafters["dspark"], monkeypatch)).drafter
+    assert all(x.compiled is None for x in drafter.layers)
+    assert not getattr(drafter, "compiled_chain", False)

@@ -30,6 +30,7 @@ import mlx.core as mx
 
 from ...core.compiled_layers import MAX_ROWS, Compiled, Positions, compiled_layers
 from .block_drafter import BlockDrafter, DraftLayer
+from .draft_context import ContextCache
 
 
 class CompiledDraftLayer:
@@ -77,16 +78,38 @@ class CompiledDraftLayer:
 def install(drafter: BlockDrafter) -> int:
     """Compile `drafter`'s `DraftLayer`s where `compiled_layers()` says so (a CUDA GPU by
     default; OUTRIDER_COMPILED_LAYERS) and mark it for its proposers' greedy chains
-    (`greedy_chain`). Returns how many layers run compiled."""
+    (`greedy_chain`), unless a layer's compiled call fails or computes something else than its
+    own (`_agrees`). Returns how many layers run compiled."""
     if not compiled_layers() or not isinstance(drafter, BlockDrafter):
         return 0
-    n = 0
-    for layer in drafter.layers:
-        if type(layer) is DraftLayer:  # subclasses and other layer kinds keep their own
-            layer.compiled = CompiledDraftLayer(layer)
-            n += 1
+    layers = [x for x in drafter.layers if type(x) is DraftLayer]  # others keep their own
+    if not layers or len(layers) != len(drafter.layers):
+        return 0
+    parts = [CompiledDraftLayer(layer) for layer in layers]
+    if not all(_agrees(layer, compiled) for layer, compiled in zip(layers, parts)):
+        return 0
+    for layer, compiled in zip(layers, parts):
+        layer.compiled = compiled
     drafter.compiled_chain = True
-    return n
+    return len(layers)
+
+
+def _agrees(layer: DraftLayer, compiled: CompiledDraftLayer) -> bool:
+    """Whether a call taking in 3 context rows and running a block of 4, compiled, gives the
+    layer's own output, to a rounding (fused elementwise kernels may round otherwise in half
+    precision; a wrong position or weight moves it by its whole scale)."""
+    norm = layer.input_layernorm.weight
+    keys = mx.random.split(mx.random.key(7))
+    h = mx.random.normal((1, 4, norm.shape[0]), key=keys[0]).astype(norm.dtype)
+    context = mx.random.normal((1, 3, norm.shape[0]), key=keys[1]).astype(norm.dtype)
+    try:
+        want = layer.eager(h, context, ContextCache())
+        got = compiled(h, context, ContextCache())
+        mx.eval(want, got)
+    except Exception:  # a trace this MLX cannot make: the layer's own path
+        return False
+    scale = mx.abs(want).max().item()
+    return mx.abs(got - want).max().item() <= 0.02 * scale
 
 
 def greedy_chain(proposer: Any) -> Compiled:
