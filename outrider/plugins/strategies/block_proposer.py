@@ -156,7 +156,8 @@ class BlockProposer:
         # In a block causal in every layer a slot sees only the slots before it, so the slots
         # after the last one a round reads change nothing: such rounds run a shorter block.
         self._truncates = all(layer.self_attn.causal for layer in drafter.layers)
-        self._chain = greedy_chain(self)  # run where the drafter is compiled (compiled_drafter.py)
+        # DSpark's greedy chain compiled, run where the drafter is (compiled_drafter.py)
+        self._chain = greedy_chain(self) if self.sequential else None
 
     def _target_head(self, target: Target):
         """The target's output head, restricted to the draft vocabulary when it is reduced."""
