@@ -273,6 +273,9 @@ def padded_index(counts: list[int], widest: int) -> list[list[int]]:
 class BlockDrafter(ContextBackbone, nn.Module):
     """DSpark / DFlash drafter network; its parameter names are the canonical tensor names."""
 
+    # Whether its proposers run DSpark's greedy chain compiled (set by compiled_drafter.py)
+    compiled_chain = False
+
     def __init__(self, spec: DrafterSpec):
         super().__init__()
         self.spec = spec

@@ -325,7 +325,7 @@ class BlockProposer:
         confident = bool(self.use_confidence or (wanted and self.spec.confidence_head))
         probs: list[list[mx.array]] = [[] for _ in range(rows)]
         if all(ctx.sampling.greedy for ctx in asks):
-            compiled = rows == 1 and getattr(self.drafter, "compiled_chain", False)
+            compiled = rows == 1 and self.drafter.compiled_chain
             chain = self._chain if compiled else self._greedy_chain
             drafts, confidence = chain(logits, slots, anchors, confident)
         else:

@@ -58,6 +58,10 @@ class CompiledDraftLayer:
         h = h + layer.self_attn.finish(attended, gate)
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
+    def _context(self, context: mx.array, offset: Any) -> tuple[mx.array, mx.array]:
+        """The context rows' K/V, compiled (`DraftAttention.take_in` asks for them)."""
+        return self._context_kv(context, self._offset(offset))
+
     def _offset(self, offset: Any) -> mx.array:
         """A cache's offset as an array (one trace for every position): a row cache's already
         is one."""
@@ -69,8 +73,7 @@ class CompiledDraftLayer:
             return layer.eager(h, context, cache)
         a = layer.self_attn
         few = context is not None and context.shape[0] == 1 and context.shape[1] <= MAX_ROWS
-        kv = (lambda c, offset: self._context_kv(c, self._offset(offset))) if few else None
-        keys, values = a.take_in(context, cache, kv)
+        keys, values = a.take_in(context, cache, self._context if few else None)
         q, gate, bk, bv = self._pre(h, self._offset(cache.offset))
         return self._tail(h, a.attend(q, bk, bv, keys, values, cache), gate)
 
@@ -126,7 +129,7 @@ def bypassed(drafter: BlockDrafter) -> Iterator[None]:
     """`drafter`'s layers and its proposers' greedy chains on their own path for the duration
     (a benchmark's uncompiled arm)."""
     held = [(layer, layer.compiled) for layer in drafter.layers if isinstance(layer, DraftLayer)]
-    chain = getattr(drafter, "compiled_chain", False)
+    chain = drafter.compiled_chain
     for layer, _ in held:
         layer.compiled = None
     drafter.compiled_chain = False
