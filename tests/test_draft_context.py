@@ -158,3 +158,60 @@ def test_a_call_that_moves_columns_writes_the_buffers_in_place():
     grew = mx.get_peak_memory() - before
     assert grew < buffers / 10, (grew, buffers)  # a copy would take a layer's buffers again
     assert rows.pads == [0, 6]
+
+
+def test_positions_are_kept_only_once_a_call_moves_columns():
+    """Masks under a context limit and a sliding window read each column's position. Until a
+    call moves columns a position is the column's order, so no positions are kept (one
+    sequence never keeps any); the first move starts them. Every mask equals that of rows that
+    kept positions from the start, before and after the first move and for a row handed to
+    another group, and the kept positions equal the eager twin's."""
+    rng = np.random.default_rng(3)
+    kinds = [(False, None), (True, None), (False, 3), (True, 3)]
+
+    def grouped(lengths: list[int], eager: bool) -> ContextRows:
+        rows = ContextRows(1, limit=5)
+        if eager:
+            rows._start_positions()
+        for length in lengths:
+            rows.add([tuple(mx.ones((1, HEADS, length, DIM)) for _ in range(2))], length)
+        return rows
+
+    def call(rows: ContextRows, incoming: list[int], new: list) -> list:
+        drafting = list(range(len(incoming)))
+        rows.begin(incoming, 4, drafting)
+        rows.layers[0].append(*new)
+        keys = rows.width + 4
+        masks = [rows.layers[0].mask(4, keys, c, w) for c, w in kinds]
+        rows.end()
+        return [None if m is None else np.array(m) for m in masks]
+
+    def same(lazy: ContextRows, eager: ContextRows, incoming: list[int]) -> None:
+        shape = (len(incoming), HEADS, max(incoming), DIM)
+        new = [mx.array(rng.standard_normal(shape, np.float32)) for _ in range(2)]
+        for a, b in zip(call(lazy, incoming, new), call(eager, incoming, new), strict=True):
+            assert (a is None and b is None) or np.array_equal(a, b)
+
+    one, one_eager = grouped([0], False), grouped([0], True)
+    for incoming in ([7], [2], [1], [3]):
+        same(one, one_eager, incoming)
+    assert one.positions is None
+
+    lazy, eager = grouped([6, 2], False), grouped([6, 2], True)
+    for incoming in ([3, 3], [2, 2]):
+        same(lazy, eager, incoming)
+    assert lazy.positions is None
+    same(lazy, eager, [1, 4])  # row 0 moves its oldest column
+    assert lazy.positions is not None
+    for incoming in ([3, 0], [2, 5]):
+        same(lazy, eager, incoming)
+    got, want = (rows.positions.kv.keys_and_values() for rows in (lazy, eager))
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+    # a row that moved, handed to a group still in order, which then keeps positions too
+    row, other = lazy.take(0), grouped([4], False)
+    other_eager = grouped([4], True)
+    other.add(*row)
+    other_eager.add(*eager.take(0))
+    assert other.positions is not None
+    same(other, other_eager, [2, 2])
