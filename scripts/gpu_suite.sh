@@ -33,4 +33,13 @@ fi
 rm -rf "$wheels"
 # what a subprocess test's child sees: the interpreter's own site-packages, no PYTHONPATH
 env -u PYTHONPATH python3 -c "import mlx.core as mx, mlx_lm, outrider; print('mlx', mx.__version__, mx.default_device(), 'outrider from', outrider.__file__)" || exit 3
-timeout "${SUITE_TIMEOUT:-540}" python3 -m pytest "$@"
+# what the tests import beyond the carried wheels: a missing one fails its tests by import, so
+# name it before they run (run 19's five failures came back without their reasons)
+env -u PYTHONPATH python3 - <<'PY'
+import importlib.util
+optional = ("mlx_vlm", "fastapi", "uvicorn", "openai", "anthropic", "requests", "jsonschema")
+missing = [m for m in optional if importlib.util.find_spec(m) is None]
+print("gpu_suite.sh: not installed here, their tests fail by import:", ", ".join(missing) or "none")
+PY
+# SIGINT at the limit: pytest stops and still prints its summary, failures' reasons included
+timeout --signal=INT --kill-after=20 "${SUITE_TIMEOUT:-540}" python3 -m pytest "$@"
