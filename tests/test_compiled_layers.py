@@ -122,6 +122,32 @@ def test_compiled_steps_give_the_layers_own_logits_bit_for_bit(monkeypatch, qwen
     assert all(mx.array_equal(a, b).item() for a, b in zip(got, want))
 
 
+def test_steps_far_into_a_context_give_the_layers_own_logits_bit_for_bit(monkeypatch, qwen3_target):
+    """The load's probe runs 15 positions; ropes and masks of a long context take other
+    values. After a 700-token prefill (the layers' own path: too many rows to compile), a
+    verify of 8 rows and one-row steps give the same bits compiled as the layers' own."""
+    monkeypatch.setenv(ENV, "on")
+    target = outrider.load(str(qwen3_target), mode="baseline").target
+    layers = target.family.layers(target.model)
+    compiled = list(layers)
+    assert all(isinstance(x, CompiledLayer) for x in compiled)
+
+    def logits() -> list[mx.array]:
+        cache, out = target.make_cache(), []
+        ids = [3 + (5 * i) % 97 for i in range(700)]
+        target.model(mx.array([ids]), cache=cache)
+        for rows in (8, 1, 1, 3, 1):
+            step = target.model(mx.array([ids[:rows]]), cache=cache)
+            mx.eval(step)
+            out.append(step)
+        return out
+
+    got = logits()
+    layers[:] = [x.layer for x in compiled]
+    want = logits()
+    assert all(mx.array_equal(a, b).item() for a, b in zip(got, want, strict=True))
+
+
 def test_a_probe_that_disagrees_keeps_the_models_layers(monkeypatch, qwen3_target):
     """A compiled layer that reads the rope one position late gives other logits: the probe
     drops the wrappers and the model keeps its own layers."""
