@@ -511,6 +511,12 @@ def _retap(
             _, taps = target.forward(mx.array(tokens, dtype=mx.uint32), cache, tap_ids)
         else:
             _, taps = target.prefill(tokens, cache, tap_ids)
+        # Scheduled now, on its own, cache writes and all: left lazy, the layers past the
+        # deepest tap were computed at the head of the next round's verify, whose kernels then
+        # fell into other CUDA graphs than a steady round's, made anew (the round after a
+        # parked run launched in 7-14 ms against 2.7 on an H100; `BlockProposer._forward`
+        # schedules its catch-up's join apart for the same reason)
+        mx.async_eval(taps, [c.state for c in cache])
     row.proposer.add_rows(taps)
 
 
