@@ -11,6 +11,7 @@ round, queueing the next, waiting for the result, the host's work after).
 
     python benchmarks/policy_trace.py --modes dspark,dflash --suite chat --prompts 10 \
         --json trace.json
+    python benchmarks/policy_trace.py --modes dspark --suite chat --retap-from 0
 """
 
 from __future__ import annotations
@@ -109,8 +110,14 @@ def main() -> None:
     ap.add_argument(
         "--passes", type=int, default=1, help="run the prompts this many times (each reported)"
     )
+    ap.add_argument(
+        "--retap-from",
+        help="a parked run's steps past this many forward no taps, recomputed where the run "
+        "ends (`Pipeline.retap_parked`; `off`: every step tapped; default: the device's)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
+    retap = None if args.retap_from in (None, "off") else int(args.retap_from)
     texts = [p.text for p in load_suite(args.suite)][: args.prompts]
     out = {}
     base = load(args.model, None, mode="baseline")
@@ -127,6 +134,8 @@ def main() -> None:
     out["baseline"] = {"steps": steps, "seconds": base_s}
     for mode in [m for m in args.modes.split(",") if m]:
         pipe = load(args.model, DRAFTERS.get(mode), mode=mode)
+        if args.retap_from is not None:
+            pipe.retap_parked = retap
         pipe.calibration = calibration.load(pipe) or calibration.measure(pipe)
         for p in ids[:2]:
             pipe.generate(p, max_tokens=16, max_draft="auto")  # warm-up

@@ -60,6 +60,8 @@
 #   ablookup  lookup mode with `--max-draft auto` (its copies by match kind), demo target,
 #             three suites: each ab/<hash> tree (carry "ab") and this tree, alternating, twice
 #   trace2    `trace` on chat with the prompts run twice: first-use costs against steady ones
+#   retapfrom `trace` on chat with parked runs tapping their first 32 steps (the default), none
+#             and 8, then 32 again (policy_trace.py --retap-from)
 #   intake    a model drafter's call by the context rows it takes in (the prompt, a round's
 #             tokens, a parked run's), demo pair, dspark and dflash, chat, cap 4 and auto
 #             (benchmarks/drafter_intake.py)
@@ -253,6 +255,15 @@ for set in "$@"; do
       for suite in chat math; do
         step "policy_trace_$suite" 120 python3 benchmarks/policy_trace.py --modes dspark,dflash \
           --suite "$suite" --prompts 10 --json "$out/policy_trace_$suite.json"
+      done ;;
+    retapfrom)
+      # where parked runs stop tapping (RETAP_FROM, core/loop.py): the default 32, every step
+      # recomputed (0), 8, then 32 again; read the rounds after plain steps and their launch
+      i=0
+      for n in 32 0 8 32; do
+        i=$((i + 1))
+        step "trace_retap${i}_from_$n" 60 python3 benchmarks/policy_trace.py --modes dspark,dflash \
+          --suite chat --prompts 10 --retap-from "$n"
       done ;;
     retap)
       for suite in chat code; do
