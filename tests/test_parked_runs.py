@@ -7,6 +7,8 @@ in the same rows as when every step tapped."""
 
 from __future__ import annotations
 
+import time
+
 import mlx.core as mx
 import pytest
 from conftest import PROMPTS, fp32_close, plain_greedy
@@ -257,3 +259,47 @@ def test_outrider_retap_chooses_where_parked_runs_recompute_their_rows(monkeypat
     report = doctor.doctor_report()
     assert report["parked_taps"] is None
     assert any("OUTRIDER_RETAP" in p for p in report["problems"])
+
+
+def test_the_round_after_a_parked_run_is_timed_with_its_recompute(
+    qwen3_target, drafters, monkeypatch
+):
+    """A run's untapped rows are recomputed as the first work of the round that ends it (a
+    probe, a lookup copy), inside that round's timing: the policy weighs a probe by what it
+    cost, recompute included. Here the recompute is made to take 100 s of the loop's clock."""
+    seconds_after: list[tuple[bool, float]] = []  # (a recompute came first, the round's time)
+    recomputed = [False]
+
+    class Clock:  # the loop's `time` module: real time plus what recomputes "took"
+        extra = 0.0
+
+        @staticmethod
+        def perf_counter() -> float:
+            return time.perf_counter() + Clock.extra
+
+    retap = loop._retap
+
+    def slow_retap(*args) -> None:
+        Clock.extra += 100.0
+        recomputed[0] = True
+        retap(*args)
+
+    class Recording(RunsOfNine):
+        def observe(self, k: int, accepted: int, seconds: float) -> None:
+            if k > 0:
+                seconds_after.append((recomputed[0], seconds))
+                recomputed[0] = False
+            super().observe(k, accepted, seconds)
+
+    monkeypatch.setattr(loop, "AutoCap", Recording)
+    monkeypatch.setattr(loop, "time", Clock)
+    monkeypatch.setattr(loop, "_retap", slow_retap)
+    pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
+    pipe.retap_parked = 2
+    ids = pipe.encode(PROMPTS[0])
+    got = pipe.generate(ids, max_tokens=TOKENS, stop_tokens=set(), max_draft="auto")
+    assert got.tokens == plain_greedy(qwen3_target, ids, TOKENS)
+    after = [s for first, s in seconds_after if first]
+    others = [s for first, s in seconds_after if not first]
+    assert after and others  # runs of 9 ended by rounds, and rounds after rounds
+    assert min(after) >= 100.0 > max(others)

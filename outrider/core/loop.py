@@ -257,6 +257,9 @@ def decode(
             if row.wants_cancel():
                 yield Step("draft", [], 0, [], 0.0, "cancelled")
                 return
+            if row.untapped:  # what ended the parked run pays for them: timed with it
+                _retap(target, row, cache, row.untapped, tuple(row.proposer.tap_layer_ids))
+                row.untapped = []
             was_ahead = inflight is not None
             if was_ahead:
                 launched, inflight = inflight, None
@@ -428,8 +431,10 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
     proposer finds a lookup copy (`_copy_ready`); returns the steps taken.
 
     With `row.retap`, the steps past that many forward no taps: the proposer observes them
-    without rows, and where the run ends with the generation going on, `_retap` recomputes
-    their rows in one forward (`RETAP_FROM` says why)."""
+    without rows, and where the run ends with the generation going on, their tokens wait in
+    `row.untapped` for the next round, which first recomputes their rows in one forward
+    (`_retap`; `RETAP_FROM` says why). Timed with that round, the recompute is a cost of what
+    ended the run (a probe, a lookup copy), which the policy weighs."""
     tap_ids = tuple(row.proposer.tap_layer_ids)
     tapped = n  # forwards from this one on take no taps
     if (
@@ -487,8 +492,8 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
             yield from _handed(done, row.policy)
             if stop or last:
                 untapped = i + 1 - tapped  # the last forwards, of the tokens before the anchor
-                if untapped > 0 and not row.done:
-                    _retap(target, row, cache, row.history[-untapped - 1 : -1], tap_ids)
+                if untapped > 0 and not row.done:  # recomputed by the caller's next round
+                    row.untapped = row.history[-untapped - 1 : -1]
                 return i + 1
             cur, cur_taps = following
         return n

@@ -80,6 +80,7 @@ class Row:
     accept: list[float] = field(default_factory=list)  # per position, for the batch scheduler
     budget: ThinkBudget | None = None  # a reasoning budget (core/think_budget.py)
     retap: int | None = None  # parked steps past this many tap nothing (core/loop.py)
+    untapped: list[int] = field(default_factory=list)  # their tokens, rows not yet recomputed
 
     @property
     def done(self) -> bool:
