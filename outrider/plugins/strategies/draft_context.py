@@ -72,6 +72,12 @@ def visibility(
     return ok
 
 
+def ordered_positions(width: int, pads: list[int], dtype: mx.Dtype) -> mx.array:
+    """[R, width] the positions of columns still in order: a row's column c holds position c
+    less the row's left padding (its padding columns read negative)."""
+    return mx.arange(width, dtype=dtype)[None] - mx.array(pads, dtype=dtype)[:, None]
+
+
 def ordered_mask(
     offset: int, n_ctx: int, n: int, causal: bool, window: int | None
 ) -> mx.array | None:
@@ -210,9 +216,8 @@ class ContextRows:
             return
         kv = BatchKVCache(self.pads)
         if self.width:
-            pads = mx.array(self.pads, dtype=mx.float32)[:, None]
             kv.keys, kv.values = (
-                (mx.arange(self.width, dtype=mx.float32)[None] - pads)[:, None, :, None]
+                ordered_positions(self.width, self.pads, mx.float32)[:, None, :, None]
                 for _ in range(2)
             )  # two arrays: a cache writes its keys and values in place, one after the other
         kv._idx = self.width
@@ -245,9 +250,9 @@ class ContextRows:
         if where is not None and self.positions is None and self.track:
             self._start_positions()
         if self.positions is not None:
-            if where is None and length:
+            if where is None and length:  # one row, no padding: in order
                 where = tuple(
-                    mx.arange(length, dtype=mx.float32)[None, None, :, None] for _ in range(2)
+                    ordered_positions(length, [0], mx.float32)[:, None, :, None] for _ in range(2)
                 )
             row = row[:n] + [where]
         else:
@@ -398,9 +403,8 @@ class RowsLayerCache:
             else:
                 if call.positions is not None:  # [D, keys - n]
                     context = call.positions[:, 0, :, 0].astype(mx.int32)
-                else:  # in order (`ContextRows`): a column's index less the row's padding
-                    pads = mx.array(call.seen, dtype=mx.int32)[:, None]
-                    context = mx.arange(keys - n, dtype=mx.int32)[None] - pads
+                else:  # the columns are in order (`ContextRows`)
+                    context = ordered_positions(keys - n, call.seen, mx.int32)
                 positions = mx.concatenate([context, block], axis=-1)
                 # None only for a bidirectional, windowless layer, here because the limit bites
                 ok = visibility(block, positions, causal, window)
