@@ -258,8 +258,7 @@ def decode(
                 yield Step("draft", [], 0, [], 0.0, "cancelled")
                 return
             if row.untapped:  # what ended the parked run pays for them: timed with it
-                _retap(target, row, cache, row.untapped, tuple(row.proposer.tap_layer_ids))
-                row.untapped = []
+                _retap(target, row, cache)
             was_ahead = inflight is not None
             if was_ahead:
                 launched, inflight = inflight, None
@@ -504,12 +503,13 @@ def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
             row.policy.observe_restart(first)
 
 
-def _retap(
-    target: Target, row: Row, cache: list, tokens: list[int], tap_ids: tuple[int, ...]
-) -> None:
-    """Give the proposer the rows of a parked run's untapped steps: their positions are
-    dropped from the cache and `tokens` forwarded again with taps, as a prompt is. The cache
-    then holds what it held, its values recomputed in one forward (as a verify's rows are)."""
+def _retap(target: Target, row: Row, cache: list) -> None:
+    """Give the proposer the rows of a parked run's untapped steps (`row.untapped`): their
+    positions are dropped from the cache and their tokens forwarded again with taps, as a
+    prompt is. The cache then holds what it held, its values recomputed in one forward (as a
+    verify's rows are)."""
+    tokens, row.untapped = row.untapped, []
+    tap_ids = tuple(row.proposer.tap_layer_ids)
     target.rollback(cache, len(tokens))
     with mx.stream(target.stream):
         if len(tokens) <= PREFILL_CHUNK:  # one forward, nothing waited for
