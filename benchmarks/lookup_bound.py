@@ -33,6 +33,7 @@ import outrider  # noqa: E402, F401 - first: it picks MLX's CPU BLAS (core/blas.
 # isort: split
 from outrider.api import load  # noqa: E402
 from outrider.benchmark.suites import load_suite  # noqa: E402
+from outrider.core.acceptance import accept_greedy  # noqa: E402
 from outrider.plugins.strategies.lookup import NGramIndex  # noqa: E402
 
 Drafter = Callable[[list[int], list[int], int], list[int]]  # (context, answer ahead, cap)
@@ -70,10 +71,7 @@ def replay(answers: list[tuple[list[int], list[int]]], draft: Drafter, cap: int)
         i = 0
         while i < len(answer):
             drafts = draft(prompt + answer[:i], answer[i:], cap)
-            kept = next(
-                (k for k, (d, a) in enumerate(zip(drafts, answer[i:])) if d != a),
-                min(len(drafts), len(answer) - i),
-            )
+            kept = accept_greedy(answer[i:], drafts)
             step = min(kept + 1, len(answer) - i)  # the answer's end takes no correction
             i += step
             rounds += 1
