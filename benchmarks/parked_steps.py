@@ -1,12 +1,12 @@
 """What a parked plain step costs against plain decoding's own step, on the same prompts.
 
-`--max-draft auto` parks a drafter that does not pay and decodes plainly (`loop._plain_run`),
+`--max-draft auto` parks a drafter that does not pay and decodes plainly (`parked.plain_run`),
 but those steps still forward the drafter's tap layers, hand the taps to the drafter, look for
 a lookup copy and time themselves for the policy. Plain decoding (`loop._plain_steps`) does none
 of that. This runs, per prompt and interleaved (each arm first in turn): plain decoding (mode
 baseline), the mode with its policy held parked (every step a parked one), and the same with
 lookup copies off (and with `--every-step-taps`, the mode with every parked step tapped, as
-before parked runs recomputed their taps where they end: core/loop.py `RETAP_FROM`), and
+before parked runs recomputed their taps where they end: core/parked.py `RETAP_FROM`), and
 prints each arm's median time between steps. Then the target's forward
 alone, pipelined, without taps and with them dropped, held unevaluated or evaluated with each
 step (`--forwards`): what the taps cost the device.

@@ -13,7 +13,7 @@ and all, so the gap is in what surrounds the forward. Four arms, interleaved tri
 - `uncompiled`: the same with the target's own layers where it has compiled ones
   (core/compiled_layers.py; `mlx-lm` always runs its own);
 - `tapped` (with `--taps`): the `target` loop forwarding those tap layers too, each step's taps
-  kept unevaluated as a parked run hands them to its drafter (`loop._plain_run`).
+  kept unevaluated as a parked run hands them to its drafter (`parked.plain_run`).
 
 For the two bare loops it splits a step into building the graph (Python), `mx.async_eval`
 (MLX encodes and launches the kernels) and the wait for the token (`.item()`): where the wait

@@ -24,7 +24,8 @@ from .core.errors import (
 )
 from .core.events import Result
 from .core.logits import Penalties
-from .core.loop import begin_row, decode, prefill, retap_from
+from .core.loop import begin_row, decode, prefill
+from .core.parked import retap_from
 from .core.plugins import Plugins
 from .core.prefix_cache import GB, PrefixCache, Record
 from .core.proposer import Proposer
@@ -85,7 +86,7 @@ class Pipeline:
     schedule_batches: bool = True
     # greedy rounds of a proposer that guesses ahead are pipelined (core/loop.py `decode`)
     pipelined_rounds: bool = True
-    # a parked run's steps past this many forward no taps (core/loop.py; None: all tap)
+    # a parked run's steps past this many forward no taps (core/parked.py; None: all tap)
     retap_parked: int | None = field(default_factory=retap_from)
     scheduler: BatchScheduler | None = None  # the batches' scheduler and what it has cut
     # whether queueing a round ahead pays here, as timed so far (kept across calls)

@@ -112,8 +112,8 @@ def doctor_report() -> dict:
     except OutriderError as e:
         report["pipelined_rounds"] = None
         problems.append(str(e))
-    try:  # a long parked run's taps recomputed where it ends (core/loop.py `RETAP_FROM`)
-        from .core.loop import retap_from
+    try:  # a long parked run's taps recomputed where it ends (core/parked.py `RETAP_FROM`)
+        from .core.parked import retap_from
 
         past = retap_from()
         report["parked_taps"] = f"recomputed past {past} steps" if past else "every step"

@@ -257,7 +257,7 @@ for set in "$@"; do
           --suite "$suite" --prompts 10 --json "$out/policy_trace_$suite.json"
       done ;;
     retapfrom)
-      # where parked runs stop tapping (RETAP_FROM, core/loop.py): the default 32, every step
+      # where parked runs stop tapping (RETAP_FROM, core/parked.py): the default 32, every step
       # recomputed (0), 8, then 32 again; read the rounds after plain steps and their launch
       i=0
       for n in 32 0 8 32; do

@@ -1,8 +1,8 @@
 """Parked runs: `--max-draft auto` holding a drafter back takes pipelined plain steps inside a
-speculative generation (core/loop.py `_plain_run`). Whatever the policy picks, the tokens are
+speculative generation (core/parked.py `plain_run`). Whatever the policy picks, the tokens are
 plain greedy decoding's, the drafter's context stays complete, and the lookup copies a parked
 run finds are verified. A long run's steps past `retap` forward no taps; where the run ends, one
-forward of those tokens recomputes their rows for the drafter (`_retap`): the drafter must take
+forward of those tokens recomputes their rows for the drafter (`retap`): the drafter must take
 in the same rows as when every step tapped."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from test_schedule import PerStep
 
 import outrider
 from outrider import doctor
-from outrider.core import loop
+from outrider.core import loop, parked
 from outrider.core.device import on_cuda_gpu
 from outrider.core.errors import OutriderError
 from outrider.testing import OracleProposer, make_tiny_drafter
@@ -243,19 +243,19 @@ def test_outrider_retap_chooses_where_parked_runs_recompute_their_rows(monkeypat
     step, so recomputing rows never pays there. `on` and `off` force it; anything else is
     refused by name."""
     monkeypatch.delenv("OUTRIDER_RETAP", raising=False)
-    assert loop.retap_from() == (loop.RETAP_FROM if on_cuda_gpu() else None)
+    assert parked.retap_from() == (parked.RETAP_FROM if on_cuda_gpu() else None)
     assert outrider.Pipeline.__dataclass_fields__["retap_parked"].default_factory() == (
-        loop.retap_from()
+        parked.retap_from()
     )
     monkeypatch.setenv("OUTRIDER_RETAP", "on")
-    assert loop.retap_from() == loop.RETAP_FROM
-    assert doctor.doctor_report()["parked_taps"] == f"recomputed past {loop.RETAP_FROM} steps"
+    assert parked.retap_from() == parked.RETAP_FROM
+    assert doctor.doctor_report()["parked_taps"] == f"recomputed past {parked.RETAP_FROM} steps"
     monkeypatch.setenv("OUTRIDER_RETAP", "OFF")
-    assert loop.retap_from() is None
+    assert parked.retap_from() is None
     assert doctor.doctor_report()["parked_taps"] == "every step"
     monkeypatch.setenv("OUTRIDER_RETAP", "sometimes")
     with pytest.raises(OutriderError, match="OUTRIDER_RETAP must be auto, on or off"):
-        loop.retap_from()
+        parked.retap_from()
     report = doctor.doctor_report()
     assert report["parked_taps"] is None
     assert any("OUTRIDER_RETAP" in p for p in report["problems"])
@@ -277,7 +277,7 @@ def test_the_round_after_a_parked_run_is_timed_with_its_recompute(
         def perf_counter() -> float:
             return time.perf_counter() + Clock.extra
 
-    retap = loop._retap
+    retap = parked.retap
 
     def slow_retap(*args) -> None:
         Clock.extra += 100.0
@@ -293,7 +293,7 @@ def test_the_round_after_a_parked_run_is_timed_with_its_recompute(
 
     monkeypatch.setattr(loop, "AutoCap", Recording)
     monkeypatch.setattr(loop, "time", Clock)
-    monkeypatch.setattr(loop, "_retap", slow_retap)
+    monkeypatch.setattr(parked, "retap", slow_retap)
     pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
     pipe.retap_parked = 2
     ids = pipe.encode(PROMPTS[0])

@@ -7,7 +7,7 @@ import pytest
 from conftest import PROMPTS, plain_greedy
 
 import outrider
-from outrider.core import loop
+from outrider.core import loop, parked
 from outrider.core.calibration import Calibration
 from outrider.core.schedule import AutoCap
 
@@ -244,7 +244,7 @@ def test_parked_lookup_learns_acceptance_from_the_tokens_that_follow():
 
     earlier = list(range(100, 140))
     row, policy = parked_row([*earlier, 7, 100])
-    shadow = loop.Shadow(row)
+    shadow = parked.Shadow(row)
     for token in earlier[1:]:  # the text repeats what came before, token for token
         shadow.check(token)
         row.history.append(token)
@@ -254,12 +254,12 @@ def test_parked_lookup_learns_acceptance_from_the_tokens_that_follow():
     # it asks for host ids only (`propose_host`), never for a round's device array
     row, policy = parked_row([*earlier, 7, 100])
     row.proposer.propose = None  # a call would raise
-    shadow = loop.Shadow(row)
+    shadow = parked.Shadow(row)
     shadow.check(earlier[1])
     assert shadow.draft == earlier[1:9] and shadow.matched == 1
 
     row, policy = parked_row([*earlier, 7, 100])
-    shadow = loop.Shadow(row)
+    shadow = parked.Shadow(row)
     before = list(policy.accept)
     for token in range(500, 530):  # new text: the copy lookup drafts is wrong at once
         shadow.check(token)

@@ -5,7 +5,8 @@ one host-device sync (the accept count and committed tokens come back together).
 never drafts (baseline) gets the pipelined plain step mlx-lm uses, so baseline costs no more
 than mlx-lm's own generation.
 
-A round itself (draft, verify, accept, roll back, for any number of rows) is `core/round.py`'s;
+A round itself (draft, verify, accept, roll back, for any number of rows) is `core/round.py`'s,
+and the plain steps `--max-draft auto` takes while it parks a drafter are `core/parked.py`'s;
 this module prefills, decides between rounds and plain steps, and pipelines them.
 """
 
@@ -17,33 +18,18 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from . import parked
 from .ahead_gate import AheadGate
-from .device import on_cuda_gpu, retap_choice
 from .errors import Cancelled
 from .logits import Penalties, logprob_arrays, process_rows, read_logprobs, token_logprob
 from .prefix_cache import PrefixHit, Record
 from .proposer import DraftContext, Proposal, Proposer
 from .round import Launched, Row, Step, choose, launch_round, settle, teach
 from .sampling import KeyStream, SamplingParams
-from .schedule import AutoCap
+from .schedule import AutoCap, handed
 from .stopping import Stopper
-from .target import PREFILL_CHUNK, Target
+from .target import Target
 from .think_budget import ThinkBudget
-
-# A parked run's steps past this many forward no taps: where the run ends, one forward of those
-# tokens recomputes their rows for the drafter (`_plain_run`). On a CUDA GPU a small target's
-# plain step is bound by the host (benchmarks/plain_step.py: the device waited 2 µs a step on an
-# H100), and the taps' wrappers and join made the demo target's step 3% slower; the recompute
-# costs about a step, so it pays from a few dozen untapped steps on. On the CPU every row of a
-# forward costs, so never there (OUTRIDER_RETAP, core/device.py).
-RETAP_FROM = 32
-
-
-def retap_from() -> int | None:
-    """RETAP_FROM where a parked run's taps are cheaper recomputed (a CUDA GPU, or
-    OUTRIDER_RETAP=on), else None."""
-    choice = retap_choice()
-    return RETAP_FROM if choice == "on" or (choice == "auto" and on_cuda_gpu()) else None
 
 
 @dataclass
@@ -202,7 +188,7 @@ def decode(
     `budget` (core/think_budget.py) closes the model's thinking after that many tokens.
 
     `retap`: a parked run's steps past this many forward no taps, their rows recomputed where
-    the run ends (`_plain_run`; None: every step taps, as on the CPU).
+    the run ends (`parked.plain_run`; None: every step taps, as on the CPU).
 
     This is a batch of one row: the rounds are `verify_round`'s, as for a `Batch` of many.
     """
@@ -258,7 +244,7 @@ def decode(
                 yield Step("draft", [], 0, [], 0.0, "cancelled")
                 return
             if row.untapped:  # what ended the parked run pays for them: timed with it
-                _retap(target, row, cache)
+                parked.retap(target, row, cache)
             was_ahead = inflight is not None
             if was_ahead:
                 launched, inflight = inflight, None
@@ -269,19 +255,19 @@ def decode(
                     # pipelined plain steps until the budget fires or the answer ends (where
                     # the cache can drop the step queued past the cut; elsewhere one-token
                     # rounds, which a cut never rolls back)
-                    yield from _plain_run(target, row, cache, row.stopper.remaining)
+                    yield from parked.plain_run(target, row, cache, row.stopper.remaining)
                     after_plain, dropped = True, False
                     continue
                 if policy is not None and not row.closing:
                     policy.context = len(row.history)
                     k = policy.choose(max(0, min(cap_limit, stopper.remaining - 1)))
                     if k == 0 and pipelinable:
-                        if not _copy_ready(row):
+                        if not parked.copy_ready(row):
                             # parked: pipelined plain steps until the next probe, or until the
                             # text turns out to copy itself (then a round verifies the copy,
                             # drafter or not)
                             n = policy.plain_run(stopper.remaining)
-                            taken = yield from _plain_run(target, row, cache, n)
+                            taken = yield from parked.plain_run(target, row, cache, n)
                             policy.plain_unused(n - taken)
                             after_plain, dropped = True, False
                             continue
@@ -325,7 +311,7 @@ def decode(
                 if not after_plain and queued == (began != "alone"):
                     gate.timed(began, seconds)
             dropped, after_plain = queued and not held, False
-            yield from _handed(step, policy)
+            yield from handed(step, policy)
     finally:
         if inflight is not None:  # stopped with a round in flight: the cache drops it
             target.rollback(cache, inflight.width)
@@ -405,158 +391,6 @@ def _ahead_holds(row: Row, step: Step, current: Launched, ahead: Launched) -> bo
         return False
     anchor = ahead.anchors[0]
     return isinstance(anchor, mx.array) or row.anchor == anchor
-
-
-def _copy_ready(row: Row) -> bool:
-    """Whether the row's proposer holds a lookup copy of the text worth a round now (asked
-    while `auto` has parked the drafter; see `Proposer`): one it would verify, and, under a
-    cap policy, one whose expected tokens (the proposer's `copy_rate` of its drafts) pay for
-    the round and for breaking the plain steps (`AutoCap.copy_pays`)."""
-    ready = getattr(row.proposer, "copy_ready", None)
-    if ready is None or not row.long_copies:
-        return False
-    drafts = ready(row.history, max(0, row.stopper.remaining - 1))
-    if not drafts or row.policy is None:
-        return bool(drafts)
-    rate = getattr(row.proposer, "copy_rate", None)
-    return rate is None or row.policy.copy_pays(int(drafts), 1.0 + rate * drafts)
-
-
-def _plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
-    """Up to n plain steps inside a speculative generation, pipelined as `_plain_steps` (the
-    next forward is queued before the current token is read). Each forwarded token's taps go
-    to the proposer and the record, and the cache ends holding the history but its anchor,
-    as after a round, so drafting resumes where these steps stop. They stop early where the
-    proposer finds a lookup copy (`_copy_ready`); returns the steps taken.
-
-    With `row.retap`, the steps past that many forward no taps: the proposer observes them
-    without rows, and where the run ends with the generation going on, their tokens wait in
-    `row.untapped` for the next round, which first recomputes their rows in one forward
-    (`_retap`; `RETAP_FROM` says why). Timed with that round, the recompute is a cost of what
-    ended the run (a probe, a lookup copy), which the policy weighs."""
-    tap_ids = tuple(row.proposer.tap_layer_ids)
-    tapped = n  # forwards from this one on take no taps
-    if (
-        tap_ids
-        and row.retap is not None
-        and row.record is None  # a prefix-cache record holds every step's rows as it goes
-        and target.trims  # the untapped positions are dropped and forwarded again
-        and hasattr(row.proposer, "add_rows")
-    ):
-        tapped = row.retap
-
-    def step(y: mx.array, j: int) -> tuple[mx.array, mx.array | None]:
-        taps_now = tap_ids if j < tapped else ()
-        with mx.stream(target.stream):
-            logits, taps = target.forward(y.reshape(1).astype(mx.uint32), cache, taps_now)
-            nxt = choose(logits[-1], row.sampling, row.keys)
-        mx.async_eval(nxt)
-        return nxt, taps
-
-    shadow = Shadow(row) if getattr(row.proposer, "drafts_on_host", False) else None
-    cur, cur_taps = step(mx.array([row.anchor], dtype=mx.uint32), 0)
-    timed: list[float] = []  # each step's seconds, told to the policy when the run ends
-    first: float | None = None  # the first step's, told apart (`AutoCap.observe_restart`)
-    try:
-        for i in range(n):
-            t = time.perf_counter()
-            last = i == n - 1
-            if i and row.wants_cancel():
-                row.stopper.finish_reason = "cancelled"
-                yield Step("plain", [], 0, [], 0.0, "cancelled")
-                return i
-            if not last:
-                following = step(cur, i + 1)  # queued before cur is read
-            token = cur.item()
-            closed = False
-            if row.budget is not None:  # where it fires, its closing takes this token's place
-                (token,), closed = row.budget.close([token])
-            row.proposer.observe(0, cur_taps)
-            if row.record is not None:
-                row.record.grow(1, cur_taps)
-            if shadow is not None:
-                shadow.check(token)
-            row.history.append(token)
-            row.anchor = token
-            kept = row.stopper.feed([token])
-            seconds = time.perf_counter() - t
-            if row.policy is not None and not closed:
-                timed.append(seconds)
-                if i == 0:  # waited for a forward launched just now, not a step ago
-                    first = seconds
-            stop = row.done or closed or (not last and _copy_ready(row))
-            if stop and not last:
-                target.rollback(cache, 1)  # the forward queued past where these steps end
-            done = Step("plain", [], 0, kept, seconds, row.stopper.finish_reason, closed=closed)
-            yield from _handed(done, row.policy)
-            if stop or last:
-                untapped = i + 1 - tapped  # the last forwards, of the tokens before the anchor
-                if untapped > 0 and not row.done:  # recomputed by the caller's next round
-                    row.untapped = row.history[-untapped - 1 : -1]
-                return i + 1
-            cur, cur_taps = following
-        return n
-    finally:
-        if timed:
-            row.policy.observe_plain(timed)
-        if first is not None:
-            row.policy.observe_restart(first)
-
-
-def _retap(target: Target, row: Row, cache: list) -> None:
-    """Give the proposer the rows of a parked run's untapped steps (`row.untapped`): their
-    positions are dropped from the cache and their tokens forwarded again with taps, as a
-    prompt is. The cache then holds what it held, its values recomputed in one forward (as a
-    verify's rows are)."""
-    tokens, row.untapped = row.untapped, []
-    tap_ids = tuple(row.proposer.tap_layer_ids)
-    target.rollback(cache, len(tokens))
-    with mx.stream(target.stream):
-        if len(tokens) <= PREFILL_CHUNK:  # one forward, nothing waited for
-            _, taps = target.forward(mx.array(tokens, dtype=mx.uint32), cache, tap_ids)
-        else:
-            _, taps = target.prefill(tokens, cache, tap_ids)
-        # Scheduled now, on its own, cache writes and all: left lazy, the layers past the
-        # deepest tap were computed at the head of the next round's verify, whose kernels then
-        # fell into other CUDA graphs than a steady round's, made anew (the round after a
-        # parked run launched in 7-14 ms against 2.7 on an H100; `BlockProposer._forward`
-        # schedules its catch-up's join apart for the same reason)
-        mx.async_eval(taps, [c.state for c in cache])
-    row.proposer.add_rows(taps)
-
-
-def _handed(step: Step, policy: AutoCap | None) -> Iterator[Step]:
-    """Yield `step`, and tell the policy how long the caller kept it (`observe_outside`)."""
-    t = time.perf_counter()
-    yield step
-    if policy is not None:
-        policy.observe_outside(time.perf_counter() - t)
-
-
-class Shadow:
-    """Drafts a host proposer would make during parked plain steps, checked as the tokens
-    arrive and never verified: what the auto policy learns acceptance from while parked."""
-
-    def __init__(self, row: Row) -> None:
-        self.row = row
-        self.draft: list[int] = []
-        self.matched = 0
-
-    def check(self, token: int) -> None:
-        """`token` follows the history: score the pending draft, or draft anew from here."""
-        if not self.draft:  # draft what would follow the history's last token
-            ctx = DraftContext(self.row.history, self.row.policy.ceiling, self.row.sampling)
-            host = getattr(self.row.proposer, "propose_host", None)
-            drafts = host(ctx) if host is not None else self.row.proposer.propose(ctx).host
-            self.draft, self.matched = list(drafts or []), 0
-            if not self.draft:
-                return
-        if token == self.draft[self.matched]:
-            self.matched += 1
-            if self.matched < len(self.draft):
-                return
-        self.row.policy.observe_unverified(len(self.draft), self.matched)
-        self.draft = []
 
 
 def _plain_steps(

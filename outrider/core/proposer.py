@@ -97,8 +97,8 @@ class Proposer(Protocol):
 
     A proposer with taps may offer `add_rows(taps)`: the rows of tokens it has already
     observed without them (`observe(0, None)`), computed later in one forward. A long parked
-    run on a GPU then forwards no taps and recomputes them where it ends (`core/loop.py`,
-    `_plain_run`), since there a step's time is the host's and the taps' join costs ~3% of a
+    run on a GPU then forwards no taps and recomputes them where it ends (`core/parked.py`,
+    `plain_run`), since there a step's time is the host's and the taps' join costs ~3% of a
     small target's step.
 
     A proposer that learns as it goes may offer `snapshot() -> dict`: what it has learnt, for a

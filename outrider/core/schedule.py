@@ -61,9 +61,14 @@ batch's one padded forward for. Whether a greedy round is queued behind the one 
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .round import Step
 
 EMA = 0.25  # weight of the newest cost measurement
 OUTLIER = 2.0  # a timed round counts as at most this factor off the running estimate
@@ -501,3 +506,11 @@ def learn_acceptance(
         # left at cap 1 would stay there on easy text). Lift it a little, as a hit at a
         # quarter of the weight; the wider rounds this buys teach the truth there.
         accept[k] += OPTIMISM * weight * (1.0 - accept[k])
+
+
+def handed(step: Step, policy: AutoCap | None) -> Iterator[Step]:
+    """Yield `step`, and tell the policy how long the caller kept it (`observe_outside`)."""
+    t = time.perf_counter()
+    yield step
+    if policy is not None:
+        policy.observe_outside(time.perf_counter() - t)
