@@ -14,6 +14,9 @@
 #   bars      issue 13's oracle bars, 8B 4-bit and bf16 at caps 2 and 4, with the defaults
 #   launches  the fused attention and grouped projections against the paths they replace,
 #             in one process each (docs/performance.md, "Fewer launches")
+#   barslayers the bf16 oracle bar (cap 4) with compiled layers off and on (the default), in
+#             turn, twice: a 5-row bf16 verify read 20 ms on an H200 in the 49th session, 12 in
+#             the 44th, before layers ran compiled
 #   softmax   the 8B 4-bit oracle with OUTRIDER_ATTENTION_KERNELS=softmax (an A/B for `bars`)
 #   demo      issue 13's demo-pair bar: every mode with `--max-draft auto`, three suites
 #   batch     issue 12's batching bar: 32 requests, 8 at a time, against one at a time
@@ -60,8 +63,8 @@
 #   ablookup  lookup mode with `--max-draft auto` (its copies by match kind), demo target,
 #             three suites: each ab/<hash> tree (carry "ab") and this tree, alternating, twice
 #   trace2    `trace` on chat with the prompts run twice: first-use costs against steady ones
-#   retapfrom `trace` on chat with parked runs tapping their first 32 steps (the default), none
-#             and 8, then 32 again (policy_trace.py --retap-from)
+#   retapfrom `trace` on chat with parked runs tapping their first 32 steps, none and 8 (the
+#             default), then 32 again (policy_trace.py --retap-from)
 #   intake    a model drafter's call by the context rows it takes in (the prompt, a round's
 #             tokens, a parked run's), demo pair, dspark and dflash, chat, cap 4 and auto
 #             (benchmarks/drafter_intake.py)
@@ -116,7 +119,7 @@ demo_bench() {  # demo_bench NAME SECONDS MODES [ENV=VALUE...]: issue 13's demo 
 export PYTHONUNBUFFERED=1
 loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 # every set the dispatch below runs, in one list: a wrong name fails before anything runs
-sets="warmup bars softmax launches demo batch turn5 turn5q qprefill ttft steps phases turn5ab qmid
+sets="warmup bars barslayers softmax launches demo batch turn5 turn5q qprefill ttft steps phases turn5ab qmid
   rowtests gemm turn5cold timeline abtimeline served phases06b abrollback moves timeline06b trace
   trace2 abtrace parked intake ablookup plainstep retap retapab retapfrom compiled layers layers8b
   layersdemo merged drafters"
@@ -137,6 +140,13 @@ for set in "$@"; do
         --json "$out/loop_8b_4bit.json"
       step loop_8b_bf16 180 $loop --dtypes bf16 --caps 2,4 --trials 3 --new-tokens 128 \
         --json "$out/loop_8b_bf16.json" ;;
+    barslayers)
+      i=0
+      for arm in off auto off auto; do
+        i=$((i + 1))
+        step "loop_8b_bf16_layers${i}_$arm" 110 env OUTRIDER_COMPILED_LAYERS=$arm $loop \
+          --dtypes bf16 --caps 4 --trials 3 --new-tokens 128 --json "$out/loop_8b_bf16_layers${i}_$arm.json"
+      done ;;
     softmax)
       step loop_8b_4bit_softmax 120 env OUTRIDER_ATTENTION_KERNELS=softmax $loop \
         --dtypes 4bit --caps 2,4 --trials 3 --new-tokens 128 \
@@ -257,8 +267,8 @@ for set in "$@"; do
           --suite "$suite" --prompts 10 --json "$out/policy_trace_$suite.json"
       done ;;
     retapfrom)
-      # where parked runs stop tapping (RETAP_FROM, core/parked.py): the default 32, every step
-      # recomputed (0), 8, then 32 again; read the rounds after plain steps and their launch
+      # where parked runs stop tapping (RETAP_FROM, core/parked.py): 32, every step recomputed
+      # (0), 8 (the default), then 32 again; read the rounds after plain steps and their launch
       i=0
       for n in 32 0 8 32; do
         i=$((i + 1))

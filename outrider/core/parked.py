@@ -24,10 +24,13 @@ from .target import PREFILL_CHUNK, Target
 # A parked run's steps past this many forward no taps: where the run ends, one forward of those
 # tokens recomputes their rows for the drafter (`plain_run`). On a CUDA GPU a small target's
 # plain step is bound by the host (benchmarks/plain_step.py: the device waited 2 µs a step on an
-# H100), and the taps' wrappers and join made the demo target's step 3% slower; the recompute
-# costs about a step, so it pays from a few dozen untapped steps on. On the CPU every row of a
-# forward costs, so never there (OUTRIDER_RETAP, core/device.py).
-RETAP_FROM = 32
+# H100), and the taps' wrappers made the demo target's step 3% slower; the rows of the tapped
+# steps are joined where drafting resumes, a few copy kernels a step, inside that round. On an
+# H200 the first round after a run took a median 22.8 ms with 32 tapped steps against 10.5 with
+# 8 and 8.8 with none (docs/performance.md, "Where parked runs stop tapping"); below 8 steps a
+# run costs no recompute at all. On the CPU every row of a forward costs, so never there
+# (OUTRIDER_RETAP, core/device.py).
+RETAP_FROM = 8
 
 
 def retap_from() -> int | None:
