@@ -11,6 +11,10 @@
 Every outrider run is checked token for token against the baseline (lossless); a mismatch
 fails the run. Prints a table; --json writes the numbers.
 
+`x plain` is the oracle's median over baseline's median, each from its own trials; `x pair`
+is the median over trials of the oracle's tokens/s over a baseline run made just before it,
+so a host whose speed drifts between the two sets of trials moves both alike.
+
     python benchmarks/loop_efficiency.py --shapes 0.6b,8b --dtypes bf16,4bit --caps 1,2,4,8
 
 `--pipelined both` times each cap with pipelined rounds (the default: the next round queued
@@ -308,9 +312,15 @@ def run(
         ref_k = oracle_reference(target, prompt, reference, k, n, ties)
         t_draft = draft_seconds(ref_k, prompt, k)
         cells = {p: {"tps": [], "eff": [], "tv": [], "ties": list(ties), "steady": [], "s_eff": [],
-                    "acceptance": [], "reruns": 0, "tv1": []}
+                    "acceptance": [], "reruns": 0, "tv1": [], "paired": []}
                  for p in arms}  # fmt: skip
+        paired_base = []  # a baseline run before each trial's arms: the ratio `x pair` reads
         for _ in range(trials):  # the arms take turns trial by trial, so noise hits both
+            base = outrider_timed(target, PlainProposer(), prompt, n, 0)
+            compare_or_tie(
+                target, prompt, base.result.tokens, reference, "baseline", row["baseline_fp_ties"]
+            )
+            paired_base.append(base.tps)
             for pipelined in arms:
                 cell = cells[pipelined]
                 for attempt in range(TIE_RERUNS + 1):
@@ -332,6 +342,7 @@ def run(
                 cell["s_eff"].append(timed.steady_tps / ideal)
                 cell["tv"].append(t_verify)
                 cell["tv1"].append(t_one)
+                cell["paired"].append(timed.tps / base.tps)
                 cell["acceptance"].append(
                     sum(r.accepted for r in res.rounds)
                     / max(sum(len(r.drafted) for r in res.rounds), 1)
@@ -355,6 +366,9 @@ def run(
                     "reruns": cell["reruns"],
                     "fp_ties": cell["ties"],
                     "trials_tps": cell["tps"],
+                    # each trial over the baseline run made just before it
+                    "paired_ratio": median(cell["paired"]),
+                    "paired_baseline_tps": paired_base,
                 }
             )
     del target
@@ -410,12 +424,13 @@ def main() -> None:
                 f"own first run diverges at: {row['mlx_lm_self_divergence']}"
             )
             print(
-                f"{'cap':>4} {'pipe':>4} {'tok/s':>9} {'x plain':>7} {'ideal':>9} {'eff':>6} {'t_verify ms':>11} {'w/1':>5} {'t_draft ms':>10} {'accept':>7} {'steady':>8} {'s-eff':>6} ties reruns"
+                f"{'cap':>4} {'pipe':>4} {'tok/s':>9} {'x plain':>7} {'x pair':>6} {'ideal':>9} {'eff':>6} {'t_verify ms':>11} {'w/1':>5} {'t_draft ms':>10} {'accept':>7} {'steady':>8} {'s-eff':>6} ties reruns"
             )
             for o in row["oracle"]:
                 print(
                     f"{o['cap']:>4} {'on' if o['pipelined'] else 'off':>4} "
                     f"{o['decode_tps']:>9.1f} {o['decode_tps'] / row['baseline_tps']:>7.2f} "
+                    f"{o['paired_ratio']:>6.2f} "
                     f"{o['ideal_tps']:>9.1f} "
                     f"{o['efficiency']:>6.3f} {o['t_verify_ms']:>11.2f} "
                     f"{o['t_verify_ms'] / o['t_verify_1_ms']:>5.2f} {o['t_draft_ms']:>10.3f} "
