@@ -56,7 +56,7 @@ def copy_ready(row: Row) -> bool:
 
 
 def plain_run(target: Target, row: Row, cache: list, n: int) -> Iterator[Step]:
-    """Up to n plain steps inside a speculative generation, pipelined as `_plain_steps` (the
+    """Up to n plain steps inside a speculative generation, pipelined as `loop._plain_steps` (the
     next forward is queued before the current token is read). Each forwarded token's taps go
     to the proposer and the record, and the cache ends holding the history but its anchor,
     as after a round, so drafting resumes where these steps stop. They stop early where the
