@@ -137,7 +137,7 @@ RETAP_ENV = "OUTRIDER_RETAP"
 
 def retap_choice() -> str:
     """OUTRIDER_RETAP: `auto` (the default) lets a long parked run on a CUDA GPU forward no
-    taps past its first steps and recompute them in one forward where it ends (core/loop.py
+    taps past its first steps and recompute them in one forward where it ends (core/parked.py
     `RETAP_FROM`); `on` does so on any device; `off` taps every step."""
     choice = os.environ.get(RETAP_ENV, "auto").strip().lower()
     if choice not in ("auto", "on", "off"):

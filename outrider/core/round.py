@@ -79,7 +79,7 @@ class Row:
     long_copies: bool = True  # a lookup copy may run past the cap (false: the cap was given)
     accept: list[float] = field(default_factory=list)  # per position, for the batch scheduler
     budget: ThinkBudget | None = None  # a reasoning budget (core/think_budget.py)
-    retap: int | None = None  # parked steps past this many tap nothing (core/loop.py)
+    retap: int | None = None  # parked steps past this many tap nothing (core/parked.py)
     untapped: list[int] = field(default_factory=list)  # their tokens, rows not yet recomputed
 
     @property

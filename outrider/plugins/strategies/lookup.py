@@ -89,7 +89,7 @@ class LookupProposer:
     While `--max-draft auto` has parked speculation, a parked run asks after every plain step
     whether a copy is ready (`copy_ready`) and what share of it should hold (`copy_rate`, by
     the kind of match that found it), and verifies it when its expected tokens pay for the
-    round (core/loop.py `_copy_ready`): rounds go to the long matches that keep their drafts,
+    round (core/parked.py `copy_ready`): rounds go to the long matches that keep their drafts,
     not to the one-token matches that mostly do not. Every continuation drafted is checked
     against the tokens that follow it, verified or not, and teaches `MatchRates`."""
 
@@ -121,7 +121,7 @@ class LookupProposer:
 
     def propose_host(self, ctx: DraftContext) -> list[int]:
         """`propose`'s drafts as host ids, without the device array a round needs (what a
-        parked `auto` checks after every plain step, core/loop.py `Shadow`)."""
+        parked `auto` checks after every plain step, core/parked.py `Shadow`)."""
         return self._drafted(ctx.tokens, ctx.cap)[1]
 
     def copy_ready(self, tokens: list[int], room: int) -> int:

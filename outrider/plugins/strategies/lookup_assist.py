@@ -110,7 +110,7 @@ class LookupAssist:
     def copy_ready(self, tokens: list[int], room: int) -> int:
         """The drafts of the lookup copy a round at cap 1 would verify at `tokens`' end (at
         most `room`), 0 when none would: what a parked `auto` asks after each plain step
-        (core/loop.py), which then weighs the copy's expected tokens (`copy_rate`) against
+        (core/parked.py), which then weighs the copy's expected tokens (`copy_rate`) against
         what breaking its plain steps costs."""
         copy = self._copy(tokens, room)
         return len(copy) if self._wins(copy, 1, room) else 0
