@@ -8,7 +8,10 @@ fused attention kernels (`softmax`: bucketed attention around the softmax kernel
 plugins/targets/fused_attention.py), outrider's matmul-softmax-matmul (`matmul`: `matmul_attention`, the query
 heads of a KV head stacked as rows), the same with the keys broadcast over those heads instead
 (`broadcast`, its form until 2026-12-04), and none at all (`none`: the projections, norms and
-head alone; wrong logits, timing only). Median ms per forward.
+head alone; wrong logits, timing only). `uncompiled` is `native` with the layers' own path
+in place of their compiled parts where loading compiled them (core/compiled_layers.py, a CUDA
+GPU by default); `matmul`, `broadcast` and `none` run the layers' own path too. Median ms per
+forward.
 
 Part 2 (--sdpa): 36 layers' `mx.fast.scaled_dot_product_attention` alone with Qwen3-8B's heads
 (32 query, 8 key/value, dim 128, bf16; `--heads` for others), the key length fixed or growing
@@ -23,6 +26,8 @@ long context's cost sits in. Median ms, and the first call's in brackets.
     python benchmarks/verify_forward_ablation.py --sdpa --contexts 4224 --widths 97 \
         --heads 64,8,64 --kinds causal,matmul,qk,qk+softmax  # where that attention's time goes
     python benchmarks/verify_forward_ablation.py --sdpa
+    python benchmarks/verify_forward_ablation.py --shape 8b --dtypes bf16,4bit --contexts 256 \
+        --widths 1,3,5,8 --hows native,uncompiled  # what compiled layers do to each width
 
 Receipts (H200): docs/receipts/verify_forward_ablation_h200.txt,
 docs/receipts/attention_key_lengths_h200.txt.
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -44,6 +50,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 
+from outrider.core import compiled_layers
 from outrider.plugins.targets.attention_forms import (
     Buckets,
     bucketed_attention,
@@ -55,7 +62,7 @@ from outrider.plugins.targets.verify_attention import ChunkedAttention
 sys.path.insert(0, str(Path(__file__).parent))
 
 WIDTHS = (1, 2, 5, 8, 16, 64)
-HOWS = ("native", "softmax", "broadcast", "matmul", "none")
+HOWS = ("native", "uncompiled", "softmax", "broadcast", "matmul", "none")
 BUCKETS: dict[Any, Any] = {}  # one per kind, as one per wrapped model
 
 
@@ -117,35 +124,49 @@ def forwards(
 
     for dtype in dtypes:
         target = make_target(shape, dtype)
-        layers = target.family.layers(target.model)
+        # the layers themselves, behind any compiled parts (whose trace reads the attention's
+        # projections, so every how but native and softmax runs the layers' own path)
+        layers = [
+            layer.layer if isinstance(layer, compiled_layers.CompiledLayer) else layer
+            for layer in target.family.layers(target.model)
+        ]
         own = [layer.self_attn for layer in layers]
         fused = {id(a.buckets): a.buckets.fused for a in own if getattr(a, "buckets", None)}
         for ctx in contexts:
             for how in hows:
                 for layer, attention in zip(layers, own):
-                    native = how in ("native", "softmax")
+                    native = how in ("native", "uncompiled", "softmax")
                     layer.self_attn = attention if native else Ablated(attention, how)
                     kept = getattr(attention, "buckets", None)
                     if kept is not None:  # softmax: bucketed attention without fused kernels
                         kept.fused = None if how == "softmax" else fused[id(kept)]
                 cache = target.make_cache()
                 mx.eval(target.forward(mx.arange(10, 10 + ctx, dtype=mx.uint32), cache)[0])
-                row = []
-                for w in widths:
-                    times = []
-                    for r in range(reps):
-                        ids = mx.arange(100 + r, 100 + r + w, dtype=mx.uint32)
-                        mx.synchronize()
-                        t0 = time.perf_counter()
-                        mx.eval(target.forward(ids, cache)[0])
-                        mx.synchronize()
-                        times.append((time.perf_counter() - t0) * 1e3)
-                        target.rollback(cache, w - 1)  # one position more each call
-                    timed = times[1:] or times  # the first call builds kernels
-                    row.append(f"w{w} {median(timed):6.2f}")
-                print(f"{shape} {dtype} ctx {ctx} {how:7s}: " + "  ".join(row), flush=True)
+                compiled = how in ("native", "softmax")
+                layers_own = nullcontext if compiled else compiled_layers.bypassed
+                with layers_own(target.model):
+                    row = timed_widths(target, cache, widths, reps)
+                print(f"{shape} {dtype} ctx {ctx} {how:10s}: " + "  ".join(row), flush=True)
         for layer, attention in zip(layers, own):
             layer.self_attn = attention
+
+
+def timed_widths(target: Any, cache: Any, widths: tuple[int, ...], reps: int) -> list[str]:
+    """Each width's median ms a forward over `cache`, the key length one more each call."""
+    row = []
+    for w in widths:
+        times = []
+        for r in range(reps):
+            ids = mx.arange(100 + r, 100 + r + w, dtype=mx.uint32)
+            mx.synchronize()
+            t0 = time.perf_counter()
+            mx.eval(target.forward(ids, cache)[0])
+            mx.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+            target.rollback(cache, w - 1)  # one position more each call
+        timed = times[1:] or times  # the first call builds kernels (and a width's trace)
+        row.append(f"w{w} {median(timed):6.2f}")
+    return row
 
 
 def attention(kind: str, q: mx.array, k: mx.array, v: mx.array, s: int) -> mx.array:

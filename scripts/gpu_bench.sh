@@ -14,9 +14,10 @@
 #   bars      issue 13's oracle bars, 8B 4-bit and bf16 at caps 2 and 4, with the defaults
 #   launches  the fused attention and grouped projections against the paths they replace,
 #             in one process each (docs/performance.md, "Fewer launches")
-#   barslayers the bf16 oracle bar (cap 4) with compiled layers off and on (the default), in
-#             turn, twice: a 5-row bf16 verify read 20 ms on an H200 in the 49th session, 12 in
-#             the 44th, before layers ran compiled
+#   barslayers each verify width of the 8B shapes compiled and not (verify_forward_ablation.py
+#             --hows native,uncompiled), then the bf16 oracle bar (cap 4) with compiled layers off
+#             and on (the default), in turn, twice: a 5-row bf16 verify read 20 ms on an H200
+#             in the 49th session, 12 in the 44th, before layers ran compiled
 #   softmax   the 8B 4-bit oracle with OUTRIDER_ATTENTION_KERNELS=softmax (an A/B for `bars`)
 #   demo      issue 13's demo-pair bar: every mode with `--max-draft auto`, three suites
 #   batch     issue 12's batching bar: 32 requests, 8 at a time, against one at a time
@@ -119,8 +120,8 @@ demo_bench() {  # demo_bench NAME SECONDS MODES [ENV=VALUE...]: issue 13's demo 
 export PYTHONUNBUFFERED=1
 loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 # every set the dispatch below runs, in one list: a wrong name fails before anything runs
-sets="warmup bars barslayers softmax launches demo batch turn5 turn5q qprefill ttft steps phases turn5ab qmid
-  rowtests gemm turn5cold timeline abtimeline served phases06b abrollback moves timeline06b trace
+sets="warmup bars barslayers softmax launches demo batch turn5 turn5q qprefill ttft steps phases
+  turn5ab qmid rowtests gemm turn5cold timeline abtimeline served phases06b abrollback moves timeline06b trace
   trace2 abtrace parked intake ablookup plainstep retap retapab retapfrom compiled layers layers8b
   layersdemo merged drafters"
 for set in "$@"; do
@@ -141,11 +142,15 @@ for set in "$@"; do
       step loop_8b_bf16 180 $loop --dtypes bf16 --caps 2,4 --trials 3 --new-tokens 128 \
         --json "$out/loop_8b_bf16.json" ;;
     barslayers)
+      # each verify width with compiled layers and with the layers' own, in one process
+      step verify_widths_layers 150 python3 benchmarks/verify_forward_ablation.py --shape 8b \
+        --dtypes bf16,4bit --contexts 256 --widths 1,3,5,8 --hows native,uncompiled,native --reps 9
       i=0
       for arm in off auto off auto; do
         i=$((i + 1))
         step "loop_8b_bf16_layers${i}_$arm" 110 env OUTRIDER_COMPILED_LAYERS=$arm $loop \
-          --dtypes bf16 --caps 4 --trials 3 --new-tokens 128 --json "$out/loop_8b_bf16_layers${i}_$arm.json"
+          --dtypes bf16 --caps 4 --trials 3 --new-tokens 128 \
+          --json "$out/loop_8b_bf16_layers${i}_$arm.json"
       done ;;
     softmax)
       step loop_8b_4bit_softmax 120 env OUTRIDER_ATTENTION_KERNELS=softmax $loop \
