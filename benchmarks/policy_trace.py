@@ -6,8 +6,9 @@ step at that context, and for every drafting round its cap, the drafts kept, its
 the calibrated round, and the live scales the policy held after it. Then prints where the
 policy's plain-step and drafting-round costs sat against the medians of what the steps took,
 and plain decoding's own steps (mode baseline) for comparison, and where the drafting rounds after
-a prefill or plain steps spent their time against the rest (`Step.phases`: launching the
-round, queueing the next, waiting for the result, the host's work after).
+a prefill or plain steps spent their time against the rest (`Step.phases`: recomputing the
+rows of a parked run's untapped steps, launching the round, queueing the next, waiting for the
+result, the host's work after).
 
     python benchmarks/policy_trace.py --modes dspark,dflash --suite chat --prompts 10 \
         --json trace.json

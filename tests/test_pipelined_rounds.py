@@ -419,7 +419,9 @@ def test_each_round_says_where_its_time_went(target, qwen3_target, monkeypatch):
     pipe = outrider.pipeline_from_parts(target, proposer, proposer.name, max_draft=2)
     steps = [c.step for c in pipe.stream(ids, max_tokens=30, stop_tokens=set())]
     rounds = [s for s in steps if s.source == "draft"]
-    assert rounds and all(set(s.phases) == {"launch", "ahead", "wait", "after"} for s in rounds)
+    phases = {"recompute", "launch", "ahead", "wait", "after"}
+    assert rounds and all(set(s.phases) == phases for s in rounds)
+    assert all(s.phases["recompute"] == 0.0 for s in rounds)  # no parked run to recompute
     assert all(sum(s.phases.values()) == pytest.approx(s.seconds, abs=1e-6) for s in rounds)
     launches = {True: [], False: []}
     for s in rounds:

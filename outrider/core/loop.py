@@ -243,8 +243,10 @@ def decode(
             if row.wants_cancel():
                 yield Step("draft", [], 0, [], 0.0, "cancelled")
                 return
+            t_recomputed = t
             if row.untapped:  # what ended the parked run pays for them: timed with it
                 parked.retap(target, row, cache)
+                t_recomputed = time.perf_counter()
             was_ahead = inflight is not None
             if was_ahead:
                 launched, inflight = inflight, None
@@ -301,8 +303,8 @@ def decode(
             target.rollback(cache, rejected)
             seconds = time.perf_counter() - t
             step.phases = {
-                "launch": t_ahead - t, "ahead": t_wait - t_ahead, "wait": t_read - t_wait,
-                "after": t + seconds - t_read,
+                "recompute": t_recomputed - t, "launch": t_ahead - t_recomputed,
+                "ahead": t_wait - t_ahead, "wait": t_read - t_wait, "after": t + seconds - t_read,
             }  # fmt: skip
             teach(launched, [step], seconds, False)
             if gate is not None:

@@ -43,9 +43,11 @@ class Step:
     ahead: bool = False  # a pipelined round: queued before the round before it was read
     dropped: int = 0  # positions of the round queued behind this one, dropped unread
     closed: bool = False  # a reasoning budget cut this step and began its closing
-    # where a single row's round spent its seconds (core/loop.py `decode`): launching its own
-    # round, queueing the next, waiting for its result, and the host's work after it; a
-    # batched round's (`verify_round`, one dict for all its rows): launch, wait, after
+    # where a single row's round spent its seconds (core/loop.py `decode`): recomputing the
+    # rows of a parked run's untapped steps (core/parked.py `retap`; 0 after a round),
+    # launching its own round, queueing the next, waiting for its result, and the host's work
+    # after it; a batched round's (`verify_round`, one dict for all its rows): launch, wait,
+    # after
     phases: dict[str, float] | None = None
 
 
