@@ -297,16 +297,14 @@ def test_the_round_after_a_parked_run_is_timed_with_its_recompute(
     pipe = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
     pipe.retap_parked = 2
     ids = pipe.encode(PROMPTS[0])
-    got = pipe.generate(ids, max_tokens=TOKENS, stop_tokens=set(), max_draft="auto")
-    assert got.tokens == plain_greedy(qwen3_target, ids, TOKENS)
+    chunks = list(pipe.stream(ids, max_tokens=TOKENS, stop_tokens=set(), max_draft="auto"))
+    assert chunks[-1].result.tokens == plain_greedy(qwen3_target, ids, TOKENS)
     after = [s for first, s in seconds_after if first]
     others = [s for first, s in seconds_after if not first]
     assert after and others  # runs of 9 ended by rounds, and rounds after rounds
     assert min(after) >= 100.0 > max(others)
     # and the round's phases tell the recompute apart from its launch
-    stream = pipe.stream(ids, max_tokens=TOKENS, stop_tokens=set(), max_draft="auto")
-    rounds = [c.step for c in stream]
-    rounds = [s for s in rounds if s.source == "draft" and s.phases]
+    rounds = [c.step for c in chunks if c.step.source == "draft" and c.step.phases]
     recomputes = [s.phases["recompute"] for s in rounds]
     assert max(recomputes) >= 100.0 and min(recomputes) == 0.0
     assert all(s.phases["launch"] < 100.0 for s in rounds)
