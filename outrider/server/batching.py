@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ..api import Pipeline
+from ..pipeline import Pipeline
 from .jobs import Job, Requests, Running
 
 

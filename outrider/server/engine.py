@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..api import Pipeline
 from ..core import hub
 from ..core.device import release_streams
 from ..core.prefix_cache import PrefixCache
+from ..pipeline import Pipeline
 from .batching import decode_batch
 from .jobs import Job, Requests, Running, post
 from .memory import HeapTrim, fit_warning, relieve_memory

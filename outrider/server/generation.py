@@ -14,12 +14,12 @@ from typing import Any
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 
-from ..api import Pipeline
 from ..chat.reasoning import CHANNELS, THINK, ChannelSplitter, ThinkSplitter, markers_for
 from ..chat.render import PromptTooLong, template_text
 from ..core.events import Result
 from ..core.generation_config import GREEDY, SamplingDefaults
 from ..core.logits import Penalties
+from ..pipeline import Pipeline
 from ..streaming import Chunk
 from .engine import Engine, Job, NotReady
 from .errors import ApiError
