@@ -8,7 +8,9 @@ policy's plain-step and drafting-round costs sat against the medians of what the
 and plain decoding's own steps (mode baseline) for comparison, and where the drafting rounds after
 a prefill or plain steps spent their time against the rest (`Step.phases`: recomputing the
 rows of a parked run's untapped steps, launching the round, queueing the next, waiting for the
-result, the host's work after).
+result, the host's work after), with each such round listed after the run of plain steps it
+ends: where that round's cost comes from (a run's length sets the widths of its recompute and
+of the drafter's catch-up, and a width not seen before may cost a trace or new kernels).
 
     python benchmarks/policy_trace.py --modes dspark,dflash --suite chat --prompts 10 \
         --json trace.json
@@ -149,13 +151,18 @@ def main() -> None:
             t0 = time.perf_counter()
             tokens = 0
             phases: dict[bool, list[dict]] = {True: [], False: []}  # after plain steps or not
+            restarts: list[dict] = []  # each drafting round after plain steps, with its run
             for p in ids:
-                before = "prefill"
+                before, run = "prefill", 0
                 for chunk in pipe.stream(p, max_tokens=args.max_tokens, max_draft="auto"):
                     step = chunk.step
                     tokens += len(step.committed)
                     if step.source == "draft" and step.drafted and step.phases:
                         phases[before != "draft"].append(step.phases)
+                        if before == "plain":
+                            restarts.append({"run": run, "seconds": step.seconds,
+                                             "drafted": step.drafted, **step.phases})  # fmt: skip
+                    run = run + 1 if step.source == "plain" else 0
                     before = step.source
             seconds = time.perf_counter() - t0
             print(f"{mode}, pass {n + 1}: {tokens} tokens in {seconds:.2f} s "
@@ -175,9 +182,16 @@ def main() -> None:
                     print(
                         f"  phases of the drafting rounds {kind} ({len(rounds)}), median: {parts}"
                     )
+            if restarts:
+                print("  each drafting round after plain steps: plain steps before it, its ms "
+                      "(recompute / launch / wait)")  # fmt: skip
+                for r in restarts:
+                    print(f"    {r['run']:4d} steps  {r['seconds'] * 1e3:7.3f} ms  ("
+                          + " / ".join(f"{r.get(k, 0.0) * 1e3:.3f}"
+                                       for k in ("recompute", "launch", "wait")) + ")")  # fmt: skip
             print(f"  policy at the end: {json.dumps(policy.snapshot())}")
             out[mode].append({"events": events, "tokens": tokens, "seconds": seconds,
-                              "snapshot": policy.snapshot()})  # fmt: skip
+                              "snapshot": policy.snapshot(), "restarts": restarts})  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(out))
 
