@@ -108,8 +108,10 @@ def benchmark(
         "--plot / --html.",
     ),
 ) -> None:
-    """Measure every mode against plain decoding and mlx-lm on fixed prompt suites; every
-    run's tokens must equal plain decoding's."""
+    """Measure every mode against plain decoding and mlx-lm on fixed prompt suites.
+
+    Every run's tokens must equal plain decoding's: a divergence that is not a floating-point
+    tie stops the benchmark."""
     from .. import cli_common as cli
     from ..core.errors import OutriderError
 

@@ -64,8 +64,9 @@ def train(
     no_compile: bool = Opt(False, "--no-compile", help="Skip mx.compile of the step."),
     as_json: bool = Opt(False, "--json", help="Progress and report as JSON lines."),
 ) -> None:
-    """Train a DSpark, DFlash or EAGLE-3 drafter for a target, online (the target runs
-    alongside)."""
+    """Train a DSpark, DFlash or EAGLE-3 drafter for a target, online.
+
+    The target runs alongside and makes each batch's features as it goes."""
     from ..cli_common import console as _console
     from ..cli_common import user_errors
     from ..core.errors import Interrupted
