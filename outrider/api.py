@@ -5,9 +5,11 @@ The Pipeline itself lives in `outrider/pipeline.py`; it is importable from here 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .core import calibration, kernels
+from .core.calibration import Calibration
 from .core.errors import OutriderError
 from .core.events import Result
 from .core.plugins import Plugins
@@ -30,6 +32,7 @@ from .registry import Pair
 
 __all__ = [
     "Pipeline",
+    "calibrate_first_use",
     "load",
     "load_pair",
     "pipeline_from_parts",
@@ -80,6 +83,10 @@ def load(
     `lookup_long_draft` is the longest lookup copy one round verifies (default 32 where a
     drafter's rounds take copies, 16 in mode lookup); a copy drafts twice the length of its
     match, up to this, where the calibrated verify curve allows it.
+
+    A calibration of this machine kept for the pipeline makes `auto` its default cap policy;
+    with none kept and no cap given the registry's fixed cap runs, until `outrider calibrate`
+    or `calibrate_first_use` measures one.
     """
     max_draft = check_options(
         max_draft, num_draft_tokens, drafter_bits, lookup_long_draft, confidence_threshold,
@@ -157,14 +164,12 @@ def load(
         notes.append(f"prepared the quantized GPU kernels in {seconds:.0f} s (once per machine)")
     if proposer.max_draft > 0 and (pipe.auto_cap or requested_cap is None):
         _calibrate(pipe, measure=pipe.auto_cap)
-    if isinstance(proposer, LookupAssist):
-        proposer.calibration = pipe.calibration  # bounds how wide a copy's verify may be
     return pipe
 
 
 def _calibrate(pipe: Pipeline, measure: bool) -> None:
-    """Attach this machine's calibration: the stored one (which makes `auto` the default cap
-    policy), or with `measure` one measured now and stored (`core/calibration.py`)."""
+    """Attach this machine's calibration, which makes `auto` the cap policy: the stored one,
+    else with `measure` one measured now and stored (`core/calibration.py`)."""
     if measure:
         cal, fresh = calibration.calibrated(pipe)
         if fresh:
@@ -174,9 +179,36 @@ def _calibrate(pipe: Pipeline, measure: bool) -> None:
         cal = calibration.load(pipe)
         if cal is None:
             return
-        pipe.auto_cap = True
+    _attach(pipe, cal)
+
+
+def _attach(pipe: Pipeline, cal: Calibration) -> None:
+    pipe.auto_cap = True
     pipe.calibration = cal
     cal.pad(pipe.target)  # measured beats the default
+    if isinstance(pipe.proposer, LookupAssist):
+        pipe.proposer.calibration = cal  # bounds how wide a copy's verify may be
+
+
+def calibrate_first_use(
+    pipe: Pipeline, status: Callable[[str], None] | None = None
+) -> Calibration | None:
+    """Measure this machine's costs for `pipe` now, where none are kept and no cap was given,
+    and run `auto` from here: the default from the first run, not after `outrider calibrate`
+    (a registry's fixed cap can run slower than plain decoding where drafting does not pay).
+    Returns the calibration measured, None where there was nothing to measure. `status` hears
+    that it starts (a terminal's spinner, a server's log). The CLI and the server call this;
+    a library caller's default stays the fixed cap until asked."""
+    if pipe.calibration is not None or pipe.cap_given or pipe.proposer.max_draft <= 0:
+        return None
+    if not calibration.on_first_use():  # OUTRIDER_CALIBRATE=off
+        return None
+    if status is not None:
+        name = pipe.target.name or "the target"
+        status(f"calibrating this machine for {name} (once; --max-draft N skips it)")
+    cal, _ = calibration.calibrated(pipe)
+    _attach(pipe, cal)
+    return cal
 
 
 def load_pair(

@@ -10,6 +10,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -58,6 +59,9 @@ __all__ = [
     "read_prompt",
     "user_errors",
 ]
+
+if TYPE_CHECKING:
+    from .pipeline import Pipeline
 
 
 # --- version ---------------------------------------------------------------------------------
@@ -113,7 +117,8 @@ def generate(
         None,
         "--max-draft",
         metavar="N|auto",
-        help="Draft cap per round; 0 or full = the drafter's full block; auto = measured each round.",
+        help="Draft cap per round; 0 or full = the drafter's full block; auto (the default once "
+        "this machine is calibrated: the first run measures it) = measured each round.",
     ),
     confidence_threshold: float | None = Opt(
         None, "--confidence-threshold", help="DSpark: stop drafting below this confidence."
@@ -243,6 +248,7 @@ def generate(
                 _warn("--reasoning-budget: this model's thinking has no single-token "
                       "markers to count between; it is not budgeted")  # fmt: skip
             kwargs.update(reasoning_budget=reasoning_budget, budget_message=budget_message)
+        _calibrate_first_use(pipe)  # after the checks: bad input is refused at once
         # Ctrl-C stops at the next round and what was made is shown as usual (finish reason
         # "interrupted"), then exit 130; a second Ctrl-C stops at once.
         if as_json:
@@ -260,6 +266,27 @@ def generate(
     if result is not None and result.finish_reason == INTERRUPTED:
         typer.echo("interrupted", err=True)
         raise typer.Exit(130)
+
+
+def _calibrate_first_use(pipe: Pipeline) -> None:
+    """Measure this machine's costs once where none are kept and no cap was given (a spinner
+    while it runs), so `auto` runs from the first generation (`api.calibrate_first_use`)."""
+    from .api import calibrate_first_use
+
+    spinner = _console(stderr=True).status("")
+
+    def begin(text: str) -> None:
+        spinner.update(text)
+        spinner.start()
+
+    try:
+        cal = calibrate_first_use(pipe, status=begin)
+    finally:
+        spinner.stop()
+    if cal is not None:
+        where = f", kept in {cal.path}" if cal.path else ""
+        typer.echo(f"note: measured this machine's costs in {cal.seconds:.1f} s{where}; "
+                   "--max-draft auto picks each round's cap from them", err=True)  # fmt: skip
 
 
 # --- serve and claude (outrider/server/command.py) ------------------------------------------

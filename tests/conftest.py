@@ -32,6 +32,9 @@ os.environ["COLUMNS"] = "200"
 # outrider's own cache (calibrations, converted drafters) never touches the user's: a fresh
 # folder for the session, and one per test (below) for what tests store there.
 os.environ["OUTRIDER_CACHE"] = tempfile.mkdtemp(prefix="outrider-cache-")
+# `outrider generate` and `serve` measure a calibration on first use; tests of a fixed cap's
+# accounting would each pay for one (tests/test_calibration.py turns it on where it checks it)
+os.environ["OUTRIDER_CALIBRATE"] = "off"
 
 from outrider.testing import make_tiny_drafter, make_tiny_target  # noqa: E402
 

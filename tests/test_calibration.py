@@ -107,6 +107,57 @@ def test_auto_measures_once_then_is_the_default_and_stays_lossless(qwen3_target,
     assert report["max_draft"] == "auto" and report["calibration"]["file"]
 
 
+def test_the_cli_calibrates_on_first_use_and_a_library_load_waits_to_be_asked(
+    qwen3_target, drafters, monkeypatch, tmp_path
+):
+    """`outrider generate` with no cap measures this machine once, so `auto` runs from the
+    first run (a fixed cap can run slower than plain decoding where drafting does not pay);
+    a given cap measures nothing, and `load` measures only when asked."""
+    monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path))
+    monkeypatch.setenv("OUTRIDER_CALIBRATE", "auto")  # the default (the suite's is off)
+    target, drafter = str(qwen3_target), str(drafters["dspark"])
+    fixed = outrider.load(target, drafter, "dspark")
+    assert not fixed.auto_cap and fixed.calibration is None and not calibration.stored(tmp_path)
+    runner = CliRunner()
+    args = ["generate", "-m", target, "-d", drafter, "--mode", "dspark", "-p", PROMPTS[0]]
+    given = runner.invoke(cli.app, [*args, "--max-draft", "3", "--max-tokens", "8", "--json"])
+    assert given.exit_code == 0, given.output
+    assert json.loads(given.stdout)["max_draft"] == 3 and not calibration.stored(tmp_path)
+    first = runner.invoke(cli.app, [*args, "--max-tokens", "8", "--json"])
+    assert first.exit_code == 0, first.output
+    assert "measured this machine's costs" in first.stderr
+    assert (
+        json.loads(first.stdout)["max_draft"] == "auto" and len(calibration.stored(tmp_path)) == 1
+    )
+    again = runner.invoke(cli.app, [*args, "--max-tokens", "8", "--json"])
+    assert json.loads(again.stdout)["max_draft"] == "auto"
+    assert "measured this machine" not in again.stderr  # kept, not measured again
+    assert outrider.load(target, drafter, "dspark").auto_cap  # kept: the library's default too
+
+
+def test_a_server_load_calibrates_on_first_use(
+    qwen3_target, drafters, monkeypatch, tmp_path, capsys
+):
+    """`outrider serve` (and /admin/load) load through `default_loader`: the first load of a
+    pair on a machine measures it and serves `auto`; a given cap, or OUTRIDER_CALIBRATE=off,
+    measures nothing."""
+    from outrider.server.engine import LoadSpec, default_loader
+
+    monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path))
+    spec = LoadSpec(str(qwen3_target), str(drafters["dspark"]), "dspark")
+    assert not default_loader(spec).auto_cap and not calibration.stored(tmp_path)  # off
+    monkeypatch.setenv("OUTRIDER_CALIBRATE", "auto")
+    assert not default_loader(replace(spec, max_draft=3)).auto_cap
+    assert not calibration.stored(tmp_path)
+    pipe = default_loader(spec)
+    assert pipe.auto_cap and pipe.calibration is not None
+    assert [c.path for c in calibration.stored(tmp_path)] == [pipe.calibration.path]
+    assert "note: calibrating this machine" in capsys.readouterr().err
+    monkeypatch.setenv("OUTRIDER_CALIBRATE", "sometimes")
+    with pytest.raises(outrider.OutriderError, match="OUTRIDER_CALIBRATE must be auto or off"):
+        default_loader(replace(spec, drafter=None, mode="lookup"))
+
+
 def test_the_policy_reads_costs_off_the_calibrated_curve_rescaled_by_live_rounds():
     verify = {100: [10.0, 10.5, 11.0, 11.5, 12.0], 1000: [20.0, 30.0, 40.0, 50.0, 60.0]}
     cal = Calibration(key={}, verify_ms=verify, draft_ms=2.0)

@@ -40,6 +40,7 @@ import mlx.core as mx
 from . import blas, cuda_graphs
 from .cpu_fusion import cpu_fusion
 from .device import on_cuda_gpu
+from .errors import OutriderError
 from .paths import cache_root
 from .proposer import DraftContext
 from .sampling import SamplingParams
@@ -63,6 +64,20 @@ PAD_PROBE_WIDTH = 8  # on a GPU, inline calibrations of a padding target measure
 # rows of 3 or more take bucketed attention (the same file; OUTRIDER_ATTENTION_BUCKETS).
 # 7: every context is timed in every pass (`measure`), not one context after the other.
 VERSION = 7
+
+
+FIRST_USE_ENV = "OUTRIDER_CALIBRATE"
+
+
+def on_first_use() -> bool:
+    """OUTRIDER_CALIBRATE: `auto` (the default) lets `outrider generate` and `outrider serve`
+    measure a calibration where none is kept and no cap is given (`api.calibrate_first_use`);
+    `off` leaves them at the registry's fixed cap until `outrider calibrate` has run (the test
+    suite's setting: most tests check a fixed cap's accounting)."""
+    choice = os.environ.get(FIRST_USE_ENV, "auto").strip().lower()
+    if choice not in ("auto", "off"):
+        raise OutriderError(f"{FIRST_USE_ENV} must be auto or off, got {choice!r}")
+    return choice == "auto"
 
 
 @dataclass

@@ -40,7 +40,8 @@ def serve(
         None,
         "--max-draft",
         metavar="N|auto",
-        help="Draft cap per round (>= 0); auto: measured each round (one request at a time).",
+        help="Draft cap per round (>= 0); auto (the default once this machine is calibrated: "
+        "the first load measures it): measured each round (one request at a time).",
     ),
     confidence_threshold: float | None = Opt(
         None,

@@ -148,9 +148,11 @@ def wants_warm_up(spec: LoadSpec) -> bool:
 
 
 def default_loader(spec: LoadSpec) -> Pipeline:
-    from ..api import load
+    """Load as `spec` says; where no cap is given and none of this machine's calibrations is
+    kept for it, measure one (`api.calibrate_first_use`), so `auto` serves from the first load."""
+    from ..api import calibrate_first_use, load
 
-    return load(
+    pipe = load(
         spec.model,
         spec.drafter,
         spec.mode,
@@ -163,6 +165,14 @@ def default_loader(spec: LoadSpec) -> Pipeline:
         drafter_window=spec.drafter_window,
         lookup_long_draft=spec.lookup_long_draft,
     )
+    cal = calibrate_first_use(pipe, status=_say)
+    if cal is not None:
+        _say(f"measured this machine's costs in {cal.seconds:.1f} s; auto picks each cap")
+    return pipe
+
+
+def _say(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr, flush=True)
 
 
 class Engine:
