@@ -6,6 +6,7 @@ The Pipeline itself lives in `outrider/pipeline.py`; it is importable from here 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .core import calibration, kernels
@@ -205,6 +206,7 @@ def calibrate_first_use(
         return None
     if status is not None:
         name = pipe.target.name or "the target"
+        name = Path(name).name if Path(name).exists() else name  # a file or folder: its name
         status(f"calibrating this machine for {name} (once; --max-draft N skips it)")
     cal, _ = calibration.calibrated(pipe)
     _attach(pipe, cal)
