@@ -81,6 +81,20 @@ def test_greedy_with_a_smaller_model(qwen3_target, small_draft):
 
 
 @pytest.mark.slow
+def test_auto_is_calibrated_with_the_draft_models_own_cost(qwen3_target, small_draft):
+    """A draft model runs a forward a draft: the calibration times its calls (it took them as
+    free, as lookup's host drafts are, so `auto` priced every cap at the verify's cost alone)."""
+    pipe = outrider.load(
+        str(qwen3_target), mode="draft", draft_model=str(small_draft), max_draft="auto"
+    )
+    cal = pipe.calibration
+    assert cal.draft_ms > 0 and cal.draft_ms_per_token > 0
+    assert cal.round_cost(4) > cal.draft_cost(1) + cal.verify_cost(5)  # three more drafts
+    ids = pipe.encode(PROMPTS[1])
+    got = pipe.generate(ids, max_tokens=24, stop_tokens=set())
+    assert got.tokens == plain_greedy(qwen3_target, ids, 24)
+
+
 @pytest.mark.parametrize("cap", range(1, 9))
 def test_every_cap_every_prompt(near_pipe, qwen3_target, cap):
     for i, prompt in enumerate(PROMPTS):

@@ -63,7 +63,9 @@ PAD_PROBE_WIDTH = 8  # on a GPU, inline calibrations of a padding target measure
 # itself; the version moves when a route's own arithmetic changes. 6: half-precision verify
 # rows of 3 or more take bucketed attention (the same file; OUTRIDER_ATTENTION_BUCKETS).
 # 7: every context is timed in every pass (`measure`), not one context after the other.
-VERSION = 7
+# 8: a drafter without taps that drafts on the device (mode draft's small model) is timed; it
+# was taken as free, as lookup's host drafts are.
+VERSION = 8
 
 
 FIRST_USE_ENV = "OUTRIDER_CALIBRATE"
@@ -440,8 +442,8 @@ def _draft_ms(pipe: Any, vocab: int, repeats: int) -> tuple[float, float]:
     """(ms of a drafter call that drafts one token, ms each further draft adds), from calls at
     one draft and at the pipeline's widest cap, on the context of a short generation."""
     proposer = pipe.proposer
-    if not proposer.max_draft or not proposer.tap_layer_ids:
-        return 0.0, 0.0  # drafter-free strategies draft on the host, in microseconds
+    if not proposer.max_draft or getattr(proposer, "drafts_on_host", False):
+        return 0.0, 0.0  # lookup drafts on the host, in microseconds
     widest = min(proposer.max_draft, pipe.max_draft or proposer.max_draft, MAX_WIDTH - 1)
     prompt = [int(t) for t in mx.random.randint(1, vocab, (32,), key=mx.random.key(1)).tolist()]
     result = pipe.generate(prompt, max_tokens=8, max_draft=widest, stop_tokens=set())
