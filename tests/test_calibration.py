@@ -9,6 +9,7 @@ from dataclasses import replace
 import mlx.core as mx
 import pytest
 from conftest import PROMPTS, plain_greedy
+from live_server import wait_ready
 from typer.testing import CliRunner
 
 import outrider
@@ -138,24 +139,45 @@ def test_the_cli_calibrates_on_first_use_and_a_library_load_waits_to_be_asked(
 def test_a_server_load_calibrates_on_first_use(
     qwen3_target, drafters, monkeypatch, tmp_path, capsys
 ):
-    """`outrider serve` (and /admin/load) load through `default_loader`: the first load of a
-    pair on a machine measures it and serves `auto`; a given cap, or OUTRIDER_CALIBRATE=off,
+    """`outrider serve` (and /admin/load) measure a pair on its first load on a machine, in
+    the load's `calibrating` phase, and serve `auto`; a given cap, or OUTRIDER_CALIBRATE=off,
     measures nothing."""
-    from outrider.server.engine import LoadSpec, default_loader
+    from outrider.server.engine import Engine, LoadSpec
 
     monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path))
-    spec = LoadSpec(str(qwen3_target), str(drafters["dspark"]), "dspark")
-    assert not default_loader(spec).auto_cap and not calibration.stored(tmp_path)  # off
-    monkeypatch.setenv("OUTRIDER_CALIBRATE", "auto")
-    assert not default_loader(replace(spec, max_draft=3)).auto_cap
-    assert not calibration.stored(tmp_path)
-    pipe = default_loader(spec)
-    assert pipe.auto_cap and pipe.calibration is not None
-    assert [c.path for c in calibration.stored(tmp_path)] == [pipe.calibration.path]
-    assert "note: calibrating this machine" in capsys.readouterr().err
+    phases = []
+
+    real = calibration.calibrated
+
+    def calibrated(pipe, *args, **kwargs):
+        phases.append(engine.phase)  # the load's phase while it measures
+        return real(pipe, *args, **kwargs)
+
+    monkeypatch.setattr(calibration, "calibrated", calibrated)
+    engine = Engine().start()  # the default loader, as `outrider serve` has
+    try:
+        spec = LoadSpec(str(qwen3_target), str(drafters["dspark"]), "dspark")
+
+        def serving(spec: LoadSpec):
+            engine.load(spec)
+            wait_ready(engine)
+            assert engine.state == "ready", engine.error
+            return engine.pipeline
+
+        assert not serving(spec).auto_cap and not calibration.stored(tmp_path)  # the suite's off
+        monkeypatch.setenv("OUTRIDER_CALIBRATE", "auto")
+        assert not serving(replace(spec, max_draft=3)).auto_cap
+        assert not calibration.stored(tmp_path) and not phases
+        pipe = serving(spec)
+        assert pipe.auto_cap and pipe.calibration is not None and phases == ["calibrating"]
+        assert [c.path for c in calibration.stored(tmp_path)] == [pipe.calibration.path]
+        assert "note: calibrating this machine" in capsys.readouterr().err
+        assert serving(spec).auto_cap and phases == ["calibrating"]  # kept: measured once
+    finally:
+        engine.stop()
     monkeypatch.setenv("OUTRIDER_CALIBRATE", "sometimes")
     with pytest.raises(outrider.OutriderError, match="OUTRIDER_CALIBRATE must be auto or off"):
-        default_loader(replace(spec, drafter=None, mode="lookup"))
+        calibration.on_first_use()
 
 
 def test_the_policy_reads_costs_off_the_calibrated_curve_rescaled_by_live_rounds():

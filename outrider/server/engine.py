@@ -148,11 +148,9 @@ def wants_warm_up(spec: LoadSpec) -> bool:
 
 
 def default_loader(spec: LoadSpec) -> Pipeline:
-    """Load as `spec` says; where no cap is given and none of this machine's calibrations is
-    kept for it, measure one (`api.calibrate_first_use`), so `auto` serves from the first load."""
-    from ..api import calibrate_first_use, load
+    from ..api import load
 
-    pipe = load(
+    return load(
         spec.model,
         spec.drafter,
         spec.mode,
@@ -165,10 +163,16 @@ def default_loader(spec: LoadSpec) -> Pipeline:
         drafter_window=spec.drafter_window,
         lookup_long_draft=spec.lookup_long_draft,
     )
+
+
+def calibrate_on_first_load(pipe: Pipeline) -> None:
+    """Where no cap is given and none of this machine's calibrations is kept for the pair,
+    measure one now (`api.calibrate_first_use`), so `auto` serves from the first load."""
+    from ..api import calibrate_first_use
+
     cal = calibrate_first_use(pipe, status=_say)
     if cal is not None:
         _say(f"measured this machine's costs in {cal.seconds:.1f} s; auto picks each cap")
-    return pipe
 
 
 def _say(text: str) -> None:
@@ -459,6 +463,10 @@ class Engine:
             self.phase = "loading"
         try:
             pipe, spec, error = self._loader(job.spec), job.spec, None
+            if not job.cancel.is_set():
+                with self._lock:
+                    self.phase = "calibrating"
+                calibrate_on_first_load(pipe)
             if wants_warm_up(job.spec) and not job.cancel.is_set():
                 with self._lock:
                     self.phase = "warming_up"
