@@ -198,7 +198,7 @@ def calibrate_first_use(
     and run `auto` from here: the default from the first run, not after `outrider calibrate`
     (a registry's fixed cap can run slower than plain decoding where drafting does not pay).
     Returns the calibration measured, None where there was nothing to measure. `status` hears
-    that it starts (a terminal's spinner, a server's log). The CLI and the server call this;
+    that it starts (a terminal's spinner, a server's log). generate, serve and benchmark call it;
     a library caller's default stays the fixed cap until asked."""
     if pipe.calibration is not None or pipe.cap_given or pipe.proposer.max_draft <= 0:
         return None

@@ -4,6 +4,7 @@ every arm, and failing loudly when a mode really does change the output."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -344,6 +345,21 @@ def test_drafted_share_counts_what_rounds_committed_against_parked_steps():
     assert cell.to_json()["drafted_share"] == pytest.approx(0.5385, abs=1e-4)
     plain = Cell("code", "baseline", [TrialStats.of([Run(list(range(10)), 0.01, 0.1)])])
     assert plain.drafted_share is None
+
+
+def test_with_no_cap_an_arm_runs_as_generate_would_on_this_machine(shallow, monkeypatch):
+    """No --max-draft: a drafting arm measures its costs on first use, as `generate` does, so
+    the benchmark times what a user's first run gets (`auto`), not the registry's fixed cap;
+    given caps (--caps) measure nothing."""
+    monkeypatch.setenv("OUTRIDER_CALIBRATE", "auto")  # the default (the suite's is off)
+    config = BenchConfig(model=str(shallow["target"]), modes=["baseline", "lookup"],
+                         suites=["code"], trials=1, max_tokens=8, prompts_per_suite=1)  # fmt: skip
+    report = run_benchmark(config, Plugins(load_entrypoints=False))
+    arms = {a["mode"]: a for a in report.arms}
+    assert arms["lookup"]["cap"] == "auto" and arms["lookup"]["calibration"]["verify_ms"]
+    assert arms["baseline"]["calibration"] is None
+    fixed = run_benchmark(replace(config, caps=[3]), Plugins(load_entrypoints=False))
+    assert [a["cap"] for a in fixed.arms if a["mode"] == "lookup"] == [3]
 
 
 def test_an_auto_arm_keeps_its_calibration_in_the_receipt(tmp_path, shallow):

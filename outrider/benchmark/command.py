@@ -64,7 +64,8 @@ def benchmark(
         None,
         "--max-draft",
         metavar="N|auto",
-        help="Draft cap for every drafting mode and the mlx-lm peer; auto: measured each round.",
+        help="Draft cap for every drafting mode and the mlx-lm peer; auto: measured each round "
+        "(the default, as for generate: a mode's first run on this machine measures its costs).",
     ),
     caps_text: str | None = Opt(
         None,

@@ -21,7 +21,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ..api import Pipeline, load
+from ..api import Pipeline, calibrate_first_use, load
 from ..core.compiled_layers import bypassed
 from ..core.device import tf32_matmuls
 from ..core.errors import OutriderError
@@ -186,6 +186,7 @@ def build_arms(config: BenchConfig, plugins: Plugins) -> tuple[Target, list[Arm]
                 drafter_window=config.drafter_window if mode in ("dspark", "dflash") else None,
                 lookup_long_draft=config.lookup_long_draft,
             )
+            calibrate_first_use(pipe)  # no cap given: what `generate` runs on this machine
             drafter = drafters.get(mode) or (pipe.pair.drafters.get(mode) if pipe.pair else None)
             own = drafter if pipe.drafter else pipe.options.get("draft_model_name")
             name = f"{mode}@{cap}" if len(caps) > 1 else None
