@@ -183,6 +183,11 @@ def doctor_report() -> dict:
     report["calibrations"] = [
         {**c.key, "created": c.created, "file": str(c.path)} for c in calibration.stored()
     ]
+    try:  # whether generate, serve and benchmark measure a pair on its first run
+        report["calibrate_on_first_use"] = calibration.on_first_use()
+    except OutriderError as e:
+        report["calibrate_on_first_use"] = None
+        problems.append(str(e))
     report["problems"] = problems
     return report
 
@@ -246,7 +251,9 @@ def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
         if key == "target_families":
             value = ", ".join(value)
         if key == "calibrations":
-            value = f"{len(value)} kept (outrider calibrate; --json lists them)"
+            value = (
+                f"{len(value)} kept (a pair's first run, or outrider calibrate; --json lists them)"
+            )
         if key not in ("problems", "lmstudio_dirs", "model_dirs"):
             table.add_row(key.replace("_", " "), _shown(value))
     for place in report["model_dirs"]:

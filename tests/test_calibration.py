@@ -68,6 +68,9 @@ def test_a_curve_narrower_than_the_pipelines_rounds_is_measured_again(pipe, tmp_
     wide = replace(narrow, verify_ms={16: narrow.verify_ms[16] + [1.0] * (need - 4)})
     calibration.save(wide, tmp_path)
     assert calibration.load(pipe, tmp_path) == wide
+    assert calibration.stored(tmp_path) == [wide]
+    calibration.save(replace(wide, version=calibration.VERSION - 1), tmp_path)  # an older one
+    assert calibration.load(pipe, tmp_path) is None and calibration.stored(tmp_path) == []
 
 
 def test_a_rounds_drafter_cost_is_a_fixed_call_plus_a_cost_per_further_draft():

@@ -310,12 +310,15 @@ def _at_context(points: dict[int, float], context: int | None) -> float:
 
 
 def stored(root: Path | None = None) -> list[Calibration]:
-    """Every valid calibration in the cache folder (for `outrider doctor`)."""
+    """Every valid calibration in the cache folder (for `outrider doctor`): one of an older
+    VERSION is measured again on its next use, so it is not counted."""
     out = []
     for path in sorted(((root or cache_root()) / "calibration").glob("*.json")):
         try:
             cal = Calibration.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if cal.version != VERSION:
             continue
         cal.path = path
         out.append(cal)
