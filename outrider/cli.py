@@ -273,9 +273,13 @@ def _calibrate_first_use(pipe: Pipeline) -> None:
     while it runs), so `auto` runs from the first generation (`api.calibrate_first_use`)."""
     from .api import calibrate_first_use
 
-    spinner = _console(stderr=True).status("")
+    console = _console(stderr=True)
+    spinner = console.status("")
 
     def begin(text: str) -> None:
+        if not console.is_terminal:  # a log or a pipe: one line, so a wait is explained
+            typer.echo(f"note: {text}", err=True)
+            return
         spinner.update(text)
         spinner.start()
 

@@ -129,6 +129,7 @@ def test_the_cli_calibrates_on_first_use_and_a_library_load_waits_to_be_asked(
     assert json.loads(given.stdout)["max_draft"] == 3 and not calibration.stored(tmp_path)
     first = runner.invoke(cli.app, [*args, "--max-tokens", "8", "--json"])
     assert first.exit_code == 0, first.output
+    assert "note: calibrating this machine" in first.stderr  # said before the wait
     assert "measured this machine's costs" in first.stderr
     assert (
         json.loads(first.stdout)["max_draft"] == "auto" and len(calibration.stored(tmp_path)) == 1
