@@ -165,20 +165,6 @@ def default_loader(spec: LoadSpec) -> Pipeline:
     )
 
 
-def calibrate_on_first_load(pipe: Pipeline) -> None:
-    """Where no cap is given and none of this machine's calibrations is kept for the pair,
-    measure one now (`api.calibrate_first_use`), so `auto` serves from the first load."""
-    from ..api import calibrate_first_use
-
-    cal = calibrate_first_use(pipe, status=_say)
-    if cal is not None:
-        _say(f"measured this machine's costs in {cal.seconds:.1f} s; auto picks each cap")
-
-
-def _say(text: str) -> None:
-    print(f"note: {text}", file=sys.stderr, flush=True)
-
-
 class Engine:
     """Owns the pipeline; runs loads, unloads and generations one at a time on its thread."""
 
@@ -464,9 +450,7 @@ class Engine:
         try:
             pipe, spec, error = self._loader(job.spec), job.spec, None
             if not job.cancel.is_set():
-                with self._lock:
-                    self.phase = "calibrating"
-                calibrate_on_first_load(pipe)
+                self._calibrate(pipe)
             if wants_warm_up(job.spec) and not job.cancel.is_set():
                 with self._lock:
                     self.phase = "warming_up"
@@ -503,6 +487,20 @@ class Engine:
             self._release()
         elif self.warning is None:
             self._check_fit(spec)
+
+    def _calibrate(self, pipe: Pipeline) -> None:
+        """A pair's first load here without a cap: its costs measured once, in phase
+        `calibrating`, so `auto` serves from the start (`api.calibrate_first_use`)."""
+        from ..api import calibrate_first_use
+
+        def measuring(text: str) -> None:  # called only where it measures
+            with self._lock:
+                self.phase = "calibrating"
+            print(f"note: {text}", file=sys.stderr, flush=True)
+
+        if (cal := calibrate_first_use(pipe, status=measuring)) is not None:
+            print(f"note: measured this machine's costs in {cal.seconds:.1f} s; auto picks "
+                  "each cap", file=sys.stderr, flush=True)  # fmt: skip
 
     def _warm_up(self, pipe: Pipeline) -> None:
         """The throwaway generation, best effort: one that fails costs a warning line (and
