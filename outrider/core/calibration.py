@@ -40,7 +40,7 @@ import mlx.core as mx
 from . import blas, cuda_graphs
 from .cpu_fusion import cpu_fusion
 from .device import on_cuda_gpu
-from .errors import OutriderError
+from .env import env_choice
 from .paths import cache_root
 from .proposer import DraftContext
 from .sampling import SamplingParams
@@ -72,14 +72,11 @@ FIRST_USE_ENV = "OUTRIDER_CALIBRATE"
 
 
 def on_first_use() -> bool:
-    """OUTRIDER_CALIBRATE: `auto` (the default) lets `outrider generate` and `outrider serve`
+    """OUTRIDER_CALIBRATE: `auto` (the default) lets `generate`, `serve` and `benchmark`
     measure a calibration where none is kept and no cap is given (`api.calibrate_first_use`);
     `off` leaves them at the registry's fixed cap until `outrider calibrate` has run (the test
     suite's setting: most tests check a fixed cap's accounting)."""
-    choice = os.environ.get(FIRST_USE_ENV, "auto").strip().lower()
-    if choice not in ("auto", "off"):
-        raise OutriderError(f"{FIRST_USE_ENV} must be auto or off, got {choice!r}")
-    return choice == "auto"
+    return env_choice(FIRST_USE_ENV, ("auto", "off")) == "auto"
 
 
 @dataclass

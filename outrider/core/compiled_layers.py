@@ -43,7 +43,6 @@ CPU tests use it; the CPU's norms and ropes are fused already, core/cpu_fusion.p
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -54,7 +53,8 @@ from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
 from .device import on_cuda_gpu
-from .errors import OutriderError, UnsupportedTargetError
+from .env import env_choice
+from .errors import UnsupportedTargetError
 from .wrapper import PassThrough, children
 
 ENV = "OUTRIDER_COMPILED_LAYERS"
@@ -70,9 +70,7 @@ PRE = ("q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "rope")  # what `pre` r
 
 def compiled_layers() -> bool:
     """Whether loaded dense targets get compiled layers (OUTRIDER_COMPILED_LAYERS, above)."""
-    choice = os.environ.get(ENV, "auto").strip().lower()
-    if choice not in ("auto", "on", "off"):
-        raise OutriderError(f"{ENV} must be auto, on or off, got {choice!r}")
+    choice = env_choice(ENV, ("auto", "on", "off"))
     return choice == "on" or (choice == "auto" and on_cuda_gpu())
 
 

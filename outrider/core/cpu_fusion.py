@@ -25,7 +25,6 @@ single kernels already).
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.rope_utils import Llama3RoPE
 
-from .errors import OutriderError
+from .env import env_choice
 from .wrapper import children
 
 FUSION_ENV = "OUTRIDER_CPU_FUSION"
@@ -42,10 +41,7 @@ FUSION_ENV = "OUTRIDER_CPU_FUSION"
 def cpu_fusion() -> bool:
     """Whether loaded models get the fused modules: MLX's default device is the CPU and
     OUTRIDER_CPU_FUSION is `on` (the default), not `off`."""
-    choice = os.environ.get(FUSION_ENV, "on").strip().lower()
-    if choice not in ("on", "off"):
-        raise OutriderError(f"{FUSION_ENV} must be on or off, got {choice!r}")
-    return choice == "on" and mx.default_device() == mx.cpu
+    return env_choice(FUSION_ENV, ("on", "off")) == "on" and mx.default_device() == mx.cpu
 
 
 class FusedRMSNorm(nn.RMSNorm):

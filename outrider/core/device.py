@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import blas
-from .errors import OutriderError
+from .env import env_choice
 
 
 def release_streams() -> None:
@@ -38,11 +38,7 @@ def kv_attention() -> str:
     on a CUDA GPU, where MLX 0.32's quantized attention raised at some shapes and decoded wrong
     tokens at others (docs/testing-on-gpu.md), else `quantized` (MLX's quantized product, as
     mlx-lm runs it); OUTRIDER_KV_ATTENTION=quantized or dequantized forces it."""
-    choice = os.environ.get(KV_ATTENTION_ENV, "auto").strip().lower()
-    if choice not in ("auto", "quantized", "dequantized"):
-        raise OutriderError(
-            f"{KV_ATTENTION_ENV} must be auto, quantized or dequantized, got {choice!r}"
-        )
+    choice = env_choice(KV_ATTENTION_ENV, ("auto", "quantized", "dequantized"))
     if choice == "auto":
         return "dequantized" if on_cuda_gpu() else "quantized"
     return choice
@@ -97,10 +93,7 @@ def batch_buckets() -> bool:
 
 
 def _buckets_choice() -> str:
-    choice = os.environ.get(BUCKETS_ENV, "on").strip().lower()
-    if choice not in ("on", "all", "off"):
-        raise OutriderError(f"{BUCKETS_ENV} must be on, all or off, got {choice!r}")
-    return choice
+    return env_choice(BUCKETS_ENV, ("on", "all", "off"))
 
 
 KERNELS_ENV = "OUTRIDER_ATTENTION_KERNELS"
@@ -112,9 +105,7 @@ def fused_attention() -> bool:
     of outrider's own (plugins/targets/fused_attention.py), and everything else as MLX's
     matmuls around outrider's causal softmax kernel; `softmax` keeps the latter for all.
     Measured on an H100 (docs/performance.md)."""
-    choice = os.environ.get(KERNELS_ENV, "fused").strip().lower()
-    if choice not in ("softmax", "fused"):
-        raise OutriderError(f"{KERNELS_ENV} must be fused or softmax, got {choice!r}")
+    choice = env_choice(KERNELS_ENV, ("fused", "softmax"))
     return choice == "fused"
 
 
@@ -126,9 +117,7 @@ def pipelined_rounds() -> str:
     in flight where that pays, from the share of guesses that hold and what a round's host
     and device parts cost here (core/ahead_gate.py `AheadGate`); `on` whenever the proposer can
     guess ahead; `off` never."""
-    choice = os.environ.get(PIPELINE_ENV, "auto").strip().lower()
-    if choice not in ("auto", "on", "off"):
-        raise OutriderError(f"{PIPELINE_ENV} must be auto, on or off, got {choice!r}")
+    choice = env_choice(PIPELINE_ENV, ("auto", "on", "off"))
     return "gated" if choice == "auto" else choice
 
 
@@ -139,10 +128,7 @@ def retap_choice() -> str:
     """OUTRIDER_RETAP: `auto` (the default) lets a long parked run on a CUDA GPU forward no
     taps past its first steps and recompute them in one forward where it ends (core/parked.py
     `RETAP_FROM`); `on` does so on any device; `off` taps every step."""
-    choice = os.environ.get(RETAP_ENV, "auto").strip().lower()
-    if choice not in ("auto", "on", "off"):
-        raise OutriderError(f"{RETAP_ENV} must be auto, on or off, got {choice!r}")
-    return choice
+    return env_choice(RETAP_ENV, ("auto", "on", "off"))
 
 
 def computes_on_host() -> bool:
@@ -153,10 +139,7 @@ def computes_on_host() -> bool:
 
 def attention_choice() -> str:
     """OUTRIDER_ATTENTION: auto (the default), split or native."""
-    choice = os.environ.get(ATTENTION_ENV, "auto").strip().lower()
-    if choice not in ("auto", "split", "native"):
-        raise OutriderError(f"{ATTENTION_ENV} must be auto, split or native, got {choice!r}")
-    return choice
+    return env_choice(ATTENTION_ENV, ("auto", "split", "native"))
 
 
 def split_attention() -> bool:
@@ -187,10 +170,7 @@ def matmul_choice() -> str:
     products, verify forwards never padded) or `rows` (quantized products of a few rows
     through outrider's CUDA kernel wherever it runs, with sibling layers grouped into one
     launch, plugins/kernels/cuda_rows.py; never padded)."""
-    choice = os.environ.get(MATMUL_ENV, "auto").strip().lower()
-    if choice not in ("auto", "native", "rows"):
-        raise OutriderError(f"{MATMUL_ENV} must be auto, native or rows, got {choice!r}")
-    return choice
+    return env_choice(MATMUL_ENV, ("auto", "native", "rows"))
 
 
 def verify_pad(model: Any) -> int:
