@@ -288,9 +288,7 @@ def _calibrate_first_use(pipe: Pipeline) -> None:
     finally:
         spinner.stop()
     if cal is not None:
-        where = f", kept in {cal.path}" if cal.path else ""
-        typer.echo(f"note: measured this machine's costs in {cal.seconds:.1f} s{where}; "
-                   "--max-draft auto picks each round's cap from them", err=True)  # fmt: skip
+        typer.echo(f"note: {cal.measured_note()}", err=True)
 
 
 # --- serve and claude (outrider/server/command.py) ------------------------------------------

@@ -168,6 +168,14 @@ class Calibration:
         """Seconds of the drafter's call when it drafts k >= 1 tokens."""
         return (self.draft_ms + self.draft_ms_per_token * max(0, k - 1)) / 1000
 
+    def measured_note(self) -> str:
+        """What measuring it took and where it is kept, said once where a run measured it."""
+        where = f", kept in {self.path}" if self.path else ""
+        return (
+            f"measured this machine's costs in {self.seconds:.1f} s{where}; "
+            "--max-draft auto picks each round's cap from them"
+        )
+
     def summary(self) -> dict[str, Any]:
         """What a result reports: where it is kept, when it was made, the curve's shape."""
         ctx = min(self.verify_ms)

@@ -499,8 +499,7 @@ class Engine:
             print(f"note: {text}", file=sys.stderr, flush=True)
 
         if (cal := calibrate_first_use(pipe, status=measuring)) is not None:
-            print(f"note: measured this machine's costs in {cal.seconds:.1f} s; auto picks "
-                  "each cap", file=sys.stderr, flush=True)  # fmt: skip
+            print(f"note: {cal.measured_note()}", file=sys.stderr, flush=True)
 
     def _warm_up(self, pipe: Pipeline) -> None:
         """The throwaway generation, best effort: one that fails costs a warning line (and
