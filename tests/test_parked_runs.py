@@ -153,13 +153,19 @@ def tapped_drafters(drafters, models_dir, qwen3_target):
 
 
 class RunsOfNine(PerStep):
-    """Parks in runs of 9 plain steps, then drafts a round at cap 3, and again."""
+    """Parks in runs of 9 plain steps, then drafts a round at cap 3, and again. Counted by what
+    ran, not by calls: where rounds are pipelined (on a CUDA GPU by default), a queued round
+    asks the policy too, and a 0 there leaves the loop to ask again."""
 
     def choose(self, limit: int) -> int:
-        self.asked = getattr(self, "asked", 0) + 1
-        return 0 if self.asked % 2 else min(limit, 3)
+        self.runs, self.drafted = getattr(self, "runs", 0), getattr(self, "drafted", 0)
+        if self.drafted > self.runs:
+            return 0
+        self.drafted += 1
+        return min(limit, 3)
 
     def plain_run(self, remaining: int) -> int:
+        self.runs = getattr(self, "runs", 0) + 1
         return min(remaining, 9)
 
 

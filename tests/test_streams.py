@@ -39,10 +39,13 @@ def test_a_main_thread_stream_is_released_at_exit_once(monkeypatch, qwen3_target
     monkeypatch.setattr(target_module, "atexit", registry)
     first = outrider.load(str(qwen3_target), mode="baseline").target
     second = outrider.load(str(qwen3_target), mode="baseline").target
+    # a load may already run on the stream (a GPU's load probes do): registered once, if so
+    made_at_load = list(registry.funcs)
+    assert made_at_load in ([], [target_module.release_streams])
     worker = threading.Thread(target=lambda: first.stream)  # another thread's: its own job
     worker.start()
     worker.join()
-    assert registry.funcs == []
+    assert registry.funcs == made_at_load
     assert first.stream is first.stream  # one a thread, made once
     assert second.stream is not None
     assert registry.funcs == [target_module.release_streams]
