@@ -227,6 +227,8 @@ def generate(
             )
         for note in pipe.notes:
             _warn(note)
+        for text in pipe.info:
+            typer.echo(f"note: {text}", err=True)
         ids = pipe.encode(text, system=system, raw=raw, thinking=False if no_thinking else None)
         check_context(len(ids), pipe.target.context_window)
         if max_kv_size is not None and max_kv_size < len(ids) + max_tokens:

@@ -64,7 +64,7 @@ class Pipeline:
     drafter: DrafterSpec | None = None
     pair: Pair | None = None
     options: dict = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # warnings: a fallback, an ignored flag
     drafter_ref: str | None = None  # the drafter's folder or repo id, as given or as resolved
     prefix_cache: PrefixCache | None = None  # kept caches of earlier calls (opt-in)
     auto_cap: bool = False  # max_draft "auto": each round's cap measured (core/schedule.py)
@@ -80,6 +80,9 @@ class Pipeline:
     scheduler: BatchScheduler | None = None  # the batches' scheduler and what it has cut
     # whether queueing a round ahead pays here, as timed so far (kept across calls)
     ahead_gate: AheadGate | None = None
+    # what the load did that is worth saying once, not a warning (a calibration measured,
+    # kernels compiled): `outrider generate` and `serve` print these as `note:` lines
+    info: list[str] = field(default_factory=list)
 
     def enable_prefix_cache(
         self, gb: float = 2.0, directory: str | Path | None = None, **options: Any

@@ -100,10 +100,11 @@ def test_a_chain_drafter_is_timed_on_the_same_context_every_call(qwen3_target, t
 
 def test_auto_measures_once_then_is_the_default_and_stays_lossless(qwen3_target, drafters):
     auto = outrider.load(str(qwen3_target), str(drafters["dspark"]), "dspark", max_draft="auto")
-    assert auto.calibration is not None and any("calibrated" in n for n in auto.notes)
+    assert auto.calibration is not None and any("calibrated" in n for n in auto.info)
+    assert not any("calibrated" in n for n in auto.notes)  # said, not warned
     again = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
     assert again.auto_cap and again.calibration == auto.calibration
-    assert not any("calibrated" in n for n in again.notes)  # kept, not measured again
+    assert not any("calibrated" in n for n in again.info)  # kept, not measured again
     ids = again.encode(PROMPTS[1])
     got = again.generate(ids, max_tokens=30, stop_tokens=set())
     assert got.tokens == plain_greedy(qwen3_target, ids, 30)
@@ -138,6 +139,20 @@ def test_the_cli_calibrates_on_first_use_and_a_library_load_waits_to_be_asked(
     assert json.loads(again.stdout)["max_draft"] == "auto"
     assert "measured this machine" not in again.stderr  # kept, not measured again
     assert outrider.load(target, drafter, "dspark").auto_cap  # kept: the library's default too
+
+
+def test_a_measurement_asked_for_is_a_note_not_a_warning(
+    qwen3_target, drafters, monkeypatch, tmp_path
+):
+    """`--max-draft auto` on a fresh machine measures at load; the CLI says so as a `note:`
+    (what happened), keeping `warning:` for what a user should act on."""
+    monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path))
+    args = ["generate", "-m", str(qwen3_target), "-d", str(drafters["dspark"]), "--mode"]
+    run = CliRunner().invoke(
+        cli.app, [*args, "dspark", "-p", PROMPTS[0], "--max-draft", "auto", "--max-tokens", "4"]
+    )
+    assert run.exit_code == 0, run.output
+    assert "note: calibrated this machine" in run.stderr and "warning:" not in run.stderr
 
 
 def test_a_server_load_calibrates_on_first_use(

@@ -449,6 +449,8 @@ class Engine:
             self.phase = "loading"
         try:
             pipe, spec, error = self._loader(job.spec), job.spec, None
+            for text in getattr(pipe, "info", ()):  # what the load did, said once
+                print(f"note: {text}", file=sys.stderr, flush=True)
             if not job.cancel.is_set():
                 self._calibrate(pipe)
             if wants_warm_up(job.spec) and not job.cancel.is_set():
