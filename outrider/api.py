@@ -162,7 +162,9 @@ def load(
     pipe.cap_given = isinstance(requested_cap, int) or full_block
     _, seconds = kernels.warm_at_load(target, proposer)
     if seconds >= 1.0:  # a cold machine: MLX compiled kernels (it keeps them on disk)
-        pipe.info.append(f"prepared the quantized GPU kernels in {seconds:.0f} s (once per machine)")
+        pipe.info.append(
+            f"prepared the quantized GPU kernels in {seconds:.0f} s (once per machine)"
+        )
     if proposer.max_draft > 0 and (pipe.auto_cap or requested_cap is None):
         _calibrate(pipe, measure=pipe.auto_cap)
     return pipe
