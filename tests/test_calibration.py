@@ -48,6 +48,59 @@ def test_measure_keeps_a_curve_per_context_and_a_drafter_cost(pipe, tmp_path):
     assert calibration.load(pipe, tmp_path) is None and calibration.stored(tmp_path) == []
 
 
+def test_a_slow_machines_inline_measurement_is_quick(pipe, tmp_path, monkeypatch):
+    """A first run's measurement estimated to outlast INLINE_SECONDS times one context at a
+    few widths (with MLX's reference BLAS on 2 cores SmolLM2's whole one took 286 s, 47 s
+    quick); the curve still covers every width, on lines between those timed, and the note
+    says how to measure it whole. Within the bound, or asked for whole, nothing changes."""
+    width = calibration.needed_width(pipe)
+    timed: list[int] = []
+    real = calibration._verify
+    monkeypatch.setattr(
+        calibration, "_verify", lambda t, c, block, taps: (timed.append(block.shape[0]), real(t, c, block, taps))
+    )  # fmt: skip
+    quick = calibration.measure(pipe, contexts=(16, 48), max_width=width, repeats=1, within=0.0)
+    assert quick.quick and sorted(quick.verify_ms) == [16] and sorted(quick.plain_ms) == [16]
+    measured = sorted({w for w in calibration.QUICK_WIDTHS if w <= width} | {width})
+    assert sorted(set(timed)) == measured and len(measured) < width
+    curve = quick.verify_ms[16]
+    assert len(curve) == width and all(t > 0 for t in curve)
+    for w in range(2, width):
+        if w not in measured:  # on the line through its measured neighbours
+            lo, hi = max(m for m in measured if m < w), min(m for m in measured if m > w)
+            line = curve[lo - 1] + (w - lo) / (hi - lo) * (curve[hi - 1] - curve[lo - 1])
+            assert curve[w - 1] == pytest.approx(line, abs=1e-3)
+    assert "quick" in quick.measured_note() and "outrider calibrate" in quick.measured_note()
+    path = calibration.save(quick, tmp_path)
+    assert calibration.load(pipe, tmp_path) == quick and json.loads(path.read_text())["quick"]
+    timed.clear()
+    whole = calibration.measure(pipe, contexts=(16, 48), max_width=width, repeats=1, within=1e6)
+    assert not whole.quick and sorted(whole.verify_ms) == [16, 48]
+    assert sorted(set(timed)) == list(range(1, width + 1))
+    assert "quick" not in whole.measured_note()
+
+
+def test_a_quick_measurement_drops_widths_before_contexts():
+    whole = (list(range(1, 17)), [128, 1024])
+    sparse = list(calibration.QUICK_WIDTHS)
+    # a one-row forward 50 ms, sixteen rows 110, a prefill 6 ms a token (the 2-core CPU with
+    # OpenBLAS, SmolLM2): whole ~19.6 s, sparse ~14 s, sparse at 128 alone ~4 s
+    args = (0.050, 0.110, 0.006, 3)
+    assert calibration._plan(whole, 20.0, *args) == whole
+    assert calibration._plan(whole, 17.0, *args) == (sparse, [128, 1024])
+    assert calibration._plan(whole, 10.0, *args) == (sparse, [128])
+    assert calibration._plan(whole, 0.0, *args) == (sparse, [128])  # the least there is
+    assert calibration._plan(([1, 2, 3, 4, 5], [128]), 0.0, *args) == ([1, 2, 3, 4, 5], [128])
+
+
+def test_a_first_uses_measurement_is_bounded(pipe, monkeypatch, tmp_path):
+    monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path))
+    monkeypatch.setattr(calibration, "INLINE_SECONDS", 0.0)
+    cal, fresh = calibration.calibrated(pipe)
+    assert fresh and cal.quick and len(cal.verify_ms) == 1
+    assert calibration.calibrated(pipe) == (cal, False)  # kept: not measured again
+
+
 def test_timed_passes_run_every_measurement_once_a_pass():
     order = []
     runs = [lambda i=i: order.append(i) for i in range(3)]

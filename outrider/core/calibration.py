@@ -54,6 +54,14 @@ PASS_BUDGET = 0.5  # seconds of timed passes per context length, where a pass is
 PLAIN_STEPS = 8  # pipelined plain steps timed together at each context
 PAD_GAIN = 0.9  # a wider forward is worth padding to when it costs under this share
 PAD_PROBE_WIDTH = 8  # on a GPU, inline calibrations of a padding target measure this wide
+# An inline calibration (a first run's) estimated to take longer than this many seconds is
+# measured quick: at QUICK_WIDTHS, the widths between on a line, and where that is still too
+# long at the first context alone (each further context costs a prefill of its length). With
+# MLX's reference BLAS on 2 CPU cores SmolLM2-135M's whole one took 286 s (a one-row forward
+# 153 ms, sixteen rows 1,957, a 1,152-token prefill 125); where rows cost that much the curve
+# is close to a line, and a GPU's curve (with steps) is measured whole in seconds.
+INLINE_SECONDS = 20.0
+QUICK_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)
 # 2: pipelined plain steps measured (`plain_ms`); 3: the drafter timed at one draft and at its
 # full cap (`draft_ms`, `draft_ms_per_token`); 4: half-precision targets on CUDA verify with
 # rerouted attention (plugins/targets/verify_attention.py), so curves measured on MLX's own
@@ -92,6 +100,9 @@ class Calibration:
     plain_ms: dict[int, float] = field(default_factory=dict)
     attention: str = "native"
     seconds: float = 0.0  # how long measuring took
+    # measured quick (INLINE_SECONDS): at QUICK_WIDTHS, maybe one context; `outrider calibrate`
+    # measures the whole curve
+    quick: bool = False
     created: str = ""
     version: int = VERSION
     path: Path | None = field(default=None, compare=False)
@@ -171,8 +182,13 @@ class Calibration:
     def measured_note(self) -> str:
         """What measuring it took and where it is kept, said once where a run measured it."""
         where = f", kept in {self.path}" if self.path else ""
+        quick = (
+            " (quick: a slow machine; `outrider calibrate` measures the whole curve)"
+            if self.quick
+            else ""
+        )
         return (
-            f"measured this machine's costs in {self.seconds:.1f} s{where}; "
+            f"measured this machine's costs in {self.seconds:.1f} s{quick}{where}; "
             "--max-draft auto picks each round's cap from them"
         )
 
@@ -213,6 +229,7 @@ class Calibration:
             plain_ms={int(c): float(v) for c, v in data.get("plain_ms", {}).items()},
             attention=str(data.get("attention", "native")),
             seconds=float(data.get("seconds", 0.0)),
+            quick=bool(data.get("quick", False)),
             created=str(data.get("created", "")),
             version=int(data.get("version", 0)),
         )
@@ -347,8 +364,11 @@ def measure(
     max_width: int = MAX_WIDTH,
     repeats: int = REPEATS,
     progress: Any = None,
+    within: float | None = None,
 ) -> Calibration:
-    """Measure this pipeline's verify curve and drafter cost now (seconds on a GPU)."""
+    """Measure this pipeline's verify curve and drafter cost now (seconds on a GPU). With
+    `within` (seconds), a measurement estimated to take longer is made quick (`Calibration.quick`:
+    INLINE_SECONDS says why)."""
     t_start = time.perf_counter()
     target, proposer = pipe.target, pipe.proposer
     vocab = int(target.config.get("vocab_size") or 256)
@@ -356,20 +376,37 @@ def measure(
     tap_ids = tuple(proposer.tap_layer_ids)
     ctxs = sorted({min(c, window - max_width - 1) if window else c for c in contexts})
     ctxs = [c for c in ctxs if c > 1] or [2]
+    widths_timed = list(range(1, max_width + 1))
+    quick = False
     verify: dict[int, list[float]] = {}
     plain: dict[int, float] = {}
     widths, target.verify_widths = target.verify_widths, {}  # the curve as MLX runs it
     try:
         with mx.stream(target.stream):
             runs = []  # per context: the widths, then the plain steps
-            for i, context in enumerate(ctxs):
+            for i, context in enumerate(list(ctxs)):
+                if i >= len(ctxs):  # measured quick: the first context alone
+                    break
                 ids = mx.random.randint(1, vocab, (context + max_width,), key=mx.random.key(i))
                 prompt = ids[:context].tolist()
                 cache = target.make_cache()
+                t_prefill = time.perf_counter()
                 target.prefill(prompt, cache, tap_ids)
                 mx.eval([c.state for c in cache])
+                if i == 0 and within is not None:
+                    block = ids[context:]
+                    one, widest = (
+                        _timed(partial(_verify, target, cache, block[:w], tap_ids), 1)
+                        for w in (1, max_width)
+                    )
+                    prefill_rate = (time.perf_counter() - t_prefill) / context  # a bound
+                    spent, planned = time.perf_counter() - t_start, (widths_timed, ctxs)
+                    widths_timed, ctxs = _plan(
+                        planned, within - spent, one, widest, prefill_rate, repeats
+                    )
+                    quick = (widths_timed, ctxs) != planned
                 runs += [partial(_verify, target, cache, ids[context : context + w], tap_ids)
-                         for w in range(1, max_width + 1)]  # fmt: skip
+                         for w in widths_timed]  # fmt: skip
                 first = ids[context : context + 1].astype(mx.uint32)
                 runs.append(partial(_plain_steps, target, cache, first, tap_ids))
             # every context in every pass: timed one context after the other, a slow minute
@@ -377,9 +414,10 @@ def measure(
             # step measured 1.62 ms at 1024 tokens on an H200, against 0.97 at 128 and 1.17
             # at 4079)
             timed = _interleaved(runs, repeats, PASS_BUDGET * len(ctxs), progress)
+            n = len(widths_timed) + 1
             for i, context in enumerate(ctxs):
-                part = timed[i * (max_width + 1) : (i + 1) * (max_width + 1)]
-                verify[context] = part[:-1]
+                part = timed[i * n : (i + 1) * n]
+                verify[context] = _on_lines(dict(zip(widths_timed, part[:-1])), max_width)
                 plain[context] = round(part[-1] / PLAIN_STEPS, 4)
     finally:
         target.verify_widths = widths
@@ -394,8 +432,53 @@ def measure(
         plain_ms=plain,
         attention="split" if "split" in key["routes"].split(",") else "native",
         seconds=round(time.perf_counter() - t_start, 3),
+        quick=quick,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
+
+
+def _plan(
+    whole: tuple[list[int], list[int]],
+    seconds: float,
+    one: float,
+    widest: float,
+    prefill_rate: float,
+    repeats: int,
+) -> tuple[list[int], list[int]]:
+    """The widths and contexts to time within `seconds`: all of them (`whole`) where their
+    estimate fits, else QUICK_WIDTHS at every context, else those at the first alone."""
+    widths, ctxs = whole
+    sparse = sorted({w for w in QUICK_WIDTHS if w <= max(widths)} | {max(widths)})
+    plans = [whole, (sparse, ctxs), (sparse, ctxs[:1])]
+    for at, cs in plans:
+        left = _estimate(one, widest, at, repeats, len(cs)) + prefill_rate * sum(cs[1:])
+        if left <= seconds:
+            return at, cs
+    return plans[-1]
+
+
+def _estimate(one: float, widest: float, widths: list[int], repeats: int, contexts: int) -> float:
+    """Seconds the passes over `widths` at `contexts` context lengths should take, from one
+    verify forward of one row and one of the widest (a line between them; a plain step as a
+    one-row forward)."""
+    top = max(widths)
+    slope = (widest - one) / (top - 1) if top > 1 else 0.0
+    a_pass = sum(one + slope * (w - 1) for w in widths) + one * PLAIN_STEPS
+    return a_pass * (repeats + 1) * contexts  # the untimed pass too
+
+
+def _on_lines(points: dict[int, float], max_width: int) -> list[float]:
+    """Milliseconds at every width 1..max_width from those measured, linear between them."""
+    known = sorted(points)
+    out = []
+    for w in range(1, max_width + 1):
+        if w in points:
+            out.append(points[w])
+            continue
+        hi = next(k for k in known if k > w)
+        lo = known[known.index(hi) - 1]
+        out.append(round(points[lo] + (w - lo) / (hi - lo) * (points[hi] - points[lo]), 4))
+    return out
 
 
 def _verify(target: Any, cache: list, block: mx.array, tap_ids: tuple[int, ...]) -> None:
@@ -486,6 +569,6 @@ def calibrated(pipe: Any, progress: Any = None) -> tuple[Calibration, bool]:
     width = needed_width(pipe)
     if mx.default_device() == mx.gpu and pipe.target.pads_verify:
         width = max(width, PAD_PROBE_WIDTH)
-    cal = measure(pipe, max_width=width, progress=progress)  # both at most MAX_WIDTH
+    cal = measure(pipe, max_width=width, progress=progress, within=INLINE_SECONDS)
     save(cal)
     return cal, True
