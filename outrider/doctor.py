@@ -181,7 +181,8 @@ def doctor_report() -> dict:
     ]
     report["outrider_cache"] = _place(cache_root())
     report["calibrations"] = [
-        {**c.key, "created": c.created, "file": str(c.path)} for c in calibration.stored()
+        {**c.key, "created": c.created, "quick": c.quick, "file": str(c.path)}
+        for c in calibration.stored()
     ]
     try:  # whether generate, serve and benchmark measure a pair on its first run
         report["calibrate_on_first_use"] = calibration.on_first_use()
@@ -251,8 +252,10 @@ def doctor(as_json: bool = Opt(False, "--json", help="Print JSON.")) -> None:
         if key == "target_families":
             value = ", ".join(value)
         if key == "calibrations":
+            quick = sum(1 for c in value if c["quick"])
             value = (
                 f"{len(value)} kept (a pair's first run, or outrider calibrate; --json lists them)"
+                + (f"; {quick} quick (a slow machine's first run)" if quick else "")
             )
         if key not in ("problems", "lmstudio_dirs", "model_dirs"):
             table.add_row(key.replace("_", " "), _shown(value))

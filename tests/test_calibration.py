@@ -99,6 +99,10 @@ def test_a_first_uses_measurement_is_bounded(pipe, monkeypatch, tmp_path):
     cal, fresh = calibration.calibrated(pipe)
     assert fresh and cal.quick and len(cal.verify_ms) == 1
     assert calibration.calibrated(pipe) == (cal, False)  # kept: not measured again
+    runner = CliRunner()
+    doctor = runner.invoke(cli.app, ["doctor", "--json"])
+    assert [c["quick"] for c in json.loads(doctor.stdout)["calibrations"]] == [True]
+    assert "1 quick" in runner.invoke(cli.app, ["doctor"]).output
 
 
 def test_timed_passes_run_every_measurement_once_a_pass():
@@ -281,6 +285,7 @@ def test_calibrate_command_and_doctor(qwen3_target):
     assert "narrower than the 16 rows" in table.output  # lookup drafts 16: auto measures anew
     doctor = json.loads(runner.invoke(cli.app, ["doctor", "--json"]).stdout)
     assert [c["file"] for c in doctor["calibrations"]] == [data["file"]]
+    assert [c["quick"] for c in doctor["calibrations"]] == [False]  # the command's is whole
     bad = runner.invoke(cli.app, [*args, "--contexts", "16,x"])
     assert bad.exit_code == 2 and "--contexts takes integers" in bad.output
 
