@@ -19,8 +19,9 @@ from ..core.device import on_cuda_gpu
 from ..core.hub import looks_like_repo_id
 from ..plugins.strategies.lookup_assist import LookupAssist
 from .checks import CheckedRequest
-from .engine import LoadSpec, model_id
+from .engine import model_id
 from .errors import ApiError
+from .loading import LoadSpec
 from .memory import guard_report
 from .rounds import KEEP, RoundLog
 from .warnings import collect as collect_warnings

@@ -213,8 +213,9 @@ def serve(
         import uvicorn
 
         from .app import create_app
-        from .engine import Engine, LoadSpec
+        from .engine import Engine
         from .generation import Limits
+        from .loading import LoadSpec
 
         # The port first: a busy one is one line now, not an abort after the model loaded.
         sock = _listen(host, port)

@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,49 +26,18 @@ from ..core.prefix_cache import PrefixCache
 from ..pipeline import Pipeline
 from .batching import decode_batch
 from .jobs import Job, Requests, Running, post
+from .loading import (
+    SERVER_SETTINGS,
+    LoadJob,
+    LoadSpec,
+    LoadWatcher,
+    default_loader,
+    default_prefetch,
+    wants_warm_up,
+)
 from .memory import HeapTrim, fit_warning, relieve_memory
 from .metrics import Metrics
 from .rounds import RoundLog
-
-
-@dataclass
-class LoadSpec:
-    """What to load: a target, optionally a drafter, and per-load overrides."""
-
-    model: str
-    drafter: str | None = None
-    mode: str = "auto"
-    max_draft: int | str | None = None  # a cap, or "auto"
-    context_window: int | None = None
-    confidence_threshold: float | None = None
-    drafter_bits: int = 4
-    kv_bits: int | None = None
-    draft_model: str | None = None  # mode draft's small model (mlx-lm's --draft-model)
-    lookup_drafts: bool | None = None  # None: the registry row's `lookup`, else on
-    drafter_window: int | None = None  # context rows a block drafter sees (0: all)
-    lookup_long_draft: int | None = None  # the longest lookup copy a round verifies
-    # a throwaway generation before the model serves (`Pipeline.warm_up`); None: on a GPU
-    # (which builds kernels on first use), not on MLX's CPU backend (which builds none)
-    warmup: bool | None = None
-
-
-# The LoadSpec fields a server's flags set for every load, /admin/load's hot swaps included,
-# unless a load names its own (`Engine.load_settings`): how to run a model, not which one.
-SERVER_SETTINGS = (
-    "max_draft", "confidence_threshold", "drafter_bits", "kv_bits", "lookup_drafts",
-    "drafter_window", "lookup_long_draft", "warmup",
-)  # fmt: skip
-
-
-@dataclass
-class _Load:
-    spec: LoadSpec
-    cancel: threading.Event = field(default_factory=threading.Event)
-    window_before: int | None = None  # the context-window limit to restore if the load fails
-    previous: LoadSpec | None = None  # what was serving when the worker took the load
-    released: bool = False  # the previous model was let go (past the download)
-    repos: set[str] = field(default_factory=set)  # repos its downloads fetched from
-    cleanup: bool = False  # a cancel asked that the partial downloads be deleted
 
 
 class _Unload:
@@ -85,84 +54,6 @@ _STOP = object()
 
 class NotReady(Exception):
     """No model is loaded (or one is loading)."""
-
-
-def default_prefetch(spec: LoadSpec) -> None:
-    """Download what `default_loader` will read (the target, and the drafter it will use)
-    before the running model is released, so a cancelled or failed download leaves it loaded
-    and serving. An explicit drafter that cannot be had fails the load; a missing registry
-    drafter is left to `load`, which falls back to lookup and says so."""
-    from ..core.errors import ModelNotFoundError
-    from ..registry import find_pair
-
-    hub.resolve_model(spec.model, "model")
-    drafter = spec.drafter
-    if spec.mode in ("lookup", "baseline"):
-        return
-    if drafter is None:
-        pair = find_pair(spec.model)
-        drafter = (
-            pair.drafters.get(pair.mode if spec.mode == "auto" else spec.mode) if pair else None
-        )
-    if drafter is None:
-        return
-    try:
-        hub.resolve_model(drafter, "drafter")
-    except ModelNotFoundError:
-        if spec.drafter is not None:
-            raise
-
-
-class _LoadWatcher(hub.DownloadWatcher):
-    """A load's downloads, seen from `/health`; its cancel flag stops them."""
-
-    def __init__(self, engine: Engine, job: _Load) -> None:
-        self._engine, self._job = engine, job
-        self.context_window = engine.window_limit
-
-    def begin(self, state: hub.DownloadState) -> None:
-        self._job.repos.add(state.repo)
-        self._engine.download = state.as_dict()
-
-    def update(self, state: hub.DownloadState) -> None:
-        self._engine.download = state.as_dict()
-
-    def end(self, state: hub.DownloadState, ok: bool) -> None:
-        self._engine.download = None
-
-    def warn(self, message: str) -> None:
-        self._engine.warning = " ".join(message.split())
-        print(f"warning: {self._engine.warning}", file=sys.stderr, flush=True)
-
-    def cancelled(self) -> bool:
-        return self._job.cancel.is_set()
-
-
-def wants_warm_up(spec: LoadSpec) -> bool:
-    """Whether a load warms its pipeline up before serving: as asked, else on a GPU."""
-    if spec.warmup is not None:
-        return spec.warmup
-    from ..core.device import computes_on_host
-
-    return not computes_on_host()
-
-
-def default_loader(spec: LoadSpec) -> Pipeline:
-    from ..api import load
-
-    return load(
-        spec.model,
-        spec.drafter,
-        spec.mode,
-        max_draft=spec.max_draft,
-        confidence_threshold=spec.confidence_threshold,
-        drafter_bits=spec.drafter_bits,
-        kv_bits=spec.kv_bits,
-        draft_model=spec.draft_model,
-        lookup_drafts=spec.lookup_drafts,
-        drafter_window=spec.drafter_window,
-        lookup_long_draft=spec.lookup_long_draft,
-    )
 
 
 class Engine:
@@ -223,7 +114,7 @@ class Engine:
         self.download: dict[str, Any] | None = None  # the running download (DownloadState)
         self.warning: str | None = None  # the fit check's warning for the running load
         self.warm_up_error: str | None = None  # why the running load's warm-up failed
-        self._pending_load: _Load | None = None
+        self._pending_load: LoadJob | None = None
         self._serving: LoadSpec | None = None  # what the current pipeline was loaded from
         self.window_limit: int | None = None  # sticky across loads; 0 in a LoadSpec clears it
         self._current: Job | None = None
@@ -266,7 +157,7 @@ class Engine:
 
     def load(self, spec: LoadSpec) -> None:
         """Queue a load (the current model is released first, so peak memory is one model)."""
-        job = _Load(spec, window_before=self.window_limit)
+        job = LoadJob(spec, window_before=self.window_limit)
         with self._lock:
             if self._pending_load is not None:
                 self._pending_load.cancel.set()
@@ -372,7 +263,7 @@ class Engine:
             release_streams()  # the streams this thread made (core/device.py)
 
     def _handle(self, item: Any) -> None:
-        if isinstance(item, _Load):
+        if isinstance(item, LoadJob):
             self._do_load(item)
         elif isinstance(item, _SetPrefixCache):
             self.prefix_cache = item.store
@@ -416,7 +307,7 @@ class Engine:
         except Exception:  # pragma: no cover - older MLX
             pass
 
-    def _do_load(self, job: _Load) -> None:
+    def _do_load(self, job: LoadJob) -> None:
         """Download first, while the running model stays loaded (a cancelled or failed
         download leaves it serving); then release it (peak memory stays one model) and load
         the new one; if that fails or is cancelled, load the previous one again, so a bad load
@@ -428,7 +319,7 @@ class Engine:
             self.phase = "downloading" if self._prefetch is not None else self.phase
         if self._prefetch is not None:
             try:
-                with hub.watch_downloads(_LoadWatcher(self, job)):
+                with hub.watch_downloads(LoadWatcher(self, job)):
                     self._prefetch(job.spec)
             except Exception as e:
                 if not job.cancel.is_set():  # else cancel_load has said so already
@@ -524,7 +415,7 @@ class Engine:
     def _serving_name(self) -> str:
         return self._serving.model if self._serving is not None else "the previous model"
 
-    def _keep_serving(self, job: _Load, error: str) -> None:
+    def _keep_serving(self, job: LoadJob, error: str) -> None:
         """A load that failed before anything was released: the running model stays."""
         with self._lock:
             if self._pending_load is not job:
