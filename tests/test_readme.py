@@ -228,6 +228,8 @@ def check_listing(argv, env, tmp_path):
 
 
 def check_ruff(argv, env, tmp_path):
+    if not (BIN / "ruff").exists():  # the dev extra's; a GPU host's test wheels lack it
+        pytest.skip("ruff is not installed beside this Python (pip install -e '.[dev]')")
     done = run(argv, env, ROOT)  # the README runs it in the checkout
     assert done.returncode == 0, done.stdout + done.stderr
     assert "All checks passed!" in done.stdout or "already formatted" in done.stdout
