@@ -464,10 +464,10 @@ def test_every_mode_through_the_kernel_keeps_plain_greedy_output(monkeypatch, mo
     assert wrapped and failed is None
     for i, (prompt, cap) in enumerate(zip(PROMPTS[:2], (1, 4))):  # a cap a prompt
         ids = pipe.encode(prompt)
-        want = plain_greedy_of(model, ids, 32)
+        want = plain_greedy_of(model, ids, 16)
         kernel.calls.clear()
         kernel.grouped_calls.clear()
-        got = pipe.generate(ids, max_tokens=32, max_draft=cap, stop_tokens=set())
+        got = pipe.generate(ids, max_tokens=16, max_draft=cap, stop_tokens=set())
         if mode == "dspark":
             assert any(1 < rows <= cap + 1 for rows in kernel.calls), "verifies reach it"
             assert any(1 < rows <= cap + 1 for rows, _ in kernel.grouped_calls)
