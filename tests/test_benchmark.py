@@ -257,6 +257,20 @@ def test_caps_run_one_arm_per_cap_each_checked_lossless(tmp_path, shallow):
     assert "--caps 1,3,auto" in receipt["command"]
 
 
+def test_what_an_arms_load_changed_is_said_and_kept(tmp_path, shallow):
+    """A cap past what the drafter drafts runs at the drafter's own (as `generate` warns): the
+    benchmark says so on stderr, once, and keeps it in the receipt's arm."""
+    receipt_path = tmp_path / "receipt.json"
+    args = bench_args(shallow["target"], "--modes", "baseline,dspark", "--suites", "code")
+    args += ["--dspark-drafter", str(shallow["dspark"]), "--max-draft", "40"]
+    result = CliRunner().invoke(cli.app, [*args, "--json", str(receipt_path)])
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.stderr.splitlines() if line.startswith("warning: dspark:")]
+    assert len(said) == 1 and "--max-draft 40 is more than dspark can draft" in said[0]
+    notes = {a["mode"]: a["notes"] for a in json.loads(receipt_path.read_text())["arms"]}
+    assert notes["baseline"] == [] and "--max-draft 40" in notes["dspark"][0]
+
+
 def test_bad_benchmark_options_get_one_error_line(qwen3_target):
     for extra, message in (
         (["--suites", "poetry"], "unknown suite poetry"),

@@ -232,6 +232,9 @@ def benchmark(
                 report = run_benchmark(config, cli.plugins(), progress)
             except LosslessError as e:
                 raise cli.fail(str(e), code=1) from None
+        for arm in report.arms:  # what an arm's load changed or ignored, said once an arm
+            for note in arm.get("notes") or ():
+                cli.warn(f"{arm['mode']}: {note}")
         wide = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
         out = cli.console(width=wide)
         out.print(report_table(report, title=f"outrider benchmark · {config.model}"))

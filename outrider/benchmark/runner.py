@@ -91,6 +91,7 @@ class Arm:
     drafter: str | None = None
     calibration: dict | None = None  # the machine's costs the arm's `auto` policy read
     policy: Callable[[], dict | None] | None = None  # what its `auto` policy believes now
+    notes: list[str] = field(default_factory=list)  # its load's warnings (`Pipeline.notes`)
 
 
 @dataclass
@@ -129,7 +130,7 @@ def _pipeline_arm(pipe: Pipeline, drafter: str | None, name: str | None = None) 
     cal = pipe.calibration
     return Arm(
         name or pipe.mode, generate, "outrider", cap, drafter, cal.as_dict() if cal else None,
-        policy,
+        policy, list(pipe.notes),
     )  # fmt: skip
 
 
@@ -410,6 +411,7 @@ def run_benchmark(
                 "drafter": a.drafter,
                 "calibration": a.calibration,
                 "policy": policies.get(a.name),  # suite#trial -> what `auto` believed then
+                "notes": a.notes,  # the load's warnings: a cap lowered, a flag ignored
             }
             for a in arms
         ],
