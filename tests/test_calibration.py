@@ -167,6 +167,7 @@ def test_auto_measures_once_then_is_the_default_and_stays_lossless(qwen3_target,
     assert got.tokens == plain_greedy(qwen3_target, ids, 30)
     report = got.to_json()
     assert report["max_draft"] == "auto" and report["calibration"]["file"]
+    assert report["calibration"]["quick"] is False  # a tiny model: the whole curve in time
 
 
 def test_the_cli_calibrates_on_first_use_and_a_library_load_waits_to_be_asked(

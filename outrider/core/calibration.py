@@ -199,6 +199,7 @@ class Calibration:
         return {
             "file": str(self.path) if self.path else None,
             "created": self.created,
+            "quick": self.quick,
             "context": ctx,
             "verify_ms_w1": curve[0],
             "verify_ms_wmax": curve[-1],
