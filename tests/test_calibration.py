@@ -220,6 +220,7 @@ def test_a_server_load_calibrates_on_first_use(
     the load's `calibrating` phase, and serve `auto`; a given cap, or OUTRIDER_CALIBRATE=off,
     measures nothing."""
     from outrider.server.engine import Engine, LoadSpec
+    from outrider.server.warnings import collect as collect_warnings
 
     monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path))
     phases = []
@@ -250,6 +251,15 @@ def test_a_server_load_calibrates_on_first_use(
         assert [c.path for c in calibration.stored(tmp_path)] == [pipe.calibration.path]
         assert "note: calibrating this machine" in capsys.readouterr().err
         assert serving(spec).auto_cap and phases == ["calibrating"]  # kept: measured once
+        # asked for (`--max-draft auto`) on a fresh machine, the load measures: a note, not one
+        # of /health's warnings
+        for kept in calibration.stored(tmp_path):
+            kept.path.unlink()
+        capsys.readouterr()
+        assert serving(replace(spec, max_draft="auto")).auto_cap
+        err = capsys.readouterr().err
+        assert "note: calibrated this machine" in err and "warning:" not in err
+        assert [w for w in collect_warnings(engine) if w["code"] == "load_note"] == []
     finally:
         engine.stop()
     monkeypatch.setenv("OUTRIDER_CALIBRATE", "sometimes")
