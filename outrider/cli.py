@@ -363,13 +363,20 @@ app.command("convert")(_convert)
 # --- entry point -----------------------------------------------------------------------------
 
 
+def command_plugins():
+    """The plugins that may add commands (`CommandPlugins`: third-party ones alone)."""
+    from .core.plugins import CommandPlugins
+
+    return CommandPlugins()
+
+
 def add_plugin_commands(cli: typer.Typer = app) -> None:
     """Let plugins add sub-commands (once per app); a plugin that fails costs a warning line."""
     if getattr(cli, "_outrider_plugin_commands", False):
         return
     cli._outrider_plugin_commands = True
     try:
-        plugins().register_commands(cli)
+        command_plugins().register_commands(cli)
     except Exception as e:
         if _debug():
             raise

@@ -70,7 +70,7 @@ def test_plugins_add_commands(monkeypatch):
 
     found = Plugins(load_entrypoints=False)
     found.pm.register(HelloPlugin(), name="hello-plugin")
-    monkeypatch.setattr(cli, "plugins", lambda: found)
+    monkeypatch.setattr(cli, "command_plugins", lambda: found)
     app = make_app()
     cli.add_plugin_commands(app)
     cli.add_plugin_commands(app)  # once per app
@@ -78,12 +78,20 @@ def test_plugins_add_commands(monkeypatch):
     assert result.exit_code == 0 and result.stdout == "hello from a plugin\n"
 
 
+def test_no_built_in_plugin_adds_commands():
+    """The CLI asks only third-party plugins for commands (`CommandPlugins`: the built-ins
+    import mlx-lm); a built-in that added one would be missed, so none may."""
+    from outrider.plugins import BUILTIN
+
+    assert BUILTIN and not [m.__name__ for m in BUILTIN if hasattr(m, "register_commands")]
+
+
 def test_plugin_failing_to_add_commands_is_one_warning(monkeypatch, capsys):
     class Broken:
         def register_commands(self, cli):
             raise RuntimeError("no commands today")
 
-    monkeypatch.setattr(cli, "plugins", lambda: Broken())
+    monkeypatch.setattr(cli, "command_plugins", lambda: Broken())
     app = make_app()
     cli.add_plugin_commands(app)
     err = capsys.readouterr().err
