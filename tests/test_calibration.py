@@ -94,8 +94,14 @@ def test_a_quick_measurement_drops_widths_before_contexts():
 
 
 def test_a_first_uses_measurement_is_bounded(pipe, monkeypatch, tmp_path):
+    """On the CPU; a GPU measures whole (its curve's steps decide padding)."""
     monkeypatch.setenv("OUTRIDER_CACHE", str(tmp_path))
     monkeypatch.setattr(calibration, "INLINE_SECONDS", 0.0)
+    monkeypatch.setattr(calibration, "computes_on_host", lambda: False)
+    whole, fresh = calibration.calibrated(pipe)
+    assert fresh and not whole.quick
+    whole.path.unlink()
+    monkeypatch.setattr(calibration, "computes_on_host", lambda: True)
     cal, fresh = calibration.calibrated(pipe)
     assert fresh and cal.quick and len(cal.verify_ms) == 1
     assert calibration.calibrated(pipe) == (cal, False)  # kept: not measured again
