@@ -23,6 +23,7 @@ from .cli_common import (
     cache_root,
     check_context,
     check_options,
+    command_plugins,
     one_model,
     parse_max_draft,
     plugins,
@@ -363,20 +364,16 @@ app.command("convert")(_convert)
 # --- entry point -----------------------------------------------------------------------------
 
 
-def command_plugins():
-    """The plugins that may add commands (`CommandPlugins`: third-party ones alone)."""
-    from .core.plugins import CommandPlugins
-
-    return CommandPlugins()
-
-
 def add_plugin_commands(cli: typer.Typer = app) -> None:
     """Let plugins add sub-commands (once per app); a plugin that fails costs a warning line."""
     if getattr(cli, "_outrider_plugin_commands", False):
         return
     cli._outrider_plugin_commands = True
+    found = command_plugins()
+    if found is None:  # a third-party plugin failed to load: said once already
+        return
     try:
-        command_plugins().register_commands(cli)
+        found.register_commands(cli)
     except Exception as e:
         if _debug():
             raise

@@ -19,7 +19,7 @@ import typer
 
 from .core.errors import Interrupted, OutriderError
 from .core.paths import cache_root  # noqa: F401  (the CLI's commands import it from here)
-from .core.plugins import Plugins
+from .core.plugins import CommandPlugins, Plugins
 
 # OSError: unreadable files, a file where a folder should be, a full disk: one line each.
 USER_ERRORS = (OutriderError, ValueError, OSError)
@@ -67,15 +67,35 @@ def warn(message: str) -> None:
     typer.echo(f"warning: {' '.join(message.split())}", err=True)
 
 
+def _plugin_failed(e: Exception) -> None:
+    warn(f"a third-party plugin failed to load ({type(e).__name__}: {e}); using built-ins only")
+
+
+@functools.lru_cache(maxsize=1)
+def command_plugins() -> CommandPlugins | None:
+    """The plugins that may add commands (`CommandPlugins`: third-party ones alone), asked at
+    every start; None where one fails to load, which costs one warning, not the run."""
+    try:
+        return CommandPlugins()
+    except Exception as e:
+        if debug():
+            raise
+        _plugin_failed(e)
+        return None
+
+
 @functools.lru_cache(maxsize=1)
 def plugins() -> Plugins:
-    """The plugin catalogue; a third-party plugin that fails to load costs a warning, not the run."""
+    """The plugin catalogue; a third-party plugin that fails to load costs a warning, not the
+    run (one warning: `command_plugins` has said it where the CLI started)."""
+    if command_plugins() is None:
+        return Plugins(load_entrypoints=False)
     try:
         return Plugins()
     except Exception as e:
         if debug():
             raise
-        warn(f"a third-party plugin failed to load ({type(e).__name__}: {e}); using built-ins only")
+        _plugin_failed(e)
         return Plugins(load_entrypoints=False)
 
 

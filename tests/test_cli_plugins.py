@@ -4,6 +4,10 @@ plugin costs one warning line, never the command line."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import typer
 from cli_runner import invoke
@@ -97,6 +101,26 @@ def test_plugin_failing_to_add_commands_is_one_warning(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("warning: ") and "no commands today" in err
     assert CliRunner().invoke(app, ["--help"]).exit_code == 0
+
+
+def test_a_plugin_that_fails_to_import_is_one_warning(tmp_path):
+    """An installed plugin whose module raises on import: `outrider plugins` (which asks for
+    commands at start, then builds the catalogue) lists the built-ins, with one warning line."""
+    dist = tmp_path / "broken_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[outrider]\nbroken = broken_plugin_module\n")
+    (tmp_path / "broken_plugin_module.py").write_text("raise ImportError('no such thing')\n")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(root)]))
+    done = subprocess.run(
+        [sys.executable, "-m", "outrider", "plugins", "--json"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "strategy:dspark" in {p for row in json.loads(done.stdout) for p in row["provides"]}
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "no such thing" in warnings[0], done.stderr
 
 
 def test_plugins_piped_prints_whole_names():

@@ -19,6 +19,20 @@ class PluginInfo:
     builtin: bool = True
 
 
+def _manager(builtins: bool, entrypoints: bool) -> pluggy.PluginManager:
+    """outrider's hooks, with the built-in plugins (first) and the installed ones' entry points."""
+    pm = pluggy.PluginManager("outrider")
+    pm.add_hookspecs(hookspecs)
+    if builtins:
+        from ..plugins import BUILTIN
+
+        for module in BUILTIN:
+            pm.register(module, name=module.__name__)
+    if entrypoints:
+        pm.load_setuptools_entrypoints("outrider")
+    return pm
+
+
 class CommandPlugins:
     """The installed plugins that may add commands to the CLI: third-party ones, loaded from
     their entry points alone. The built-in plugins add none, and importing them brings in
@@ -26,9 +40,7 @@ class CommandPlugins:
     command that needs a model imports when it loads one (`Plugins`)."""
 
     def __init__(self) -> None:
-        self.pm = pluggy.PluginManager("outrider")
-        self.pm.add_hookspecs(hookspecs)
-        self.pm.load_setuptools_entrypoints("outrider")
+        self.pm = _manager(builtins=False, entrypoints=True)
 
     def register_commands(self, cli) -> None:
         self.pm.hook.register_commands(cli=cli)
@@ -38,14 +50,7 @@ class Plugins:
     """Everything the plugins provide, collected once per process that asks for it."""
 
     def __init__(self, load_entrypoints: bool = True) -> None:
-        self.pm = pluggy.PluginManager("outrider")
-        self.pm.add_hookspecs(hookspecs)
-        from ..plugins import BUILTIN
-
-        for module in BUILTIN:
-            self.pm.register(module, name=module.__name__)
-        if load_entrypoints:
-            self.pm.load_setuptools_entrypoints("outrider")
+        self.pm = _manager(builtins=True, entrypoints=load_entrypoints)
         self.families: dict = {}
         self.formats: dict = {}
         self.strategies: dict = {}
