@@ -359,28 +359,16 @@ def test_the_live_view_shows_prefill_progress(models, monkeypatch):
     assert len(seen) == (len(ids) - 2) // 8 + 1  # every chunk but the last token's forward
 
 
-def test_version_loads_no_model_library():
-    """`outrider --version` answers without importing mlx-lm or transformers (seconds)."""
-    code = (
-        "import sys; sys.argv = ['outrider', '--version']\n"
-        "from outrider.__main__ import run\n"
-        "run()\n"
-        "print(sorted(m for m in ('mlx_lm', 'transformers', 'torch') if m in sys.modules))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    version, loaded = done.stdout.splitlines()
-    assert version.startswith("outrider ") and loaded == "[]"
-
-
-def test_help_loads_no_model_library():
-    """`outrider --help` (and a command's `--help`) lists the commands plugins add without
-    importing the built-in plugins, which bring in mlx-lm and transformers (2.1 s -> 0.3 s on
-    a 2-core CPU; `core/plugins.py` `CommandPlugins`)."""
+def test_version_and_help_load_no_model_library():
+    """`outrider --version`, `outrider --help` and a command's `--help` answer without importing
+    mlx-lm or transformers (seconds): help lists the commands plugins add without importing the
+    built-in plugins, which bring them in (2.1 s -> 0.3 s on a 2-core CPU; `core/plugins.py`
+    `CommandPlugins`)."""
     code = (
         "import sys\n"
         "from outrider.__main__ import run\n"
-        "for argv in (['outrider', '--help'], ['outrider', 'serve', '--help']):\n"
+        "for argv in (['outrider', '--version'], ['outrider', '--help'],\n"
+        "             ['outrider', 'serve', '--help']):\n"
         "    sys.argv = argv\n"
         "    try:\n"
         "        run()\n"
@@ -390,8 +378,9 @@ def test_help_loads_no_model_library():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("outrider ") and lines[-1] == "[]"
     assert "generate" in done.stdout and "--max-batch" in done.stdout
-    assert done.stdout.splitlines()[-1] == "[]"
 
 
 def test_ctrl_c_while_starting_up_is_one_line():
