@@ -176,8 +176,7 @@ def _calibrate(pipe: Pipeline, measure: bool) -> None:
     if measure:
         cal, fresh = calibration.calibrated(pipe)
         if fresh:
-            where = f" (kept in {cal.path})" if cal.path else ""
-            pipe.info.append(f"calibrated this machine in {cal.seconds:.1f} s{where}")
+            pipe.info.append(cal.measured_note())
     else:
         cal = calibration.load(pipe)
         if cal is None:

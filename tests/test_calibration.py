@@ -163,11 +163,12 @@ def test_a_chain_drafter_is_timed_on_the_same_context_every_call(qwen3_target, t
 
 def test_auto_measures_once_then_is_the_default_and_stays_lossless(qwen3_target, drafters):
     auto = outrider.load(str(qwen3_target), str(drafters["dspark"]), "dspark", max_draft="auto")
-    assert auto.calibration is not None and any("calibrated" in n for n in auto.info)
-    assert not any("calibrated" in n for n in auto.notes)  # said, not warned
+    said = auto.calibration.measured_note() if auto.calibration is not None else None
+    assert said is not None and said in auto.info
+    assert not any("measured this machine" in n for n in auto.notes)  # said, not warned
     again = outrider.load(str(qwen3_target), str(drafters["dspark"]), mode="dspark")
     assert again.auto_cap and again.calibration == auto.calibration
-    assert not any("calibrated" in n for n in again.info)  # kept, not measured again
+    assert not any("measured this machine" in n for n in again.info)  # kept, not measured
     ids = again.encode(PROMPTS[1])
     got = again.generate(ids, max_tokens=30, stop_tokens=set())
     assert got.tokens == plain_greedy(qwen3_target, ids, 30)
@@ -216,7 +217,7 @@ def test_a_measurement_asked_for_is_a_note_not_a_warning(
         cli.app, [*args, "dspark", "-p", PROMPTS[0], "--max-draft", "auto", "--max-tokens", "4"]
     )
     assert run.exit_code == 0, run.output
-    assert "note: calibrated this machine" in run.stderr and "warning:" not in run.stderr
+    assert "note: measured this machine's costs" in run.stderr and "warning:" not in run.stderr
 
 
 def test_a_server_load_calibrates_on_first_use(
@@ -264,7 +265,7 @@ def test_a_server_load_calibrates_on_first_use(
         capsys.readouterr()
         assert serving(replace(spec, max_draft="auto")).auto_cap
         err = capsys.readouterr().err
-        assert "note: calibrated this machine" in err and "warning:" not in err
+        assert "note: measured this machine's costs" in err and "warning:" not in err
         assert [w for w in collect_warnings(engine) if w["code"] == "load_note"] == []
     finally:
         engine.stop()
