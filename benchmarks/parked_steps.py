@@ -11,7 +11,15 @@ prints each arm's median time between steps. Then the target's forward
 alone, pipelined, without taps and with them dropped, held unevaluated or evaluated with each
 step (`--forwards`): what the taps cost the device.
 
+`--host-only` swaps the target's forward for a stand-in that costs next to nothing
+(`ReplayedForward`): at each position it gives the token a real run of the prompt gave there,
+so every arm decodes the real answer (lookup copies and a host drafter's shadow drafts meet the
+real text) and what is left of a step is the loop's own host work. A launch-bound GPU pays that
+work in full on every step (a small target's step there is the host's building and launching),
+so this is what parking costs such a GPU beyond plain decoding, read on any machine.
+
     python benchmarks/parked_steps.py --modes dspark,dflash --suite chat --prompts 10
+    python benchmarks/parked_steps.py --modes dspark,lookup --suite chat --host-only --forwards 0
 """
 
 from __future__ import annotations
@@ -32,7 +40,40 @@ import mlx.core as mx  # noqa: E402
 
 from outrider.api import Pipeline, load  # noqa: E402
 from outrider.benchmark.suites import load_suite  # noqa: E402
-from outrider.core import calibration  # noqa: E402
+from outrider.core import calibration, parked  # noqa: E402
+from outrider.core.target import Target  # noqa: E402
+
+DEMO_DRAFTERS = ("dspark", "dflash")  # the demo pair's drafters (outrider-demo/<mode>)
+
+
+class ReplayedForward:
+    """A stand-in for a target's model call (`Target._run`, an instance attribute; the class is
+    untouched) that does no model work: the logits at position p pick `text[p + 1]`, the taps
+    are zeros of the tapped layers' width, and each cache layer's offset moves as a forward's
+    would, so rollbacks and the steps' positions stay right. `play(tokens)` sets the text:
+    a prompt and its real answer."""
+
+    def __init__(self, target: Target) -> None:
+        self.target, self.text = target, [0]
+        self.vocab = int(target.config["vocab_size"])
+        self.width = int(target.config["hidden_size"])
+
+    def play(self, tokens: list[int]) -> None:
+        self.text = list(tokens)
+
+    def __call__(
+        self, ids: mx.array, cache: list, tap_ids: tuple[int, ...], verify: bool = False
+    ) -> mx.array:
+        n = ids.shape[0]
+        start = cache[0].offset
+        for layer in cache:
+            layer.offset += n
+        last = len(self.text) - 1
+        picks = mx.array([self.text[min(p + 1, last)] for p in range(start, start + n)])
+        logits = (mx.arange(self.vocab)[None] == picks[:, None]).astype(mx.float32)
+        sink = self.target._sink
+        sink.store = {j: mx.zeros((1, n, self.width)) for j in tap_ids}
+        return logits[None]
 
 
 def hold_parked(pipe: Pipeline) -> None:
@@ -106,19 +147,31 @@ def main() -> None:
         help="an arm of each mode whose parked steps all tap (no recompute where runs end; "
         "the default on the CPU, where the other arms do the same)",
     )
+    ap.add_argument(
+        "--host-only",
+        action="store_true",
+        help="the target's forward replaced by a replay of real answers that costs next to "
+        "nothing (ReplayedForward): each arm's own host work a step; parked runs stop tapping "
+        "after RETAP_FROM steps, as on a CUDA GPU",
+    )
     args = ap.parse_args()
     texts = [p.text for p in load_suite(args.suite)][: args.prompts]
     base = load(args.model, None, mode="baseline")
     arms: dict[str, tuple[Pipeline, dict]] = {"baseline": (base, {})}
     for mode in [m for m in args.modes.split(",") if m]:
-        drafter = f"outrider-demo/{mode}" if args.model == "outrider-demo/target" else None
+        demo = args.model == "outrider-demo/target" and mode in DEMO_DRAFTERS
+        drafter = f"outrider-demo/{mode}" if demo else None
         for lookup, retap in ((True, True), (False, True), (True, False)):
             if not retap and not args.every_step_taps:
+                continue
+            if not lookup and mode == "lookup":  # its copies are its drafts
                 continue
             pipe = load(args.model, drafter, mode=mode, target=base.target, lookup_drafts=lookup)
             pipe.calibration = calibration.load(pipe) or calibration.measure(pipe)
             if not retap:
                 pipe.retap_parked = None
+            elif args.host_only:  # as on a CUDA GPU, whatever this machine's default
+                pipe.retap_parked = parked.RETAP_FROM
             hold_parked(pipe)
             name = f"{mode} parked" + ("" if lookup else ", no lookup")
             name += "" if retap else ", taps each step"
@@ -127,24 +180,32 @@ def main() -> None:
     for pipe, kw in arms.values():  # warm-up: every arm meets every prompt once
         for p in ids:
             pipe.generate(p, max_tokens=args.max_tokens, **kw)
+    replay = None
+    if args.host_only:
+        answers = {tuple(p): base.generate(p, max_tokens=args.max_tokens).tokens for p in ids}
+        replay = ReplayedForward(base.target)
+        base.target._run = replay  # every arm shares this target
     times: dict[str, list[float]] = {name: [] for name in arms}
     tokens: dict[str, list[list[int]]] = {name: [] for name in arms}
     names = list(arms)
     for n in range(args.passes):
         for i, p in enumerate(ids):
             turn = (n * len(ids) + i) % len(names)  # each arm goes first in turn
+            if replay is not None:
+                replay.play(p + answers[tuple(p)])
             for name in names[turn:] + names[:turn]:
                 pipe, kw = arms[name]
                 times[name] += steps_of(pipe, p, args.max_tokens, **kw)
                 tokens[name].append(pipe.generate(p, max_tokens=8, **kw).tokens)
     plain = statistics.median(times["baseline"])
-    print(f"{args.suite}, {len(ids)} prompts x {args.passes} passes, {args.max_tokens} tokens")
+    how = ", host only (the forward replayed)" if replay is not None else ""
+    print(f"{args.suite}, {len(ids)} prompts x {args.passes} passes, {args.max_tokens} tokens{how}")
     for name, secs in times.items():
         med = statistics.median(secs)
         same = "" if tokens[name] == tokens["baseline"] else "  OUTPUT DIFFERS"
         print(f"  {name:30s} {len(secs):5d} steps  median {med * 1e3:.3f} ms  "
               f"({med / plain:.3f}x baseline){same}")  # fmt: skip
-    if not args.forwards:
+    if not args.forwards or replay is not None:
         return
     tapped = next(pipe for pipe, _ in arms.values() if pipe.proposer.tap_layer_ids)
     hows = ("plain", "dropped", "kept", "evaluated")

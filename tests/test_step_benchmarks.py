@@ -1,8 +1,9 @@
 """The one-row step benchmarks measure what they say: `benchmarks/plain_step.py`'s arms (mlx-lm's
 loop, bare loops, outrider's pipeline, a tapped forward) decode the same tokens, and
 `benchmarks/compiled_blocks.py`'s compiled layers (merged products too) compute what the layer
-computes. Their
-timings are for a GPU; these check only that the arms being timed do the same work."""
+computes, and `benchmarks/parked_steps.py --host-only`'s replayed forward decodes the real answer
+in every arm. Their timings are for a GPU; these check only that the arms being timed do the same
+work."""
 
 from __future__ import annotations
 
@@ -63,3 +64,31 @@ def test_compiled_blocks_compute_what_the_layer_computes(kind, dtype):
     assert len(rows) == len(want_rows) == 9 and set(parts) == {"build", "launch", "wait"}
     for a, b in zip(rows, want_rows):  # every step's logits, positions and all
         assert mx.allclose(a, b, atol=1e-4, rtol=1e-4).item()
+
+
+def test_the_replayed_forward_decodes_the_real_answer_in_every_parked_arm(monkeypatch):
+    """`parked_steps.py --host-only` times the loop's host work over a forward that does no
+    model work: each arm must still decode the real answer (so lookup copies and shadow drafts
+    meet the real text), parked runs tapping as on a GPU (OUTRIDER_RETAP=on) and rolling back."""
+    monkeypatch.setenv("OUTRIDER_RETAP", "on")
+    bench = _benchmark("parked_steps")
+    from outrider.api import load
+
+    base = load("outrider-demo/target", None, mode="baseline")
+    prompt = base.encode("Write a short poem about the sea.")
+    answer = base.generate(prompt, max_tokens=24).tokens
+    arms = [base]
+    for mode, drafter in (("lookup", None), ("dspark", "outrider-demo/dspark")):
+        pipe = load("outrider-demo/target", drafter, mode=mode, target=base.target)
+        bench.hold_parked(pipe)
+        arms.append(pipe)
+    replay = bench.ReplayedForward(base.target)
+    base.target._run = replay
+    replay.play(prompt + answer)
+    for pipe in arms:
+        kw = {} if pipe is base else {"max_draft": "auto"}
+        steps = bench.steps_of(pipe, prompt, 24, **kw)
+        assert len(steps) == 23, pipe.mode
+        assert pipe.generate(prompt, max_tokens=24, **kw).tokens == answer, pipe.mode
+    replay.play(prompt + answer[:10] + [answer[10] + 1] + answer[11:])  # a text it never saw
+    assert base.generate(prompt, max_tokens=12).tokens[10] == answer[10] + 1
