@@ -12,7 +12,9 @@ the cost of a catch-up (`AutoCap`'s first round after plain steps) reads against
 the first time (kernels and plans built on first use) count too; the table then also gives
 each bucket's slowest call. `--rows 17,45,90` instead times a drafter call taking in that
 many rows of made-up taps, each count twice in turn (after a 1-row warm-up): the first call of
-a count against the second shows what meeting a row count for the first time costs.
+a count against the second shows what meeting a row count for the first time costs; and the
+same for the target's recompute of that many untapped parked steps (`parked.retap`), the other
+half of the first round after a long parked run.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -33,7 +36,7 @@ import mlx.core as mx  # noqa: E402
 
 from outrider.api import load  # noqa: E402
 from outrider.benchmark.suites import load_suite  # noqa: E402
-from outrider.core import calibration  # noqa: E402
+from outrider.core import calibration, parked  # noqa: E402
 from outrider.core.proposer import DraftContext  # noqa: E402
 from outrider.core.sampling import SamplingParams  # noqa: E402
 
@@ -73,6 +76,42 @@ def first_use(proposer, counts: list[int], width: int) -> None:
         print(f"  {n:>8} {first[n] * 1e3:>9.3f} {again[n] * 1e3:>9.3f}")
 
 
+def first_recompute(pipe, counts: list[int]) -> None:
+    """Time the target's recompute of a parked run's untapped steps (`parked.retap`, as the loop
+    calls it: the run's last n positions dropped and forwarded again with taps, over a
+    128-token context), each count first then again: a width the recompute meets for the
+    first time may cost kernels and plans that a second call reuses."""
+    target = pipe.target
+    cache = target.make_cache()
+    target.prefill([(7 * i) % 1000 + 10 for i in range(128)], cache)
+    mx.eval([c.state for c in cache])
+    held: list = []
+    proposer = SimpleNamespace(tap_layer_ids=pipe.proposer.tap_layer_ids, add_rows=held.append)
+
+    def call(n: int) -> float:
+        tokens = [(11 * i) % 1000 + 10 for i in range(n)]
+        with mx.stream(target.stream):  # the run's steps, untapped, into the cache
+            target.forward(mx.array(tokens, dtype=mx.uint32), cache)
+        mx.eval([c.state for c in cache])
+        mx.synchronize()
+        t0 = time.perf_counter()
+        parked.retap(target, SimpleNamespace(untapped=tokens, proposer=proposer), cache)
+        mx.eval(held, [c.state for c in cache])
+        mx.synchronize()
+        seconds = time.perf_counter() - t0
+        target.rollback(cache, n)
+        held.clear()
+        return seconds
+
+    call(1)
+    first = {n: call(n) for n in counts}
+    again = {n: call(n) for n in counts}
+    print("the target's recompute of a parked run's untapped steps:")
+    print(f"  {'rows':>8} {'first ms':>9} {'again ms':>9}")
+    for n in counts:
+        print(f"  {n:>8} {first[n] * 1e3:>9.3f} {again[n] * 1e3:>9.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="outrider-demo/target")
@@ -106,8 +145,10 @@ def main() -> None:
 
     if args.rows:
         width = len(proposer.tap_layer_ids) * pipe.target.hidden_size
+        counts = [int(n) for n in args.rows.split(",")]
         print(f"{args.model} + {args.mode} · made-up intakes · {mx.default_device()}")
-        first_use(proposer, [int(n) for n in args.rows.split(",")], width)
+        first_use(proposer, counts, width)
+        first_recompute(pipe, counts)
         return
     proposer._forward = timed
     texts = [p.text for p in load_suite(args.suite)][: args.prompts]

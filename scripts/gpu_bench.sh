@@ -69,6 +69,9 @@
 #   intake    a model drafter's call by the context rows it takes in (the prompt, a round's
 #             tokens, a parked run's), demo pair, dspark and dflash, chat, cap 4 and auto
 #             (benchmarks/drafter_intake.py)
+#   firstwidths  what meeting a row count for the first time costs the first round after a
+#             long parked run: the drafter's intake and the target's recompute of 9-101 rows,
+#             first call against second (drafter_intake.py --rows), demo pair, dspark and dflash
 #   retap     parked steps with their taps recomputed where runs end (the default on CUDA)
 #             against every step tapped, and plain decoding's step (parked_steps.py
 #             --every-step-taps), demo pair, dspark and dflash (RETAP_MODES), chat and code
@@ -123,7 +126,7 @@ loop="python3 benchmarks/loop_efficiency.py --shapes 8b --prompt-len 256"
 sets="warmup bars barslayers softmax launches demo batch turn5 turn5q qprefill ttft steps phases
   turn5ab qmid rowtests gemm turn5cold timeline abtimeline served phases06b abrollback moves timeline06b trace
   trace2 abtrace parked intake ablookup plainstep retap retapab retapfrom compiled layers layers8b
-  layersdemo merged drafters"
+  layersdemo merged drafters firstwidths"
 for set in "$@"; do
   case " $(echo $sets) " in
     *" $set "*) ;;
@@ -361,6 +364,11 @@ for set in "$@"; do
       for mode in dspark dflash; do
         step "drafter_intake_$mode" 120 python3 benchmarks/drafter_intake.py --mode "$mode" \
           --suite chat --prompts 10 --caps 4,auto
+      done ;;
+    firstwidths)
+      for mode in dspark dflash; do
+        step "first_widths_$mode" 150 python3 benchmarks/drafter_intake.py --mode "$mode" \
+          --rows 9,17,23,33,45,70,101
       done ;;
     turn5cold)
       step turn5_32b_4bit 260 python3 benchmarks/prefix_cache.py --shape 32b --dtype 4bit \
