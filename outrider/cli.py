@@ -35,6 +35,7 @@ from .cli_common import debug as _debug
 from .cli_common import fail as _fail
 from .cli_common import print_json as _print_json
 from .cli_common import warn as _warn
+from .core import paths
 from .core.errors import OutriderError
 from .doctor import doctor as _doctor
 from .registry.listing import models as _models
@@ -400,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
         typer.echo(f"outrider {_version()}")
         return
     add_plugin_commands(app)
+    paths.keep_kernels()  # MLX's compiled CUDA kernels outlive a reboot (core/paths.py)
     try:
         app(args=args, prog_name="outrider")
     except USER_ERRORS as e:  # raised by plugin commands that did not handle their own

@@ -3,8 +3,10 @@ wrong spelled out."""
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from .core.device import (
     tf32_matmuls,
 )
 from .core.errors import OutriderError
+from .core.paths import PTX_CACHE_ENV
 from .core.roofline import BANDWIDTH_ENV, peak_bandwidth
 
 Opt = typer.Option
@@ -180,6 +183,7 @@ def doctor_report() -> dict:
         {"source": source, **_place(p)} for p, source in model_roots() if source != "LM Studio"
     ]
     report["outrider_cache"] = _place(cache_root())
+    report["cuda_kernel_cache"] = _kernel_cache_report()
     report["calibrations"] = [
         {**c.key, "created": c.created, "quick": c.quick, "file": str(c.path)}
         for c in calibration.stored()
@@ -191,6 +195,17 @@ def doctor_report() -> dict:
         problems.append(str(e))
     report["problems"] = problems
     return report
+
+
+def _kernel_cache_report() -> str:
+    """Where MLX keeps the CUDA kernels it compiles (core/paths.py `keep_kernels`): a folder
+    that outlives a reboot saves minutes at the first load after one."""
+    chosen = os.environ.get(PTX_CACHE_ENV)
+    if not on_cuda_gpu():
+        return f"not used here (CUDA only){f': {chosen}' if chosen else ''}"
+    if chosen:
+        return chosen
+    return f"MLX's default under {tempfile.gettempdir()}/mlx (emptied at boot on most systems)"
 
 
 def _fusion_report() -> str:

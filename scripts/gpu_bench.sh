@@ -135,6 +135,11 @@ for set in "$@"; do
 done
 { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"; } \
   | tee "$out/gpu.txt"
+# the `outrider` command keeps MLX's compiled CUDA kernels in outrider's cache where nobody
+# chose a folder (core/paths.py `keep_kernels`), the scripts in MLX's default: one folder for
+# both, or a fresh host compiles each kernel twice (18-46 s apiece for quantized ones)
+MLX_PTX_CACHE_DIR="${MLX_PTX_CACHE_DIR:-/tmp/mlx/$(python3 -c 'import mlx.core as m; print(m.__version__)')/ptx}"
+export MLX_PTX_CACHE_DIR
 for set in "$@"; do
   case "$set" in
     warmup)

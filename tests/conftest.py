@@ -32,6 +32,13 @@ os.environ["COLUMNS"] = "200"
 # outrider's own cache (calibrations, converted drafters) never touches the user's: a fresh
 # folder for the session, and one per test (below) for what tests store there.
 os.environ["OUTRIDER_CACHE"] = tempfile.mkdtemp(prefix="outrider-cache-")
+# MLX's compiled CUDA kernels: the `outrider` command keeps them in OUTRIDER_CACHE where nobody
+# chose a folder (core/paths.py `keep_kernels`), here a fresh one per test, so each command a
+# test runs would compile them again (minutes on a GPU): every process of the run shares MLX's
+# own folder instead
+os.environ.setdefault(
+    "MLX_PTX_CACHE_DIR", str(Path(tempfile.gettempdir()) / "mlx" / mx.__version__ / "ptx")
+)
 # `outrider generate` and `serve` measure a calibration on first use; tests of a fixed cap's
 # accounting would each pay for one (tests/test_calibration.py turns it on where it checks it)
 os.environ["OUTRIDER_CALIBRATE"] = "off"

@@ -4,8 +4,9 @@ MLX 0.32's CUDA backend builds its quantized matrix kernels (the ones for 8 rows
 fewer rows take a precompiled one-row kernel) with NVRTC the first time each is needed: one
 kernel per activation type, bits, group size and row tile (16, 32 or 64 rows). On the H200's
 host each took 18-46 s to compile (`docs/benchmarks.md`, "A seventh run"). MLX keeps them on
-disk afterwards (`MLX_PTX_CACHE_DIR`, else `/tmp/mlx/<version>/ptx`), so it happens once per
-machine, but it happens where the shape first occurs: a verify of 17 rows met mid-answer froze
+disk afterwards (`MLX_PTX_CACHE_DIR`, which the `outrider` command points at outrider's cache:
+core/paths.py `keep_kernels`; else `/tmp/mlx/<version>/ptx`), so it happens once per machine,
+but it happens where the shape first occurs: a verify of 17 rows met mid-answer froze
 that answer for half a minute. Running each distinct quantized product of the pipeline's models
 once per row tile moves every compile to load time, where a warm machine pays milliseconds.
 
