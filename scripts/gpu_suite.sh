@@ -7,8 +7,8 @@
 # MLX goes into the interpreter's own site-packages (subprocess tests build their own
 # environment), and the package is installed by that interpreter, so the `outrider` console
 # script sits beside python3. No network: every wheel comes from the carried parts. The test
-# wheels: pytest, pytest-xdist, fastapi, uvicorn, openai, anthropic, jsonschema, httpx and
-# mlx-vlm with their dependencies (`pip download --only-binary=:all: --python-version 3.12`).
+# wheels (pytest, pytest-xdist, fastapi, uvicorn, openai, anthropic, jsonschema, httpx and
+# mlx-vlm with their dependencies) go into .whl with `bash scripts/gpu_test_wheels.sh`.
 set -u
 here="$(pwd)"
 wheels=$(mktemp -d)
