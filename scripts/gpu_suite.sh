@@ -41,5 +41,13 @@ optional = ("mlx_vlm", "fastapi", "uvicorn", "openai", "anthropic", "requests", 
 missing = [m for m in optional if importlib.util.find_spec(m) is None]
 print("gpu_suite.sh: not installed here, their tests fail by import:", ", ".join(missing) or "none")
 PY
-# SIGINT at the limit: pytest stops and still prints its summary, failures' reasons included
+# SIGINT at the limit: pytest stops and still prints its summary, failures' reasons included.
+# The whole output also goes to $OUT/suite.txt, which a device call hands back as a file: the
+# call's reply keeps only the last 12,000 characters (run 21's lost 6 of its 19 failures' names)
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+  PYTHONUNBUFFERED=1 timeout --signal=INT --kill-after=20 "${SUITE_TIMEOUT:-540}" \
+    python3 -m pytest "$@" 2>&1 \
+    | tee "$OUT/suite.txt"
+  exit "${PIPESTATUS[0]}"
+fi
 timeout --signal=INT --kill-after=20 "${SUITE_TIMEOUT:-540}" python3 -m pytest "$@"
