@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from .core.device import (
     tf32_matmuls,
 )
 from .core.errors import OutriderError
-from .core.paths import PTX_CACHE_ENV
+from .core.paths import PTX_CACHE_ENV, mlx_kernel_cache
 from .core.roofline import BANDWIDTH_ENV, peak_bandwidth
 
 Opt = typer.Option
@@ -205,7 +204,7 @@ def _kernel_cache_report() -> str:
         return f"not used here (CUDA only){f': {chosen}' if chosen else ''}"
     if chosen:
         return chosen
-    return f"MLX's default under {tempfile.gettempdir()}/mlx (emptied at boot on most systems)"
+    return f"{mlx_kernel_cache()} (MLX's default: emptied at boot on most systems)"
 
 
 def _fusion_report() -> str:

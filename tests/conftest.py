@@ -35,10 +35,10 @@ os.environ["OUTRIDER_CACHE"] = tempfile.mkdtemp(prefix="outrider-cache-")
 # MLX's compiled CUDA kernels: the `outrider` command keeps them in OUTRIDER_CACHE where nobody
 # chose a folder (core/paths.py `keep_kernels`), here a fresh one per test, so each command a
 # test runs would compile them again (minutes on a GPU): every process of the run shares MLX's
-# own folder instead
-os.environ.setdefault(
-    "MLX_PTX_CACHE_DIR", str(Path(tempfile.gettempdir()) / "mlx" / mx.__version__ / "ptx")
-)
+# own folder instead (imported after the settings above: huggingface-hub reads its own at import)
+from outrider.core import paths  # noqa: E402
+
+os.environ.setdefault(paths.PTX_CACHE_ENV, str(paths.mlx_kernel_cache()))
 # `outrider generate` and `serve` measure a calibration on first use; tests of a fixed cap's
 # accounting would each pay for one (tests/test_calibration.py turns it on where it checks it)
 os.environ["OUTRIDER_CALIBRATE"] = "off"

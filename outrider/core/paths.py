@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import MutableMapping
 from importlib import metadata
 from pathlib import Path
@@ -22,11 +23,21 @@ def kernel_cache() -> Path | None:
     """Where the `outrider` command keeps MLX's compiled CUDA kernels: outrider's cache, a
     folder per MLX version (a kernel's file is named for what it computes, not for MLX's
     source, so another version must not read it). None where MLX's version is unknown."""
+    version = _mlx_version()
+    return None if version is None else cache_root() / "mlx" / version / "ptx"
+
+
+def mlx_kernel_cache() -> Path | None:
+    """MLX's own folder for them, where PTX_CACHE_ENV is unset: <temp>/mlx/<version>/ptx."""
+    version = _mlx_version()
+    return None if version is None else Path(tempfile.gettempdir()) / "mlx" / version / "ptx"
+
+
+def _mlx_version() -> str | None:
     try:
-        version = metadata.version("mlx")
+        return metadata.version("mlx")
     except metadata.PackageNotFoundError:
         return None
-    return cache_root() / "mlx" / version / "ptx"
 
 
 def keep_kernels(environ: MutableMapping[str, str] = os.environ) -> str | None:
